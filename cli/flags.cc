@@ -1,0 +1,175 @@
+// Implementation of the shared flag parser.
+#include "cli/flags.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+
+namespace oryx::cli {
+
+FlagSet::FlagSet(std::string usage, std::string description)
+    : usage_(std::move(usage)), description_(std::move(description)) {}
+
+void FlagSet::String(const std::string& name, std::string* out, const std::string& help, bool required) {
+  flags_.push_back({name, help, out->empty() ? "" : *out, required, true, false, false,
+                    [out](const std::string& v) {
+                      *out = v;
+                      return absl::OkStatus();
+                    }});
+}
+
+void FlagSet::Int(const std::string& name, int64_t* out, const std::string& help, int64_t min, int64_t max) {
+  flags_.push_back({name, help, absl::StrCat(*out), false, true, false, false,
+                    [out, name, min, max](const std::string& v) {
+                      int64_t x;
+                      if (!absl::SimpleAtoi(v, &x)) {
+                        return absl::InvalidArgumentError(
+                            absl::StrCat("--", name, " expects an integer, got '", v, "'"));
+                      }
+                      if (x < min || x > max) {
+                        return absl::InvalidArgumentError(absl::StrCat(
+                            "--", name, " must be in [", min, ", ", max, "], got ", x));
+                      }
+                      *out = x;
+                      return absl::OkStatus();
+                    }});
+}
+
+void FlagSet::Double(const std::string& name, double* out, const std::string& help) {
+  flags_.push_back({name, help, absl::StrCat(*out), false, true, false, false,
+                    [out, name](const std::string& v) {
+                      double x;
+                      if (!absl::SimpleAtod(v, &x) || !std::isfinite(x)) {
+                        return absl::InvalidArgumentError(
+                            absl::StrCat("--", name, " expects a finite number, got '", v, "'"));
+                      }
+                      *out = x;
+                      return absl::OkStatus();
+                    }});
+}
+
+void FlagSet::Bool(const std::string& name, bool* out, const std::string& help) {
+  flags_.push_back({name, help, "", false, false, false, false, [out](const std::string&) {
+                      *out = true;
+                      return absl::OkStatus();
+                    }});
+}
+
+void FlagSet::StringList(const std::string& name, std::vector<std::string>* out, const std::string& help,
+                         bool required) {
+  flags_.push_back({name, help, "", required, true, true, false, [out](const std::string& v) {
+                      out->push_back(v);
+                      return absl::OkStatus();
+                    }});
+}
+
+FlagSet::Flag* FlagSet::Find(const std::string& name) {
+  for (Flag& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+bool FlagSet::was_set(const std::string& name) const {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return f.seen;
+  }
+  return false;
+}
+
+absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      help_requested_ = true;
+      return absl::OkStatus();
+    }
+  }
+  Flag* list_flag = nullptr;  // the list flag still collecting values
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!absl::StartsWith(arg, "--")) {
+      if (list_flag != nullptr) {
+        if (absl::Status s = list_flag->set(arg); !s.ok()) return s;
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "' (see --help)"));
+    }
+    list_flag = nullptr;
+    std::string name = arg.substr(2);
+    std::string value;
+    bool has_inline_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline_value = true;
+    }
+    Flag* flag = Find(name);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    flag->seen = true;
+    if (!flag->takes_value) {
+      if (has_inline_value) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      }
+      if (absl::Status s = flag->set(""); !s.ok()) return s;
+      continue;
+    }
+    if (!has_inline_value) {
+      if (i + 1 >= args.size() || (absl::StartsWith(args[i + 1], "--") && args[i + 1].size() > 2)) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    if (absl::Status s = flag->set(value); !s.ok()) return s;
+    if (flag->is_list) list_flag = flag;
+  }
+  for (const Flag& f : flags_) {
+    if (f.required && !f.seen) {
+      return absl::InvalidArgumentError(absl::StrCat("missing required flag --", f.name, " (see --help)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FlagSet::Help() const {
+  std::string out = absl::StrCat("usage: ", usage_, "\n\n", description_, "\n\nflags:\n");
+  for (const Flag& f : flags_) {
+    std::string left = absl::StrCat("  --", f.name, f.takes_value ? (f.is_list ? " V..." : " V") : "");
+    if (left.size() < 24) left.resize(24, ' ');
+    absl::StrAppend(&out, left, " ", f.help);
+    if (f.required) absl::StrAppend(&out, " (required)");
+    if (!f.default_text.empty()) absl::StrAppend(&out, " [default: ", f.default_text, "]");
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, "  --help                   show this help\n");
+  return out;
+}
+
+int UsageError(const absl::Status& status) {
+  std::cerr << "oryx: error: " << status.message() << "\n";
+  return 2;
+}
+
+int RunError(const absl::Status& status) {
+  std::cerr << "oryx: error: " << status.message() << "\n";
+  return 1;
+}
+
+int RunWithFlags(FlagSet& flags, const std::vector<std::string>& args,
+                 const std::function<absl::Status()>& body) {
+  if (absl::Status s = flags.Parse(args); !s.ok()) return UsageError(s);
+  if (flags.help_requested()) {
+    std::cout << flags.Help();
+    return 0;
+  }
+  if (absl::Status s = body(); !s.ok()) return RunError(s);
+  return 0;
+}
+
+}  // namespace oryx::cli

@@ -1,0 +1,115 @@
+// Test helpers for checkpoint IO (see testing_checkpoint.h).
+#include "tests/engine/testing_checkpoint.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "engine/checkpoint.h"
+#include "engine/tensor_names.h"
+#include "gtest/gtest.h"
+
+namespace oryx::testutil {
+
+ModelConfig TinyConfig(LinearMixer mixer, bool tie_embeddings) {
+  ModelConfig c;
+  c.vocab_size = 32;
+  c.d_model = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.head_dim = 4;
+  c.linear_mixer = mixer;
+  c.conv_width = 4;
+  c.conv_activation = mixer == LinearMixer::kGdn ? ConvActivation::kSilu : ConvActivation::kIdentity;
+  c.mlp_hidden = 16;
+  c.rope_theta = 10000;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = tie_embeddings;
+  c.max_position = 64;
+  c.fragment_len = 16;
+  c.attn_fraction = 0.25;
+  c.bos_id = 1;
+  c.eos_id = 2;
+  c.pad_id = 0;
+  return c;
+}
+
+std::vector<HostTensor> RandomTensors(const ModelConfig& config, DType dtype, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<HostTensor> tensors;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    std::vector<float> values(numel);
+    for (float& v : values) v = uniform(rng);
+    tensors.push_back(MakeHostTensor(spec.name, spec.shape, values, dtype));
+  }
+  return tensors;
+}
+
+ScratchDir::ScratchDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "oryx_ckpt_test_XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) std::abort();
+  path_ = pattern;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string ScratchDir::Join(std::string_view name) const { return path_ + "/" + std::string(name); }
+
+void WriteRawFile(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+std::string ReadRawFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string SafetensorsImage(std::string_view header_json, std::string_view data) {
+  std::string out(8, '\0');
+  const uint64_t len = header_json.size();
+  std::memcpy(out.data(), &len, 8);
+  out.append(header_json);
+  out.append(data);
+  return out;
+}
+
+void WriteTinyCheckpoint(const std::string& dir, const ModelConfig& config,
+                         const std::vector<HostTensor>& tensors, uint64_t max_shard_bytes) {
+  std::string base = dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  const std::string tokenizer = base + ".tokenizer.model";
+  WriteRawFile(tokenizer, "not a real sentencepiece model");
+  std::vector<TensorView> views = Views(tensors);
+  absl::Status s = WriteCheckpoint(dir, config, views, max_shard_bytes, tokenizer);
+  std::remove(tokenizer.c_str());
+  ASSERT_TRUE(s.ok()) << s;
+}
+
+std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path) {
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(safetensors_path);
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return {};
+  }
+  std::vector<HostTensor> tensors;
+  for (const TensorInfo& info : file->header().tensors) {
+    TensorView v = file->View(info);
+    tensors.push_back(HostTensor{info.name, info.dtype, info.shape, {v.bytes.begin(), v.bytes.end()}});
+  }
+  return tensors;
+}
+
+}  // namespace oryx::testutil

@@ -1,0 +1,100 @@
+// Test helpers for checkpoint IO: tiny valid configs, random tensors from the tensor-name table,
+// scratch directories, and raw file writers for building deliberately broken files.
+#pragma once
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+
+// EXPECT_HAS_SUBSTR(text, needle): `text` (anything convertible to std::string_view, or an
+// absl::string_view) contains `needle`; prints both on failure.
+#define EXPECT_HAS_SUBSTR(text, needle) \
+  EXPECT_PRED_FORMAT2(::oryx::testutil::AssertHasSubstr, std::string(text), std::string(needle))
+
+namespace oryx::testutil {
+
+inline ::testing::AssertionResult AssertHasSubstr(const char* text_expr, const char* needle_expr,
+                                                  const std::string& text, const std::string& needle) {
+  if (text.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << text_expr << " does not contain " << needle_expr
+                                       << "\n  text:   " << text << "\n  needle: " << needle;
+}
+
+// V=32, D=8, L=2, H=2, dh=4, F=16, w=4, rope_theta=10000: small enough that a checkpoint is a few KB.
+ModelConfig TinyConfig(LinearMixer mixer = LinearMixer::kMamba2, bool tie_embeddings = false);
+
+// Every tensor ExpectedTensors(config) lists, filled with uniform values in [-1, 1) from `seed`.
+std::vector<HostTensor> RandomTensors(const ModelConfig& config, DType dtype, uint32_t seed);
+
+// A fresh empty directory under the system temp dir, removed (recursively) when the object dies.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string Join(std::string_view name) const;
+
+ private:
+  std::string path_;
+};
+
+// Writes `bytes` to `path` as is (not atomic; for fixtures). Aborts the test on failure via ADD_FAILURE.
+void WriteRawFile(const std::string& path, std::string_view bytes);
+std::string ReadRawFile(const std::string& path);
+
+// A safetensors file image: 8-byte little-endian length of `header_json`, the header, then `data`.
+std::string SafetensorsImage(std::string_view header_json, std::string_view data);
+
+// Makes every write past `max_bytes` fail with EFBIG while alive (works as root, unlike chmod).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t max_bytes) {
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    struct rlimit limit = old_;
+    limit.rlim_cur = max_bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  struct rlimit old_;
+  sighandler_t old_handler_;
+};
+
+// Writes a complete checkpoint into `dir` (WriteCheckpoint with a dummy tokenizer.model).
+void WriteTinyCheckpoint(const std::string& dir, const ModelConfig& config,
+                         const std::vector<HostTensor>& tensors,
+                         uint64_t max_shard_bytes = uint64_t{1} << 40);
+
+// Reads the file, applies `edit` to its tensors, writes it back with WriteSafetensors (no config
+// checks), so that tests can make a checkpoint whose weights disagree with its config.
+template <typename Edit>
+void RewriteWeights(const std::string& path, Edit edit);
+
+std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path);
+
+template <typename Edit>
+void RewriteWeights(const std::string& path, Edit edit) {
+  std::vector<HostTensor> tensors = ReadAllTensors(path);
+  edit(tensors);
+  std::vector<TensorView> views = Views(tensors);
+  absl::Status s = WriteSafetensors(path, views);
+  if (!s.ok()) std::abort();
+}
+
+}  // namespace oryx::testutil
