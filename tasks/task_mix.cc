@@ -1,0 +1,179 @@
+// The kind dispatcher, the evaluation grid and the training task mixer.
+#include "tasks/task_mix.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "tasks/rng.h"
+#include "engine/str_cat.h"
+
+namespace oryx::tasks {
+namespace {
+
+// Salts that keep the mixer's independent decisions independent.
+constexpr uint64_t kSaltSelect = 1;
+constexpr uint64_t kSaltKind = 2;
+constexpr uint64_t kSaltParams = 3;
+constexpr uint64_t kSaltExample = 4;
+constexpr uint64_t kNoDepth = ~0ULL;
+
+constexpr std::array<TaskKind, 4> kKinds = {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey,
+                                            TaskKind::kPasskey};
+
+absl::Status NeedDepth(TaskKind kind, const HaystackSource* haystack, std::optional<double> depth) {
+  if (haystack == nullptr) {
+    return absl::InvalidArgumentError(Cat(TaskKindName(kind), " needs a haystack source"));
+  }
+  if (!depth) return absl::InvalidArgumentError(Cat(TaskKindName(kind), " needs a depth"));
+  return absl::OkStatus();
+}
+
+NiahConfig SingleNeedle(NiahConfig config) {
+  config.num_needles = 1;
+  return config;
+}
+
+absl::Status ValidateKind(TaskKind kind, const TaskConfigs& c) {
+  switch (kind) {
+    case TaskKind::kMqar:
+      return ValidateMqarConfig(c.vocab, c.mqar);
+    case TaskKind::kNiahSingle:
+      return ValidateNiahConfig(c.vocab, SingleNeedle(c.niah_single));
+    case TaskKind::kNiahMultiKey:
+      if (c.niah_multikey.num_needles < 2) {
+        return absl::InvalidArgumentError(
+            Cat("niah_multikey: num_needles ", c.niah_multikey.num_needles, " < 2"));
+      }
+      return ValidateNiahConfig(c.vocab, c.niah_multikey);
+    case TaskKind::kPasskey:
+      return ValidatePasskeyConfig(c.vocab, c.passkey);
+  }
+  return absl::InvalidArgumentError("unknown task kind");
+}
+
+}  // namespace
+
+absl::StatusOr<TaskExample> MakeExample(TaskKind kind, const TaskConfigs& configs,
+                                        const HaystackSource* haystack, int32_t length,
+                                        std::optional<double> depth, uint64_t seed) {
+  if (kind == TaskKind::kMqar) return MakeMqarExample(configs.vocab, configs.mqar, length, seed);
+  if (absl::Status s = NeedDepth(kind, haystack, depth); !s.ok()) return s;
+  if (absl::Status s = ValidateKind(kind, configs); !s.ok()) return s;
+  switch (kind) {
+    case TaskKind::kNiahSingle:
+      return MakeNiahExample(configs.vocab, SingleNeedle(configs.niah_single), *haystack, length, *depth,
+                             seed);
+    case TaskKind::kNiahMultiKey:
+      return MakeNiahExample(configs.vocab, configs.niah_multikey, *haystack, length, *depth, seed);
+    case TaskKind::kPasskey:
+      return MakePasskeyExample(configs.vocab, configs.passkey, *haystack, length, *depth, seed);
+    case TaskKind::kMqar:
+      break;
+  }
+  return absl::InvalidArgumentError("unknown task kind");
+}
+
+absl::StatusOr<std::vector<EvalPoint>> EvalGrid(std::span<const int32_t> lengths,
+                                                std::span<const double> depths, int32_t num_seeds,
+                                                uint64_t base_seed) {
+  if (num_seeds < 1) return absl::InvalidArgumentError(Cat("eval grid: num_seeds ", num_seeds, " < 1"));
+  for (int32_t length : lengths) {
+    if (length < 1) return absl::InvalidArgumentError(Cat("eval grid: length ", length, " < 1"));
+  }
+  for (double depth : depths) {
+    if (!(depth >= 0.0 && depth <= 1.0)) {
+      return absl::InvalidArgumentError(Cat("eval grid: depth ", depth, " outside [0, 1]"));
+    }
+  }
+  std::vector<std::optional<double>> depth_axis(depths.begin(), depths.end());
+  if (depth_axis.empty()) depth_axis.push_back(std::nullopt);
+  std::vector<EvalPoint> out;
+  for (int32_t length : lengths) {
+    for (const std::optional<double>& depth : depth_axis) {
+      for (int32_t s = 0; s < num_seeds; ++s) {
+        const uint64_t depth_word = depth ? std::bit_cast<uint64_t>(*depth) : kNoDepth;
+        out.push_back(
+            {length, depth, s,
+             MixSeed({base_seed, static_cast<uint64_t>(length), depth_word, static_cast<uint64_t>(s)})});
+      }
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const HaystackSource* haystack) {
+  if (!(config.task_fraction >= 0.0 && config.task_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        Cat("task mix: task_fraction ", config.task_fraction, " outside [0, 1]"));
+  }
+  double total = 0;
+  for (double w : config.weights) {
+    if (!(w >= 0.0 && std::isfinite(w))) {
+      return absl::InvalidArgumentError(Cat("task mix: weight ", w, " is negative or not finite"));
+    }
+    total += w;
+  }
+  if (config.task_fraction > 0 && total <= 0) {
+    return absl::InvalidArgumentError("task mix: every task weight is 0 but task_fraction > 0");
+  }
+  if (config.mqar_min_pairs < 1 || config.mqar_max_pairs < config.mqar_min_pairs) {
+    return absl::InvalidArgumentError(Cat("task mix: mqar pairs range [", config.mqar_min_pairs, ", ",
+                                             config.mqar_max_pairs, "] is empty or starts below 1"));
+  }
+  for (size_t i = 0; i < kKinds.size(); ++i) {
+    if (config.weights[i] <= 0) continue;
+    if (TaskUsesHaystack(kKinds[i]) && haystack == nullptr) {
+      return absl::InvalidArgumentError(
+          Cat("task mix: ", TaskKindName(kKinds[i]), " has weight > 0 but there is no haystack source"));
+    }
+    TaskConfigs probe = config.configs;
+    probe.mqar.num_pairs = config.mqar_min_pairs;
+    if (absl::Status s = ValidateKind(kKinds[i], probe); !s.ok()) return s;
+  }
+  return TaskMixer(std::move(config), haystack);
+}
+
+bool TaskMixer::IsTaskSequence(int64_t index) const {
+  Rng rng(MixSeed({config_.seed, static_cast<uint64_t>(index), kSaltSelect}));
+  return rng.UniformDouble() < config_.task_fraction;
+}
+
+TaskKind TaskMixer::KindFor(int64_t index) const {
+  double total = 0;
+  for (double w : config_.weights) total += w;
+  Rng rng(MixSeed({config_.seed, static_cast<uint64_t>(index), kSaltKind}));
+  const double x = rng.UniformDouble() * total;
+  double cumulative = 0;
+  for (size_t i = 0; i < kKinds.size(); ++i) {
+    cumulative += config_.weights[i];
+    if (config_.weights[i] > 0 && x < cumulative) return kKinds[i];
+  }
+  for (size_t i = kKinds.size(); i-- > 0;) {  // rounding at the top end: the last kind with weight
+    if (config_.weights[i] > 0) return kKinds[i];
+  }
+  return TaskKind::kMqar;
+}
+
+absl::StatusOr<TaskExample> TaskMixer::MakeTaskSequence(int64_t index, int32_t length) const {
+  const TaskKind kind = KindFor(index);
+  Rng params(MixSeed({config_.seed, static_cast<uint64_t>(index), kSaltParams}));
+  const uint64_t seed = MixSeed({config_.seed, static_cast<uint64_t>(index), kSaltExample});
+  TaskConfigs configs = config_.configs;
+  if (kind == TaskKind::kMqar) {
+    const int32_t cap =
+        std::min({MqarMaxPairs(length), configs.mqar.key_range.size(), configs.mqar.value_range.size()});
+    if (cap < 1) {
+      return absl::InvalidArgumentError(Cat("task mix: mqar needs at least 5 tokens, got ", length));
+    }
+    const int32_t pairs =
+        static_cast<int32_t>(params.UniformRange(config_.mqar_min_pairs, config_.mqar_max_pairs));
+    configs.mqar.num_pairs = std::min(pairs, cap);
+    return MakeExample(kind, configs, haystack_, length, std::nullopt, seed);
+  }
+  // Uniform on [0, 1] inclusive, in steps of 2^-20.
+  const double depth = static_cast<double>(params.UniformInt((1 << 20) + 1)) / (1 << 20);
+  return MakeExample(kind, configs, haystack_, length, depth, seed);
+}
+
+}  // namespace oryx::tasks
