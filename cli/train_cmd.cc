@@ -1,0 +1,95 @@
+// `oryx train`: fragmented mixed-mode training of an Oryx model on a prepared corpus.
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/config.h"
+#include "engine/status_macros.h"
+#include "train/trainer.h"
+
+namespace oryx::cli {
+
+int RunTrain(const Args& args) {
+  train::TrainOptions o;
+  ModelConfig& m = o.model;
+  m.d_model = 256;
+  m.n_layers = 6;
+  m.n_heads = 4;
+  m.head_dim = 64;
+  m.mlp_hidden = 768;
+  m.rope_theta = 10000;
+  m.norm_eps = 1e-6;
+  m.tie_embeddings = true;
+  std::string config_file, mixer = "mamba2", mixing = "fragment", export_dtype = "f32";
+  int64_t seed = 1, threads = 0;
+  FlagSet flags("oryx train --data DIR --out DIR [--config FILE | model flags] [--resume]",
+                "Trains an Oryx model with fragmented mixed-mode training: each fragment of --fragment-len\n"
+                "tokens runs in attention mode with probability --attn-fraction, else in linear mode.\n"
+                "--attn-fraction 1 trains the Transformer baseline, 0 the pure linear one; --mixing sequence\n"
+                "draws one mode per sequence (the ablation). Writes OUT/checkpoint (training state, swapped\n"
+                "in atomically), OUT/model (the exported checkpoint) and OUT/log.jsonl.");
+  flags.String("data", &o.data_dir, "prepared corpus directory (oryx data prepare)", true);
+  flags.String("out", &o.out_dir, "output directory", true);
+  flags.String("config", &config_file,
+               "config.json of the model (vocab and special ids must match the corpus tokenizer); "
+               "overrides the model flags");
+  flags.Int("d-model", &m.d_model, "model width D", 1);
+  flags.Int("layers", &m.n_layers, "number of layers L", 1);
+  flags.Int("heads", &m.n_heads, "heads H", 1);
+  flags.Int("head-dim", &m.head_dim, "head dimension dh", 1);
+  flags.Int("mlp-hidden", &m.mlp_hidden, "SwiGLU hidden width F", 1);
+  flags.String("mixer", &mixer, "linear mixer: mamba2 | gdn");
+  flags.Double("rope-theta", &m.rope_theta, "RoPE base (0: no RoPE)");
+  flags.Int("max-position", &m.max_position, "longest context the model supports (0: --seq-len)", 0);
+  flags.Int("fragment-len", &m.fragment_len, "tokens per mode fragment", 1);
+  flags.Double("attn-fraction", &m.attn_fraction, "probability that a fragment runs in attention mode");
+  flags.String("mixing", &mixing, "fragment | sequence (one mode per sequence: the ablation)");
+  flags.Int("seq-len", &o.seq_len, "training sequence length", 1);
+  flags.Int("batch", &o.batch_size, "sequences per micro-batch", 1);
+  flags.Int("accum", &o.grad_accum, "micro-batches per optimizer step", 1);
+  flags.Int("steps", &o.steps, "optimizer steps", 1);
+  flags.Int("warmup", &o.warmup_steps, "linear warmup steps", 0);
+  flags.Double("lr", &o.lr, "peak learning rate (AdamW)");
+  flags.Double("min-lr", &o.min_lr, "learning rate at the end of the cosine");
+  flags.Double("weight-decay", &o.weight_decay, "AdamW weight decay on matrices");
+  flags.Double("grad-clip", &o.grad_clip, "gradient norm clip");
+  flags.Double("task-fraction", &o.task_fraction, "share of sequences replaced by synthetic tasks (MQAR, NIAH)");
+  flags.Int("log-every", &o.log_every, "steps between progress lines", 1);
+  flags.Int("eval-every", &o.eval_every, "steps between validation losses (0: only at the end)", 0);
+  flags.Int("eval-sequences", &o.eval_sequences, "validation sequences per mode", 1);
+  flags.Int("checkpoint-every", &o.checkpoint_every, "steps between checkpoints (0: only at the end)", 0);
+  flags.Double("time-limit", &o.time_limit_s, "checkpoint and stop after this many seconds (0: none)");
+  flags.Int("seed", &seed, "seed of initialisation, data order and modes", 0);
+  flags.String("device", &o.device, "auto | cpu | cuda");
+  flags.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
+  flags.String("export-dtype", &export_dtype, "dtype of OUT/model weights: f32 | bf16");
+  flags.Bool("resume", &o.resume, "continue from OUT/checkpoint");
+  bool no_save = false;
+  flags.Bool("no-save", &no_save, "write no checkpoint or model (throughput measurements)");
+  return RunWithFlags(flags, args, [&]() -> absl::Status {
+    if (!config_file.empty()) {
+      ORYX_ASSIGN_OR_RETURN(o.model, LoadModelConfig(config_file));
+    } else if (mixer == "mamba2" || mixer == "gdn") {
+      m.linear_mixer = mixer == "gdn" ? LinearMixer::kGdn : LinearMixer::kMamba2;
+      m.conv_activation = mixer == "gdn" ? ConvActivation::kSilu : ConvActivation::kIdentity;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--mixer must be mamba2 or gdn, got '", mixer, "'"));
+    }
+    if (mixing != "fragment" && mixing != "sequence") {
+      return absl::InvalidArgumentError(absl::StrCat("--mixing must be fragment or sequence, got '", mixing, "'"));
+    }
+    if (export_dtype != "f32" && export_dtype != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat("--export-dtype must be f32 or bf16, got '", export_dtype, "'"));
+    }
+    if (o.model.attn_fraction < 0 || o.model.attn_fraction > 1) {
+      return absl::InvalidArgumentError("--attn-fraction must be in [0, 1]");
+    }
+    o.mixing = mixing == "sequence" ? train::ModeMixing::kSequence : train::ModeMixing::kFragment;
+    o.export_dtype = export_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    o.seed = static_cast<uint64_t>(seed);
+    o.save = !no_save;
+    o.threads = static_cast<int>(threads);
+    return train::Train(o);
+  });
+}
+
+}  // namespace oryx::cli

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `oryx` command's edges: every subcommand answers --help with exit 0, and bad
+# input (unknown command or flag, missing value or required flag, missing path) gets exactly one
+# "oryx: error:" line on stderr and a non-zero exit, never a crash.
+#   cli_test.sh PATH_TO_ORYX
+set -u
+ORYX="$1"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+passed=0 failed=0
+
+# expect CODE DESCRIPTION -- ARGS...: exit code CODE (2: usage error, 1: failed run); for CODE != 0, exactly
+# one "oryx: error: ..." line on stderr, and it is the last (progress lines may come before it).
+expect() {
+  local code="$1" what="$2"; shift 3
+  "$ORYX" "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local ok=1
+  [[ $rc -eq $code ]] || ok=0
+  if [[ $code -ne 0 ]]; then
+    [[ $(grep -c '^oryx: error: ' "$TMP/err") -eq 1 ]] && tail -1 "$TMP/err" | grep -q '^oryx: error: ' || ok=0
+  fi
+  if [[ $ok -eq 1 ]]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: $what (oryx $*): exit $rc, expected $code; stderr:"; cat "$TMP/err"
+  fi
+}
+
+expect 0 "top-level help" -- --help
+expect 2 "unknown command" -- frobnicate
+commands=(tokenizer data)
+"$ORYX" --help | grep -q '^  train ' && commands+=(train eval)
+for c in "${commands[@]}"; do expect 0 "$c --help" -- "$c" --help; done
+expect 0 "tokenizer train --help" -- tokenizer train --help
+expect 0 "data prepare --help" -- data prepare --help
+expect 2 "tokenizer: unknown subcommand" -- tokenizer frob
+expect 2 "tokenizer train: unknown flag" -- tokenizer train --bogus 1
+expect 2 "tokenizer train: missing required flags" -- tokenizer train --vocab 300
+expect 2 "tokenizer train: non-integer vocab" -- tokenizer train --input x --vocab many --out y
+expect 1 "tokenizer train: missing input file" -- tokenizer train --input "$TMP/none.txt" --vocab 300 --out "$TMP/t.model"
+expect 2 "data prepare: flag without value" -- data prepare --out
+expect 1 "data verify: missing corpus" -- data verify --corpus "$TMP/no-corpus"
+expect 1 "data unpack: missing archive" -- data unpack --archive "$TMP/none.tar.xz" --out "$TMP/u"
+if [[ " ${commands[*]} " == *" train "* ]]; then
+  expect 2 "train: missing --data/--out" -- train --steps 3
+  expect 2 "train: unknown flag" -- train --data x --out y --warp-speed
+  expect 1 "train: data directory without a corpus" -- train --data "$TMP" --out "$TMP/run"
+  expect 1 "train: bad mixer" -- train --data "$TMP" --out "$TMP/run" --mixer lstm
+  expect 2 "eval: unknown kind" -- eval bogus --model x
+  expect 1 "eval: missing model" -- eval ppl --model "$TMP/no-model" --data "$TMP"
+  expect 1 "eval: depth out of range" -- eval niah --model x --data y --depths 1.5
+fi
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

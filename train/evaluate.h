@@ -1,0 +1,66 @@
+// Evaluation of a trained model on the LibTorch reference (DESIGN.md §8): perplexity under mode
+// schedules with per-position losses, synthetic-task accuracy under routing policies, and the mode
+// agreement that decides self-speculation (greedy acceptance of linear-mode drafts by attention mode).
+// LibTorch-free header; results are JSON objects (the engine will produce the same JSON).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx::train {
+
+// Mode schedules by name, over a sequence of T tokens:
+//   attention | linear          every token in that mode
+//   mixed[:F]                   fragments of the model's fragment_len, each attention with probability F
+//                               (default: the model's attn_fraction), seeded
+//   lin-to-attn:P | attn-to-lin:P   one switch at position P
+struct EvalCommon {
+  std::string model_dir;
+  std::string device = "auto";
+  int threads = 0;
+  uint64_t seed = 1;
+};
+
+struct PplOptions {
+  EvalCommon common;
+  std::string data_dir;  // corpus (validation split)
+  std::vector<std::string> schedules = {"attention", "linear", "mixed"};
+  int64_t seq_len = 0;      // 0: the model's max_position, capped at 2048
+  int64_t sequences = 32;   // evenly spread over the validation split
+  bool per_position = true;
+};
+absl::StatusOr<nlohmann::json> EvalPerplexity(const PplOptions& options);
+
+// Task policies (per example; the prompt is everything before the first answer token):
+//   attention | linear    every token in that mode
+//   prefill-linear        the prompt in linear mode except its last token, which (like every generated
+//                         token) runs in attention mode: "linear prefill, attention generation"
+struct TaskEvalOptions {
+  EvalCommon common;
+  std::string data_dir;     // corpus: haystack text comes from its validation split
+  std::string task = "niah";  // niah | niah-multikey | passkey | mqar
+  std::vector<std::string> policies = {"attention", "linear", "prefill-linear"};
+  std::vector<int32_t> lengths = {256, 512, 1024, 2048};
+  std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};  // ignored by mqar
+  int32_t seeds = 8;
+  int32_t mqar_pairs = 16;
+};
+absl::StatusOr<nlohmann::json> EvalTask(const TaskEvalOptions& options);
+
+// Greedy self-speculation on held-out text: attention-mode prefill of a prompt, then rounds of k
+// linear-mode drafts verified by attention mode, until gen_tokens are produced.
+struct AgreementOptions {
+  EvalCommon common;
+  std::string data_dir;
+  int64_t k = 4;
+  int64_t prompts = 16;
+  int64_t prompt_tokens = 256;
+  int64_t gen_tokens = 128;
+};
+absl::StatusOr<nlohmann::json> EvalAgreement(const AgreementOptions& options);
+
+}  // namespace oryx::train

@@ -1,0 +1,121 @@
+// Mamba-2 and Gated DeltaNet scans: step, token-by-token reference, and chunked parallel form.
+//
+// Both recurrences have the form S_t = a_t * M_t S_{t-1} + s_t k_t v_t^T with a_t = exp(log_decay_t),
+// s_t = scale_t, and M_t = I (mamba2) or I - s_t k_t k_t^T (gdn); the output is S_t^T q_t.
+#include "train/linear_mixers.h"
+
+namespace oryx::train {
+
+namespace {
+
+// Within a chunk: decay[t, s] = exp(G_t - G_s) for s <= t (else 0), with G the inclusive cumulative log
+// decay. Masked before exp so that nothing overflows. g: [..., C] -> [..., C, C].
+torch::Tensor CausalDecay(const torch::Tensor& g, bool strict) {
+  const int64_t c = g.size(-1);
+  auto diff = g.unsqueeze(-1) - g.unsqueeze(-2);  // [.., t, s] = G_t - G_s
+  auto keep = torch::ones({c, c}, torch::dtype(torch::kBool).device(g.device())).tril(strict ? -1 : 0);
+  return torch::where(keep, diff, torch::full({}, -INFINITY, diff.options())).exp();
+}
+
+}  // namespace
+
+ScanResult ScanStep(ScanKind kind, const torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
+                    const torch::Tensor& v, const torch::Tensor& log_decay, const torch::Tensor& scale) {
+  // state [B,H,dh,dh]; q,k,v [B,H,dh]; log_decay, scale [B,H]
+  auto a = log_decay.exp().unsqueeze(-1).unsqueeze(-1);  // [B,H,1,1]
+  auto s = scale.unsqueeze(-1);                          // [B,H,1]
+  torch::Tensor next;
+  if (kind == ScanKind::kMamba2) {
+    next = a * state + (s * k).unsqueeze(-1) * v.unsqueeze(-2);
+  } else {
+    // alpha (S - beta k (k^T S)) + beta k v^T
+    auto kts = torch::einsum("bhi,bhij->bhj", {k, state});  // k^T S: [B,H,dh]
+    next = a * (state - (s * k).unsqueeze(-1) * kts.unsqueeze(-2)) + (s * k).unsqueeze(-1) * v.unsqueeze(-2);
+  }
+  auto out = torch::einsum("bhij,bhi->bhj", {next, q});  // S^T q
+  return {out, next};
+}
+
+ScanResult ScanRecurrent(ScanKind kind, const ScanInputs& in, const torch::Tensor& state) {
+  const int64_t t_len = in.q.size(1);
+  torch::Tensor s = state;
+  std::vector<torch::Tensor> outs;
+  outs.reserve(t_len);
+  for (int64_t t = 0; t < t_len; ++t) {
+    auto r = ScanStep(kind, s, in.q.select(1, t), in.k.select(1, t), in.v.select(1, t),
+                      in.log_decay.select(1, t), in.scale.select(1, t));
+    outs.push_back(r.out);
+    s = r.state;
+  }
+  return {torch::stack(outs, 1), s};
+}
+
+ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor& state, int64_t chunk) {
+  // Work head-major in fp32 (fp64 when given fp64, for gradient checks), every chunk at once:
+  // [B, H, N, C, dh] and [B, H, N, C] with N chunks of C tokens. Only the passing of the state from chunk
+  // to chunk is sequential (a few small ops per chunk).
+  const auto dtype = in.q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), dh = in.q.size(3);
+  const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, pad = N * C - T;
+  // Padding tokens decay nothing (log a = 0) and write nothing (scale = 0): the state passes unchanged.
+  auto chunks = [&](const torch::Tensor& x) {  // [B,T,H,...] -> [B,H,N,C,...]
+    auto t = x.to(dtype).transpose(1, 2);
+    if (pad > 0) {
+      std::vector<int64_t> padding = x.dim() == 4 ? std::vector<int64_t>{0, 0, 0, pad} : std::vector<int64_t>{0, pad};
+      t = torch::constant_pad_nd(t, padding, 0);
+    }
+    std::vector<int64_t> shape = {B, H, N, C};
+    if (x.dim() == 4) shape.push_back(dh);
+    return t.reshape(shape);
+  };
+  auto q = chunks(in.q), k = chunks(in.k), v = chunks(in.v), sc = chunks(in.scale);
+  auto g = chunks(in.log_decay).cumsum(-1);  // [B,H,N,C] G_t = sum_{r<=t in chunk} log a_r
+  auto gamma = g.exp();                      // decay from chunk start to t
+  auto g_last = g.narrow(-1, C - 1, 1);      // [B,H,N,1]
+  auto to_end = (g_last - g).exp();          // decay from t to chunk end
+  auto chunk_decay = g_last.squeeze(-1).exp().unsqueeze(-1).unsqueeze(-1);  // [B,H,N,1,1]
+  auto qk = torch::matmul(q, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/false);  // [B,H,N,C,C]
+
+  // u, the values that enter the state, is U0 - W S0 with S0 the state at the chunk's start (W = 0 for
+  // mamba2). GDN's WY/UT form: (I + diag(beta) A) U = diag(beta) (V - diag(gamma) K S0) with
+  // A[t,s] = gamma_t/gamma_s k_t.k_s for s < t, solved once for both right-hand sides.
+  torch::Tensor u0, w;
+  if (kind == ScanKind::kMamba2) {
+    u0 = sc.unsqueeze(-1) * v;
+  } else {
+    auto a_mat = torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
+    auto lhs = torch::eye(C, q.options()) + sc.unsqueeze(-1) * a_mat;
+    auto rhs = torch::cat({sc.unsqueeze(-1) * v, (sc * gamma).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
+    auto x = torch::linalg_solve_triangular(lhs, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+    u0 = x.narrow(-1, 0, dh);
+    w = x.narrow(-1, dh, dh);
+  }
+  // State entering each chunk: S_n+1 = a_n S_n + K_n^T diag(to_end) (U0_n - W_n S_n).
+  auto kt_end = (to_end.unsqueeze(-1) * k).transpose(-1, -2);  // [B,H,N,dh,C]
+  auto contribution = torch::matmul(kt_end, u0);               // [B,H,N,dh,dh]
+  // unbind() once rather than select() per chunk: each select's backward would allocate a full-size
+  // zero tensor, unbind's backward stacks all the slices' gradients in one go.
+  const auto decay_n = chunk_decay.unbind(2), contribution_n = contribution.unbind(2);
+  std::vector<torch::Tensor> kt_end_n, w_n;
+  if (kind == ScanKind::kGdn) {
+    kt_end_n = kt_end.unbind(2);
+    w_n = w.unbind(2);
+  }
+  torch::Tensor s = state.to(dtype);
+  std::vector<torch::Tensor> starts;
+  starts.reserve(N);
+  for (int64_t n = 0; n < N; ++n) {
+    starts.push_back(s);
+    auto next = decay_n[n] * s + contribution_n[n];
+    if (kind == ScanKind::kGdn) next = next - torch::matmul(kt_end_n[n], torch::matmul(w_n[n], s));
+    s = next;
+  }
+  auto s0 = torch::stack(starts, 2);  // [B,H,N,dh,dh]
+  auto u = kind == ScanKind::kGdn ? u0 - torch::matmul(w, s0) : u0;
+  // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s
+  auto out = gamma.unsqueeze(-1) * torch::matmul(q, s0) + torch::matmul(qk, u);  // [B,H,N,C,dh]
+  out = out.reshape({B, H, N * C, dh}).narrow(2, 0, T).transpose(1, 2).contiguous();  // [B,T,H,dh]
+  return {out, s};
+}
+
+}  // namespace oryx::train

@@ -1,0 +1,74 @@
+// Task ids and ranges for the Oryx tokenizer, and a corpus-backed haystack.
+#include "train/task_data.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace oryx::train {
+
+uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double Uniform01(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
+  const uint64_t h = Mix64(Mix64(Mix64(Mix64(seed) ^ a) ^ b) ^ c);
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+absl::StatusOr<TaskSetup> MakeTaskSetup(const Tokenizer& tok) {
+  TaskSetup setup;
+  tasks::TaskVocab& v = setup.configs.vocab;
+  v.bos = tok.bos_id();
+  v.eos = tok.eos_id();
+  ORYX_ASSIGN_OR_RETURN(v.sep, tok.TaskTokenId("<|sep|>"));
+  ORYX_ASSIGN_OR_RETURN(v.query, tok.TaskTokenId("<|query|>"));
+  ORYX_ASSIGN_OR_RETURN(v.answer, tok.TaskTokenId("<|answer|>"));
+  ORYX_ASSIGN_OR_RETURN(v.key, tok.TaskTokenId("<|key|>"));
+  ORYX_ASSIGN_OR_RETURN(v.value, tok.TaskTokenId("<|value|>"));
+  ORYX_ASSIGN_OR_RETURN(v.needle, tok.TaskTokenId("<|needle|>"));
+  v.first_free_id = kFirstByteId;  // the fixed ids (special, task, newline, tab) end here
+  v.vocab_size = tok.vocab_size();
+  // Ordinary pieces start after the 256 byte-fallback pieces; keep clear of them where the vocab allows.
+  const int32_t base = std::min(v.first_free_id + 256, v.first_free_id + (v.vocab_size - v.first_free_id) / 4);
+  const int32_t mid = base + (v.vocab_size - base) / 2;
+  if (mid - base < 8) {
+    return absl::InvalidArgumentError(absl::StrCat("vocabulary of ", v.vocab_size, " is too small for the tasks"));
+  }
+  tasks::TokenRange keys{base, mid}, values{mid, v.vocab_size};
+  setup.configs.mqar = {keys, values, values, 8, 0.01};
+  setup.configs.niah_single = {keys, values, 2, 3, 1};
+  setup.configs.niah_multikey = {keys, values, 2, 3, 4};
+  setup.has_digits = true;
+  for (int d = 0; d < 10; ++d) {
+    std::vector<int32_t> ids = tok.Encode(std::string(1, static_cast<char>('0' + d)));
+    if (ids.size() != 1) {
+      setup.has_digits = false;
+      break;
+    }
+    v.digits[d] = ids[0];
+  }
+  if (!setup.has_digits) v.digits.fill(-1);
+  return setup;
+}
+
+absl::StatusOr<std::vector<int32_t>> CorpusHaystack::Tokens(int64_t n, uint64_t seed) const {
+  if (n < 0) return absl::InvalidArgumentError("haystack length must be >= 0");
+  const int64_t total = reader_->num_tokens();
+  if (n > total) {
+    return absl::FailedPreconditionError(absl::StrCat("haystack of ", n, " tokens asked from a corpus split of ", total));
+  }
+  std::vector<int32_t> out(n);
+  const int64_t start = static_cast<int64_t>(Mix64(seed) % static_cast<uint64_t>(total - n + 1));
+  ORYX_RETURN_IF_ERROR(reader_->ReadTokens(start, n, out.data()));
+  for (int32_t& id : out) {
+    if (id < kNewlineId) id = kNewlineId;  // BOS/EOS between documents; task markers
+  }
+  return out;
+}
+
+}  // namespace oryx::train

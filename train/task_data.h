@@ -1,0 +1,41 @@
+// Glue between the corpus, the tokenizer and the synthetic tasks: task token ids and ranges for a
+// tokenizer, and a haystack of real corpus text. Shared by the trainer and the evaluation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer.h"
+#include "tasks/haystack.h"
+#include "tasks/task_mix.h"
+#include "train/shards.h"
+
+namespace oryx::train {
+
+// Task configs for the Oryx tokenizer: markers from its task tokens; MQAR keys and values in disjoint
+// halves of the ordinary vocabulary (above the special and byte-fallback ids); passkey digits when every
+// digit is one token (else the passkey kind is unavailable and `has_digits` is false).
+struct TaskSetup {
+  tasks::TaskConfigs configs;
+  bool has_digits = false;
+};
+absl::StatusOr<TaskSetup> MakeTaskSetup(const Tokenizer& tokenizer);
+
+// Haystack text from one split of a corpus: `n` consecutive tokens at a seeded offset, with special ids
+// (BOS/EOS between documents) replaced by newlines so that the needle generators accept the text.
+class CorpusHaystack : public tasks::HaystackSource {
+ public:
+  explicit CorpusHaystack(const CorpusReader* reader) : reader_(reader) {}
+  absl::StatusOr<std::vector<int32_t>> Tokens(int64_t n, uint64_t seed) const override;
+
+ private:
+  const CorpusReader* reader_;  // not owned
+};
+
+// splitmix64: the one stateless hash that every seeded decision in training and evaluation goes through.
+uint64_t Mix64(uint64_t x);
+// A uniform double in [0, 1) from the hash of (seed, a, b, c).
+double Uniform01(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
+
+}  // namespace oryx::train

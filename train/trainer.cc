@@ -1,0 +1,495 @@
+// The fragmented mixed-mode trainer: data and modes are pure functions of (seed, step), so a resumed run
+// replays the uninterrupted one exactly; checkpoints are directories swapped in whole.
+#include "train/trainer.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/file_util.h"
+#include "engine/status_macros.h"
+#include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tasks/task_mix.h"
+#include "train/model.h"
+#include "train/shards.h"
+#include "train/task_data.h"
+#include "train/torch_io.h"
+
+namespace oryx::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+constexpr int64_t kIgnore = -100;  // cross-entropy ignore_index
+
+// bf16 autocast on CUDA for the forward pass; weights and optimizer state stay fp32.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(bool on) : on_(on) {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+  }
+
+ private:
+  bool on_;
+};
+
+absl::StatusOr<torch::Device> PickDevice(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda" || name == "auto") {
+    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA);
+    if (name == "cuda") return absl::FailedPreconditionError("--device cuda: no CUDA device is visible");
+    return torch::Device(torch::kCPU);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device must be auto, cpu or cuda, got '", name, "'"));
+}
+
+// Per-token modes of training sample `n`: fragments of fragment_len tokens, each ATTN with probability
+// attn_fraction (or one draw for the whole sequence under kSequence mixing).
+std::vector<uint8_t> SampleModes(uint64_t seed, int64_t n, int64_t len, const ModelConfig& c, ModeMixing mixing) {
+  std::vector<uint8_t> modes(len);
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t fragment = mixing == ModeMixing::kSequence ? 0 : t / c.fragment_len;
+    modes[t] = Uniform01(seed, 0x6d6f6465, n, fragment) < c.attn_fraction;
+  }
+  return modes;
+}
+
+struct Batch {
+  torch::Tensor inputs;   // [B, T] int64
+  torch::Tensor targets;  // [B, T] int64, kIgnore where no loss
+  torch::Tensor is_attn;  // [B, T] bool
+  int64_t task_sequences = 0;
+};
+
+// Builds micro-batches: sample n reads corpus window perm(n), or a task sequence when the mixer says so.
+class BatchMaker {
+ public:
+  BatchMaker(const TrainOptions& o, const CorpusReader& reader, const tasks::TaskMixer* mixer)
+      : o_(o), reader_(reader), mixer_(mixer), windows_(reader.NumSequences(o.seq_len)) {
+    // n -> (mult * n + offset) mod windows is a bijection when gcd(mult, windows) == 1.
+    mult_ = (Mix64(o.seed ^ 0x7065726d) % windows_) | 1;
+    while (std::gcd(mult_, static_cast<uint64_t>(windows_)) != 1) mult_ += 2;
+    offset_ = Mix64(o.seed ^ 0x6f666673) % windows_;
+  }
+
+  absl::StatusOr<Batch> Make(int64_t first_sample, int64_t count, torch::Device device) const {
+    const int64_t T = o_.seq_len;
+    std::vector<int64_t> inputs(count * T), targets(count * T);
+    std::vector<uint8_t> modes(count * T);
+    std::vector<int32_t> window(T + 1);
+    int64_t tasks = 0;
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t n = first_sample + b;
+      std::vector<uint8_t> loss_mask(T, 1);
+      if (mixer_ != nullptr && mixer_->IsTaskSequence(n)) {
+        ORYX_ASSIGN_OR_RETURN(tasks::TaskExample ex, mixer_->MakeTaskSequence(n, static_cast<int32_t>(T + 1)));
+        std::copy(ex.ids.begin(), ex.ids.end(), window.begin());
+        if (o_.answer_only_loss) {
+          for (int64_t t = 0; t < T; ++t) loss_mask[t] = ex.loss_mask[t];
+        }
+        ++tasks;
+      } else {
+        const uint64_t w = static_cast<uint64_t>((static_cast<unsigned __int128>(mult_) * n + offset_) % windows_);
+        ORYX_RETURN_IF_ERROR(reader_.ReadSequence(static_cast<int64_t>(w), T, window.data()));
+      }
+      std::vector<uint8_t> m = SampleModes(o_.seed, n, T, o_.model, o_.mixing);
+      for (int64_t t = 0; t < T; ++t) {
+        inputs[b * T + t] = window[t];
+        targets[b * T + t] = loss_mask[t] ? window[t + 1] : kIgnore;
+        modes[b * T + t] = m[t];
+      }
+    }
+    auto opts = torch::TensorOptions().dtype(torch::kInt64);
+    Batch batch;
+    // clone(): from_blob aliases the local vectors, and to(kCPU) would not copy.
+    batch.inputs = torch::from_blob(inputs.data(), {count, T}, opts).clone().to(device);
+    batch.targets = torch::from_blob(targets.data(), {count, T}, opts).clone().to(device);
+    batch.is_attn = torch::from_blob(modes.data(), {count, T}, torch::kUInt8).to(torch::kBool).to(device);
+    batch.task_sequences = tasks;
+    return batch;
+  }
+
+ private:
+  const TrainOptions& o_;
+  const CorpusReader& reader_;
+  const tasks::TaskMixer* mixer_;
+  int64_t windows_;
+  uint64_t mult_ = 1, offset_ = 0;
+};
+
+double LearningRate(const TrainOptions& o, int64_t step) {
+  if (step < o.warmup_steps) return o.lr * static_cast<double>(step + 1) / o.warmup_steps;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - o.warmup_steps) / std::max<int64_t>(1, o.steps - o.warmup_steps));
+  return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+torch::Tensor Loss(OryxModel& model, const Batch& b, bool autocast) {
+  AutocastGuard guard(autocast);
+  auto logits = model->Forward(b.inputs, b.is_attn);
+  return torch::nn::functional::cross_entropy(
+      logits.view({-1, logits.size(-1)}).to(torch::kFloat32), b.targets.view({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnore));
+}
+
+// Validation loss over evenly spread windows of the val split, in one mode pattern.
+absl::StatusOr<double> ValidationLoss(OryxModel& model, const CorpusReader& val, const TrainOptions& o,
+                                      const std::string& pattern, torch::Device device, bool autocast) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = o.seq_len, windows = val.NumSequences(T);
+  const int64_t n = std::min(o.eval_sequences, windows);
+  if (n <= 0) return absl::FailedPreconditionError("the validation split is shorter than one sequence");
+  std::vector<int32_t> window(T + 1);
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ORYX_RETURN_IF_ERROR(val.ReadSequence(i * windows / n, T, window.data()));
+    std::vector<int64_t> ids(window.begin(), window.end());
+    auto all = torch::from_blob(ids.data(), {1, T + 1}, torch::kInt64).clone().to(device);
+    Batch b;
+    b.inputs = all.narrow(1, 0, T);
+    b.targets = all.narrow(1, 1, T);
+    if (pattern == "mixed") {
+      std::vector<uint8_t> m = SampleModes(o.seed ^ 0x76616c, i, T, o.model, ModeMixing::kFragment);
+      b.is_attn = torch::from_blob(m.data(), {1, T}, torch::kUInt8).to(torch::kBool).to(device);
+    } else {
+      b.is_attn = torch::full({1, T}, pattern == "attention", torch::dtype(torch::kBool).device(device));
+    }
+    total += Loss(model, b, autocast).item<double>();
+  }
+  return total / n;
+}
+
+std::string Duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+}
+
+int64_t ParameterCount(OryxModel& model) {
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  return n;
+}
+
+// Training FLOPs per token: 6 x parameters for the matrix products (forward + backward) plus the
+// attention scores and values (12 x layers x HD x T/2 on average over a causal sequence).
+double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
+  return 6.0 * params + 6.0 * c.n_layers * c.qk_dim() * seq_len;
+}
+
+Json TrainingIdentity(const TrainOptions& o) {
+  return {{"seq_len", o.seq_len}, {"batch_size", o.batch_size}, {"grad_accum", o.grad_accum},
+          {"seed", o.seed}, {"mixing", o.mixing == ModeMixing::kSequence ? "sequence" : "fragment"},
+          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss}};
+}
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainOptions& o) : o_(o), out_(o.out_dir) {}
+  absl::Status Run();
+
+ private:
+  absl::Status Setup();
+  absl::Status Resume();
+  absl::Status SaveCheckpoint(int64_t step);
+  absl::Status Evaluate(int64_t step);
+  void Log(const Json& line);
+
+  TrainOptions o_;
+  fs::path out_;
+  torch::Device device_{torch::kCPU};
+  bool autocast_ = false;
+  std::optional<CorpusReader> train_, val_;
+  std::optional<Tokenizer> tokenizer_;
+  std::unique_ptr<CorpusHaystack> haystack_;
+  std::optional<tasks::TaskMixer> mixer_;
+  std::optional<OryxModel> model_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  int64_t start_step_ = 0;
+  Clock::time_point start_ = Clock::now();
+  double elapsed_before_ = 0;  // wall seconds of earlier runs (resume)
+  std::unique_ptr<std::ofstream> log_;
+};
+
+absl::Status Trainer::Setup() {
+  ORYX_ASSIGN_OR_RETURN(device_, PickDevice(o_.device));
+  autocast_ = device_.is_cuda();
+  if (o_.threads > 0) torch::set_num_threads(o_.threads);
+  ORYX_ASSIGN_OR_RETURN(CorpusReader train, CorpusReader::Open(o_.data_dir, "train"));
+  ORYX_ASSIGN_OR_RETURN(CorpusReader val, CorpusReader::Open(o_.data_dir, "val"));
+  train_.emplace(std::move(train));
+  val_.emplace(std::move(val));
+  ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(train_->tokenizer_path()));
+  tokenizer_.emplace(std::move(tok));
+
+  ModelConfig& c = o_.model;
+  c.vocab_size = tokenizer_->vocab_size();
+  c.bos_id = tokenizer_->bos_id();
+  c.eos_id = tokenizer_->eos_id();
+  c.pad_id = tokenizer_->pad_id();
+  if (c.max_position == 0) c.max_position = o_.seq_len;
+  ORYX_RETURN_IF_ERROR(ValidateModelConfig(c, "model options"));
+  if (o_.seq_len < 1 || o_.seq_len > c.max_position) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq-len ", o_.seq_len, " must be in [1, max_position = ", c.max_position, "]"));
+  }
+  if (train_->NumSequences(o_.seq_len) < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(o_.data_dir, ": the train split holds ",
+                                                      train_->num_tokens(), " tokens, fewer than one sequence"));
+  }
+  if (o_.task_fraction > 0) {
+    ORYX_ASSIGN_OR_RETURN(TaskSetup setup, MakeTaskSetup(*tokenizer_));
+    haystack_ = std::make_unique<CorpusHaystack>(&*train_);
+    tasks::TaskMixConfig mix;
+    mix.task_fraction = o_.task_fraction;
+    mix.seed = o_.seed ^ 0x7461736b;
+    mix.weights = {1.0, 1.0, 1.0, setup.has_digits ? 0.5 : 0.0};
+    mix.configs = setup.configs;
+    ORYX_ASSIGN_OR_RETURN(tasks::TaskMixer mixer, tasks::TaskMixer::Create(mix, haystack_.get()));
+    mixer_.emplace(std::move(mixer));
+  }
+
+  model_.emplace(OryxModel(c, o_.seed));
+  (*model_)->to(device_);
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : (*model_)->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto adamw = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(o_.lr).betas({o_.beta1, o_.beta2}).weight_decay(wd).eps(1e-8));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, adamw(o_.weight_decay));
+  groups.emplace_back(no_decay, adamw(0.0));
+  optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o_.lr));
+
+  std::error_code ec;
+  fs::create_directories(out_, ec);
+  if (ec) return absl::InternalError(absl::StrCat(out_.string(), ": cannot create: ", ec.message()));
+  if (o_.resume) {
+    ORYX_RETURN_IF_ERROR(Resume());
+  } else if (fs::exists(out_ / "checkpoint")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        (out_ / "checkpoint").string(), " exists: pass --resume to continue it, or choose another --out"));
+  }
+  log_ = std::make_unique<std::ofstream>(out_ / "log.jsonl", std::ios::app);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Resume() {
+  fs::path dir = out_ / "checkpoint";
+  if (!fs::exists(dir)) {
+    // A crash between the two renames of a swap leaves only the previous checkpoint, renamed.
+    for (const auto& e : fs::directory_iterator(out_)) {
+      if (e.path().filename().string().rfind("checkpoint.old.", 0) == 0) dir = e.path();
+    }
+  }
+  if (!fs::exists(dir / "state.json")) {
+    return absl::NotFoundError(absl::StrCat("--resume: no checkpoint in ", out_.string()));
+  }
+  ORYX_ASSIGN_OR_RETURN(std::string text, ReadFile((dir / "state.json").string()));
+  Json state = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (state.is_discarded() || !state.contains("step") || !state.contains("config") || !state.contains("identity")) {
+    return absl::DataLossError(absl::StrCat((dir / "state.json").string(), ": not a trainer state"));
+  }
+  ORYX_ASSIGN_OR_RETURN(ModelConfig saved, ParseModelConfig(state["config"].dump(), (dir / "state.json").string()));
+  if (!(saved == o_.model)) {
+    return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(),
+                                                      " holds a model of another config:\n", ToJson(saved),
+                                                      "this run asks for:\n", ToJson(o_.model)));
+  }
+  if (state["identity"] != TrainingIdentity(o_)) {
+    return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(), " was trained with ",
+                                                      state["identity"].dump(), ", this run asks for ",
+                                                      TrainingIdentity(o_).dump()));
+  }
+  ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint((dir / "model").string()));
+  ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
+  try {
+    torch::load(*optimizer_, (dir / "optimizer.pt").string(), device_);
+  } catch (const c10::Error& e) {
+    return absl::DataLossError(absl::StrCat((dir / "optimizer.pt").string(), ": ", e.what_without_backtrace()));
+  }
+  start_step_ = state["step"].get<int64_t>();
+  elapsed_before_ = state.value("elapsed_s", 0.0);
+  std::fprintf(stderr, "resuming from %s at step %lld\n", dir.c_str(), static_cast<long long>(start_step_));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveCheckpoint(int64_t step) {
+  const fs::path final_dir = out_ / "checkpoint";
+  const fs::path tmp = out_ / absl::StrCat("checkpoint.tmp.", getpid());
+  std::error_code ec;
+  ORYX_RETURN_IF_ERROR(RemoveTree(tmp.string()));
+  fs::create_directories(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat(tmp.string(), ": ", ec.message()));
+  ORYX_RETURN_IF_ERROR(ExportCheckpoint(*model_, (tmp / "model").string(), train_->tokenizer_path()));
+  try {
+    torch::save(*optimizer_, (tmp / "optimizer.pt").string());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat((tmp / "optimizer.pt").string(), ": ", e.what_without_backtrace()));
+  }
+  Json state = {{"step", step}, {"config", Json::parse(ToJson(o_.model))}, {"identity", TrainingIdentity(o_)},
+                {"elapsed_s", elapsed_before_ + std::chrono::duration<double>(Clock::now() - start_).count()}};
+  ORYX_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), state.dump(2)));
+  // Swap: the old checkpoint is renamed aside, the new one renamed in, then the old one deleted.
+  const fs::path old = out_ / absl::StrCat("checkpoint.old.", getpid());
+  if (fs::exists(final_dir)) {
+    fs::rename(final_dir, old, ec);
+    if (ec) return absl::InternalError(absl::StrCat(final_dir.string(), ": cannot move aside: ", ec.message()));
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot rename into place: ", ec.message()));
+  if (absl::Status s = RemoveTree(old.string()); !s.ok()) {
+    std::fprintf(stderr, "warning: could not delete the previous checkpoint: %s\n", std::string(s.message()).c_str());
+  }
+  // The exported model, for the engine and evaluation.
+  ORYX_RETURN_IF_ERROR(ExportCheckpoint(*model_, (out_ / "model").string(), train_->tokenizer_path(),
+                                        o_.export_dtype, 15u << 20));
+  Log({{"event", "checkpoint"}, {"step", step}});
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Evaluate(int64_t step) {
+  Json line = {{"event", "eval"}, {"step", step}};
+  std::string text;
+  for (const char* pattern : {"attention", "linear", "mixed"}) {
+    ORYX_ASSIGN_OR_RETURN(double loss, ValidationLoss(*model_, *val_, o_, pattern, device_, autocast_));
+    line[absl::StrCat("val_loss_", pattern)] = loss;
+    absl::StrAppendFormat(&text, "  %s %.4f (ppl %.1f)", pattern, loss, std::exp(loss));
+  }
+  std::fprintf(stderr, "eval step %lld:%s\n", static_cast<long long>(step), text.c_str());
+  Log(line);
+  return absl::OkStatus();
+}
+
+void Trainer::Log(const Json& line) {
+  if (log_) *log_ << line.dump() << std::endl;
+}
+
+absl::Status Trainer::Run() {
+  ORYX_RETURN_IF_ERROR(Setup());
+  const int64_t params = ParameterCount(*model_);
+  const double flops_per_token = FlopsPerToken(o_.model, params, o_.seq_len);
+  double peak = o_.peak_tflops * 1e12;
+  std::string device_name = device_.is_cuda() ? "cuda" : "cpu";
+  if (peak == 0 && device_.is_cuda()) peak = 989.4e12;  // H100/H200 SXM bf16 dense
+  std::fprintf(stderr, "training %lld parameters on %s: %lld steps of %lld x %lld x %lld tokens, from step %lld\n",
+               static_cast<long long>(params), device_name.c_str(), static_cast<long long>(o_.steps),
+               static_cast<long long>(o_.batch_size), static_cast<long long>(o_.grad_accum),
+               static_cast<long long>(o_.seq_len), static_cast<long long>(start_step_));
+  Log({{"event", "start"}, {"params", params}, {"config", Json::parse(ToJson(o_.model))},
+       {"identity", TrainingIdentity(o_)}, {"device", device_name}, {"start_step", start_step_}});
+
+  BatchMaker batches(o_, *train_, mixer_ ? &*mixer_ : nullptr);
+  const int64_t tokens_per_step = o_.batch_size * o_.grad_accum * o_.seq_len;
+  start_ = Clock::now();
+  auto window_start = Clock::now();
+  int64_t window_steps = 0;
+  int64_t last_good = start_step_;
+  // ORYX_PROFILE_TRACE=FILE records steps 4..6 of this run as a Chrome trace (op times are launch times
+  // unless CUDA_LAUNCH_BLOCKING=1, which makes them include the kernels).
+  const char* trace_path = std::getenv("ORYX_PROFILE_TRACE");
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  for (int64_t step = start_step_; step < o_.steps; ++step) {
+    if (trace_path != nullptr && step == start_step_ + 3) {
+      profile = std::make_unique<torch::autograd::profiler::RecordProfile>(std::string(trace_path));
+    }
+    if (step == start_step_ + 6) profile.reset();
+    const double lr = LearningRate(o_, step);
+    for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    optimizer_->zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
+      ORYX_ASSIGN_OR_RETURN(Batch b, batches.Make((step * o_.grad_accum + micro) * o_.batch_size, o_.batch_size, device_));
+      auto loss = Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    if (!std::isfinite(loss_sum)) {
+      return absl::InternalError(absl::StrCat("loss is ", loss_sum, " at step ", step,
+                                              "; stopped without saving. Last good checkpoint: ",
+                                              (out_ / "checkpoint").string(), " (step ", last_good, ")"));
+    }
+    const double grad_norm = torch::nn::utils::clip_grad_norm_((*model_)->parameters(), o_.grad_clip);
+    optimizer_->step();
+    ++window_steps;
+    const int64_t done = step + 1;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (done % o_.log_every == 0 || done == o_.steps) {
+      if (device_.is_cuda()) torch::cuda::synchronize();
+      const double window_s = std::chrono::duration<double>(Clock::now() - window_start).count();
+      const double tok_s = window_steps * tokens_per_step / window_s;
+      const double eta = (o_.steps - done) * window_s / window_steps;
+      Json line = {{"event", "step"}, {"step", done}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
+                   {"tokens_per_s", tok_s}, {"elapsed_s", elapsed_before_ + elapsed}};
+      std::string mfu;
+      if (peak > 0) {
+        line["mfu"] = tok_s * flops_per_token / peak;
+        mfu = absl::StrFormat("  mfu %.1f%%", 100.0 * tok_s * flops_per_token / peak);
+      }
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  gnorm %.2f  %.1fk tok/s%s  ETA %s\n",
+                   static_cast<long long>(done), static_cast<long long>(o_.steps), loss_sum, lr, grad_norm,
+                   tok_s / 1000, mfu.c_str(), Duration(eta).c_str());
+      Log(line);
+      window_start = Clock::now();
+      window_steps = 0;
+    }
+    if ((o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps) ORYX_RETURN_IF_ERROR(Evaluate(done));
+    const bool out_of_time = o_.time_limit_s > 0 && elapsed >= o_.time_limit_s;
+    const bool due = (o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == o_.steps || out_of_time;
+    if (o_.save && due) {
+      ORYX_RETURN_IF_ERROR(SaveCheckpoint(done));
+      last_good = done;
+    }
+    if (out_of_time && done < o_.steps) {
+      std::fprintf(stderr, "time limit reached at step %lld; continue with --resume\n", static_cast<long long>(done));
+      return absl::OkStatus();
+    }
+  }
+  if (o_.save) std::fprintf(stderr, "done: model in %s\n", (out_ / "model").c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Train(const TrainOptions& options) {
+  if (options.data_dir.empty() || options.out_dir.empty()) {
+    return absl::InvalidArgumentError("--data and --out are required");
+  }
+  if (options.batch_size < 1 || options.grad_accum < 1 || options.steps < 1 || options.warmup_steps < 0 ||
+      options.log_every < 1 || !(options.lr > 0) || options.min_lr < 0 || !(options.grad_clip > 0) ||
+      options.task_fraction < 0 || options.task_fraction > 1) {
+    return absl::InvalidArgumentError(
+        "training options out of range: need batch, accumulation, steps, log interval >= 1, lr > 0, "
+        "min lr >= 0, grad clip > 0, task fraction in [0, 1]");
+  }
+  try {
+    Trainer trainer(options);
+    return trainer.Run();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace oryx::train

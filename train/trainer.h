@@ -1,0 +1,65 @@
+// The fragmented mixed-mode trainer (DESIGN.md §3) behind `oryx train`. This header is LibTorch-free so
+// that the command-line layer can fill the options without compiling against LibTorch.
+//
+// Output directory:
+//   OUT/checkpoint/  training state: model.safetensors (fp32), optimizer.pt, state.json; replaced as a
+//                    whole (a new directory is built beside it, then swapped in), so an interrupted run
+//                    leaves the last good one
+//   OUT/model/       the exported model (DESIGN.md §4 checkpoint, with tokenizer.model)
+//   OUT/log.jsonl    one JSON object per logged step, evaluation and checkpoint
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/config.h"
+#include "engine/safetensors.h"
+
+namespace oryx::train {
+
+enum class ModeMixing { kFragment, kSequence };
+
+struct TrainOptions {
+  std::string data_dir;  // a corpus from `oryx data prepare`
+  std::string out_dir;
+  // The model. vocab_size, bos_id, eos_id and pad_id are taken from the corpus's tokenizer;
+  // fragment_len and attn_fraction drive the mode sampling.
+  ModelConfig model;
+  ModeMixing mixing = ModeMixing::kFragment;  // kSequence: one mode per sequence (the ablation)
+
+  int64_t seq_len = 512;
+  int64_t batch_size = 8;  // sequences per micro-batch
+  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  int64_t steps = 1000;
+  int64_t warmup_steps = 100;
+  double lr = 3e-3;
+  double min_lr = 3e-4;  // cosine decays to this
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95;
+  double grad_clip = 1.0;
+
+  double task_fraction = 0.0;    // share of training sequences replaced by synthetic tasks
+  bool answer_only_loss = true;  // on task sequences, loss only on answer tokens
+
+  int64_t log_every = 10;
+  int64_t eval_every = 200;       // validation loss in attention, linear and mixed mode
+  int64_t eval_sequences = 16;
+  int64_t checkpoint_every = 200;
+  double time_limit_s = 0;  // checkpoint and stop after this much wall time (0: no limit)
+  bool save = true;         // false: no checkpoint or export at all (throughput measurements)
+
+  uint64_t seed = 1;
+  std::string device = "auto";  // auto | cpu | cuda
+  bool resume = false;           // continue from OUT/checkpoint (same config and data required)
+  double peak_tflops = 0;        // for model FLOPs utilisation; 0 = the device's bf16 dense peak if known
+  DType export_dtype = DType::kF32;
+  int threads = 0;  // CPU intra-op threads (0: LibTorch's default)
+};
+
+// Trains until `steps` (or the time limit), printing a progress line to stderr. Errors (bad options,
+// data, a resume from another config, a non-finite loss) are reported without touching the last good
+// checkpoint.
+absl::Status Train(const TrainOptions& options);
+
+}  // namespace oryx::train
