@@ -1,0 +1,31 @@
+// Projections y = x · W^T (weight [out, in], the checkpoint layout) for decode (M = 1) and prefill (M > 1).
+// Single-threaded: Eigen's GEMM/GEMV on the caller's thread; the engine parallelises over sequences.
+#include <Eigen/Core>
+#include <cassert>
+
+#include "kernels/cpu/eigen_maps.h"
+#include "kernels/ops.h"
+
+namespace oryx::kernels::cpu {
+
+void MatMul(const MatMulParams& p) {
+  assert(p.x_row_stride >= p.k && p.w_row_stride >= p.k && p.y_row_stride >= p.n);
+  ConstMatrixMap x(p.x_ptr, p.m, p.k, Eigen::OuterStride<>(p.x_row_stride));
+  ConstMatrixMap w(p.w_ptr, p.n, p.k, Eigen::OuterStride<>(p.w_row_stride));
+  MatrixMap y(p.y_ptr, p.m, p.n, Eigen::OuterStride<>(p.y_row_stride));
+  y.noalias() = x * w.transpose();
+}
+
+void MatMulReference(const MatMulParams& p) {
+  for (int64_t r = 0; r < p.m; ++r) {
+    for (int64_t o = 0; o < p.n; ++o) {
+      double acc = 0.0;
+      for (int64_t i = 0; i < p.k; ++i) {
+        acc += double{p.x_ptr[r * p.x_row_stride + i]} * double{p.w_ptr[o * p.w_row_stride + i]};
+      }
+      p.y_ptr[r * p.y_row_stride + o] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace oryx::kernels::cpu

@@ -1,0 +1,174 @@
+// The per-layer compute ops of the Oryx model (DESIGN.md §2) on raw fp32 buffers: projections, norms, RoPE,
+// causal conv, attention over a KV cache, the mamba2 / gdn recurrences, the SwiGLU gate, and sampling.
+//
+// One declaration, two implementations: kernels/cpu/<op>.cc (Eigen) and, later, kernels/cuda/<op>.cu.
+//
+// Dimension legend: M rows (tokens) of a projection, K input features, N output features, T tokens of a span,
+// Tq queries, Tk keys (KV cache length), H heads, dh head dim, C conv channels, w conv width, V vocab.
+//
+// Contract for every op: buffers are row-major fp32 owned by the caller; the last dimension is contiguous and
+// the `*_stride` fields give the step, in elements, between consecutive rows / tokens. Inputs are validated at
+// the engine boundary; kernels only debug-assert. Outputs must not alias inputs unless a field says "in place".
+// The ops keep no state between calls and are safe to call concurrently on disjoint outputs.
+#pragma once
+
+#include <cstdint>
+
+namespace oryx::kernels {
+
+// y = x · W^T, the projection layout of the checkpoint (weight [out, in]). M = 1 is a decode step.
+struct MatMulParams {
+  int64_t m, n, k;
+  int64_t x_row_stride;  // >= k
+  int64_t w_row_stride;  // >= k
+  int64_t y_row_stride;  // >= n
+  const float* x_ptr;    // [M, K]
+  const float* w_ptr;    // [N, K]
+  float* y_ptr;          // [M, N]
+};
+
+// y = x / sqrt(mean(x^2) + eps) * weight, per row of d values.
+struct RmsNormParams {
+  int64_t rows, d;
+  float eps;
+  int64_t x_row_stride, y_row_stride;
+  const float* x_ptr;       // [rows, d]
+  const float* weight_ptr;  // [d]
+  float* y_ptr;             // [rows, d]; may equal x_ptr (in place) when the strides match
+};
+
+// The layer's gated per-head norm: y[h*dh + i] = o_h[i] / sqrt(mean(o_h^2) + eps) * weight[i] * SiLU(g[h*dh + i]).
+struct GatedRmsNormParams {
+  int64_t rows, heads, head_dim;
+  float eps;
+  int64_t o_row_stride, gate_row_stride, y_row_stride;
+  const float* o_ptr;       // [rows, H, dh] mixer output
+  const float* gate_ptr;    // [rows, H*dh] g = W_G u
+  const float* weight_ptr;  // [dh] gate_norm.weight, shared by all heads
+  float* y_ptr;             // [rows, H*dh]
+};
+
+// Half-split ("rotate half") RoPE in place; token t of the span sits at position start_pos + t. The angle
+// pos * theta^(-2i/dh) is computed in double and cast to float before cos/sin, as the LibTorch model does.
+struct RopeParams {
+  int64_t tokens, heads, head_dim;  // head_dim even
+  int64_t start_pos;
+  double theta;                     // rope_theta > 0 (the engine skips the op when rope_theta = 0)
+  int64_t x_token_stride;           // >= H*dh; heads are contiguous inside a token
+  float* x_ptr;                     // [T, H, dh] in place
+};
+
+// Causal depthwise conv over the span, continuing from the window of the last w-1 inputs before it:
+// out_t[c] = act(bias[c] + sum_{j<w} weight[c, j] * in_{t-(w-1)+j}[c]); weight[c, w-1] multiplies token t.
+// On return the window holds the last w-1 raw (pre-activation) inputs, oldest first. T = 1 is a decode step.
+struct CausalConvParams {
+  int64_t tokens, channels, width;  // width >= 1
+  bool apply_silu;                  // act = SiLU (gdn) or identity (mamba2)
+  int64_t in_token_stride, out_token_stride;
+  const float* weight_ptr;          // [C, w]
+  const float* bias_ptr;            // [C]
+  float* window_ptr;                // [w-1, C] in/out, oldest first; zeros at the sequence start
+  const float* in_ptr;              // [T, C]
+  float* out_ptr;                   // [T, C]
+};
+
+// Softmax attention of the last Tq positions of a Tk-long KV cache (Tq <= Tk): query i sees keys
+// 0 .. Tk - Tq + i, scale 1/sqrt(dh), max-subtracted softmax. q is already RoPE'd, as are cached keys.
+struct AttentionParams {
+  int64_t q_tokens, kv_tokens, heads, head_dim;
+  int64_t q_token_stride, kv_token_stride, out_token_stride;  // heads contiguous inside a token
+  const float* q_ptr;  // [Tq, H, dh]
+  const float* k_ptr;  // [Tk, H, dh]
+  const float* v_ptr;  // [Tk, H, dh]
+  float* out_ptr;      // [Tq, H, dh]
+};
+
+// Recurrent state S [H, dh, dh] fp32, S[h][i][j] pairs key feature i with value feature j; Read = S^T q.
+//
+// mamba2, token by token over the span: S = exp(log_a) S + dt k v^T;  out = S^T q + d_skip * v.
+// dt is already softplus'd; log_a = -dt * exp(A_log).
+struct Mamba2Params {
+  int64_t tokens, heads, head_dim;
+  int64_t qkv_token_stride;     // token step of q, k and v (>= H*dh; they may be views of one buffer)
+  int64_t out_token_stride;
+  const float* dt_ptr;          // [T, H]
+  const float* log_a_ptr;       // [T, H]
+  const float* d_skip_ptr;      // [H]
+  const float* q_ptr;           // [T, H, dh]
+  const float* k_ptr;           // [T, H, dh]
+  const float* v_ptr;           // [T, H, dh]
+  float* state_ptr;             // [H, dh, dh] in/out: the state before the span, then after it
+  float* maybe_states_out_ptr;  // [T, H, dh, dh] the state after each token (speculative rollback), or null
+  float* out_ptr;               // [T, H, dh]
+};
+
+// gdn, token by token over the span. The kernel takes RAW q and k and normalises them itself (DESIGN.md §2:
+// the normalisation belongs to the linear op only; attention sees raw k):
+//   kn = k / sqrt(sum k^2 + 1e-6),  qn = q / sqrt(sum q^2 + 1e-6) / sqrt(dh),
+//   S = alpha (S - beta kn (kn^T S)) + beta kn v^T,  out = S^T qn,  alpha = exp(log_alpha).
+struct GdnParams {
+  int64_t tokens, heads, head_dim;
+  int64_t qkv_token_stride;
+  int64_t out_token_stride;
+  const float* beta_ptr;        // [T, H] sigmoid already applied
+  const float* log_alpha_ptr;   // [T, H] = -exp(A_log) * softplus(w_alpha . u + dt_bias)
+  const float* q_ptr;           // [T, H, dh] raw
+  const float* k_ptr;           // [T, H, dh] raw
+  const float* v_ptr;           // [T, H, dh]
+  float* state_ptr;             // [H, dh, dh] in/out
+  float* maybe_states_out_ptr;  // [T, H, dh, dh] or null
+  float* out_ptr;               // [T, H, dh]
+};
+
+// The SwiGLU gate: y = SiLU(gate) * up, elementwise (the projections around it are MatMul).
+struct SwiGluParams {
+  int64_t rows, d;
+  int64_t gate_row_stride, up_row_stride, y_row_stride;
+  const float* gate_ptr;  // [rows, d]
+  const float* up_ptr;    // [rows, d]
+  float* y_ptr;           // [rows, d]; may equal gate_ptr or up_ptr (in place) when the strides match
+};
+
+// Sampling one token from logits [V]. Candidates are ordered by (logit descending, index ascending), so ties go
+// to the lowest index. SampleGreedy takes the first. Sample: temperature <= 0 is greedy; otherwise keep the
+// first top_k candidates (top_k <= 0: all), softmax of logit / temperature over them, keep the shortest prefix
+// whose probability mass reaches top_p (top_p >= 1: all; always >= 1 token), then walk the kept prefix in order
+// and return the first token whose cumulative mass exceeds uniform * kept mass. Deterministic given `uniform`.
+struct SampleParams {
+  int64_t vocab;
+  float temperature;
+  int64_t top_k;
+  float top_p;
+  float uniform;            // in [0, 1), drawn by the caller
+  const float* logits_ptr;  // [V]
+  int64_t* token_ptr;       // [1] output
+};
+
+namespace cpu {
+// All CPU ops are single-threaded for now (the engine parallelises over sequences); each file says how it
+// would split. Each fast op has a slow, obviously correct XxxReference beside it (loops, double accumulators).
+void MatMul(const MatMulParams& p);
+void MatMulReference(const MatMulParams& p);
+void RmsNorm(const RmsNormParams& p);
+void RmsNormReference(const RmsNormParams& p);
+void GatedRmsNorm(const GatedRmsNormParams& p);
+void GatedRmsNormReference(const GatedRmsNormParams& p);
+void Rope(const RopeParams& p);
+void RopeReference(const RopeParams& p);
+void CausalConv(const CausalConvParams& p);
+void CausalConvReference(const CausalConvParams& p);
+void Attention(const AttentionParams& p);
+void AttentionReference(const AttentionParams& p);
+void Mamba2(const Mamba2Params& p);
+void Mamba2Reference(const Mamba2Params& p);
+void Gdn(const GdnParams& p);
+void GdnReference(const GdnParams& p);
+void SwiGlu(const SwiGluParams& p);
+void SwiGluReference(const SwiGluParams& p);
+void SampleGreedy(const SampleParams& p);
+void SampleGreedyReference(const SampleParams& p);
+void Sample(const SampleParams& p);
+void SampleReference(const SampleParams& p);
+}  // namespace cpu
+
+}  // namespace oryx::kernels

@@ -1,0 +1,395 @@
+// Every fast CPU op in kernels/ops.h computes what its slow reference computes (relative Frobenius error for
+// fp32 arithmetic, exact equality where the op only moves or selects values), plus hand-computed cases.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/ops.h"
+
+namespace oryx::kernels {
+namespace {
+
+// fp32 kernels against double-accumulating references: ~1e-7 per element is expected, 1e-5 leaves room for
+// sums over a few hundred terms without hiding a wrong index (which shows up as O(1) error).
+constexpr double kTol = 1e-5;
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// ||a - b|| / ||b|| (absolute when b is zero).
+double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    norm += double{b[i]} * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// ---------------------------------------------------------------------------------------------- MatMul
+
+TEST(MatMulCpu, MatchesReference) {
+  struct Shape { int64_t m, n, k, pad; };
+  for (Shape s : {Shape{1, 1, 1, 0}, Shape{1, 17, 33, 0}, Shape{1, 512, 384, 0}, Shape{5, 64, 128, 0},
+                  Shape{7, 33, 257, 3}, Shape{16, 8, 64, 5}}) {
+    const int64_t xs = s.k + s.pad, ws = s.k + s.pad, ys = s.n + s.pad;
+    std::vector<float> x = RandomVector(s.m * xs, 1), w = RandomVector(s.n * ws, 2);
+    std::vector<float> y(s.m * ys, 0.f), y_ref(s.m * ys, 0.f);
+    cpu::MatMul({s.m, s.n, s.k, xs, ws, ys, x.data(), w.data(), y.data()});
+    cpu::MatMulReference({s.m, s.n, s.k, xs, ws, ys, x.data(), w.data(), y_ref.data()});
+    EXPECT_LE(RelErr(y, y_ref), kTol) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+  }
+}
+
+TEST(MatMulCpu, HandComputed) {
+  // x = [1 2], W = [[1 0], [0 1], [3 -1]] -> y = [1 2 1]
+  std::vector<float> x = {1, 2}, w = {1, 0, 0, 1, 3, -1}, y(3);
+  cpu::MatMul({1, 3, 2, 2, 2, 3, x.data(), w.data(), y.data()});
+  EXPECT_EQ(y, (std::vector<float>{1, 2, 1}));
+}
+
+// ---------------------------------------------------------------------------------------------- norms
+
+TEST(RmsNormCpu, MatchesReference) {
+  for (int64_t rows : {1, 3}) {
+    for (int64_t d : {1, 7, 64, 1000}) {
+      std::vector<float> x = RandomVector(rows * d, 3, -3.f, 3.f), w = RandomVector(d, 4);
+      std::vector<float> y(rows * d), y_ref(rows * d);
+      cpu::RmsNorm({rows, d, 1e-5f, d, d, x.data(), w.data(), y.data()});
+      cpu::RmsNormReference({rows, d, 1e-5f, d, d, x.data(), w.data(), y_ref.data()});
+      EXPECT_LE(RelErr(y, y_ref), kTol) << "rows=" << rows << " d=" << d;
+      cpu::RmsNorm({rows, d, 1e-5f, d, d, x.data(), w.data(), x.data()});  // in place
+      EXPECT_EQ(x, y);
+    }
+  }
+}
+
+TEST(RmsNormCpu, HandComputed) {
+  // x = [3 4]: mean(x^2) = 12.5, eps = 0 -> x / sqrt(12.5)
+  std::vector<float> x = {3, 4}, w = {1, 2}, y(2);
+  cpu::RmsNorm({1, 2, 0.f, 2, 2, x.data(), w.data(), y.data()});
+  EXPECT_FLOAT_EQ(y[0], 3 / std::sqrt(12.5f));
+  EXPECT_FLOAT_EQ(y[1], 8 / std::sqrt(12.5f));
+}
+
+TEST(GatedRmsNormCpu, MatchesReference) {
+  for (int64_t rows : {1, 4}) {
+    for (int64_t heads : {1, 3}) {
+      for (int64_t dh : {8, 64}) {
+        const int64_t width = heads * dh, o_stride = width + 2;
+        std::vector<float> o = RandomVector(rows * o_stride, 5, -2.f, 2.f);
+        std::vector<float> g = RandomVector(rows * width, 6, -6.f, 6.f), w = RandomVector(dh, 7);
+        std::vector<float> y(rows * width), y_ref(rows * width);
+        cpu::GatedRmsNorm({rows, heads, dh, 1e-6f, o_stride, width, width, o.data(), g.data(), w.data(), y.data()});
+        cpu::GatedRmsNormReference(
+            {rows, heads, dh, 1e-6f, o_stride, width, width, o.data(), g.data(), w.data(), y_ref.data()});
+        EXPECT_LE(RelErr(y, y_ref), kTol) << "rows=" << rows << " heads=" << heads << " dh=" << dh;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- RoPE
+
+TEST(RopeCpu, MatchesReference) {
+  for (int64_t tokens : {1, 5}) {
+    for (int64_t heads : {1, 3}) {
+      for (int64_t dh : {8, 64}) {
+        for (int64_t start : {0, 17, 4000}) {
+          const int64_t stride = heads * dh + 4;
+          std::vector<float> x = RandomVector(tokens * stride, 8), x_ref = x;
+          cpu::Rope({tokens, heads, dh, start, 10000.0, stride, x.data()});
+          cpu::RopeReference({tokens, heads, dh, start, 10000.0, stride, x_ref.data()});
+          EXPECT_LE(RelErr(x, x_ref), 1e-6) << "T=" << tokens << " H=" << heads << " dh=" << dh << " s=" << start;
+        }
+      }
+    }
+  }
+}
+
+TEST(RopeCpu, PositionZeroIsIdentity) {
+  std::vector<float> x = RandomVector(2 * 64, 9), x0 = x;
+  cpu::Rope({1, 2, 64, 0, 10000.0, 128, x.data()});
+  EXPECT_EQ(x, x0);
+}
+
+TEST(RopeCpu, HandComputedRotation) {
+  // dh = 2: one pair, f_0 = 1, so position p rotates (x0, x1) by p radians. Token 1 of the span is position 3.
+  std::vector<float> x = {1, 0, 0, 1};
+  cpu::Rope({2, 1, 2, 2, 10000.0, 2, x.data()});
+  EXPECT_FLOAT_EQ(x[0], std::cos(2.f));
+  EXPECT_FLOAT_EQ(x[1], std::sin(2.f));
+  EXPECT_FLOAT_EQ(x[2], -std::sin(3.f));
+  EXPECT_FLOAT_EQ(x[3], std::cos(3.f));
+}
+
+// ---------------------------------------------------------------------------------------------- causal conv
+
+TEST(CausalConvCpu, MatchesReference) {
+  for (int64_t channels : {1, 5, 64}) {
+    for (int64_t width : {1, 2, 4}) {
+      for (int64_t tokens : {1, 2, 7}) {
+        for (bool silu : {false, true}) {
+          const int64_t history = width - 1, in_stride = channels + 3;
+          std::vector<float> weight = RandomVector(channels * width, 10), bias = RandomVector(channels, 11);
+          std::vector<float> window = RandomVector(history * channels, 12), window_ref = window;
+          std::vector<float> in = RandomVector(tokens * in_stride, 13);
+          std::vector<float> out(tokens * channels), out_ref(tokens * channels);
+          cpu::CausalConv({tokens, channels, width, silu, in_stride, channels, weight.data(), bias.data(),
+                           window.data(), in.data(), out.data()});
+          cpu::CausalConvReference({tokens, channels, width, silu, in_stride, channels, weight.data(), bias.data(),
+                                    window_ref.data(), in.data(), out_ref.data()});
+          const std::string where = "C=" + std::to_string(channels) + " w=" + std::to_string(width) +
+                                    " T=" + std::to_string(tokens) + " silu=" + std::to_string(silu);
+          EXPECT_LE(RelErr(out, out_ref), kTol) << where;
+          EXPECT_EQ(window, window_ref) << where;
+        }
+      }
+    }
+  }
+}
+
+TEST(CausalConvCpu, SpanEqualsTokenByToken) {
+  const int64_t c = 6, w = 4, t_len = 5;
+  std::vector<float> weight = RandomVector(c * w, 14), bias = RandomVector(c, 15), in = RandomVector(t_len * c, 16);
+  std::vector<float> window_span((w - 1) * c, 0.f), window_step = window_span;
+  std::vector<float> out_span(t_len * c), out_step(t_len * c);
+  cpu::CausalConv({t_len, c, w, true, c, c, weight.data(), bias.data(), window_span.data(), in.data(),
+                   out_span.data()});
+  for (int64_t t = 0; t < t_len; ++t) {
+    cpu::CausalConv({1, c, w, true, c, c, weight.data(), bias.data(), window_step.data(), in.data() + t * c,
+                     out_step.data() + t * c});
+  }
+  EXPECT_EQ(out_span, out_step);
+  EXPECT_EQ(window_span, window_step);
+}
+
+TEST(CausalConvCpu, LastTapIsIdentity) {
+  const int64_t c = 3, w = 4, t_len = 2;
+  std::vector<float> weight(c * w, 0.f), bias(c, 0.f);
+  for (int64_t ch = 0; ch < c; ++ch) weight[ch * w + w - 1] = 1.f;  // e_{w-1}
+  std::vector<float> window = RandomVector((w - 1) * c, 17), in = RandomVector(t_len * c, 18), out(t_len * c);
+  const std::vector<float> old_window = window;
+  cpu::CausalConv({t_len, c, w, false, c, c, weight.data(), bias.data(), window.data(), in.data(), out.data()});
+  EXPECT_EQ(out, in);
+  // The window is now [old row 2, in row 0, in row 1].
+  std::vector<float> expected(old_window.begin() + 2 * c, old_window.end());
+  expected.insert(expected.end(), in.begin(), in.end());
+  EXPECT_EQ(window, expected);
+}
+
+// ---------------------------------------------------------------------------------------------- attention
+
+TEST(AttentionCpu, MatchesReference) {
+  struct Shape { int64_t tq, tk; };
+  for (Shape s : {Shape{1, 1}, Shape{1, 9}, Shape{4, 4}, Shape{3, 10}, Shape{16, 40}}) {
+    for (int64_t heads : {1, 2}) {
+      for (int64_t dh : {8, 64}) {
+        const int64_t width = heads * dh, q_stride = 3 * width;  // q as a view into a fused [q|k|v] row
+        std::vector<float> q = RandomVector(s.tq * q_stride, 19, -2.f, 2.f);
+        std::vector<float> k = RandomVector(s.tk * width, 20, -2.f, 2.f), v = RandomVector(s.tk * width, 21);
+        std::vector<float> out(s.tq * width), out_ref(s.tq * width);
+        cpu::Attention({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out.data()});
+        cpu::AttentionReference(
+            {s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out_ref.data()});
+        EXPECT_LE(RelErr(out, out_ref), kTol) << "Tq=" << s.tq << " Tk=" << s.tk << " H=" << heads << " dh=" << dh;
+      }
+    }
+  }
+}
+
+TEST(AttentionCpu, OneKeyReturnsItsValue) {
+  std::vector<float> q = RandomVector(16, 22), k = RandomVector(16, 23), v = RandomVector(16, 24), out(16);
+  cpu::Attention({1, 1, 2, 8, 16, 16, 16, q.data(), k.data(), v.data(), out.data()});
+  EXPECT_EQ(out, v);
+}
+
+TEST(AttentionCpu, FirstQueryOfSpanSeesOnlyTheCachePrefix) {
+  // Tq = Tk = 2: query 0 sees key 0 only, whatever key 1 holds.
+  std::vector<float> q = RandomVector(2 * 8, 25), k = RandomVector(2 * 8, 26), v = RandomVector(2 * 8, 27);
+  std::vector<float> out(2 * 8);
+  cpu::Attention({2, 2, 1, 8, 8, 8, 8, q.data(), k.data(), v.data(), out.data()});
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 8), std::vector<float>(v.begin(), v.begin() + 8));
+}
+
+// ---------------------------------------------------------------------------------------------- recurrences
+
+struct RecurrentCase {
+  int64_t tokens, heads, dh;
+};
+
+constexpr RecurrentCase kRecurrentCases[] = {{1, 1, 8}, {1, 3, 64}, {6, 2, 8}, {5, 2, 64}};
+
+// A recurrent span against its reference: outputs, final state, per-token states, and the last
+// per-token state equal to the final one.
+void ExpectRecurrentMatches(const RecurrentCase& c, const std::vector<float>& out, const std::vector<float>& out_ref,
+                            const std::vector<float>& state, const std::vector<float>& state_ref,
+                            const std::vector<float>& states, const std::vector<float>& states_ref) {
+  const std::string where = "T=" + std::to_string(c.tokens) + " H=" + std::to_string(c.heads) +
+                            " dh=" + std::to_string(c.dh);
+  EXPECT_LE(RelErr(out, out_ref), kTol) << where;
+  EXPECT_LE(RelErr(state, state_ref), kTol) << where;
+  EXPECT_LE(RelErr(states, states_ref), kTol) << where;
+  EXPECT_EQ(std::vector<float>(states.end() - state.size(), states.end()), state) << where;
+}
+
+TEST(Mamba2Cpu, MatchesReference) {
+  for (RecurrentCase c : kRecurrentCases) {
+    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+    std::vector<float> qkv = RandomVector(c.tokens * stride, 28);
+    std::vector<float> dt = RandomVector(c.tokens * c.heads, 29, 0.f, 1.f), a_log = RandomVector(c.heads, 30);
+    std::vector<float> log_a(c.tokens * c.heads);
+    for (int64_t i = 0; i < c.tokens * c.heads; ++i) log_a[i] = -dt[i] * std::exp(a_log[i % c.heads]);
+    std::vector<float> d_skip = RandomVector(c.heads, 31);
+    std::vector<float> state = RandomVector(state_size, 32), state_ref = state;
+    std::vector<float> states(c.tokens * state_size), states_ref(c.tokens * state_size);
+    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+    cpu::Mamba2({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
+                 state.data(), states.data(), out.data()});
+    cpu::Mamba2Reference({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
+                          state_ref.data(), states_ref.data(), out_ref.data()});
+    ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
+  }
+}
+
+TEST(Mamba2Cpu, ZeroDtLeavesStateAndReturnsSkip) {
+  const int64_t h = 2, dh = 8, width = h * dh;
+  std::vector<float> q(width, 0.f), k = RandomVector(width, 33), v = RandomVector(width, 34);
+  std::vector<float> dt(h, 0.f), log_a(h, 0.f), d_skip = {0.5f, -2.f};
+  std::vector<float> state = RandomVector(h * dh * dh, 35), out(width);
+  const std::vector<float> state0 = state;
+  cpu::Mamba2({1, h, dh, width, width, dt.data(), log_a.data(), d_skip.data(), q.data(), k.data(), v.data(),
+               state.data(), nullptr, out.data()});
+  EXPECT_EQ(state, state0);
+  for (int64_t i = 0; i < width; ++i) EXPECT_EQ(out[i], d_skip[i / dh] * v[i]) << i;
+}
+
+TEST(GdnCpu, MatchesReference) {
+  for (RecurrentCase c : kRecurrentCases) {
+    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+    std::vector<float> qkv = RandomVector(c.tokens * stride, 36, -2.f, 2.f);
+    std::vector<float> beta = RandomVector(c.tokens * c.heads, 37, 0.f, 1.f);
+    std::vector<float> log_alpha = RandomVector(c.tokens * c.heads, 38, -2.f, 0.f);
+    std::vector<float> state = RandomVector(state_size, 39), state_ref = state;
+    std::vector<float> states(c.tokens * state_size), states_ref(c.tokens * state_size);
+    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+    cpu::Gdn({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state.data(),
+              states.data(), out.data()});
+    cpu::GdnReference({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v,
+                       state_ref.data(), states_ref.data(), out_ref.data()});
+    ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
+  }
+}
+
+TEST(GdnCpu, ZeroBetaUnitAlphaLeavesState) {
+  const int64_t h = 2, dh = 8, width = h * dh;
+  std::vector<float> q = RandomVector(width, 40), k = RandomVector(width, 41), v = RandomVector(width, 42);
+  std::vector<float> beta(h, 0.f), log_alpha(h, 0.f), state = RandomVector(h * dh * dh, 43), out(width);
+  const std::vector<float> state0 = state;
+  cpu::Gdn({1, h, dh, width, width, beta.data(), log_alpha.data(), q.data(), k.data(), v.data(), state.data(),
+            nullptr, out.data()});
+  EXPECT_EQ(state, state0);
+}
+
+TEST(GdnCpu, UnitBetaFromZeroStateStoresTheValue) {
+  // S = 0, beta = 1: S' = kn v^T, and reading with q = k gives (kn . qn) v = v / sqrt(dh) (up to the 1e-6 eps).
+  const int64_t dh = 8;
+  std::vector<float> k = RandomVector(dh, 44), v = RandomVector(dh, 45), state(dh * dh, 0.f), out(dh);
+  std::vector<float> beta = {1.f}, log_alpha = {-0.3f};
+  cpu::Gdn({1, 1, dh, dh, dh, beta.data(), log_alpha.data(), k.data(), k.data(), v.data(), state.data(), nullptr,
+            out.data()});
+  for (int64_t j = 0; j < dh; ++j) EXPECT_NEAR(out[j], v[j] / std::sqrt(8.f), 1e-5) << j;
+}
+
+// ---------------------------------------------------------------------------------------------- SwiGLU
+
+TEST(SwiGluCpu, MatchesReference) {
+  for (int64_t rows : {1, 3}) {
+    for (int64_t d : {1, 7, 300}) {
+      std::vector<float> gate = RandomVector(rows * d, 46, -10.f, 10.f), up = RandomVector(rows * d, 47);
+      std::vector<float> y(rows * d), y_ref(rows * d);
+      cpu::SwiGlu({rows, d, d, d, d, gate.data(), up.data(), y.data()});
+      cpu::SwiGluReference({rows, d, d, d, d, gate.data(), up.data(), y_ref.data()});
+      EXPECT_LE(RelErr(y, y_ref), kTol) << "rows=" << rows << " d=" << d;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- sampling
+
+int64_t SampleWith(void (*op)(const SampleParams&), const std::vector<float>& logits, float temperature, int64_t top_k,
+            float top_p, float uniform) {
+  int64_t token = -1;
+  op({static_cast<int64_t>(logits.size()), temperature, top_k, top_p, uniform, logits.data(), &token});
+  return token;
+}
+
+TEST(SampleCpu, GreedyPicksLowestIndexOnTies) {
+  const std::vector<float> logits = {1.f, 3.f, -2.f, 3.f, 3.f};
+  EXPECT_EQ(SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f), 1);
+  EXPECT_EQ(SampleWith(cpu::SampleGreedyReference, logits, 0.f, 0, 1.f, 0.f), 1);
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 0.f, 0, 1.f, 0.7f), 1);  // temperature 0 is greedy
+}
+
+TEST(SampleCpu, GreedyMatchesReference) {
+  for (int64_t v : {1, 7, 1000}) {
+    const std::vector<float> logits = RandomVector(v, 48, -5.f, 5.f);
+    EXPECT_EQ(SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f),
+              SampleWith(cpu::SampleGreedyReference, logits, 0.f, 0, 1.f, 0.f));
+  }
+}
+
+TEST(SampleCpu, TopKOneIsGreedy) {
+  const std::vector<float> logits = RandomVector(100, 49, -5.f, 5.f);
+  const int64_t greedy = SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f);
+  for (float u : {0.f, 0.3f, 0.999f}) EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 1, 1.f, u), greedy);
+}
+
+TEST(SampleCpu, MatchesReference) {
+  std::mt19937 rng(50);
+  std::uniform_real_distribution<float> uniform(0.f, 1.f);
+  for (int64_t v : {1, 7, 1000}) {
+    for (bool integer_logits : {false, true}) {  // integer logits: many ties, exercising the tie order
+      std::vector<float> logits = RandomVector(v, 51, -4.f, 4.f);
+      if (integer_logits) for (float& x : logits) x = std::round(x);
+      for (float temperature : {0.5f, 1.f, 2.f}) {
+        for (int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{5}, v + 3}) {
+          for (float top_p : {1.f, 0.9f, 0.3f}) {
+            for (int draw = 0; draw < 8; ++draw) {
+              const float u = uniform(rng);
+              EXPECT_EQ(SampleWith(cpu::Sample, logits, temperature, top_k, top_p, u),
+                        SampleWith(cpu::SampleReference, logits, temperature, top_k, top_p, u))
+                  << "V=" << v << " T=" << temperature << " k=" << top_k << " p=" << top_p << " u=" << u;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SampleCpu, HandComputedTopP) {
+  // logits log(2), log(4), 0, 0 at T = 1: probabilities .25, .5, .125, .125 (token 1 first).
+  const std::vector<float> logits = {std::log(2.f), std::log(4.f), 0.f, 0.f};
+  // top_p = 0.7 keeps {1, 0} (mass .75); u * .75 falls in token 1's .5 when u < 2/3.
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.6f), 1);
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.7f), 0);
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.99f), 0);
+  // No truncation: u = .9 lands in the last quarter, ties ordered by index: token 2 then 3.
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 1.f, 0.8f), 2);
+  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 1.f, 0.9f), 3);
+}
+
+}  // namespace
+}  // namespace oryx::kernels
