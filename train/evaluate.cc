@@ -17,6 +17,7 @@
 #include "train/shards.h"
 #include "train/task_data.h"
 #include "train/torch_io.h"
+#include "train/trainer.h"
 
 namespace oryx::train {
 
@@ -33,12 +34,7 @@ struct Setup {
 
 absl::StatusOr<Setup> Open(const EvalCommon& common, const std::string& data_dir) {
   Setup s;
-  if (common.device == "cuda" || (common.device == "auto" && torch::cuda::is_available())) {
-    if (!torch::cuda::is_available()) return absl::FailedPreconditionError("--device cuda: no CUDA device is visible");
-    s.device = torch::Device(torch::kCUDA);
-  } else if (common.device != "cpu" && common.device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat("--device must be auto, cpu or cuda, got '", common.device, "'"));
-  }
+  ORYX_ASSIGN_OR_RETURN(s.device, ParseDevice(common.device));
   if (common.threads > 0) torch::set_num_threads(common.threads);
   ORYX_ASSIGN_OR_RETURN(OryxModel model, LoadModel(common.model_dir, s.device));
   model->eval();
@@ -69,7 +65,7 @@ absl::StatusOr<std::vector<uint8_t>> Schedule(const std::string& name, int64_t l
   } else if (kind == "mixed") {
     const double fraction = parts.size() == 2 ? arg : c.attn_fraction;
     if (fraction < 0 || fraction > 1) return absl::InvalidArgumentError("mixed:F needs F in [0, 1]");
-    for (int64_t t = 0; t < len; ++t) m[t] = Uniform01(seed, 0x6576616c, sequence, t / c.fragment_len) < fraction;
+    m = SampleModes(seed, sequence, len, c.fragment_len, fraction, ModeMixing::kFragment);
   } else if (kind == "lin-to-attn" || kind == "attn-to-lin") {
     if (parts.size() != 2 || arg < 0 || arg != std::floor(arg)) {
       return absl::InvalidArgumentError(absl::StrCat("schedule '", name, "' needs a position: ", kind, ":P"));

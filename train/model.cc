@@ -28,6 +28,14 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
   return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 
+std::pair<torch::Tensor, torch::Tensor> RopeTables(double theta, int64_t dh, int64_t begin, int64_t len,
+                                                   torch::Device device) {
+  auto idx = torch::arange(dh / 2, torch::dtype(torch::kFloat64));
+  auto pos = torch::arange(begin, begin + len, torch::dtype(torch::kFloat64));
+  auto angle = torch::outer(pos, torch::pow(theta, -2.0 * idx / dh)).to(device, torch::kFloat32);
+  return {angle.cos(), angle.sin()};
+}
+
 namespace {
 
 torch::Tensor Param(torch::nn::Module& m, const std::string& name, torch::Tensor init) {
@@ -222,10 +230,9 @@ torch::Tensor OryxLayerImpl::Step(const torch::Tensor& x, const torch::Tensor& i
   auto q = F::linear(u, q_attn_).reshape({B, H, dh});
   auto kr = k;
   if (config_.rope_theta > 0) {
-    auto idx = torch::arange(dh / 2, torch::dtype(torch::kFloat64));
-    auto angle = (pos * torch::pow(config_.rope_theta, -2.0 * idx / dh)).to(x.device(), torch::kFloat32).unsqueeze(0);
-    q = ApplyRope(q.unsqueeze(1), angle.cos(), angle.sin()).squeeze(1);
-    kr = ApplyRope(k.unsqueeze(1), angle.cos(), angle.sin()).squeeze(1);
+    auto [cos, sin] = RopeTables(config_.rope_theta, dh, pos, 1, x.device());
+    q = ApplyRope(q.unsqueeze(1), cos, sin).squeeze(1);
+    kr = ApplyRope(k.unsqueeze(1), cos, sin).squeeze(1);
   }
   st.k_cache = torch::cat({st.k_cache, kr.unsqueeze(1)}, 1);
   st.v_cache = torch::cat({st.v_cache, v.unsqueeze(1)}, 1);
@@ -256,16 +263,6 @@ OryxModelImpl::OryxModelImpl(const ModelConfig& c, uint64_t seed) : config_(c) {
   if (!c.tie_embeddings) lm_head_ = register_parameter("lm_head", Normal({c.vocab_size, c.d_model}, 0.02));
 }
 
-std::pair<torch::Tensor, torch::Tensor> OryxModelImpl::Rope(int64_t begin, int64_t len, torch::Device device) const {
-  if (config_.rope_theta <= 0) return {};
-  const int64_t dh = config_.head_dim;
-  auto idx = torch::arange(dh / 2, torch::dtype(torch::kFloat64));
-  auto freq = torch::pow(config_.rope_theta, -2.0 * idx / dh);
-  auto pos = torch::arange(begin, begin + len, torch::dtype(torch::kFloat64));
-  auto angle = torch::outer(pos, freq).to(torch::kFloat32).to(device);  // [T, dh/2]
-  return {angle.cos(), angle.sin()};
-}
-
 torch::Tensor OryxModelImpl::Logits(const torch::Tensor& x) {
   auto h = RmsNorm(x, final_norm_, config_.norm_eps);
   return F::linear(h, config_.tie_embeddings ? embed_ : lm_head_);
@@ -273,7 +270,10 @@ torch::Tensor OryxModelImpl::Logits(const torch::Tensor& x) {
 
 torch::Tensor OryxModelImpl::Forward(const torch::Tensor& tokens, const torch::Tensor& is_attn) {
   auto x = F::embedding(tokens, embed_);
-  auto [cos, sin] = Rope(0, tokens.size(1), tokens.device());
+  torch::Tensor cos, sin;  // undefined without RoPE
+  if (config_.rope_theta > 0) {
+    std::tie(cos, sin) = RopeTables(config_.rope_theta, config_.head_dim, 0, tokens.size(1), tokens.device());
+  }
   const int64_t n_attn = is_attn.sum().item<int64_t>();  // the one host sync of a forward
   const bool any_attn = n_attn > 0, any_lin = n_attn < is_attn.numel();
   for (auto& layer : layers_) x = layer->Forward(x, is_attn, any_attn, any_lin, cos, sin, scan_chunk);

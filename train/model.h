@@ -84,7 +84,6 @@ class OryxModelImpl : public torch::nn::Module {
   int64_t scan_chunk = 64;
 
  private:
-  std::pair<torch::Tensor, torch::Tensor> Rope(int64_t begin, int64_t len, torch::Device device) const;
   torch::Tensor Logits(const torch::Tensor& x);
 
   ModelConfig config_;
@@ -99,6 +98,10 @@ TORCH_MODULE(OryxModel);
 torch::Tensor Wide(const torch::Tensor& x);
 // RMSNorm over the last dimension in fp32, cast back to x's dtype: x / sqrt(mean(x^2) + eps) * weight.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// cos/sin [len, dh/2] of positions begin .. begin+len-1: angle = pos * theta^(-2i/dh), computed in float64
+// and rounded to float32 (the engine's RoPE kernel does the same).
+std::pair<torch::Tensor, torch::Tensor> RopeTables(double theta, int64_t dh, int64_t begin, int64_t len,
+                                                   torch::Device device);
 // Half-split RoPE of x [..., T, H, dh] with cos/sin [T, dh/2].
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 

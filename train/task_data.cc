@@ -5,20 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "tasks/rng.h"
 
 namespace oryx::train {
-
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-double Uniform01(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  const uint64_t h = Mix64(Mix64(Mix64(Mix64(seed) ^ a) ^ b) ^ c);
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
 
 absl::StatusOr<TaskSetup> MakeTaskSetup(const Tokenizer& tok) {
   TaskSetup setup;
@@ -63,7 +52,7 @@ absl::StatusOr<std::vector<int32_t>> CorpusHaystack::Tokens(int64_t n, uint64_t 
     return absl::FailedPreconditionError(absl::StrCat("haystack of ", n, " tokens asked from a corpus split of ", total));
   }
   std::vector<int32_t> out(n);
-  const int64_t start = static_cast<int64_t>(Mix64(seed) % static_cast<uint64_t>(total - n + 1));
+  const int64_t start = static_cast<int64_t>(tasks::Rng(seed).UniformInt(static_cast<uint64_t>(total - n + 1)));
   ORYX_RETURN_IF_ERROR(reader_->ReadTokens(start, n, out.data()));
   for (int32_t& id : out) {
     if (id < kNewlineId) id = kNewlineId;  // BOS/EOS between documents; task markers

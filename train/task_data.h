@@ -33,9 +33,4 @@ class CorpusHaystack : public tasks::HaystackSource {
   const CorpusReader* reader_;  // not owned
 };
 
-// splitmix64: the one stateless hash that every seeded decision in training and evaluation goes through.
-uint64_t Mix64(uint64_t x);
-// A uniform double in [0, 1) from the hash of (seed, a, b, c).
-double Uniform01(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0);
-
 }  // namespace oryx::train

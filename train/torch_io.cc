@@ -8,6 +8,16 @@
 
 namespace oryx::train {
 
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda" || name == "auto") {
+    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA);
+    if (name == "cuda") return absl::FailedPreconditionError("--device cuda: no CUDA device is visible");
+    return torch::Device(torch::kCPU);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--device must be auto, cpu or cuda, got '", name, "'"));
+}
+
 std::vector<HostTensor> ToHostTensors(OryxModel& model, DType dtype) {
   std::vector<HostTensor> out;
   torch::NoGradGuard no_grad;

@@ -1,5 +1,6 @@
 // Moves model weights between LibTorch and the checkpoint format (DESIGN.md §4): export an OryxModel to a
 // checkpoint directory, load a checkpoint's tensors into an OryxModel. Names come from the one table.
+// Also the device choice shared by the trainer and the evaluation.
 #pragma once
 
 #include <string>
@@ -11,6 +12,9 @@
 #include "train/model.h"
 
 namespace oryx::train {
+
+// "cpu", "cuda" (an error where no CUDA device is visible) or "auto" (CUDA when visible, else CPU).
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
 
 // A CPU copy of every model tensor as HostTensors in `dtype` (F32 or BF16), in ExpectedTensors order.
 std::vector<HostTensor> ToHostTensors(OryxModel& model, DType dtype);

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,6 +18,7 @@
 #include "engine/status_macros.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tasks/rng.h"
 #include "tasks/task_mix.h"
 #include "train/model.h"
 #include "train/shards.h"
@@ -34,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
 constexpr int64_t kIgnore = -100;  // cross-entropy ignore_index
+constexpr uint64_t kModeSalt = 0x6d6f6465;  // "mode": keeps mode draws independent of other seeded draws
 
 // bf16 autocast on CUDA for the forward pass; weights and optimizer state stay fp32.
 class AutocastGuard {
@@ -54,27 +55,6 @@ class AutocastGuard {
   bool on_;
 };
 
-absl::StatusOr<torch::Device> PickDevice(const std::string& name) {
-  if (name == "cpu") return torch::Device(torch::kCPU);
-  if (name == "cuda" || name == "auto") {
-    if (torch::cuda::is_available()) return torch::Device(torch::kCUDA);
-    if (name == "cuda") return absl::FailedPreconditionError("--device cuda: no CUDA device is visible");
-    return torch::Device(torch::kCPU);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("--device must be auto, cpu or cuda, got '", name, "'"));
-}
-
-// Per-token modes of training sample `n`: fragments of fragment_len tokens, each ATTN with probability
-// attn_fraction (or one draw for the whole sequence under kSequence mixing).
-std::vector<uint8_t> SampleModes(uint64_t seed, int64_t n, int64_t len, const ModelConfig& c, ModeMixing mixing) {
-  std::vector<uint8_t> modes(len);
-  for (int64_t t = 0; t < len; ++t) {
-    const int64_t fragment = mixing == ModeMixing::kSequence ? 0 : t / c.fragment_len;
-    modes[t] = Uniform01(seed, 0x6d6f6465, n, fragment) < c.attn_fraction;
-  }
-  return modes;
-}
-
 struct Batch {
   torch::Tensor inputs;   // [B, T] int64
   torch::Tensor targets;  // [B, T] int64, kIgnore where no loss
@@ -82,16 +62,12 @@ struct Batch {
   int64_t task_sequences = 0;
 };
 
-// Builds micro-batches: sample n reads corpus window perm(n), or a task sequence when the mixer says so.
+// Builds micro-batches: sample n reads a corpus window in shuffled order, or a task sequence when the mixer
+// says so. Not thread-safe (it caches the current epoch's order).
 class BatchMaker {
  public:
   BatchMaker(const TrainOptions& o, const CorpusReader& reader, const tasks::TaskMixer* mixer)
-      : o_(o), reader_(reader), mixer_(mixer), windows_(reader.NumSequences(o.seq_len)) {
-    // n -> (mult * n + offset) mod windows is a bijection when gcd(mult, windows) == 1.
-    mult_ = (Mix64(o.seed ^ 0x7065726d) % windows_) | 1;
-    while (std::gcd(mult_, static_cast<uint64_t>(windows_)) != 1) mult_ += 2;
-    offset_ = Mix64(o.seed ^ 0x6f666673) % windows_;
-  }
+      : o_(o), reader_(reader), mixer_(mixer), windows_(reader.NumSequences(o.seq_len)) {}
 
   absl::StatusOr<Batch> Make(int64_t first_sample, int64_t count, torch::Device device) const {
     const int64_t T = o_.seq_len;
@@ -110,10 +86,10 @@ class BatchMaker {
         }
         ++tasks;
       } else {
-        const uint64_t w = static_cast<uint64_t>((static_cast<unsigned __int128>(mult_) * n + offset_) % windows_);
-        ORYX_RETURN_IF_ERROR(reader_.ReadSequence(static_cast<int64_t>(w), T, window.data()));
+        ORYX_RETURN_IF_ERROR(reader_.ReadSequence(WindowOf(n), T, window.data()));
       }
-      std::vector<uint8_t> m = SampleModes(o_.seed, n, T, o_.model, o_.mixing);
+      std::vector<uint8_t> m =
+          SampleModes(o_.seed, n, T, o_.model.fragment_len, o_.model.attn_fraction, o_.mixing);
       for (int64_t t = 0; t < T; ++t) {
         inputs[b * T + t] = window[t];
         targets[b * T + t] = loss_mask[t] ? window[t + 1] : kIgnore;
@@ -131,11 +107,22 @@ class BatchMaker {
   }
 
  private:
+  // Sample n reads window order[n % windows] of epoch n / windows: a fresh shuffle every epoch.
+  int64_t WindowOf(int64_t n) const {
+    const int64_t epoch = n / windows_;
+    if (epoch != order_epoch_) {
+      order_ = ShuffledOrder(windows_, o_.seed, epoch);
+      order_epoch_ = epoch;
+    }
+    return order_[n % windows_];
+  }
+
   const TrainOptions& o_;
   const CorpusReader& reader_;
   const tasks::TaskMixer* mixer_;
   int64_t windows_;
-  uint64_t mult_ = 1, offset_ = 0;
+  mutable std::vector<int64_t> order_;  // the shuffle of epoch order_epoch_
+  mutable int64_t order_epoch_ = -1;
 };
 
 double LearningRate(const TrainOptions& o, int64_t step) {
@@ -170,7 +157,8 @@ absl::StatusOr<double> ValidationLoss(OryxModel& model, const CorpusReader& val,
     b.inputs = all.narrow(1, 0, T);
     b.targets = all.narrow(1, 1, T);
     if (pattern == "mixed") {
-      std::vector<uint8_t> m = SampleModes(o.seed ^ 0x76616c, i, T, o.model, ModeMixing::kFragment);
+      std::vector<uint8_t> m =
+          SampleModes(o.seed ^ 0x76616c, i, T, o.model.fragment_len, o.model.attn_fraction, ModeMixing::kFragment);
       b.is_attn = torch::from_blob(m.data(), {1, T}, torch::kUInt8).to(torch::kBool).to(device);
     } else {
       b.is_attn = torch::full({1, T}, pattern == "attention", torch::dtype(torch::kBool).device(device));
@@ -233,7 +221,7 @@ class Trainer {
 };
 
 absl::Status Trainer::Setup() {
-  ORYX_ASSIGN_OR_RETURN(device_, PickDevice(o_.device));
+  ORYX_ASSIGN_OR_RETURN(device_, ParseDevice(o_.device));
   autocast_ = device_.is_cuda();
   if (o_.threads > 0) torch::set_num_threads(o_.threads);
   ORYX_ASSIGN_OR_RETURN(CorpusReader train, CorpusReader::Open(o_.data_dir, "train"));
@@ -472,6 +460,17 @@ absl::Status Trainer::Run() {
 }
 
 }  // namespace
+
+std::vector<uint8_t> SampleModes(uint64_t seed, int64_t sequence, int64_t len, int64_t fragment_len,
+                                 double attn_fraction, ModeMixing mixing) {
+  std::vector<uint8_t> modes(len);
+  for (int64_t t = 0; t < len; ++t) {
+    const int64_t fragment = mixing == ModeMixing::kSequence ? 0 : t / fragment_len;
+    const uint64_t draw = tasks::MixSeed({seed, kModeSalt, static_cast<uint64_t>(sequence), static_cast<uint64_t>(fragment)});
+    modes[t] = tasks::Rng(draw).UniformDouble() < attn_fraction;
+  }
+  return modes;
+}
 
 absl::Status Train(const TrainOptions& options) {
   if (options.data_dir.empty() || options.out_dir.empty()) {

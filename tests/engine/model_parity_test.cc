@@ -1,13 +1,11 @@
 // The CPU engine against the LibTorch model (the reference the engine is checked against): the same
 // checkpoint gives the same logits for any mode schedule, however the tokens are split into forwards.
-#include <unistd.h>
-
-#include <fstream>
 #include <random>
 
-#include "engine/file_util.h"
 #include "engine/model.h"
+#include "engine/status_macros.h"
 #include "gtest/gtest.h"
+#include "tests/engine/testing_checkpoint.h"
 #include "tests/train/testing_models.h"
 #include "train/torch_io.h"
 
@@ -20,16 +18,14 @@ struct ParityCase {
   bool tied;
 };
 
-class ModelParityTest : public ::testing::TestWithParam<ParityCase> {
- protected:
-  void SetUp() override {
-    dir_ = "/tmp/oryx_model_parity_" + std::to_string(getpid()) + "_" + std::to_string(counter_++);
-    ASSERT_TRUE(RemoveTree(dir_).ok());
-  }
-  void TearDown() override { (void)RemoveTree(dir_); (void)RemoveTree(dir_ + ".tok"); }
-  std::string dir_;
-  static inline int counter_ = 0;
-};
+class ModelParityTest : public ::testing::TestWithParam<ParityCase> {};
+
+// Exports `reference` into scratch/model (with a stand-in tokenizer file) and loads it into the engine.
+absl::StatusOr<Model> ExportAndLoad(train::OryxModel& reference, const testutil::ScratchDir& scratch) {
+  testutil::WriteRawFile(scratch.Join("tokenizer.model"), "tokenizer bytes are not read by the model");
+  ORYX_RETURN_IF_ERROR(train::ExportCheckpoint(reference, scratch.Join("model"), scratch.Join("tokenizer.model")));
+  return Model::Load(scratch.Join("model"));
+}
 
 TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
   const ParityCase pc = GetParam();
@@ -37,9 +33,8 @@ TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
   config.rope_theta = pc.rope ? 10000.0 : 0.0;
   config.tie_embeddings = pc.tied;
   train::OryxModel reference(config, /*seed=*/17);
-  { std::ofstream(dir_ + ".tok") << "tokenizer bytes are not read by the model"; }
-  ASSERT_TRUE(train::ExportCheckpoint(reference, dir_, dir_ + ".tok").ok());
-  auto model = Model::Load(dir_);
+  testutil::ScratchDir scratch;
+  auto model = ExportAndLoad(reference, scratch);
   ASSERT_TRUE(model.ok()) << model.status();
 
   const int64_t T = 41;
@@ -91,13 +86,11 @@ INSTANTIATE_TEST_SUITE_P(Configs, ModelParityTest,
                          });
 
 TEST(ModelInput, BadSpansAreErrorsAndLeaveTheSequenceUntouched) {
-  const std::string dir = "/tmp/oryx_model_input_" + std::to_string(getpid());
   ModelConfig config = train::SmallModel(LinearMixer::kMamba2, 61);
   config.max_position = 8;
   train::OryxModel reference(config, 1);
-  { std::ofstream(dir + ".tok") << "x"; }
-  ASSERT_TRUE(train::ExportCheckpoint(reference, dir, dir + ".tok").ok());
-  auto model = Model::Load(dir);
+  testutil::ScratchDir scratch;
+  auto model = ExportAndLoad(reference, scratch);
   ASSERT_TRUE(model.ok()) << model.status();
   SequenceState seq = model->NewSequence();
   std::vector<float> logits;
@@ -113,8 +106,6 @@ TEST(ModelInput, BadSpansAreErrorsAndLeaveTheSequenceUntouched) {
   ASSERT_TRUE(model->Forward(seq, ok_ids, two, false, &logits).ok());
   EXPECT_EQ(logits.size(), 61u);
   EXPECT_EQ(seq.position(), 2);
-  (void)RemoveTree(dir);
-  (void)RemoveTree(dir + ".tok");
 }
 
 }  // namespace

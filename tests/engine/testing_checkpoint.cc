@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/checkpoint.h"
+#include "engine/file_util.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
 
@@ -57,10 +58,9 @@ ScratchDir::ScratchDir() {
   path_ = pattern;
 }
 
-ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
+// RemoveTree, not std::filesystem::remove_all: binaries that link the torch wheel get its own copy of the
+// latter, which crashes on non-empty directories.
+ScratchDir::~ScratchDir() { (void)RemoveTree(path_); }
 
 std::string ScratchDir::Join(std::string_view name) const { return path_ + "/" + std::string(name); }
 

@@ -1,12 +1,9 @@
 // Export of a LibTorch model to the checkpoint format and back gives the same weights and logits.
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 
 #include "engine/checkpoint.h"
-#include "engine/file_util.h"
 #include "gtest/gtest.h"
+#include "tests/engine/testing_checkpoint.h"
 #include "tests/train/testing_models.h"
 #include "train/torch_io.h"
 
@@ -19,17 +16,10 @@ ModelConfig SmallConfig(LinearMixer mixer, bool tied) {
   return c;
 }
 
-std::string TempDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("oryx_torch_io_" + name + "_" + std::to_string(getpid()));
-  (void)RemoveTree(dir.string());
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
 TEST(TorchIo, ExportThenLoadReproducesLogitsForBothMixersAndShards) {
-  const std::string root = TempDir("roundtrip");
-  const std::string tokenizer = root + "/tokenizer.model";
-  { std::ofstream(tokenizer) << "not parsed by the checkpoint loader"; }
+  testutil::ScratchDir scratch;
+  const std::string root = scratch.path(), tokenizer = scratch.Join("tokenizer.model");
+  testutil::WriteRawFile(tokenizer, "not parsed by the checkpoint loader");
   for (LinearMixer mixer : {LinearMixer::kMamba2, LinearMixer::kGdn}) {
     for (bool tied : {true, false}) {
       OryxModel model(SmallConfig(mixer, tied), 7);
@@ -45,13 +35,12 @@ TEST(TorchIo, ExportThenLoadReproducesLogitsForBothMixersAndShards) {
       EXPECT_TRUE(torch::equal(model->Forward(tokens, modes), (*loaded)->Forward(tokens, modes)));
     }
   }
-  (void)RemoveTree(root);
 }
 
 TEST(TorchIo, Bf16ExportRoundsWeightsToBf16) {
-  const std::string root = TempDir("bf16");
-  const std::string tokenizer = root + "/tokenizer.model";
-  { std::ofstream(tokenizer) << "x"; }
+  testutil::ScratchDir scratch;
+  const std::string root = scratch.path(), tokenizer = scratch.Join("tokenizer.model");
+  testutil::WriteRawFile(tokenizer, "x");
   OryxModel model(SmallConfig(LinearMixer::kMamba2, true), 3);
   ASSERT_TRUE(ExportCheckpoint(model, root + "/m", tokenizer, DType::kBF16).ok());
   auto loaded = LoadModel(root + "/m", torch::kCPU);
@@ -59,12 +48,12 @@ TEST(TorchIo, Bf16ExportRoundsWeightsToBf16) {
   auto a = model->NamedTensors()[2].second, b = (*loaded)->NamedTensors()[2].second;  // k_proj
   EXPECT_TRUE(torch::equal(a.to(torch::kBFloat16).to(torch::kFloat32), b));
   EXPECT_FALSE(torch::equal(a, b));  // the random weights are not all representable in bf16
-  (void)RemoveTree(root);
 }
 
 TEST(TorchIo, LoadingIntoAModelOfAnotherConfigIsAnError) {
-  const std::string root = TempDir("mismatch");
-  { std::ofstream(root + "/tokenizer.model") << "x"; }
+  testutil::ScratchDir scratch;
+  const std::string root = scratch.path();
+  testutil::WriteRawFile(scratch.Join("tokenizer.model"), "x");
   OryxModel a(SmallConfig(LinearMixer::kMamba2, true), 1);
   ASSERT_TRUE(ExportCheckpoint(a, root + "/m", root + "/tokenizer.model").ok());
   auto checkpoint = LoadCheckpoint(root + "/m");
@@ -73,7 +62,6 @@ TEST(TorchIo, LoadingIntoAModelOfAnotherConfigIsAnError) {
   absl::Status s = LoadWeights(*checkpoint, b);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("config differs"), std::string::npos) << s;
-  (void)RemoveTree(root);
 }
 
 }  // namespace

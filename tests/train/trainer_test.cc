@@ -96,7 +96,7 @@ TEST(Trainer, LowersValidationLossWellBelowUniformInEveryMode) {
   auto evals = LogLines(o.out_dir, "eval");
   ASSERT_EQ(evals.size(), 1u);
   const double uniform = std::log(512.0);  // 6.24
-  // Measured on this corpus after 200 steps: 3.35 (attention), 3.27 (linear), 3.29 (mixed).
+  // Measured on this corpus after 200 steps: 3.59 (attention), 3.50 (linear), 3.52 (mixed).
   for (const char* mode : {"val_loss_attention", "val_loss_linear", "val_loss_mixed"}) {
     EXPECT_LT(evals[0][mode].get<double>(), 4.0) << mode << " (uniform: " << uniform << ")";
   }
