@@ -52,6 +52,39 @@ absl::Status ValidateKind(TaskKind kind, const TaskConfigs& c) {
   return absl::InvalidArgumentError("unknown task kind");
 }
 
+// The shortest example of a needle kind that fits at every depth: distractor needles need a needle's
+// length of haystack text to move around the asked one.
+int32_t NeedleMinLength(TaskKind kind, const TaskConfigs& c) {
+  switch (kind) {
+    case TaskKind::kNiahSingle:
+      return NiahMinLength(SingleNeedle(c.niah_single));
+    case TaskKind::kNiahMultiKey:
+      return NiahMinLength(c.niah_multikey) + c.niah_multikey.key_length + c.niah_multikey.value_length + 3;
+    case TaskKind::kPasskey:
+      return PasskeyMinLength(c.passkey);
+    case TaskKind::kMqar:
+      break;
+  }
+  return 0;
+}
+
+// Uniform on [0, 1] inclusive, in steps of 2^-20.
+double DrawDepth(Rng& rng) { return static_cast<double>(rng.UniformInt((1 << 20) + 1)) / (1 << 20); }
+
+// Appends `part` to `packed`, shifting its answer spans; the first part also gives the metadata.
+void AppendExample(const TaskExample& part, TaskExample& packed) {
+  const int32_t offset = packed.length();
+  if (offset == 0) {
+    packed.prompt_length = part.prompt_length;
+    packed.depth = part.depth;
+    packed.needle_position = part.needle_position;
+    packed.num_needles = part.num_needles;
+  }
+  packed.ids.insert(packed.ids.end(), part.ids.begin(), part.ids.end());
+  packed.loss_mask.insert(packed.loss_mask.end(), part.loss_mask.begin(), part.loss_mask.end());
+  for (const AnswerSpan& a : part.answers) packed.answers.push_back({a.begin + offset, a.length});
+}
+
 }  // namespace
 
 absl::StatusOr<TaskExample> MakeExample(TaskKind kind, const TaskConfigs& configs,
@@ -121,6 +154,12 @@ absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const Haystack
     return absl::InvalidArgumentError(Cat("task mix: mqar pairs range [", config.mqar_min_pairs, ", ",
                                              config.mqar_max_pairs, "] is empty or starts below 1"));
   }
+  if (config.needle_max_length < 0 ||
+      (config.needle_max_length > 0 &&
+       (config.needle_min_length < 1 || config.needle_max_length < config.needle_min_length))) {
+    return absl::InvalidArgumentError(Cat("task mix: needle length range [", config.needle_min_length, ", ",
+                                          config.needle_max_length, "] is empty or starts below 1"));
+  }
   for (size_t i = 0; i < kKinds.size(); ++i) {
     if (config.weights[i] <= 0) continue;
     if (TaskUsesHaystack(kKinds[i]) && haystack == nullptr) {
@@ -130,6 +169,12 @@ absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const Haystack
     TaskConfigs probe = config.configs;
     probe.mqar.num_pairs = config.mqar_min_pairs;
     if (absl::Status s = ValidateKind(kKinds[i], probe); !s.ok()) return s;
+    const int32_t min_length = NeedleMinLength(kKinds[i], config.configs);
+    if (config.needle_max_length != 0 && config.needle_min_length < min_length) {
+      return absl::InvalidArgumentError(Cat("task mix: needle_min_length ", config.needle_min_length, " < ",
+                                            min_length, ", the shortest ", TaskKindName(kKinds[i]),
+                                            " example that fits at every depth"));
+    }
   }
   return TaskMixer(std::move(config), haystack);
 }
@@ -171,9 +216,26 @@ absl::StatusOr<TaskExample> TaskMixer::MakeTaskSequence(int64_t index, int32_t l
     configs.mqar.num_pairs = std::min(pairs, cap);
     return MakeExample(kind, configs, haystack_, length, std::nullopt, seed);
   }
-  // Uniform on [0, 1] inclusive, in steps of 2^-20.
-  const double depth = static_cast<double>(params.UniformInt((1 << 20) + 1)) / (1 << 20);
-  return MakeExample(kind, configs, haystack_, length, depth, seed);
+  if (config_.needle_max_length == 0) {
+    return MakeExample(kind, configs, haystack_, length, DrawDepth(params), seed);
+  }
+  if (length < 1) return absl::InvalidArgumentError(Cat("task mix: length ", length, " < 1"));
+  TaskExample packed;
+  packed.kind = kind;
+  packed.seed = seed;
+  for (uint64_t part = 0; packed.length() < length; ++part) {
+    const int32_t left = length - packed.length();
+    int32_t n =
+        static_cast<int32_t>(params.UniformRange(config_.needle_min_length, config_.needle_max_length));
+    if (left - n < config_.needle_min_length) n = left;  // the last example takes the rest
+    const double depth = DrawDepth(params);
+    absl::StatusOr<TaskExample> example =
+        MakeExample(kind, configs, haystack_, n, depth,
+                    MixSeed({config_.seed, static_cast<uint64_t>(index), kSaltExample, part}));
+    if (!example.ok()) return example.status();
+    AppendExample(*example, packed);
+  }
+  return packed;
 }
 
 }  // namespace oryx::tasks

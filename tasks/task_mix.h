@@ -1,6 +1,6 @@
 // Choosing and making task examples: one dispatcher over the task kinds, the evaluation grid
 // (lengths x depths x seeds), and the training mixer that turns a seeded fraction of the training
-// sequences into task sequences.
+// sequences into task sequences (needle kinds packed several to a sequence).
 #pragma once
 
 #include <array>
@@ -61,6 +61,14 @@ struct TaskMixConfig {
   // ranges allow (configs.mqar.num_pairs is ignored).
   int32_t mqar_min_pairs = 4;
   int32_t mqar_max_pairs = 64;
+  // Needle-kind sequences (niah_single, niah_multikey, passkey) are packed: independent examples of lengths
+  // uniform in [needle_min_length, needle_max_length] back to back, the last one taking the rest (so it has
+  // between needle_min_length and needle_max_length + needle_min_length - 1 tokens). One example per
+  // sequence would carry a handful of answer tokens in thousands; packing gives several. The longest
+  // example bounds the needle distances trained on, and attention mode does not retrieve much beyond them
+  // (docs/RESULTS.md). needle_max_length 0: one example fills the sequence.
+  int32_t needle_min_length = 96;
+  int32_t needle_max_length = 1024;
   TaskConfigs configs;
 };
 
@@ -69,16 +77,20 @@ struct TaskMixConfig {
 // the haystack source is. The haystack (not owned) must outlive the mixer.
 class TaskMixer {
  public:
-  // Validates the config (and every config of a kind with positive weight). `haystack` may be null only
-  // when the needle kinds all have weight 0.
+  // Validates the config (and every config of a kind with positive weight; with packing, also that
+  // needle_min_length fits each needle kind with positive weight). `haystack` may be null only when the
+  // needle kinds all have weight 0.
   static absl::StatusOr<TaskMixer> Create(TaskMixConfig config, const HaystackSource* haystack);
 
   // True for a task sequence: an independent Bernoulli(task_fraction) draw per index.
   bool IsTaskSequence(int64_t index) const;
   // The kind a task sequence at `index` gets (meaningful when IsTaskSequence(index)).
   TaskKind KindFor(int64_t index) const;
-  // The task example for sequence `index`, exactly `length` tokens, with its answer-only loss mask.
-  // It does not check IsTaskSequence(index). Errors: a length too short for the chosen kind.
+  // The task sequence `index`, exactly `length` tokens, with its answer-only loss mask: one MQAR example,
+  // or needle examples packed as the config says (each starting with BOS and ending with EOS; the
+  // answers, masks and ids concatenated; kind, prompt_length, depth, needle_position and num_needles
+  // are those of the first example, seed the sequence's). It does not check IsTaskSequence(index).
+  // Errors: a length too short for the chosen kind.
   absl::StatusOr<TaskExample> MakeTaskSequence(int64_t index, int32_t length) const;
 
   const TaskMixConfig& config() const { return config_; }

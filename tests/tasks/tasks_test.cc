@@ -882,10 +882,11 @@ TEST(TaskMixerTest, MakesValidSequencesOfTheLength) {
     } else {
       ASSERT_TRUE(ex->depth.has_value());
     }
-    // The mask marks answer targets only (needle tasks: and the final EOS).
+    // The mask marks answer targets only (needle tasks: and each packed example's final EOS).
     int32_t answer_tokens = 0;
     for (const AnswerSpan& a : ex->answers) answer_tokens += a.length;
-    const int32_t extra = ex->kind == TaskKind::kMqar ? 0 : 1;
+    const auto examples = std::count(ex->ids.begin(), ex->ids.end(), TestVocab().bos);
+    const int32_t extra = ex->kind == TaskKind::kMqar ? 0 : static_cast<int32_t>(examples);
     EXPECT_EQ(std::count(ex->loss_mask.begin(), ex->loss_mask.end(), 1), answer_tokens + extra);
     auto same = mixer->MakeTaskSequence(i, 256);
     EXPECT_EQ(same->ids, ex->ids);
@@ -901,6 +902,86 @@ TEST(TaskMixerTest, MakesValidSequencesOfTheLength) {
   ASSERT_TRUE(short_ex.ok());
   EXPECT_EQ(short_ex->num_pairs, 10);
   EXPECT_FALSE(short_mixer->MakeTaskSequence(3, 4).ok());
+}
+
+// The [begin, end) ranges of the examples packed in `ids`: each starts at a BOS.
+std::vector<std::pair<int32_t, int32_t>> PackedExamples(const std::vector<int32_t>& ids) {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (int32_t t = 0; t < static_cast<int32_t>(ids.size()); ++t) {
+    if (ids[t] != TestVocab().bos) continue;
+    if (!out.empty()) out.back().second = t;
+    out.push_back({t, static_cast<int32_t>(ids.size())});
+  }
+  return out;
+}
+
+TEST(TaskMixerTest, PacksNeedleExamplesToTheLength) {
+  const InMemoryHaystack hay = CountingHaystack();
+  TaskMixConfig config = TestMix(1.0);
+  config.weights = {0.0, 1.0, 1.0, 1.0};
+  config.needle_min_length = 48;  // niah_multikey with 3 needles needs 37 + 8 at every depth
+  config.needle_max_length = 120;
+  auto mixer = TaskMixer::Create(config, &hay);
+  auto again = TaskMixer::Create(config, &hay);
+  ASSERT_TRUE(mixer.ok() && again.ok()) << mixer.status();
+  size_t most_examples = 0;
+  for (int64_t i = 0; i < 60; ++i) {
+    auto ex = mixer->MakeTaskSequence(i, 1000);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_TRUE(ex->Validate().ok()) << ex->Validate();
+    EXPECT_EQ(ex->length(), 1000);
+    EXPECT_EQ(ex->kind, mixer->KindFor(i));
+    const auto parts = PackedExamples(ex->ids);
+    ASSERT_EQ(parts.front().first, 0);
+    most_examples = std::max(most_examples, parts.size());
+    size_t answer = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto [begin, end] = parts[k];
+      EXPECT_GE(end - begin, 48);
+      EXPECT_LE(end - begin, k + 1 < parts.size() ? 120 : 167);  // the last one takes the rest
+      EXPECT_EQ(ex->ids[end - 1], TestVocab().eos);
+      // Each example's answers lie inside it, and its mask covers them and the EOS, nothing else.
+      int32_t masked = 0;
+      for (; answer < ex->answers.size() && ex->answers[answer].begin < end; ++answer) {
+        const AnswerSpan& a = ex->answers[answer];
+        EXPECT_GT(a.begin, begin);
+        EXPECT_LE(a.end(), end);
+        for (int32_t t = a.begin - 1; t < a.end() - 1; ++t) EXPECT_EQ(ex->loss_mask[t], 1);
+        masked += a.length;
+      }
+      EXPECT_EQ(ex->loss_mask[end - 2], 1);  // predicts the EOS
+      EXPECT_EQ(ex->loss_mask[end - 1], 0);  // would predict the next example's BOS
+      EXPECT_EQ(std::count(ex->loss_mask.begin() + begin, ex->loss_mask.begin() + end, 1), masked + 1);
+    }
+    EXPECT_EQ(answer, ex->answers.size());
+    auto same = again->MakeTaskSequence(i, 1000);
+    EXPECT_EQ(same->ids, ex->ids);
+    EXPECT_EQ(same->loss_mask, ex->loss_mask);
+    EXPECT_NE(mixer->MakeTaskSequence(i + 1, 1000)->ids, ex->ids);
+  }
+  EXPECT_GE(most_examples, 10u);
+  // A sequence shorter than needle_min_length holds one example.
+  auto short_ex = mixer->MakeTaskSequence(0, 45);
+  ASSERT_TRUE(short_ex.ok()) << short_ex.status();
+  EXPECT_EQ(PackedExamples(short_ex->ids).size(), 1u);
+}
+
+TEST(TaskMixerTest, NeedleMaxLengthZeroMakesOneExample) {
+  const InMemoryHaystack hay = CountingHaystack();
+  TaskMixConfig config = TestMix(1.0);
+  config.weights = {0.0, 1.0, 1.0, 1.0};
+  config.needle_max_length = 0;
+  auto mixer = TaskMixer::Create(config, &hay);
+  ASSERT_TRUE(mixer.ok()) << mixer.status();
+  for (int64_t i = 0; i < 30; ++i) {
+    auto ex = mixer->MakeTaskSequence(i, 1000);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    EXPECT_EQ(ex->length(), 1000);
+    EXPECT_EQ(PackedExamples(ex->ids).size(), 1u);
+    EXPECT_EQ(ex->answers.size(), 1u);
+    ASSERT_TRUE(ex->depth.has_value());
+    EXPECT_TRUE(ex->needle_position >= 1 && ex->needle_position < ex->prompt_length);
+  }
 }
 
 TEST(TaskMixerTest, BadConfigsAreErrors) {
@@ -923,6 +1004,17 @@ TEST(TaskMixerTest, BadConfigsAreErrors) {
   // A bad config of a kind with weight 0 is not an error.
   bad_mqar.weights[0] = 0;
   EXPECT_TRUE(TaskMixer::Create(bad_mqar, &hay).ok());
+  TaskMixConfig lengths = TestMix(0.5);
+  lengths.needle_min_length = 200;
+  lengths.needle_max_length = 100;
+  EXPECT_THAT(TaskMixer::Create(lengths, &hay).status().message(), HasSubstr("needle length range"));
+  lengths.needle_max_length = -1;
+  EXPECT_FALSE(TaskMixer::Create(lengths, &hay).ok());
+  lengths.needle_min_length = 5;  // below the shortest needle example
+  lengths.needle_max_length = 100;
+  EXPECT_THAT(TaskMixer::Create(lengths, &hay).status().message(), HasSubstr("needle_min_length"));
+  lengths.weights = {1.0, 0.0, 0.0, 0.0};  // ... unless no needle kind is drawn
+  EXPECT_TRUE(TaskMixer::Create(lengths, &hay).ok());
 }
 
 }  // namespace
