@@ -1,5 +1,6 @@
-// `oryx eval`: perplexity by mode schedule, task accuracy by policy, and self-speculation agreement of a
-// trained model, on the LibTorch reference. A readable table by default; --json prints one object.
+// `oryx eval`: perplexity by mode schedule and task accuracy by policy of a trained model, on the CPU engine
+// (default) or the LibTorch reference, and self-speculation agreement on the reference. A readable table by
+// default; --json prints one object.
 #include <cstdio>
 #include <iostream>
 
@@ -19,20 +20,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::StatusOr<std::vector<int32_t>> ParseInts(const std::vector<std::string>& items, const char* flag) {
-  std::vector<int32_t> out;
-  for (const std::string& item : items) {
-    for (absl::string_view part : absl::StrSplit(item, ',', absl::SkipEmpty())) {
-      int32_t v;
-      if (!absl::SimpleAtoi(part, &v) || v < 1) {
-        return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects positive integers, got '", part, "'"));
-      }
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<std::vector<double>> ParseDepths(const std::vector<std::string>& items) {
   std::vector<double> out;
   for (const std::string& item : items) {
@@ -43,14 +30,6 @@ absl::StatusOr<std::vector<double>> ParseDepths(const std::vector<std::string>& 
       }
       out.push_back(v);
     }
-  }
-  return out;
-}
-
-std::vector<std::string> SplitList(const std::vector<std::string>& items) {
-  std::vector<std::string> out;
-  for (const std::string& item : items) {
-    for (absl::string_view part : absl::StrSplit(item, ',', absl::SkipEmpty())) out.emplace_back(part);
   }
   return out;
 }
@@ -97,7 +76,7 @@ int RunEval(const Args& args) {
       "  ppl         validation perplexity under mode schedules, with per-position losses\n"
       "  niah        needle-in-a-haystack accuracy by policy over lengths and depths\n"
       "  niah-multikey, passkey, mqar   the other synthetic retrieval tasks\n"
-      "  agreement   greedy self-speculation on held-out text: linear-mode drafts verified in attention mode\n\n"
+      "  agreement   greedy self-speculation on held-out text, on the LibTorch reference (LibTorch builds)\n\n"
       "Run 'oryx eval <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -112,7 +91,8 @@ int RunEval(const Args& args) {
   auto add_common = [&](FlagSet& f) {
     f.String("model", &common.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
     f.String("data", &data, "corpus directory (oryx data prepare): its validation split is read", true);
-    f.String("device", &common.device, "auto | cpu | cuda");
+    f.String("backend", &common.backend, "engine (the CPU engine) | libtorch (the reference model)");
+    f.String("device", &common.device, "libtorch backend: auto | cpu | cuda");
     f.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
     f.Int("seed", &seed, "seed of schedules and task examples", 0);
     f.Bool("json", &json, "print one JSON object instead of a table");
@@ -132,6 +112,17 @@ int RunEval(const Args& args) {
     common.seed = static_cast<uint64_t>(seed);
     common.threads = static_cast<int>(threads);
   };
+  auto open_model = [&]() -> absl::StatusOr<std::unique_ptr<train::SequenceModel>> {
+    if (common.backend == "engine") return train::OpenEngineModel(common);
+#ifdef ORYX_HAVE_TORCH
+    if (common.backend == "libtorch") return train::OpenTorchModel(common);
+#else
+    if (common.backend == "libtorch") {
+      return absl::FailedPreconditionError("--backend libtorch needs a build with LibTorch (ORYX_TORCH=ON)");
+    }
+#endif
+    return absl::InvalidArgumentError(absl::StrCat("unknown --backend '", common.backend, "' (engine, libtorch)"));
+  };
 
   if (kind == "ppl") {
     train::PplOptions o;
@@ -148,7 +139,8 @@ int RunEval(const Args& args) {
       o.common = common;
       o.data_dir = data;
       if (!schedules.empty()) o.schedules = SplitList(schedules);
-      return finish(train::EvalPerplexity(o));
+      ORYX_ASSIGN_OR_RETURN(std::unique_ptr<train::SequenceModel> model, open_model());
+      return finish(train::EvalPerplexity(o, *model));
     });
   }
   if (kind == "niah" || kind == "niah-multikey" || kind == "passkey" || kind == "mqar") {
@@ -172,16 +164,19 @@ int RunEval(const Args& args) {
       o.data_dir = data;
       if (!policies.empty()) o.policies = SplitList(policies);
       if (!lengths.empty()) {
-        ORYX_ASSIGN_OR_RETURN(o.lengths, ParseInts(lengths, "lengths"));
+        ORYX_ASSIGN_OR_RETURN(std::vector<int64_t> ls, ParsePositiveInts(lengths, "lengths"));
+        o.lengths.assign(ls.begin(), ls.end());
       }
       if (!depths.empty()) {
         ORYX_ASSIGN_OR_RETURN(o.depths, ParseDepths(depths));
       }
       o.seeds = static_cast<int32_t>(seeds);
       o.mqar_pairs = static_cast<int32_t>(pairs);
-      return finish(train::EvalTask(o));
+      ORYX_ASSIGN_OR_RETURN(std::unique_ptr<train::SequenceModel> model, open_model());
+      return finish(train::EvalTask(o, *model));
     });
   }
+#ifdef ORYX_HAVE_TORCH
   if (kind == "agreement") {
     train::AgreementOptions o;
     FlagSet f("oryx eval agreement --model DIR --data DIR [--k N] [--prompts N]",
@@ -200,6 +195,7 @@ int RunEval(const Args& args) {
       return finish(train::EvalAgreement(o));
     });
   }
+#endif
   std::cerr << "oryx: error: unknown eval kind '" << kind << "' (ppl, niah, niah-multikey, passkey, mqar, agreement)\n";
   return 2;
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 
 namespace oryx::cli {
 
@@ -148,6 +149,26 @@ std::string FlagSet::Help() const {
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out, "  --help                   show this help\n");
+  return out;
+}
+
+std::vector<std::string> SplitList(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    for (absl::string_view part : absl::StrSplit(item, ',', absl::SkipEmpty())) out.emplace_back(part);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParsePositiveInts(const std::vector<std::string>& items, const std::string& flag) {
+  std::vector<int64_t> out;
+  for (const std::string& part : SplitList(items)) {
+    int64_t v;
+    if (!absl::SimpleAtoi(part, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " expects positive integers, got '", part, "'"));
+    }
+    out.push_back(v);
+  }
   return out;
 }
 

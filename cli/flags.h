@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace oryx::cli {
 
@@ -51,6 +52,11 @@ class FlagSet {
   std::vector<Flag> flags_;
   bool help_requested_ = false;
 };
+
+// The values of a list flag, each item also split at commas: ["a,b", "c"] -> [a, b, c].
+std::vector<std::string> SplitList(const std::vector<std::string>& items);
+// The same as positive integers; InvalidArgument naming --flag and the bad item otherwise.
+absl::StatusOr<std::vector<int64_t>> ParsePositiveInts(const std::vector<std::string>& items, const std::string& flag);
 
 // Prints "oryx: error: <message>" to stderr and returns the exit code for a usage error (2).
 int UsageError(const absl::Status& status);

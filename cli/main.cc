@@ -14,11 +14,14 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"generate", "generate text with a mode policy, speculation included", oryx::cli::RunGenerate},
+    {"eval", "perplexity by mode, task accuracy by policy (engine or LibTorch), speculation agreement",
+     oryx::cli::RunEval},
+    {"bench", "decode / prefill throughput against the roofline; speculative decoding speed", oryx::cli::RunBench},
     {"tokenizer", "train a SentencePiece BPE tokenizer (oryx tokenizer train ...)", oryx::cli::RunTokenizer},
     {"data", "build the training corpus from Debian packages (oryx data prepare ...)", oryx::cli::RunData},
 #ifdef ORYX_HAVE_TORCH
     {"train", "train an Oryx model with fragmented mixed-mode training", oryx::cli::RunTrain},
-    {"eval", "perplexity by mode, task accuracy by policy, speculation agreement", oryx::cli::RunEval},
 #endif
 };
 

@@ -1,16 +1,18 @@
-// The Oryx model on the CPU (DESIGN.md §2): a forward over a span of tokens of one sequence, with a mode
-// per token, that keeps the KV cache, the recurrent state and the conv window current for every token, so
-// the mode can switch at any token. Built on kernels/cpu; no Eigen or LibTorch in this header.
+// The engine's forward contract (DESIGN.md §5): the state a sequence carries, one batched forward over
+// spans of tokens with a mode per token, and the Backend interface behind which the CPU (and later CUDA)
+// implementations sit. No Eigen, CUDA or LibTorch in this header.
 //
-// Dimension legend: T tokens in the span, D d_model, H heads, dh head dim, HD = H*dh, F mlp hidden,
-// V vocab, w conv width, L layers.
+// Dimension legend: T tokens in a span, D d_model, H heads, dh head dim, HD = H*dh, V vocab, w conv width.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config.h"
 
@@ -18,63 +20,105 @@ namespace oryx {
 
 enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 
-// Everything one sequence carries between forwards. Move-only; Clone() is the one deep copy.
+// Everything one sequence carries between forwards, per layer: the KV cache of every token so far (whatever
+// its mode), the recurrent state S [H, dh, dh], the conv window of the last w-1 inputs, and the position.
+// Move-only; the deep copies are explicit (Clone, CopyRecurrentFrom).
+//
+// A *draft* sequence (MakeDraft) has no KV cache: it can run linear-mode tokens only, and writes no KV. It
+// is what a speculative proposer runs on (DESIGN.md §6).
+//
+// Rollback: a forward with keep_states records the recurrent state after every token of its span and the
+// span's conv inputs, so Truncate() can go back to any position inside that span without running the model.
 class SequenceState {
  public:
+  explicit SequenceState(const ModelConfig& config);
   SequenceState(SequenceState&&) = default;
   SequenceState& operator=(SequenceState&&) = default;
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
 
   int64_t position() const { return position_; }  // tokens processed so far
-  SequenceState Clone() const;
+  bool has_kv() const { return has_kv_; }
+
+  SequenceState Clone() const;  // a snapshot: restore it by move-assigning it back
+  // A draft sequence with this one's recurrent state, conv window and position and no KV cache.
+  SequenceState MakeDraft() const;
+  // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
+  // and allocation happens only the first time). For refreshing a draft sequence each round.
+  void CopyRecurrentFrom(const SequenceState& other);
+
+  // Makes room for `tokens` positions in all, so forwards up to there allocate nothing. The KV cache then
+  // holds exactly tokens * 2 * HD floats per layer.
+  void Reserve(int64_t tokens);
+  // Bytes held by the KV cache (allocated capacity, all layers).
+  int64_t kv_bytes() const;
+
+  // Goes back to `position` (<= position()). The KV cache is cut there. The recurrent state and conv window
+  // can be brought back only to a position inside the last span forwarded with keep_states (its start
+  // included): FailedPrecondition otherwise; InvalidArgument past the current position.
+  absl::Status Truncate(int64_t position);
 
  private:
-  friend class Model;
-  SequenceState() = default;
+  friend class CpuBackend;
+  SequenceState(const SequenceState& other, int);  // copies the scalars only
   struct Layer {
     std::vector<float> k;     // [position, HD]  rotated keys of every token so far
     std::vector<float> v;     // [position, HD]
     std::vector<float> s;     // [H, dh, dh]     recurrent state
     std::vector<float> conv;  // [w-1, 2*HD]     the last w-1 conv inputs, oldest first
+    // keep_states history of the last span of T tokens:
+    std::vector<float> span_states;  // [H, T+1, dh, dh]: before the span, then after each token
+    std::vector<float> span_inputs;  // [w-1+T, 2*HD]:    the conv window before the span, then its inputs
   };
   std::vector<Layer> layers_;
   int64_t position_ = 0;
+  bool has_kv_ = true;
+  int64_t span_start_ = -1, span_len_ = 0;  // the keep_states span (span_start_ < 0: none)
+  int64_t heads_ = 0, head_dim_ = 0, conv_rows_ = 0;
 };
 
-// The weights of a checkpoint in fp32 and the forward pass. Immutable after Load(); Forward() on
-// different SequenceStates may run concurrently.
-class Model {
+// Which rows of logits a forward returns for a span.
+enum class LogitsRows : uint8_t { kNone, kLast, kAll };
+
+// One sequence's part of a batched forward: tokens[i] runs in modes[i] at position seq->position() + i.
+struct ForwardItem {
+  SequenceState* seq = nullptr;
+  std::span<const int32_t> tokens;
+  std::span<const Mode> modes;
+  LogitsRows logits = LogitsRows::kLast;
+  std::vector<float>* logits_out = nullptr;  // resized to rows * V, row-major; required unless kNone
+  bool keep_states = false;                  // record the span for Truncate (speculative verification)
+};
+
+struct BackendOptions {
+  std::string device = "cpu";  // cpu (cuda: the CUDA backend, not built yet)
+  int threads = 0;             // CPU worker threads; 0: one per hardware thread
+};
+
+// A loaded model that runs batched forwards. Immutable weights; Forward may be called from several threads
+// on disjoint sequences (calls are serialised inside the backend).
+class Backend {
  public:
-  static absl::StatusOr<Model> Load(const std::string& dir);
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  SequenceState NewSequence() const { return SequenceState(config()); }
 
-  const ModelConfig& config() const { return config_; }
-  SequenceState NewSequence() const;
+  // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
+  // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id
+  // outside the vocabulary, a span past max_position, an attention token on a draft sequence, a missing
+  // logits_out, or a sequence given twice.
+  virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
-  // Runs tokens[i] in modes[i] at positions seq.position() .. + T - 1 and advances the sequence.
-  // logits: [T, V] when all_logits, else [V] for the last token. InvalidArgument for an empty span,
-  // mismatched lengths, an id outside the vocabulary or a span past max_position (seq is untouched).
+  // One sequence: logits of the last token ([V]) or of every token ([T, V]).
   absl::Status Forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<const Mode> modes,
-                       bool all_logits, std::vector<float>* logits) const;
-
- private:
-  struct Layer {
-    std::vector<float> attn_norm, mlp_norm;              // [D]
-    std::vector<float> k_proj, v_proj, g_proj, q_attn, q_linear;  // [HD, D]
-    std::vector<float> o_proj;                           // [D, HD]
-    std::vector<float> conv_weight, conv_bias;           // [2HD, w], [2HD]
-    std::vector<float> gate_norm;                        // [dh]
-    std::vector<float> dt_proj, d_skip;                  // mamba2: [H, D], [H]
-    std::vector<float> beta_proj, alpha_proj;            // gdn: [H, D], [H, D]
-    std::vector<float> dt_bias, a_log;                   // [H], [H]
-    std::vector<float> mlp_gate, mlp_up, mlp_down;       // [F, D], [F, D], [D, F]
-  };
-  void LayerForward(const Layer& w, SequenceState::Layer& st, int64_t pos, std::span<const Mode> modes,
-                    std::vector<float>& x) const;
-
-  ModelConfig config_;
-  std::vector<float> embed_, final_norm_, lm_head_;  // [V, D], [D], [V, D] (empty when tied)
-  std::vector<Layer> layers_;
+                       bool all_logits, std::vector<float>* logits) {
+    ForwardItem item{&seq, tokens, modes, all_logits ? LogitsRows::kAll : LogitsRows::kLast, logits, false};
+    return Forward(std::span<const ForwardItem>(&item, 1));
+  }
 };
+
+// Loads a checkpoint directory (DESIGN.md §4) onto the device the options name.
+absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options);
 
 }  // namespace oryx

@@ -28,7 +28,7 @@ inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
 inline constexpr int64_t kMaxDModel = int64_t{1} << 16;
 inline constexpr int64_t kMaxLayers = 1024;
 inline constexpr int64_t kMaxHeads = 1024;
-inline constexpr int64_t kMaxHeadDim = 1024;
+inline constexpr int64_t kMaxHeadDim = 256;  // = kernels::kMaxHeadDim (per-head temporaries on the stack)
 inline constexpr int64_t kMaxQkDim = int64_t{1} << 16;  // n_heads * head_dim
 inline constexpr int64_t kMaxConvWidth = 16;
 inline constexpr int64_t kMaxMlpHidden = int64_t{1} << 18;

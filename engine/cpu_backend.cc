@@ -1,13 +1,15 @@
 // CPU forward of the Oryx model: every token updates the KV cache and the recurrent state; each token's
-// output comes from its own mode. Single sequence, fp32, kernels from kernels/cpu.
-#include "engine/model.h"
+// output comes from its own mode. Batched over sequences with ragged spans; fp32; kernels from kernels/cpu.
+#include "engine/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/checkpoint.h"
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/ops.h"
 
 namespace oryx {
@@ -16,181 +18,431 @@ namespace k = kernels;
 
 namespace {
 
-// y[M, N] = x[M, K] W^T, all rows contiguous unless strides say otherwise.
-void Linear(const float* x, int64_t m, int64_t kdim, const std::vector<float>& w, int64_t n, float* y,
-            int64_t x_stride = -1, int64_t y_stride = -1) {
-  k::cpu::MatMul({m, n, kdim, x_stride < 0 ? kdim : x_stride, kdim, y_stride < 0 ? n : y_stride, x, w.data(), y});
-}
-
-void Norm(const float* x, int64_t rows, int64_t d, const std::vector<float>& weight, float eps, float* y) {
-  k::cpu::RmsNorm({rows, d, eps, d, d, x, weight.data(), y});
-}
-
 // torch's softplus (threshold 20: linear above it).
 float Softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
+// Grows a buffer to at least n floats (never shrinks, so steady-state forwards allocate nothing).
+float* AtLeast(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+void Append(std::vector<float>& dst, const float* src, int64_t n) { dst.insert(dst.end(), src, src + n); }
+
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------------------
+// SequenceState
+
+SequenceState::SequenceState(const ModelConfig& c)
+    : layers_(c.n_layers), heads_(c.n_heads), head_dim_(c.head_dim), conv_rows_(c.conv_width - 1) {
+  for (Layer& l : layers_) {
+    l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
+    l.conv.assign(conv_rows_ * 2 * c.qk_dim(), 0.f);
+  }
+}
+
 SequenceState SequenceState::Clone() const {
-  SequenceState copy;
+  SequenceState copy(*this, 0);
   copy.layers_ = layers_;
-  copy.position_ = position_;
   return copy;
 }
 
-absl::StatusOr<Model> Model::Load(const std::string& dir) {
+SequenceState::SequenceState(const SequenceState& other, int)
+    : position_(other.position_),
+      has_kv_(other.has_kv_),
+      span_start_(other.span_start_),
+      span_len_(other.span_len_),
+      heads_(other.heads_),
+      head_dim_(other.head_dim_),
+      conv_rows_(other.conv_rows_) {}
+
+SequenceState SequenceState::MakeDraft() const {
+  SequenceState draft(*this, 0);
+  draft.has_kv_ = false;
+  draft.span_start_ = -1;
+  draft.span_len_ = 0;
+  draft.layers_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    draft.layers_[i].s = layers_[i].s;
+    draft.layers_[i].conv = layers_[i].conv;
+  }
+  return draft;
+}
+
+void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    std::copy(other.layers_[i].s.begin(), other.layers_[i].s.end(), layers_[i].s.begin());
+    std::copy(other.layers_[i].conv.begin(), other.layers_[i].conv.end(), layers_[i].conv.begin());
+  }
+  position_ = other.position_;
+  span_start_ = -1;
+  span_len_ = 0;
+}
+
+void SequenceState::Reserve(int64_t tokens) {
+  if (!has_kv_) return;
+  const int64_t hd = heads_ * head_dim_;
+  for (Layer& l : layers_) {
+    l.k.reserve(tokens * hd);
+    l.v.reserve(tokens * hd);
+  }
+}
+
+int64_t SequenceState::kv_bytes() const {
+  int64_t bytes = 0;
+  for (const Layer& l : layers_) bytes += static_cast<int64_t>((l.k.capacity() + l.v.capacity()) * sizeof(float));
+  return bytes;
+}
+
+absl::Status SequenceState::Truncate(int64_t position) {
+  if (position > position_ || position < 0) {
+    return absl::InvalidArgumentError(Cat("truncate: position ", position, " outside [0, ", position_, "]"));
+  }
+  if (position == position_) return absl::OkStatus();
+  if (span_start_ < 0 || position < span_start_) {
+    return absl::FailedPreconditionError(
+        Cat("truncate: the recurrent state at position ", position, " was not kept (",
+            span_start_ < 0 ? std::string("no span was forwarded with keep_states")
+                            : Cat("the kept span starts at ", span_start_),
+            "); take a Clone() snapshot instead"));
+  }
+  const int64_t j = position - span_start_, dd = head_dim_ * head_dim_, hd = heads_ * head_dim_;
+  for (Layer& l : layers_) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      const float* src = l.span_states.data() + (h * (span_len_ + 1) + j) * dd;
+      std::copy(src, src + dd, l.s.data() + h * dd);
+    }
+    // The window before token j of the span: rows j .. j + w - 2 of (window before the span, span inputs).
+    const float* rows = l.span_inputs.data() + j * 2 * hd;
+    std::copy(rows, rows + conv_rows_ * 2 * hd, l.conv.data());
+    if (has_kv_) {
+      l.k.resize(position * hd);
+      l.v.resize(position * hd);
+    }
+  }
+  // The span's history stays valid up to the new position; the per-head layout keeps its stride.
+  position_ = position;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// CpuBackend
+
+struct CpuBackend::Span {
+  int64_t row = 0;  // first row of this item in the batch buffers
+  int64_t len = 0;
+  bool any_attention = false;
+};
+
+struct CpuBackend::Scratch {
+  std::vector<float> x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
+  std::vector<Span> spans;
+};
+
+CpuBackend::~CpuBackend() = default;
+
+int CpuBackend::num_threads() const { return pool_->num_threads(); }
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& dir, int threads) {
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
-  Model model;
-  model.config_ = ckpt.config();
-  const ModelConfig& c = model.config_;
+  std::unique_ptr<CpuBackend> b(new CpuBackend());
+  b->config_ = ckpt.config();
+  const ModelConfig& c = b->config_;
+  const int64_t H = c.n_heads, HD = c.qk_dim();
+  b->gate_width_ = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
+  b->proj_width_ = 4 * HD + b->gate_width_ + HD;
   auto get = [&](std::string_view name, std::vector<float>& out) -> absl::Status {
     ORYX_ASSIGN_OR_RETURN(out, ckpt.TensorAsFloats(name));
     return absl::OkStatus();
   };
-  ORYX_RETURN_IF_ERROR(get(kEmbedWeight, model.embed_));
-  ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, model.final_norm_));
-  if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, model.lm_head_));
-  model.layers_.resize(c.n_layers);
+  ORYX_RETURN_IF_ERROR(get(kEmbedWeight, b->embed_));
+  ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, b->final_norm_));
+  if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, b->lm_head_));
+  b->layers_.resize(c.n_layers);
+  std::vector<float> part;
   for (int64_t il = 0; il < c.n_layers; ++il) {
-    Layer& l = model.layers_[il];
+    Layer& l = b->layers_[il];
     auto layer = [&](std::string_view suffix, std::vector<float>& out) { return get(LayerTensorName(il, suffix), out); };
-    for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kKProj, &l.k_proj},
-                                 {kVProj, &l.v_proj}, {kGProj, &l.g_proj}, {kOProj, &l.o_proj},
+    for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kOProj, &l.o_proj},
                                  {kConvWeight, &l.conv_weight}, {kConvBias, &l.conv_bias}, {kGateNorm, &l.gate_norm},
-                                 {kQAttn, &l.q_attn}, {kQLinear, &l.q_linear}, {kDtBias, &l.dt_bias}, {kALog, &l.a_log},
-                                 {kMlpGate, &l.mlp_gate}, {kMlpUp, &l.mlp_up}, {kMlpDown, &l.mlp_down}}) {
+                                 {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down}}) {
       ORYX_RETURN_IF_ERROR(layer(suffix, *field));
     }
+    std::vector<std::string_view> fused = {kKProj, kVProj, kQLinear, kGProj};
     if (c.linear_mixer == LinearMixer::kMamba2) {
-      ORYX_RETURN_IF_ERROR(layer(kDtProj, l.dt_proj));
+      fused.push_back(kDtProj);
       ORYX_RETURN_IF_ERROR(layer(kDSkip, l.d_skip));
     } else {
-      ORYX_RETURN_IF_ERROR(layer(kBetaProj, l.beta_proj));
-      ORYX_RETURN_IF_ERROR(layer(kAlphaProj, l.alpha_proj));
+      fused.push_back(kBetaProj);
+      fused.push_back(kAlphaProj);
+    }
+    fused.push_back(kQAttn);
+    for (std::string_view suffix : fused) {
+      ORYX_RETURN_IF_ERROR(layer(suffix, part));
+      Append(l.in_proj, part.data(), static_cast<int64_t>(part.size()));
+    }
+    for (std::string_view suffix : {kMlpGate, kMlpUp}) {
+      ORYX_RETURN_IF_ERROR(layer(suffix, part));
+      Append(l.mlp_in, part.data(), static_cast<int64_t>(part.size()));
     }
   }
-  return model;
+  b->pool_ = std::make_unique<k::cpu::ThreadPool>(threads);
+  b->scratch_ = std::make_unique<Scratch>();
+  return b;
 }
 
-SequenceState Model::NewSequence() const {
-  const ModelConfig& c = config_;
-  SequenceState seq;
-  seq.layers_.resize(c.n_layers);
-  for (SequenceState::Layer& l : seq.layers_) {
-    l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
-    l.conv.assign((c.conv_width - 1) * 2 * c.qk_dim(), 0.f);
-  }
-  return seq;
+// y[M, N] = x[M, K] W^T, split over blocks of output features on the pool.
+void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const std::vector<float>& w, int64_t n, float* y,
+                        int64_t x_stride, int64_t y_stride) {
+  constexpr int64_t kBlock = 16;
+  pool_->ParallelFor((n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * kBlock, n1 = std::min(n, b1 * kBlock);
+    k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, w.data() + n0 * kdim, y + n0});
+  });
 }
 
-void Model::LayerForward(const Layer& w, SequenceState::Layer& st, int64_t pos, std::span<const Mode> modes,
-                         std::vector<float>& x) const {
+absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
   const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(modes.size()), D = c.d_model, H = c.n_heads, dh = c.head_dim;
-  const int64_t HD = c.qk_dim(), F = c.mlp_hidden;
-  const float eps = static_cast<float>(c.norm_eps);
-  std::vector<float> u(T * D), kv_raw(T * 2 * HD), kv(T * 2 * HD), g(T * HD);
-  Norm(x.data(), T, D, w.attn_norm, eps, u.data());
-  // Shared k, v (one [T, 2HD] buffer, k then v) through the causal conv; shared gate.
-  Linear(u.data(), T, D, w.k_proj, HD, kv_raw.data(), D, 2 * HD);
-  Linear(u.data(), T, D, w.v_proj, HD, kv_raw.data() + HD, D, 2 * HD);
-  k::cpu::CausalConv({T, 2 * HD, c.conv_width, c.conv_activation == ConvActivation::kSilu, 2 * HD, 2 * HD,
-                      w.conv_weight.data(), w.conv_bias.data(), st.conv.data(), kv_raw.data(), kv.data()});
-  Linear(u.data(), T, D, w.g_proj, HD, g.data());
-  const float* k_ptr = kv.data();
-  const float* v_ptr = kv.data() + HD;
-
-  // Every token, whatever its mode: rotated keys and values into the cache, and the recurrent update.
-  const int64_t old = static_cast<int64_t>(st.k.size()) / HD;
-  st.k.resize((old + T) * HD);
-  st.v.resize((old + T) * HD);
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy(k_ptr + t * 2 * HD, k_ptr + t * 2 * HD + HD, st.k.begin() + (old + t) * HD);
-    std::copy(v_ptr + t * 2 * HD, v_ptr + t * 2 * HD + HD, st.v.begin() + (old + t) * HD);
-  }
-  if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, st.k.data() + old * HD});
-
-  // The recurrent kernels read q, k, v with one token stride: lay them out as [T, 3*HD] = (q, k, v).
-  std::vector<float> qkv(T * 3 * HD), o_lin(T * HD), gate_h(T * H), decay_h(T * H);
-  Linear(u.data(), T, D, w.q_linear, HD, qkv.data(), D, 3 * HD);
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy(&kv[t * 2 * HD], &kv[(t + 1) * 2 * HD], &qkv[t * 3 * HD + HD]);
-  }
-  const float *q_lin = qkv.data(), *k_lin = qkv.data() + HD, *v_lin = qkv.data() + 2 * HD;
-  if (c.linear_mixer == LinearMixer::kMamba2) {
-    Linear(u.data(), T, D, w.dt_proj, H, gate_h.data());  // dt before softplus
-    for (int64_t i = 0; i < T * H; ++i) {
-      gate_h[i] = Softplus(gate_h[i] + w.dt_bias[i % H]);
-      decay_h[i] = -gate_h[i] * std::exp(w.a_log[i % H]);
+  if (batch.empty()) return absl::InvalidArgumentError("forward: empty batch");
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const ForwardItem& it = batch[b];
+    // Built only on error: a forward that passes allocates nothing here.
+    auto where = [&] { return batch.size() > 1 ? Cat("forward: item ", b, ": ") : std::string("forward: "); };
+    if (it.seq == nullptr) return absl::InvalidArgumentError(where() + "no sequence");
+    for (size_t other = 0; other < b; ++other) {
+      if (batch[other].seq == it.seq) return absl::InvalidArgumentError(where() + "sequence given twice in one batch");
     }
-    k::cpu::Mamba2({T, H, dh, 3 * HD, HD, gate_h.data(), decay_h.data(), w.d_skip.data(), q_lin, k_lin, v_lin,
-                    st.s.data(), nullptr, o_lin.data()});
-  } else {
-    Linear(u.data(), T, D, w.beta_proj, H, gate_h.data());
-    Linear(u.data(), T, D, w.alpha_proj, H, decay_h.data());
-    for (int64_t i = 0; i < T * H; ++i) {
-      gate_h[i] = Sigmoid(gate_h[i]);
-      decay_h[i] = -std::exp(w.a_log[i % H]) * Softplus(decay_h[i] + w.dt_bias[i % H]);
+    if (it.seq->layers_.size() != static_cast<size_t>(c.n_layers) || it.seq->heads_ != c.n_heads ||
+        it.seq->head_dim_ != c.head_dim) {
+      return absl::InvalidArgumentError(where() + "sequence state made for a different model");
     }
-    k::cpu::Gdn({T, H, dh, 3 * HD, HD, gate_h.data(), decay_h.data(), q_lin, k_lin, v_lin, st.s.data(), nullptr,
-                 o_lin.data()});
-  }
-  // Attention-mode outputs (the queries of the whole span; each token then takes its own mode's output).
-  std::vector<float>& o = o_lin;
-  bool any_attention = false;
-  for (Mode m : modes) any_attention |= m == Mode::kAttention;
-  if (any_attention) {
-    std::vector<float> qa(T * HD), o_attn(T * HD);
-    Linear(u.data(), T, D, w.q_attn, HD, qa.data());
-    if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, qa.data()});
-    k::cpu::Attention({T, old + T, H, dh, HD, HD, HD, qa.data(), st.k.data(), st.v.data(), o_attn.data()});
-    for (int64_t t = 0; t < T; ++t) {
-      if (modes[t] == Mode::kAttention) std::copy(&o_attn[t * HD], &o_attn[(t + 1) * HD], &o[t * HD]);
+    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    if (T == 0) return absl::InvalidArgumentError(where() + "empty span of tokens");
+    if (it.modes.size() != it.tokens.size()) {
+      return absl::InvalidArgumentError(Cat(where(), T, " tokens but ", it.modes.size(), " modes"));
+    }
+    if (it.seq->position_ + T > c.max_position) {
+      return absl::InvalidArgumentError(Cat(where(), "positions ", it.seq->position_, "..", it.seq->position_ + T - 1,
+                                            " exceed the model's max_position ", c.max_position));
+    }
+    for (int32_t t : it.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return absl::InvalidArgumentError(Cat(where(), "token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+    }
+    if (!it.seq->has_kv_) {
+      for (Mode m : it.modes) {
+        if (m != Mode::kLinear) return absl::InvalidArgumentError(where() + "an attention-mode token on a draft sequence");
+      }
+    }
+    if (it.logits != LogitsRows::kNone && it.logits_out == nullptr) {
+      return absl::InvalidArgumentError(where() + "logits asked for but no output buffer given");
     }
   }
-  // Shared gated norm, output projection, residual; shared SwiGLU MLP, residual.
-  std::vector<float> y(T * HD), proj(T * D), z(T * D), a(T * F), b(T * F);
-  k::cpu::GatedRmsNorm({T, H, dh, eps, HD, HD, HD, o.data(), g.data(), w.gate_norm.data(), y.data()});
-  Linear(y.data(), T, HD, w.o_proj, D, proj.data());
-  for (int64_t i = 0; i < T * D; ++i) x[i] += proj[i];
-  Norm(x.data(), T, D, w.mlp_norm, eps, z.data());
-  Linear(z.data(), T, D, w.mlp_gate, F, a.data());
-  Linear(z.data(), T, D, w.mlp_up, F, b.data());
-  k::cpu::SwiGlu({T, F, F, F, F, a.data(), b.data(), a.data()});
-  Linear(a.data(), T, F, w.mlp_down, D, proj.data());
-  for (int64_t i = 0; i < T * D; ++i) x[i] += proj[i];
-}
-
-absl::Status Model::Forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<const Mode> modes,
-                            bool all_logits, std::vector<float>* logits) const {
-  const ModelConfig& c = config_;
-  const int64_t T = static_cast<int64_t>(tokens.size()), D = c.d_model, V = c.vocab_size;
-  if (T == 0) return absl::InvalidArgumentError("forward: empty span of tokens");
-  if (modes.size() != tokens.size()) {
-    return absl::InvalidArgumentError(Cat("forward: ", tokens.size(), " tokens but ", modes.size(), " modes"));
-  }
-  if (seq.position_ + T > c.max_position) {
-    return absl::InvalidArgumentError(Cat("forward: positions ", seq.position_, "..", seq.position_ + T - 1,
-                                          " exceed the model's max_position ", c.max_position));
-  }
-  std::vector<float> x(T * D);
-  for (int64_t t = 0; t < T; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= V) {
-      return absl::InvalidArgumentError(Cat("forward: token id ", tokens[t], " outside the vocabulary [0, ", V, ")"));
-    }
-    std::copy(&embed_[tokens[t] * D], &embed_[(tokens[t] + 1) * D], &x[t * D]);
-  }
-  for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(layers_[il], seq.layers_[il], seq.position_, modes, x);
-  seq.position_ += T;
-  // Final norm and LM head over the rows asked for.
-  const int64_t rows = all_logits ? T : 1;
-  const float* last = x.data() + (T - rows) * D;
-  std::vector<float> h(rows * D);
-  Norm(last, rows, D, final_norm_, static_cast<float>(c.norm_eps), h.data());
-  logits->resize(rows * V);
-  Linear(h.data(), rows, D, c.tie_embeddings ? embed_ : lm_head_, V, logits->data());
   return absl::OkStatus();
+}
+
+void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans,
+                              int64_t N) {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[il];
+  Scratch& sc = *scratch_;
+  const int64_t D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden;
+  const int64_t P = proj_width_, B = static_cast<int64_t>(batch.size()), W = c.conv_width - 1;
+  const float eps = static_cast<float>(c.norm_eps);
+  const bool mamba2 = c.linear_mixer == LinearMixer::kMamba2;
+  bool any_attention = false;
+  for (const Span& s : spans) any_attention |= s.any_attention;
+
+  float* x = sc.x.data();
+  float* u = AtLeast(sc.u, N * D);
+  float* proj = AtLeast(sc.proj, N * P);
+  float* qkv = AtLeast(sc.qkv, N * 3 * HD);
+  float* gate_a = AtLeast(sc.gate_a, H * N);  // per head, then row: [H, N]
+  float* gate_b = AtLeast(sc.gate_b, H * N);
+  float* o_lin = AtLeast(sc.o_lin, N * HD);
+  float* o_attn = AtLeast(sc.o_attn, N * HD);
+
+  // 1. The fused input projections over every row of the batch (q_attn only when some token attends).
+  k::cpu::RmsNorm({N, D, eps, D, D, x, w.attn_norm.data(), u});
+  MatMul(u, N, D, w.in_proj, any_attention ? P : P - HD, proj, D, P);
+  const int64_t col_k = 0, col_q = 2 * HD, col_g = 3 * HD, col_gates = 4 * HD, col_qa = 4 * HD + gate_width_;
+
+  // 2. Mixer gates, transposed to [H, N] so that a head's gates over a span are contiguous.
+  for (int64_t r = 0; r < N; ++r) {
+    const float* gr = proj + r * P + col_gates;
+    for (int64_t h = 0; h < H; ++h) {
+      if (mamba2) {
+        const float dt = Softplus(gr[h] + w.dt_bias[h]);
+        gate_a[h * N + r] = dt;
+        gate_b[h * N + r] = -dt * std::exp(w.a_log[h]);
+      } else {
+        gate_a[h * N + r] = Sigmoid(gr[h]);
+        gate_b[h * N + r] = -std::exp(w.a_log[h]) * Softplus(gr[H + h] + w.dt_bias[h]);
+      }
+    }
+  }
+
+  // 3. Per sequence: history for rollback, the causal conv, q next to (k, v), the KV cache append and RoPE.
+  pool_->ParallelFor(B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      SequenceState::Layer& st = batch[b].seq->layers_[il];
+      const Span& s = spans[b];
+      const int64_t T = s.len, pos = batch[b].seq->position_;
+      const float* in = proj + s.row * P + col_k;
+      if (batch[b].keep_states) {
+        float* hist = AtLeast(st.span_inputs, (W + T) * 2 * HD);
+        std::copy(st.conv.begin(), st.conv.end(), hist);
+        for (int64_t t = 0; t < T; ++t) std::copy(in + t * P, in + t * P + 2 * HD, hist + (W + t) * 2 * HD);
+      }
+      float* out = qkv + s.row * 3 * HD;
+      k::cpu::CausalConv({T, 2 * HD, c.conv_width, c.conv_activation == ConvActivation::kSilu, P, 3 * HD,
+                          w.conv_weight.data(), w.conv_bias.data(), st.conv.data(), in, out + HD});
+      for (int64_t t = 0; t < T; ++t) {
+        const float* q = proj + (s.row + t) * P + col_q;
+        std::copy(q, q + HD, out + t * 3 * HD);
+      }
+      if (batch[b].seq->has_kv_) {
+        const int64_t old = static_cast<int64_t>(st.k.size()) / HD;
+        st.k.resize((old + T) * HD);
+        st.v.resize((old + T) * HD);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* kv = out + t * 3 * HD + HD;
+          std::copy(kv, kv + HD, st.k.data() + (old + t) * HD);
+          std::copy(kv + HD, kv + 2 * HD, st.v.data() + (old + t) * HD);
+        }
+        if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, st.k.data() + old * HD});
+        if (s.any_attention && c.rope_theta > 0) {
+          k::cpu::Rope({T, H, dh, pos, c.rope_theta, P, proj + s.row * P + col_qa});
+        }
+      }
+    }
+  });
+
+  // 4. Per (sequence, head): the recurrence for every token, and attention where the span has attention
+  //    tokens (computed for the whole span; each token then takes its own mode's output).
+  pool_->ParallelFor(B * H, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H;
+      SequenceState& seq = *batch[b].seq;
+      SequenceState::Layer& st = seq.layers_[il];
+      const Span& s = spans[b];
+      const int64_t T = s.len, dd = dh * dh;
+      float* state = st.s.data() + h * dd;
+      float* saved = nullptr;
+      if (batch[b].keep_states) {
+        saved = st.span_states.data() + h * (T + 1) * dd;  // sized in Forward before this runs
+        std::copy(state, state + dd, saved);
+        saved += dd;
+      }
+      const float* q = qkv + s.row * 3 * HD + h * dh;
+      float* o = o_lin + s.row * HD + h * dh;
+      if (mamba2) {
+        k::cpu::Mamba2({T, 1, dh, 3 * HD, HD, gate_a + h * N + s.row, gate_b + h * N + s.row, w.d_skip.data() + h,
+                        q, q + HD, q + 2 * HD, state, saved, o});
+      } else {
+        k::cpu::Gdn({T, 1, dh, 3 * HD, HD, gate_a + h * N + s.row, gate_b + h * N + s.row, q, q + HD, q + 2 * HD,
+                     state, saved, o});
+      }
+      if (s.any_attention) {
+        const int64_t kv_len = static_cast<int64_t>(st.k.size()) / HD;
+        float* oa = o_attn + s.row * HD + h * dh;
+        k::cpu::Attention({T, kv_len, 1, dh, P, HD, HD, proj + s.row * P + col_qa + h * dh, st.k.data() + h * dh,
+                           st.v.data() + h * dh, oa});
+        for (int64_t t = 0; t < T; ++t) {
+          if (batch[b].modes[t] == Mode::kAttention) std::copy(oa + t * HD, oa + t * HD + dh, o + t * HD);
+        }
+      }
+    }
+  });
+
+  // 5. Shared gated norm, output projection and residual; shared SwiGLU MLP and residual.
+  float* y = AtLeast(sc.y, N * HD);
+  float* tmp = AtLeast(sc.tmp, N * D);
+  float* mlp = AtLeast(sc.mlp, N * 2 * F);
+  k::cpu::GatedRmsNorm({N, H, dh, eps, HD, P, HD, o_lin, proj + col_g, w.gate_norm.data(), y});
+  MatMul(y, N, HD, w.o_proj, D, tmp, HD, D);
+  for (int64_t i = 0; i < N * D; ++i) x[i] += tmp[i];
+  k::cpu::RmsNorm({N, D, eps, D, D, x, w.mlp_norm.data(), u});
+  MatMul(u, N, D, w.mlp_in, 2 * F, mlp, D, 2 * F);
+  k::cpu::SwiGlu({N, F, 2 * F, 2 * F, 2 * F, mlp, mlp + F, mlp});
+  MatMul(mlp, N, F, w.mlp_down, D, tmp, 2 * F, D);
+  for (int64_t i = 0; i < N * D; ++i) x[i] += tmp[i];
+}
+
+absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
+  ORYX_RETURN_IF_ERROR(Validate(batch));
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  const ModelConfig& c = config_;
+  const int64_t D = c.d_model, V = c.vocab_size, H = c.n_heads, dd = c.head_dim * c.head_dim;
+  const int64_t B = static_cast<int64_t>(batch.size());
+  Scratch& sc = *scratch_;
+  std::vector<Span>& spans = sc.spans;
+  spans.resize(B);
+  int64_t N = 0, logit_rows = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const ForwardItem& it = batch[b];
+    spans[b] = {N, static_cast<int64_t>(it.tokens.size()), false};
+    for (Mode m : it.modes) spans[b].any_attention |= m == Mode::kAttention;
+    N += spans[b].len;
+    logit_rows += it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast ? 1 : 0;
+    if (it.keep_states) {
+      for (SequenceState::Layer& l : it.seq->layers_) AtLeast(l.span_states, H * (spans[b].len + 1) * dd);
+    }
+  }
+  float* x = AtLeast(sc.x, N * D);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < spans[b].len; ++t) {
+      const int32_t id = batch[b].tokens[t];
+      std::copy(&embed_[id * D], &embed_[(id + 1) * D], x + (spans[b].row + t) * D);
+    }
+  }
+  for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, batch, spans, N);
+
+  // Final norm and LM head over the rows asked for, all sequences in one product.
+  float* h = AtLeast(sc.head_rows, std::max<int64_t>(logit_rows, 1) * D);
+  int64_t r = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t rows = batch[b].logits == LogitsRows::kAll ? spans[b].len : batch[b].logits == LogitsRows::kLast;
+    const float* first = x + (spans[b].row + spans[b].len - rows) * D;
+    k::cpu::RmsNorm({rows, D, static_cast<float>(c.norm_eps), D, D, first, final_norm_.data(), h + r * D});
+    r += rows;
+  }
+  float* logits = AtLeast(sc.logits, std::max<int64_t>(logit_rows, 1) * V);
+  if (logit_rows > 0) MatMul(h, logit_rows, D, c.tie_embeddings ? embed_ : lm_head_, V, logits, D, V);
+  r = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const ForwardItem& it = batch[b];
+    SequenceState& seq = *it.seq;
+    if (it.keep_states) {
+      seq.span_start_ = seq.position_;
+      seq.span_len_ = spans[b].len;
+    } else {
+      seq.span_start_ = -1;
+      seq.span_len_ = 0;
+    }
+    seq.position_ += spans[b].len;
+    const int64_t rows = it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast;
+    if (rows > 0) {
+      it.logits_out->resize(rows * V);
+      std::copy(logits + r * V, logits + (r + rows) * V, it.logits_out->data());
+    }
+    r += rows;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
+  if (options.device == "cpu") {
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads));
+    return std::unique_ptr<Backend>(std::move(cpu));
+  }
+  if (options.device == "cuda") {
+    return absl::UnimplementedError("device 'cuda': the CUDA backend is not built yet (issue 7); use --device cpu");
+  }
+  return absl::InvalidArgumentError(Cat("unknown device '", options.device, "' (cpu, cuda)"));
 }
 
 }  // namespace oryx

@@ -16,6 +16,10 @@
 
 namespace oryx::kernels {
 
+// The largest head_dim the CPU kernels take (their per-head temporaries live on the stack); the config
+// loader enforces the same bound.
+inline constexpr int64_t kMaxHeadDim = 256;
+
 // y = x · W^T, the projection layout of the checkpoint (weight [out, in]). M = 1 is a decode step.
 struct MatMulParams {
   int64_t m, n, k;

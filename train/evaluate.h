@@ -1,30 +1,48 @@
-// Evaluation of a trained model on the LibTorch reference (DESIGN.md §8): perplexity under mode
-// schedules with per-position losses, synthetic-task accuracy under routing policies, and the mode
-// agreement that decides self-speculation (greedy acceptance of linear-mode drafts by attention mode).
-// LibTorch-free header; results are JSON objects (the engine will produce the same JSON).
+// Evaluation of a trained model (DESIGN.md §8): perplexity under mode schedules with per-position losses,
+// synthetic-task accuracy under routing policies, and the mode agreement that decides self-speculation.
+// Perplexity and tasks run on any SequenceModel: the CPU engine (no LibTorch) or the LibTorch reference,
+// with the same JSON. LibTorch-free header.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/config.h"
 #include "nlohmann/json.hpp"
 
 namespace oryx::train {
+
+// What perplexity and task evaluation run: the logits [T, V] of a whole sequence under per-token modes
+// (1 = attention), from a fresh state.
+class SequenceModel {
+ public:
+  virtual ~SequenceModel() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes) = 0;
+};
+
+struct EvalCommon {
+  std::string model_dir;
+  std::string backend = "engine";  // engine (the CPU engine) | libtorch (the reference model)
+  std::string device = "auto";     // libtorch only: auto | cpu | cuda
+  int threads = 0;
+  uint64_t seed = 1;
+};
+
+// The CPU engine as a SequenceModel.
+absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon& common);
+// The LibTorch reference as a SequenceModel (defined in the LibTorch build only).
+absl::StatusOr<std::unique_ptr<SequenceModel>> OpenTorchModel(const EvalCommon& common);
 
 // Mode schedules by name, over a sequence of T tokens:
 //   attention | linear          every token in that mode
 //   mixed[:F]                   fragments of the model's fragment_len, each attention with probability F
 //                               (default: the model's attn_fraction), seeded
 //   lin-to-attn:P | attn-to-lin:P   one switch at position P
-struct EvalCommon {
-  std::string model_dir;
-  std::string device = "auto";
-  int threads = 0;
-  uint64_t seed = 1;
-};
-
 struct PplOptions {
   EvalCommon common;
   std::string data_dir;  // corpus (validation split)
@@ -33,7 +51,7 @@ struct PplOptions {
   int64_t sequences = 32;   // evenly spread over the validation split
   bool per_position = true;
 };
-absl::StatusOr<nlohmann::json> EvalPerplexity(const PplOptions& options);
+absl::StatusOr<nlohmann::json> EvalPerplexity(const PplOptions& options, SequenceModel& model);
 
 // Task policies (per example; the prompt is everything before the first answer token):
 //   attention | linear    every token in that mode
@@ -49,10 +67,11 @@ struct TaskEvalOptions {
   int32_t seeds = 8;
   int32_t mqar_pairs = 16;
 };
-absl::StatusOr<nlohmann::json> EvalTask(const TaskEvalOptions& options);
+absl::StatusOr<nlohmann::json> EvalTask(const TaskEvalOptions& options, SequenceModel& model);
 
 // Greedy self-speculation on held-out text: attention-mode prefill of a prompt, then rounds of k
-// linear-mode drafts verified by attention mode, until gen_tokens are produced.
+// linear-mode drafts verified by attention mode, until gen_tokens are produced (LibTorch reference;
+// the engine's measurement is `oryx bench spec`).
 struct AgreementOptions {
   EvalCommon common;
   std::string data_dir;

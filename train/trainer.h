@@ -16,10 +16,9 @@
 #include "absl/status/status.h"
 #include "engine/config.h"
 #include "engine/safetensors.h"
+#include "train/mode_sampling.h"
 
 namespace oryx::train {
-
-enum class ModeMixing { kFragment, kSequence };
 
 struct TrainOptions {
   std::string data_dir;  // a corpus from `oryx data prepare`
@@ -58,12 +57,6 @@ struct TrainOptions {
   int threads = 0;  // CPU intra-op threads (0: LibTorch's default)
 };
 
-// Per-token modes (1 = attention, 0 = linear) of sample `sequence`: fragments of `fragment_len` tokens,
-// each in attention mode with probability `attn_fraction` (one draw for the whole sequence under
-// kSequence). A pure function of its arguments, so training replays exactly and evaluation can draw the
-// same kind of schedule.
-std::vector<uint8_t> SampleModes(uint64_t seed, int64_t sequence, int64_t len, int64_t fragment_len,
-                                 double attn_fraction, ModeMixing mixing);
 
 // Trains until `steps` (or the time limit), printing a progress line to stderr. Errors (bad options,
 // data, a resume from another config, a non-finite loss) are reported without touching the last good

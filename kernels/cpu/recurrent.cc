@@ -3,6 +3,7 @@
 // Single-threaded; heads are independent and would be the axis to split.
 #include <Eigen/Core>
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <vector>
 
@@ -15,6 +16,7 @@ using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eige
 using StateMap = Eigen::Map<RowMajorMatrix>;  // [dh, dh], S(i, j) = S[i][j]
 using ConstVec = Eigen::Map<const Eigen::VectorXf>;
 using Vec = Eigen::Map<Eigen::VectorXf>;
+using HeadVec = Eigen::Matrix<float, Eigen::Dynamic, 1, 0, kMaxHeadDim, 1>;  // on the stack
 
 constexpr double kL2NormEps = 1e-6;
 
@@ -67,7 +69,8 @@ void Mamba2Reference(const Mamba2Params& p) {
 void Gdn(const GdnParams& p) {
   const int64_t dh = p.head_dim, state_size = p.heads * dh * dh;
   const float inv_sqrt_dh = 1.0f / std::sqrt(static_cast<float>(dh));
-  Eigen::VectorXf kn(dh), qn(dh), delta(dh);
+  assert(dh <= kMaxHeadDim);
+  HeadVec kn(dh), qn(dh), delta(dh);
   for (int64_t t = 0; t < p.tokens; ++t) {
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t in = t * p.qkv_token_stride + h * dh;

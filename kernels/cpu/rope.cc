@@ -3,6 +3,7 @@
 #include <Eigen/Core>
 #include <cassert>
 #include <cmath>
+#include <array>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -19,9 +20,11 @@ float RopeAngle(int64_t pos, int64_t i, int64_t head_dim, double theta) {
 void Rope(const RopeParams& p) {
   assert(p.head_dim % 2 == 0);
   const int64_t half = p.head_dim / 2;
-  std::vector<double> freq(half);
+  assert(p.head_dim <= kMaxHeadDim);
+  using HalfArray = Eigen::Array<float, Eigen::Dynamic, 1, 0, kMaxHeadDim / 2, 1>;  // on the stack
+  std::array<double, kMaxHeadDim / 2> freq;
   for (int64_t i = 0; i < half; ++i) freq[i] = std::pow(p.theta, -2.0 * static_cast<double>(i) / p.head_dim);
-  Eigen::ArrayXf cos_a(half), sin_a(half);
+  HalfArray cos_a(half), sin_a(half);
   for (int64_t t = 0; t < p.tokens; ++t) {
     const double pos = static_cast<double>(p.start_pos + t);
     for (int64_t i = 0; i < half; ++i) {
@@ -32,7 +35,7 @@ void Rope(const RopeParams& p) {
     for (int64_t h = 0; h < p.heads; ++h) {
       float* x = p.x_ptr + t * p.x_token_stride + h * p.head_dim;
       Eigen::Map<Eigen::ArrayXf> x1(x, half), x2(x + half, half);
-      const Eigen::ArrayXf x1_old = x1;
+      const HalfArray x1_old = x1;
       x1 = x1_old * cos_a - x2 * sin_a;
       x2 = x2 * cos_a + x1_old * sin_a;
     }

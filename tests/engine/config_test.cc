@@ -195,10 +195,10 @@ TEST(ConfigTest, RejectsOutOfRangeValues) {
 
 TEST(ConfigTest, RejectsTooManyHeadChannels) {
   Json j = ValidJson();
-  j["n_heads"] = 128;
-  j["head_dim"] = 1024;
+  j["n_heads"] = 512;
+  j["head_dim"] = 256;
   EXPECT_HAS_SUBSTR(ErrorOf(j.dump()),
-                    "field 'head_dim': n_heads * head_dim must be <= 65536, got 128 * 1024 = 131072");
+                    "field 'head_dim': n_heads * head_dim must be <= 65536, got 512 * 256 = 131072");
 }
 
 TEST(ConfigTest, RejectsNumberOverflow) {

@@ -2,7 +2,7 @@
 // checkpoint gives the same logits for any mode schedule, however the tokens are split into forwards.
 #include <random>
 
-#include "engine/model.h"
+#include "engine/cpu_backend.h"
 #include "engine/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
@@ -21,10 +21,10 @@ struct ParityCase {
 class ModelParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 // Exports `reference` into scratch/model (with a stand-in tokenizer file) and loads it into the engine.
-absl::StatusOr<Model> ExportAndLoad(train::OryxModel& reference, const testutil::ScratchDir& scratch) {
+absl::StatusOr<std::unique_ptr<CpuBackend>> ExportAndLoad(train::OryxModel& reference, const testutil::ScratchDir& scratch) {
   testutil::WriteRawFile(scratch.Join("tokenizer.model"), "tokenizer bytes are not read by the model");
   ORYX_RETURN_IF_ERROR(train::ExportCheckpoint(reference, scratch.Join("model"), scratch.Join("tokenizer.model")));
-  return Model::Load(scratch.Join("model"));
+  return CpuBackend::Load(scratch.Join("model"));
 }
 
 TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
@@ -57,12 +57,12 @@ TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
 
   // Prefill in uneven chunks, then decode steps of one token.
   for (std::vector<int64_t> split : {std::vector<int64_t>{T}, {5, 1, 12, 3}, {1, 1, 1, 16, 9}}) {
-    SequenceState seq = model->NewSequence();
+    SequenceState seq = (*model)->NewSequence();
     int64_t begin = 0;
     for (size_t i = 0; begin < T; ++i) {
       const int64_t n = i < split.size() ? std::min(split[i], T - begin) : 1;
       std::vector<float> logits;
-      ASSERT_TRUE(model->Forward(seq, std::span(tokens).subspan(begin, n), std::span(modes).subspan(begin, n),
+      ASSERT_TRUE((*model)->Forward(seq, std::span(tokens).subspan(begin, n), std::span(modes).subspan(begin, n),
                                  /*all_logits=*/true, &logits)
                       .ok());
       auto got = torch::from_blob(logits.data(), {n, config.vocab_size}, torch::kFloat32);
@@ -92,18 +92,18 @@ TEST(ModelInput, BadSpansAreErrorsAndLeaveTheSequenceUntouched) {
   testutil::ScratchDir scratch;
   auto model = ExportAndLoad(reference, scratch);
   ASSERT_TRUE(model.ok()) << model.status();
-  SequenceState seq = model->NewSequence();
+  SequenceState seq = (*model)->NewSequence();
   std::vector<float> logits;
   std::vector<int32_t> ok_ids = {1, 2}, bad_id = {1, 61};
   std::vector<Mode> two = {Mode::kLinear, Mode::kAttention}, one = {Mode::kLinear};
-  EXPECT_EQ(model->Forward(seq, {}, {}, false, &logits).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Forward(seq, ok_ids, one, false, &logits).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(model->Forward(seq, bad_id, two, false, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Forward(seq, {}, {}, false, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Forward(seq, ok_ids, one, false, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Forward(seq, bad_id, two, false, &logits).code(), absl::StatusCode::kInvalidArgument);
   std::vector<int32_t> nine(9, 1);
   std::vector<Mode> nine_modes(9, Mode::kLinear);
-  EXPECT_EQ(model->Forward(seq, nine, nine_modes, false, &logits).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*model)->Forward(seq, nine, nine_modes, false, &logits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(seq.position(), 0);
-  ASSERT_TRUE(model->Forward(seq, ok_ids, two, false, &logits).ok());
+  ASSERT_TRUE((*model)->Forward(seq, ok_ids, two, false, &logits).ok());
   EXPECT_EQ(logits.size(), 61u);
   EXPECT_EQ(seq.position(), 2);
 }

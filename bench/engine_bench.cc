@@ -1,0 +1,271 @@
+#include "bench/engine_bench.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include "bench/bench_util.h"
+#include "engine/checkpoint.h"
+#include "engine/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/file_util.h"
+#include "engine/safetensors.h"
+#include "engine/status_macros.h"
+#include "engine/str_cat.h"
+#include "engine/tensor_names.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/stream.h"
+#include "speculative/speculative.h"
+#include "train/shards.h"
+
+namespace oryx::bench {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+std::string_view ModeName(Mode m) { return m == Mode::kAttention ? "attention" : "linear"; }
+
+int64_t ParamCount(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const TensorSpec& t : ExpectedTensors(c)) {
+    int64_t e = 1;
+    for (int64_t d : t.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+nlohmann::json Provenance() {
+  return {{"machine", MachineInfo()}, {"git", GitRevision()}, {"time", UtcTimestamp()}};
+}
+}  // namespace
+
+ModelConfig DecodeBenchConfig(int64_t max_position) {
+  ModelConfig c;
+  c.vocab_size = 8192;
+  c.d_model = 512;
+  c.n_layers = 4;
+  c.n_heads = 8;
+  c.head_dim = 64;
+  c.mlp_hidden = 1408;
+  c.rope_theta = 10000;
+  c.tie_embeddings = true;
+  c.max_position = max_position;
+  c.bos_id = 2;
+  c.eos_id = 3;
+  return c;
+}
+
+absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<HostTensor> tensors;
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    std::vector<float> values(n);
+    for (float& v : values) v = normal(rng);
+    tensors.push_back(MakeHostTensor(spec.name, spec.shape, values, DType::kF32));
+  }
+  const std::string tok = dir + ".tokenizer";
+  ORYX_RETURN_IF_ERROR(WriteFileAtomic(tok, "random-weight benchmark model: no tokenizer"));
+  absl::Status s = WriteCheckpoint(dir, config, Views(tensors), kDefaultMaxShardBytes, tok);
+  (void)RemoveTree(tok);
+  return s;
+}
+
+double ReadBandwidth(int threads, double bytes) {
+  (void)threads;  // StreamSum uses every hardware thread
+  const int64_t n = std::max<int64_t>(1 << 16, static_cast<int64_t>(bytes / sizeof(float)));
+  std::vector<float> x(n, 1.f);
+  float sum = 0;
+  std::vector<double> s;
+  for (int i = 0; i < 7; ++i) {  // the first pass pages the buffer in
+    const auto t0 = Clock::now();
+    kernels::cpu::StreamSum({n, x.data(), nullptr, &sum});
+    if (i > 0) s.push_back(Seconds(t0));
+  }
+  return n * sizeof(float) / Median(s);
+}
+
+absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
+  int64_t max_context = 0, max_batch = 0;
+  for (int64_t c : o.contexts) max_context = std::max(max_context, c);
+  for (int64_t b : o.batches) max_batch = std::max(max_batch, b);
+  std::string dir = o.model_dir;
+  std::string scratch;
+  if (dir.empty()) {
+    scratch = Cat("/tmp/oryx_bench_decode_", getpid());
+    ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, DecodeBenchConfig(max_context + o.steps + 1), 1));
+    dir = scratch;
+  }
+  auto loaded = CpuBackend::Load(dir, o.threads);
+  absl::StatusOr<ReferenceTimer> reference = ReferenceTimer();
+  if (loaded.ok() && o.reference) reference = o.reference(dir);
+  if (!scratch.empty()) (void)RemoveTree(scratch);
+  ORYX_RETURN_IF_ERROR(loaded.status());
+  ORYX_RETURN_IF_ERROR(reference.status());
+  CpuBackend& backend = **loaded;
+  const ModelConfig& c = backend.config();
+  if (max_context + o.steps > c.max_position) {
+    return absl::InvalidArgumentError(Cat("context ", max_context, " + ", o.steps, " steps exceed the model's max_position ",
+                                          c.max_position));
+  }
+  const int64_t params = ParamCount(c);
+  std::cerr << "bench decode: " << params / 1e6 << "M parameters, " << backend.num_threads()
+            << " threads\n";
+  const double dram_bandwidth = ReadBandwidth(o.threads, 1024.0 * (1 << 20));
+  const double weight_bytes = 4.0 * params, L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());
+  const double state_bytes = 4.0 * L * c.n_heads * c.head_dim * c.head_dim;
+  for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
+    for (int64_t context : o.contexts) {
+      // Prefill one sequence of `context` tokens (in chunks of 512), then copy it to every batch slot.
+      std::vector<int32_t> ctx(context);
+      for (int64_t t = 0; t < context; ++t) ctx[t] = static_cast<int32_t>(4 + (t * 7919) % (c.vocab_size - 4));
+      SequenceState first = backend.NewSequence();
+      first.Reserve(context + o.steps + 1);
+      std::vector<Mode> modes(512, mode);
+      std::vector<float> logits;
+      const auto t0 = Clock::now();
+      for (int64_t done = 0; done < context; done += 512) {
+        const int64_t n = std::min<int64_t>(512, context - done);
+        ORYX_RETURN_IF_ERROR(backend.Forward(first, std::span(ctx).subspan(done, n), std::span(modes).first(n), false, &logits));
+      }
+      const double prefill_s = Seconds(t0);
+      for (int64_t batch : o.batches) {
+        std::vector<SequenceState> seqs;
+        for (int64_t b = 0; b < batch; ++b) {
+          seqs.push_back(first.Clone());
+          seqs.back().Reserve(context + o.steps + 1);
+        }
+        std::vector<int32_t> tokens(batch, 5);
+        std::vector<Mode> step_modes(batch, mode);
+        std::vector<std::vector<float>> out(batch);
+        std::vector<ForwardItem> items;
+        for (int64_t b = 0; b < batch; ++b) {
+          items.push_back({&seqs[b], std::span(&tokens[b], 1), std::span(&step_modes[b], 1), LogitsRows::kLast, &out[b], false});
+        }
+        ORYX_RETURN_IF_ERROR(backend.Forward(items));  // warm-up (scratch buffers)
+        std::vector<double> steps;
+        for (int64_t i = 1; i < o.steps; ++i) {
+          const auto s0 = Clock::now();
+          ORYX_RETURN_IF_ERROR(backend.Forward(items));
+          steps.push_back(Seconds(s0));
+        }
+        const double step = Median(steps);
+        // Bytes a step must move: every weight once; per sequence the KV cache it reads (attention), its
+        // new KV entries, and the recurrent state read and written.
+        const double kv_read = mode == Mode::kAttention ? 2.0 * 4 * L * HD * (context + 1) : 0.0;
+        const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
+        const double bandwidth = ReadBandwidth(o.threads, bytes);
+        nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
+                            {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
+                            {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
+                            {"prefill_tokens_per_s", context / prefill_s}, {"bytes_per_step", bytes},
+                            {"read_bandwidth_gb_s", bandwidth / 1e9}, {"roofline_fraction", bytes / bandwidth / step},
+                            {"dram_read_bandwidth_gb_s", dram_bandwidth / 1e9},
+                            {"dram_roofline_fraction", bytes / dram_bandwidth / step}};
+        if (*reference) {
+          if (std::optional<double> ref = (*reference)(mode, context, batch)) {
+            r["libtorch_ms_per_step"] = *ref * 1e3;
+            r["speedup_over_libtorch"] = *ref / step;
+          }
+        }
+        r.update(Provenance());
+        emit(r);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunSpecBench(const SpecBenchOptions& o, const Emit& emit) {
+  ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
+  speculative::RegisterPolicies(engine.policies());
+  const ModelConfig& c = engine.backend().config();
+  ORYX_ASSIGN_OR_RETURN(CorpusReader val, CorpusReader::Open(o.data_dir, "val"));
+  if (val.vocab_size() != c.vocab_size) {
+    return absl::InvalidArgumentError(Cat(o.data_dir, ": corpus vocabulary ", val.vocab_size(), " differs from the model's ",
+                                          c.vocab_size));
+  }
+  for (int64_t context : o.contexts) {
+    if (context + o.gen_tokens + 65 > c.max_position) {
+      return absl::InvalidArgumentError(Cat("context ", context, " + ", o.gen_tokens, " generated tokens exceed the model's max_position ",
+                                            c.max_position));
+    }
+    const int64_t windows = val.NumSequences(context);
+    if (windows < 1) return absl::FailedPreconditionError(Cat(o.data_dir, ": validation split shorter than ", context));
+    for (int64_t batch : o.batches) {
+      // Prompts: evenly spread validation windows of `context` tokens.
+      std::vector<GenerateRequest> requests(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        std::vector<int32_t> window(context + 1);
+        ORYX_RETURN_IF_ERROR(val.ReadSequence(b * windows / batch, context, window.data()));
+        window.pop_back();
+        requests[b].prompt_tokens = window;
+        requests[b].max_tokens = o.gen_tokens;
+        requests[b].stop_at_eos = false;
+      }
+      auto run = [&](const std::string& policy) -> absl::StatusOr<std::vector<GenerateResult>> {
+        for (GenerateRequest& r : requests) r.policy = policy;
+        return engine.Generate(requests);
+      };
+      // Attention-mode decoding: a warm-up run (first-touch buffers), then the measured one.
+      ORYX_RETURN_IF_ERROR(run("attention").status());
+      ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> base, run("attention"));
+      const double base_tps = batch * (o.gen_tokens - 1) / base[0].stats.decode_s;
+      std::cerr << "bench spec: context " << context << ", batch " << batch << ": attention-mode decode "
+                << base_tps << " tokens/s\n";
+      std::vector<std::string> policies;
+      for (const std::string& proposer : o.proposers) {
+        const std::string prefix = proposer == "ngram" ? "speculative:ngram" : "speculative";
+        for (int64_t k : o.ks) policies.push_back(Cat(prefix, ":", k));
+        policies.push_back(prefix);  // adaptive
+      }
+      for (const std::string& policy : policies) {
+        ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> got, run(policy));
+        SpecStats total;
+        int64_t identical = 0;
+        for (int64_t b = 0; b < batch; ++b) {
+          const SpecStats& s = *got[b].stats.spec;
+          total.rounds += s.rounds;
+          total.drafted += s.drafted;
+          total.accepted += s.accepted;
+          total.drafted_at.resize(std::max(total.drafted_at.size(), s.drafted_at.size()));
+          total.accepted_at.resize(total.drafted_at.size());
+          for (size_t j = 0; j < s.drafted_at.size(); ++j) {
+            total.drafted_at[j] += s.drafted_at[j];
+            total.accepted_at[j] += s.accepted_at[j];
+          }
+          identical += got[b].tokens == base[b].tokens;
+        }
+        const GenerateStats& s0 = got[0].stats;
+        const double tps = batch * (o.gen_tokens - 1) / s0.decode_s;
+        std::vector<double> per_position;
+        for (size_t j = 0; j < total.drafted_at.size(); ++j) {
+          per_position.push_back(total.drafted_at[j] ? double(total.accepted_at[j]) / total.drafted_at[j] : 0.0);
+        }
+        nlohmann::json r = {
+            {"bench", "spec"}, {"policy", policy}, {"context", context}, {"batch", batch}, {"gen_tokens", o.gen_tokens},
+            {"rounds", total.rounds}, {"drafted", total.drafted}, {"accepted", total.accepted},
+            {"acceptance_rate", total.drafted ? double(total.accepted) / total.drafted : 0.0},
+            {"mean_accepted_per_round", total.rounds ? double(total.accepted) / total.rounds : 0.0},
+            {"per_position_acceptance", per_position},
+            {"draft_s", s0.spec->draft_s}, {"verify_s", s0.spec->verify_s},
+            {"draft_forwards", s0.spec->draft_forwards}, {"verify_forwards", s0.spec->verify_forwards},
+            {"draft_step_ms", s0.spec->draft_forwards ? 1e3 * s0.spec->draft_s / s0.spec->draft_forwards : 0.0},
+            {"verify_ms", s0.spec->verify_forwards ? 1e3 * s0.spec->verify_s / s0.spec->verify_forwards : 0.0},
+            {"attention_decode_tokens_per_s", base_tps}, {"spec_decode_tokens_per_s", tps},
+            {"speedup", tps / base_tps}, {"outputs_identical_to_attention", identical}, {"threads", o.threads}};
+        r.update(Provenance());
+        emit(r);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace oryx::bench

@@ -1,0 +1,66 @@
+// The engine's benchmarks behind `oryx bench` (DESIGN.md §8), as JSON lines:
+//   decode  prefill and decode tokens/s by mode, batch and context, each against the memory-bandwidth
+//           roofline measured in the same run (and against LibTorch's token-by-token decode where given)
+//   spec    speculative decoding against attention-mode decoding on a trained model: acceptance, accepted
+//           tokens per round, per-position acceptance, draft / verify time split and speedup
+// LibTorch-free: the reference timing comes in through a callback from a LibTorch build.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx::bench {
+
+using Emit = std::function<void(const nlohmann::json&)>;
+
+// The ~20M-parameter config the decode benchmark uses without --model: d 512, 4 layers, 8 heads of 64,
+// MLP 1408, vocab 8192, tied embeddings, mamba2.
+ModelConfig DecodeBenchConfig(int64_t max_position);
+
+// Writes a checkpoint of `config` with small random weights (for timing only) into `dir`.
+absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed);
+
+// Seconds per decode step of LibTorch's token-by-token reference at (mode, context, batch), or nothing.
+using ReferenceTimer = std::function<std::optional<double>(Mode mode, int64_t context, int64_t batch)>;
+
+// Makes the reference timer for a checkpoint directory (it may load the model now: the directory is removed
+// afterwards when it holds random weights).
+using ReferenceFactory = std::function<absl::StatusOr<ReferenceTimer>(const std::string& model_dir)>;
+
+struct DecodeBenchOptions {
+  std::string model_dir;  // the model to time (random weights of DecodeBenchConfig when empty)
+  std::vector<int64_t> batches = {1, 4, 16};
+  std::vector<int64_t> contexts = {256, 1024, 4096, 8192};
+  int64_t steps = 8;  // timed decode steps per point (median reported)
+  int threads = 0;
+  ReferenceFactory reference;  // optional
+};
+absl::Status RunDecodeBench(const DecodeBenchOptions& options, const Emit& emit);
+
+struct SpecBenchOptions {
+  std::string model_dir;
+  std::string data_dir;  // corpus: prompts come from its validation split
+  std::vector<int64_t> ks = {1, 2, 4, 8};
+  std::vector<int64_t> contexts = {512, 2048};
+  std::vector<int64_t> batches = {1, 8};
+  std::vector<std::string> proposers = {"linear", "ngram"};
+  int64_t gen_tokens = 64;
+  int threads = 0;
+};
+absl::Status RunSpecBench(const SpecBenchOptions& options, const Emit& emit);
+
+// Read bandwidth (bytes/s) of a buffer of `bytes`, over all hardware threads. A
+// decode step mostly reads (weights, KV cache, state), so sized like the step's working set this is the
+// step's achievable bandwidth, caches included (a large L3 can hold a small model's weights); 1 GiB
+// measures DRAM.
+double ReadBandwidth(int threads, double bytes);
+
+}  // namespace oryx::bench

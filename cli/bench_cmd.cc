@@ -1,0 +1,165 @@
+// `oryx bench decode|spec`: the engine's benchmarks (bench/engine_bench.h). JSON lines with --json (one
+// object per measured point), a table otherwise; --out also writes the JSON lines to a file atomically.
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/engine_bench.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/file_util.h"
+#include "engine/status_macros.h"
+#include "engine/str_cat.h"
+#ifdef ORYX_HAVE_TORCH
+#include "bench/decode_reference.h"
+#endif
+
+namespace oryx::cli {
+
+namespace {
+
+// Collects the JSON lines, prints each as it comes (a table row or the line), and writes --out at the end.
+struct Output {
+  bool json = false;
+  std::string out_file;
+  std::string lines;
+  std::function<void(const nlohmann::json&)> row;
+  void Emit(const nlohmann::json& j) {
+    lines += j.dump() + "\n";
+    if (json) {
+      std::cout << j.dump() << std::endl;
+    } else {
+      row(j);
+    }
+  }
+  absl::Status Finish() { return out_file.empty() ? absl::OkStatus() : WriteFileAtomic(out_file, lines); }
+};
+
+}  // namespace
+
+int RunBench(const Args& args) {
+  static const char* kUsage =
+      "usage: oryx bench <decode|spec> [flags]\n\n"
+      "  decode   prefill and decode tokens/s by mode, batch and context, against the memory-bandwidth\n"
+      "           roofline (and LibTorch's token-by-token decode in LibTorch builds)\n"
+      "  spec     speculative decoding against attention-mode decoding on a trained model\n\n"
+      "Run 'oryx bench <kind> --help' for its flags.\n";
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string kind = args[0];
+  const Args rest(args.begin() + 1, args.end());
+  Output out;
+  int64_t threads = 0;
+  std::vector<std::string> batches, contexts;
+  auto add_common = [&](FlagSet& f) {
+    f.StringList("batches", &batches, "batch sizes");
+    f.StringList("contexts", &contexts, "context lengths");
+    f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+    f.Bool("json", &out.json, "print JSON lines instead of a table");
+    f.String("out", &out.out_file, "also write the JSON lines to this file (atomically)");
+  };
+  if (kind == "decode") {
+    bench::DecodeBenchOptions o;
+    int64_t reference_max_context = 1024;
+    FlagSet f("oryx bench decode [--model DIR] [--batches 1,4,16] [--contexts 256,1024,4096,8192] [--json]",
+              "Decode and prefill throughput of the CPU engine by mode, batch and context. Each point carries\n"
+              "its fraction of the memory-bandwidth roofline (bytes a decode step must move over the read\n"
+              "bandwidth of a buffer that size, measured in the same run) and, in LibTorch builds, its speedup over the LibTorch\n"
+              "model's token-by-token decode. Without --model: random weights of a 19M-parameter config.");
+    f.String("model", &o.model_dir, "model directory (default: random weights, d512 L4 H8x64 F1408 V8192)");
+    add_common(f);
+    f.Int("steps", &o.steps, "timed decode steps per point", 2, 10000);
+    f.Int("reference-max-context", &reference_max_context,
+          "time LibTorch's decode only up to this context (it prefills token by token)", 0);
+    return RunWithFlags(f, rest, [&]() -> absl::Status {
+      if (!batches.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(batches, "batches"));
+      }
+      if (!contexts.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.contexts, ParsePositiveInts(contexts, "contexts"));
+      }
+      o.threads = static_cast<int>(threads);
+#ifdef ORYX_HAVE_TORCH
+      o.reference = [&](const std::string& dir) {
+        return bench::MakeTorchReference(dir, reference_max_context, o.steps, o.threads);
+      };
+#endif
+      out.row = [header = true](const nlohmann::json& j) mutable {
+        if (header) {
+          std::printf("%-10s %8s %6s %12s %12s %10s %10s %10s\n", "mode", "context", "batch", "decode tok/s",
+                      "prefill t/s", "ms/step", "roofline", "vs torch");
+          header = false;
+        }
+        const std::string vs = j.contains("speedup_over_libtorch")
+                                   ? Cat(static_cast<int>(j["speedup_over_libtorch"].get<double>() * 100) / 100.0, "x")
+                                   : "-";
+        std::printf("%-10s %8lld %6lld %12.1f %12.1f %10.2f %9.1f%% %10s\n", j["mode"].get<std::string>().c_str(),
+                    static_cast<long long>(j["context"].get<int64_t>()), static_cast<long long>(j["batch"].get<int64_t>()),
+                    j["decode_tokens_per_s"].get<double>(), j["prefill_tokens_per_s"].get<double>(),
+                    j["decode_ms_per_step"].get<double>(), 100 * j["roofline_fraction"].get<double>(), vs.c_str());
+        std::fflush(stdout);
+      };
+      ORYX_RETURN_IF_ERROR(bench::RunDecodeBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
+      return out.Finish();
+    });
+  }
+  if (kind == "spec") {
+    bench::SpecBenchOptions o;
+    std::vector<std::string> ks, proposers;
+    FlagSet f("oryx bench spec --model DIR --data DIR [--k 1,2,4,8] [--contexts 512,2048] [--batches 1,8] [--json]",
+              "Speculative decoding (linear-mode drafts, and n-gram prompt lookup) against attention-mode\n"
+              "decoding of the same prompts from the corpus's validation split: acceptance, accepted tokens per\n"
+              "round, acceptance per draft position, draft-step and verify costs, and the speedup.");
+    f.String("model", &o.model_dir, "model directory", true);
+    f.String("data", &o.data_dir, "corpus directory (prompts from its validation split)", true);
+    f.StringList("k", &ks, "fixed draft lengths (the adaptive policy is always run too)");
+    f.StringList("proposers", &proposers, "linear and/or ngram");
+    f.Int("gen-tokens", &o.gen_tokens, "tokens generated per prompt", 2, 1 << 20);
+    add_common(f);
+    return RunWithFlags(f, rest, [&]() -> absl::Status {
+      if (!batches.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(batches, "batches"));
+      }
+      if (!contexts.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.contexts, ParsePositiveInts(contexts, "contexts"));
+      }
+      if (!ks.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.ks, ParsePositiveInts(ks, "k"));
+      }
+      if (!proposers.empty()) {
+        o.proposers.clear();
+        for (const std::string& p : proposers) {
+          for (absl::string_view part : absl::StrSplit(p, ',', absl::SkipEmpty())) {
+            if (part != "linear" && part != "ngram") {
+              return absl::InvalidArgumentError(Cat("unknown proposer '", std::string(part), "' (linear, ngram)"));
+            }
+            o.proposers.emplace_back(part);
+          }
+        }
+      }
+      o.threads = static_cast<int>(threads);
+      out.row = [header = true](const nlohmann::json& j) mutable {
+        if (header) {
+          std::printf("%-22s %8s %6s %8s %10s %10s %10s %9s %8s\n", "policy", "context", "batch", "accept",
+                      "acc/round", "draft ms", "verify ms", "speedup", "same");
+          header = false;
+        }
+        std::printf("%-22s %8lld %6lld %8.3f %10.2f %10.2f %10.2f %8.2fx %8lld\n", j["policy"].get<std::string>().c_str(),
+                    static_cast<long long>(j["context"].get<int64_t>()), static_cast<long long>(j["batch"].get<int64_t>()),
+                    j["acceptance_rate"].get<double>(), j["mean_accepted_per_round"].get<double>(),
+                    j["draft_step_ms"].get<double>(), j["verify_ms"].get<double>(), j["speedup"].get<double>(),
+                    static_cast<long long>(j["outputs_identical_to_attention"].get<int64_t>()));
+        std::fflush(stdout);
+      };
+      ORYX_RETURN_IF_ERROR(bench::RunSpecBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
+      return out.Finish();
+    });
+  }
+  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec)\n";
+  return 2;
+}
+
+}  // namespace oryx::cli

@@ -1,0 +1,102 @@
+// `oryx generate`: text generation with a mode policy (DESIGN.md §9). Streams the text to stdout as it is
+// produced and ends with one statistics line on stderr; --json prints only the result object.
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/engine.h"
+#include "engine/file_util.h"
+#include "engine/status_macros.h"
+#include "speculative/speculative.h"
+
+namespace oryx::cli {
+
+namespace {
+
+std::string StatsLine(const GenerateResult& r) {
+  const GenerateStats& s = r.stats;
+  const nlohmann::json j = ToJson(r)["stats"];
+  std::string line = absl::StrFormat(
+      "[%s] %d prompt + %d generated tokens (%s) | attention %d, linear %d tokens (%.0f%% attention) | "
+      "prefill %.1f tok/s, decode %.1f tok/s",
+      r.policy, s.prompt_tokens, s.generated_tokens, FinishReasonName(r.finish_reason), s.attention_tokens,
+      s.linear_tokens, 100 * s.attention_fraction(), j["prefill_tokens_per_s"].get<double>(),
+      j["decode_tokens_per_s"].get<double>());
+  if (s.spec) {
+    line += absl::StrFormat(" | speculation: %d rounds, %d/%d drafts accepted (%.0f%%), %.2f per round",
+                            s.spec->rounds, s.spec->accepted, s.spec->drafted,
+                            100 * j["spec"]["acceptance_rate"].get<double>(),
+                            j["spec"]["mean_accepted_per_round"].get<double>());
+  }
+  return line;
+}
+
+}  // namespace
+
+int RunGenerate(const Args& args) {
+  std::string model_dir, prompt, prompt_file, device = "cpu";
+  std::vector<std::string> stop;
+  int64_t max_tokens = 128, top_k = 0, seed = 0, threads = 0;
+  double temperature = 0, top_p = 1;
+  bool json = false, ignore_eos = false;
+  GenerateRequest request;
+  FlagSet f("oryx generate --model DIR --prompt TEXT|--prompt-file F [--max-tokens N] [--policy NAME]\n"
+            "                    [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--json]",
+            "Generates a continuation of the prompt, switching modes as the policy says:\n"
+            "  attention | linear          every token in that mode\n"
+            "  prefill-linear              the prompt in linear mode, generation in attention mode\n"
+            "  periodic:N                  every N-th token in attention mode, the rest linear\n"
+            "  speculative[:K]             linear-mode drafts of K tokens (adaptive K if omitted) verified in\n"
+            "                              attention mode: exactly attention mode's output, faster when drafts agree\n"
+            "  speculative:ngram[:K]       drafts copied from earlier context (prompt lookup), same verification");
+  f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
+  f.String("prompt", &prompt, "the prompt text");
+  f.String("prompt-file", &prompt_file, "read the prompt from this file");
+  f.Int("max-tokens", &max_tokens, "tokens to generate at most", 1, 1 << 30);
+  f.String("policy", &request.policy, "mode policy (see above)");
+  f.Double("temperature", &temperature, "sampling temperature; 0 is greedy");
+  f.Int("top-k", &top_k, "keep the k most likely tokens (0: all)", 0);
+  f.Double("top-p", &top_p, "keep the smallest set of tokens with this much probability mass, in (0, 1]");
+  f.Int("seed", &seed, "sampling seed", 0);
+  f.StringList("stop", &stop, "stop strings: generation ends before the first one produced");
+  f.Bool("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token");
+  f.String("device", &device, "cpu | cuda");
+  f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+  f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
+  return RunWithFlags(f, args, [&]() -> absl::Status {
+    if (prompt.empty() == prompt_file.empty()) {
+      return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-file");
+    }
+    if (!prompt_file.empty()) {
+      ORYX_ASSIGN_OR_RETURN(prompt, ReadFile(prompt_file));
+      if (prompt.empty()) return absl::InvalidArgumentError(prompt_file + ": the prompt file is empty");
+    }
+    request.prompt = prompt;
+    request.max_tokens = max_tokens;
+    request.stop = stop;
+    request.stop_at_eos = !ignore_eos;
+    request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
+    ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
+    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
+    speculative::RegisterPolicies(engine.policies());
+    if (!json) {
+      request.on_token = [](const TokenEvent& e) {
+        std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      };
+    }
+    ORYX_ASSIGN_OR_RETURN(GenerateResult result, engine.Generate(request));
+    if (json) {
+      std::cout << ToJson(result).dump() << "\n";
+    } else {
+      std::cout << "\n";
+      std::cerr << StatsLine(result) << "\n";
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace oryx::cli

@@ -1,0 +1,147 @@
+// The generation API (DESIGN.md §9): load a model and its tokenizer, and generate continuations of
+// several prompts together as one batch, each with its own sampling parameters, stop conditions, mode
+// policy and streaming callback, and a result with the statistics users and benchmarks read.
+//
+// How decoding proceeds is a Decoder, chosen per request by policy name from a PolicyRegistry: the engine
+// prefills every prompt (in the modes the decoder asks for), samples each first token, then calls the
+// decoders' Step until every request is finished. The built-in decoder runs one token per step in the
+// mode its ModePolicy gives; speculative/ registers the speculative decoders (a layer above the engine).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx {
+
+enum class FinishReason { kLength, kStop, kEos };
+std::string_view FinishReasonName(FinishReason reason);  // "length" | "stop" | "eos"
+
+// Speculative decoding counters (DESIGN.md §6): a round drafts up to k tokens and accepts some prefix.
+struct SpecStats {
+  int64_t rounds = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<int64_t> drafted_at, accepted_at;  // per draft position 0..k-1
+  double draft_s = 0, verify_s = 0;              // wall time spent drafting / verifying (and committing)
+  int64_t draft_forwards = 0, verify_forwards = 0;  // batched model forwards of each kind
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t attention_tokens = 0;  // forwarded in attention mode: prompt and generated, verification included
+  int64_t linear_tokens = 0;     // forwarded in linear mode, drafts included
+  double prefill_s = 0, decode_s = 0;
+  std::optional<SpecStats> spec;  // set by speculative decoders
+  double attention_fraction() const;
+};
+
+struct GenerateResult {
+  std::string text;             // the generated text (prompt not included), cut before a matched stop string
+  std::vector<int32_t> tokens;  // the generated tokens (an ending EOS not included)
+  FinishReason finish_reason = FinishReason::kLength;
+  std::string policy;
+  GenerateStats stats;
+};
+// The object `oryx generate --json` prints (DESIGN.md §9).
+nlohmann::json ToJson(const GenerateResult& result);
+
+struct TokenEvent {
+  int64_t request = 0;    // index of the request in the Generate call
+  int32_t token = 0;
+  std::string_view text;  // the bytes this token added to the result's text
+};
+
+struct GenerateRequest {
+  std::string prompt;                  // text; encoded with a leading BOS
+  std::vector<int32_t> prompt_tokens;  // or tokens, used as given when non-empty
+  int64_t max_tokens = 128;            // >= 1; also capped by the model's max_position
+  std::vector<std::string> stop;       // stop strings (non-empty)
+  bool stop_at_eos = true;
+  SamplingParams sampling;
+  std::string policy = "attention";
+  std::function<bool(const TokenEvent&)> on_token;  // streaming; return false to stop the request ("stop")
+};
+
+// One unfinished request as a decoder sees it.
+struct DecodeSlot {
+  int64_t id = 0;        // the request's index: stable for the whole Generate call
+  SequenceState* seq = nullptr;
+  int32_t pending = 0;   // the last emitted token, not yet run through the model
+  int64_t prompt_len = 0;
+  const std::vector<int32_t>* prompt = nullptr;     // the prompt's tokens
+  const std::vector<int32_t>* generated = nullptr;  // the tokens emitted so far (pending is the last)
+  int64_t remaining = 0;  // tokens it may still emit (Step may emit more; the surplus is dropped)
+  Sampler* sampler = nullptr;
+  GenerateStats* stats = nullptr;
+  std::vector<int32_t> emitted;  // Step's output: >= 1 tokens, in order; the last becomes `pending`
+};
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // The mode of prompt token `position` (of prompt_len) during prefill.
+  virtual Mode PrefillMode(int64_t position, int64_t prompt_len) const = 0;
+  // How many KV positions past the emitted tokens a step may write (so the engine can Reserve them).
+  virtual int64_t Lookahead() const { return 0; }
+  // For every slot: run `pending` (and whatever else the strategy needs) and emit the next tokens. Must
+  // never go past the model's max_position; slots have position() + 1 <= max_position on entry.
+  virtual absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) = 0;
+};
+
+// Policy names to decoders. Built in: attention, linear, prefill-linear, periodic:N (engine/mode_policy.h).
+class PolicyRegistry {
+ public:
+  using Factory = std::function<absl::StatusOr<std::unique_ptr<Decoder>>(std::string_view policy)>;
+  PolicyRegistry();
+  // Names equal to `prefix` or starting with `prefix + ":"` go to `factory`; `usage` is shown in errors.
+  void Register(std::string prefix, std::string usage, Factory factory);
+  absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
+
+ private:
+  struct Entry {
+    std::string prefix, usage;
+    Factory factory;
+  };
+  std::vector<Entry> entries_;
+};
+
+class Engine {
+ public:
+  // The checkpoint directory must hold the tokenizer (tokenizer.model) beside the weights.
+  static absl::StatusOr<Engine> Load(const std::string& model_dir, const BackendOptions& options = {});
+  // Without a tokenizer the engine takes token prompts only, produces no text (stop strings never match)
+  // and stops at the fixed EOS id.
+  Engine(std::unique_ptr<Backend> backend, std::optional<Tokenizer> tokenizer);
+  Engine(Engine&&) noexcept;
+  ~Engine();
+
+  Backend& backend() { return *backend_; }
+  const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
+  PolicyRegistry& policies() { return policies_; }
+
+  // Runs the requests together. Every request is checked first: InvalidArgument (naming the request when
+  // there are several) for an empty prompt, a prompt past max_position - 1 tokens, max_tokens < 1, bad
+  // sampling values, an empty stop string or an unknown policy.
+  absl::StatusOr<std::vector<GenerateResult>> Generate(std::span<const GenerateRequest> requests);
+  absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request);
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::optional<Tokenizer> tokenizer_;
+  PolicyRegistry policies_;
+};
+
+}  // namespace oryx

@@ -1,0 +1,78 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "engine/str_cat.h"
+#include "kernels/ops.h"
+
+namespace oryx {
+
+absl::Status ValidateSampling(const SamplingParams& p) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0.f) {
+    return absl::InvalidArgumentError(Cat("temperature must be a finite number >= 0, got ", p.temperature));
+  }
+  if (p.top_k < 0) return absl::InvalidArgumentError(Cat("top_k must be >= 0, got ", p.top_k));
+  if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
+    return absl::InvalidArgumentError(Cat("top_p must be in (0, 1], got ", p.top_p));
+  }
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+
+int32_t Sampler::Next(std::span<const float> logits) {
+  if (params_.greedy()) {
+    int64_t token = 0;
+    kernels::cpu::SampleGreedy({static_cast<int64_t>(logits.size()), 0.f, 0, 1.f, 0.f, logits.data(), &token});
+    return static_cast<int32_t>(token);
+  }
+  Distribution(logits, &probs_);
+  return Draw(probs_);
+}
+
+void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  probs->assign(V, 0.f);
+  order_.resize(V);
+  std::iota(order_.begin(), order_.end(), 0);
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (params_.greedy()) {
+    (*probs)[*std::min_element(order_.begin(), order_.end(), better)] = 1.f;
+    return;
+  }
+  const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, V) : V;
+  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), better);
+  const float top = logits[order_[0]];
+  double total = 0.0;
+  for (int64_t r = 0; r < k; ++r) total += (*probs)[order_[r]] = std::exp((logits[order_[r]] - top) / params_.temperature);
+  int64_t kept = k;
+  double mass = total;
+  if (params_.top_p < 1.f) {
+    mass = 0.0;
+    for (kept = 0; kept < k;) {
+      mass += (*probs)[order_[kept++]];
+      if (mass >= params_.top_p * total) break;
+    }
+    for (int64_t r = kept; r < k; ++r) (*probs)[order_[r]] = 0.f;
+  }
+  for (int64_t r = 0; r < kept; ++r) (*probs)[order_[r]] = static_cast<float>((*probs)[order_[r]] / mass);
+}
+
+int32_t Sampler::Draw(std::span<const float> probs) {
+  double total = 0.0;
+  for (float p : probs) total += p;
+  const double threshold = rng_.UniformDouble() * total;
+  double mass = 0.0;
+  int32_t last_positive = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.f) continue;
+    mass += probs[i];
+    last_positive = static_cast<int32_t>(i);
+    if (threshold < mass) return last_positive;
+  }
+  return last_positive;  // rounding at uniform ~ 1
+}
+
+}  // namespace oryx

@@ -1,0 +1,54 @@
+// Choosing the next token from logits: greedy, or temperature + top-k + top-p, seeded and reproducible.
+//
+// The sampling distribution of a row of logits is: candidates ordered by (logit descending, index
+// ascending), the first top_k kept (top_k = 0: all), softmax of logit / temperature over them, then the
+// shortest prefix whose mass reaches top_p (always at least one token), renormalised. temperature = 0 is
+// greedy: all mass on the first candidate. Speculative decoding needs this distribution explicitly
+// (Distribution); plain decoding draws from it directly (Next), both from one seeded stream.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tasks/rng.h"
+
+namespace oryx {
+
+struct SamplingParams {
+  float temperature = 0.f;  // >= 0; 0 is greedy
+  int64_t top_k = 0;        // >= 0; 0 keeps every token
+  float top_p = 1.f;        // in (0, 1]
+  uint64_t seed = 0;
+  bool greedy() const { return temperature == 0.f; }
+};
+
+// InvalidArgument naming the field for a negative or non-finite temperature, a negative top_k, or top_p
+// outside (0, 1].
+absl::Status ValidateSampling(const SamplingParams& params);
+
+// One sequence's sampler: its parameters and its own random stream. Not thread-safe.
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  const SamplingParams& params() const { return params_; }
+
+  // Draws the next token from logits [V] (greedy: the argmax, no randomness used).
+  int32_t Next(std::span<const float> logits);
+
+  // The sampling distribution of logits [V] into probs [V] (zeros outside the kept candidates).
+  void Distribution(std::span<const float> logits, std::vector<float>* probs);
+  // Draws from probs [V] (non-negative, any positive total) by inverse CDF in index order.
+  int32_t Draw(std::span<const float> probs);
+  // A uniform number in [0, 1) from this sampler's stream.
+  double Uniform() { return rng_.UniformDouble(); }
+
+ private:
+  SamplingParams params_;
+  tasks::Rng rng_;
+  std::vector<int32_t> order_;  // reused between calls
+  std::vector<float> probs_;
+};
+
+}  // namespace oryx

@@ -1,0 +1,311 @@
+#include "speculative/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/numbers.h"
+#include "engine/status_macros.h"
+#include "engine/str_cat.h"
+
+namespace oryx::speculative {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+int32_t Argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());  // first maximum
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Proposers
+
+absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* const> slots,
+                                     std::span<const int64_t> k, std::span<Proposal> out) {
+  std::vector<SequenceState*> draft(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    out[i].tokens.clear();
+    out[i].q.clear();
+    draft[i] = nullptr;
+    if (k[i] == 0) continue;
+    auto it = drafts_.find(slots[i]->id);
+    if (it == drafts_.end()) {
+      it = drafts_.emplace(slots[i]->id, slots[i]->seq->MakeDraft()).first;
+    } else {
+      it->second.CopyRecurrentFrom(*slots[i]->seq);
+    }
+    draft[i] = &it->second;
+  }
+  const int64_t steps = k.empty() ? 0 : *std::max_element(k.begin(), k.end());
+  const Mode linear = Mode::kLinear;
+  std::vector<int32_t> inputs(slots.size());
+  std::vector<std::vector<float>> logits(slots.size());
+  std::vector<ForwardItem> items;
+  std::vector<size_t> who;
+  std::vector<float> q;
+  for (int64_t step = 0; step < steps; ++step) {
+    items.clear();
+    who.clear();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (step >= k[i]) continue;
+      inputs[i] = step == 0 ? slots[i]->pending : out[i].tokens.back();
+      items.push_back({draft[i], std::span(&inputs[i], 1), std::span(&linear, 1), LogitsRows::kLast, &logits[i], false});
+      who.push_back(i);
+    }
+    ORYX_RETURN_IF_ERROR(backend.Forward(items));
+    for (size_t i : who) {
+      Sampler& sampler = *slots[i]->sampler;
+      ++slots[i]->stats->linear_tokens;
+      sampler.Distribution(logits[i], &q);
+      out[i].tokens.push_back(sampler.params().greedy() ? Argmax(logits[i]) : sampler.Draw(q));
+      out[i].q.insert(out[i].q.end(), q.begin(), q.end());
+    }
+  }
+  last_forwards_ = steps;
+  return absl::OkStatus();
+}
+
+absl::Status NgramProposer::Propose(Backend&, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
+                                    std::span<Proposal> out) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    out[i].tokens.clear();
+    out[i].q.clear();
+    if (k[i] == 0) continue;
+    // The context: prompt, then the generated tokens (the last of which is the pending token).
+    const std::vector<int32_t>& p = *slots[i]->prompt;
+    const std::vector<int32_t>& g = *slots[i]->generated;
+    const int64_t n = static_cast<int64_t>(p.size() + g.size());
+    auto at = [&](int64_t j) { return j < static_cast<int64_t>(p.size()) ? p[j] : g[j - p.size()]; };
+    for (int64_t len = std::min<int64_t>(max_ngram_, n - 1); len >= min_ngram_ && out[i].tokens.empty(); --len) {
+      // Latest earlier start s with context[s .. s+len) == the last len tokens, s + len < n.
+      for (int64_t s = n - len - 1; s >= 0; --s) {
+        bool match = true;
+        for (int64_t j = 0; j < len && match; ++j) match = at(s + j) == at(n - len + j);
+        if (!match) continue;
+        for (int64_t j = s + len; j < n && static_cast<int64_t>(out[i].tokens.size()) < k[i]; ++j) {
+          out[i].tokens.push_back(at(j));
+        }
+        break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Accepting
+
+int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Proposal& draft, int64_t V,
+                       int32_t* next) {
+  const int64_t n = static_cast<int64_t>(draft.tokens.size());
+  auto row = [&](int64_t i) { return logits.subspan(i * V, V); };
+  if (sampler.params().greedy()) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t best = Argmax(row(i));
+      if (draft.tokens[i] != best) {
+        *next = best;
+        return i;
+      }
+    }
+    *next = Argmax(row(n));
+    return n;
+  }
+  std::vector<float> p;
+  for (int64_t i = 0; i < n; ++i) {
+    sampler.Distribution(row(i), &p);
+    const int32_t d = draft.tokens[i];
+    const float qd = draft.q.empty() ? 1.f : draft.q[i * V + d];
+    if (sampler.Uniform() < static_cast<double>(p[d]) / qd) continue;  // qd > 0: d was drawn from q
+    // Rejected: the recovered token from norm(max(0, p - q)).
+    for (int64_t v = 0; v < V; ++v) {
+      const float qv = draft.q.empty() ? (v == d ? 1.f : 0.f) : draft.q[i * V + v];
+      p[v] = std::max(0.f, p[v] - qv);
+    }
+    *next = sampler.Draw(p);
+    return i;
+  }
+  sampler.Distribution(row(n), &p);
+  *next = sampler.Draw(p);
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Draft length
+
+DraftLengthController::DraftLengthController(int64_t max_k) : max_k_(max_k) {}
+
+double DraftLengthController::acceptance_at(int64_t slot_id, int64_t position) const {
+  auto it = slots_.find(slot_id);
+  return it == slots_.end() ? 0.0 : it->second.accept[position];
+}
+
+double DraftLengthController::VerifySeconds(double n) const {
+  if (w_ <= 0) return -1;
+  const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
+  if (var < 1e-9) return -1;  // one span length only: no slope yet
+  const double slope = std::max(0.0, (wxy_ / w_ - mx * my) / var);
+  return std::max(1e-9, my + slope * (n - mx));
+}
+
+int64_t DraftLengthController::Choose(int64_t slot_id) {
+  Slot& s = slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
+  if (s.rounds == 0) return max_k_;  // measure a long span and a short one first
+  if (s.rounds == 1 || draft_step_s_ < 0 || VerifySeconds(1) < 0) return 1;
+  // Expected tokens per round for draft length k: the accepted prefix plus the recovered / bonus token.
+  double best_rate = 1.0 / VerifySeconds(1), reach = 1.0, expected = 1.0;
+  int64_t best_k = 0;
+  for (int64_t k = 1; k <= max_k_; ++k) {
+    reach *= s.accept[k - 1];
+    expected += reach;
+    const double rate = expected / (k * draft_step_s_ + VerifySeconds(k + 1));
+    if (rate > best_rate) best_rate = rate, best_k = k;
+  }
+  if (best_k == 0 && ++s.since_probe >= 16) {  // keep the acceptance estimates alive
+    s.since_probe = 0;
+    return std::min<int64_t>(2, max_k_);
+  }
+  return best_k;
+}
+
+void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted) {
+  Slot& s = slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
+  ++s.rounds;
+  constexpr double kDecay = 0.9;
+  // Position i was reached when the i drafts before it were accepted.
+  for (int64_t i = 0; i < std::min(drafted, accepted + 1) && i < max_k_; ++i) {
+    s.accept[i] = kDecay * s.accept[i] + (1 - kDecay) * (i < accepted ? 1.0 : 0.0);
+  }
+}
+
+void DraftLengthController::RecordCosts(int64_t draft_steps, double draft_s, int64_t verify_k, double verify_s) {
+  if (draft_steps > 0) {
+    const double step = draft_s / draft_steps;
+    draft_step_s_ = draft_step_s_ < 0 ? step : 0.8 * draft_step_s_ + 0.2 * step;
+  }
+  constexpr double kDecay = 0.95;
+  const double x = static_cast<double>(verify_k + 1), y = verify_s;
+  w_ = kDecay * w_ + 1;
+  wx_ = kDecay * wx_ + x;
+  wy_ = kDecay * wy_ + y;
+  wxx_ = kDecay * wxx_ + x * x;
+  wxy_ = kDecay * wxy_ + x * y;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The round
+
+SpeculativeDecoder::SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options)
+    : proposer_(std::move(proposer)),
+      options_(std::move(options)),
+      controller_(options_.k > 0 ? options_.k : options_.max_k) {}
+
+absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+  const ModelConfig& c = backend.config();
+  const int64_t V = c.vocab_size;
+  const size_t n = slots.size();
+  k_.resize(n);
+  proposals_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const DecodeSlot& s = *slots[i];
+    const int64_t want = options_.k > 0 ? options_.k : controller_.Choose(s.id);
+    // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
+    k_[i] = std::max<int64_t>(0, std::min({want, s.remaining - 1, c.max_position - s.seq->position() - 1}));
+  }
+
+  // 1. Propose.
+  auto t0 = Clock::now();
+  ORYX_RETURN_IF_ERROR(proposer_->Propose(backend, slots, k_, proposals_));
+  const double draft_s = Seconds(t0);
+  int64_t draft_steps = 0;
+  for (size_t i = 0; i < n; ++i) draft_steps = std::max<int64_t>(draft_steps, proposals_[i].tokens.size());
+
+  // 2. Verify: attention mode over [x, d_1..d_k] for every slot at once, keeping the states for rollback.
+  t0 = Clock::now();
+  spans_.resize(n);
+  modes_.resize(n);
+  logits_.resize(n);
+  items_.resize(n);
+  int64_t verify_k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    DecodeSlot& s = *slots[i];
+    spans_[i].assign(1, s.pending);
+    spans_[i].insert(spans_[i].end(), proposals_[i].tokens.begin(), proposals_[i].tokens.end());
+    modes_[i].assign(spans_[i].size(), Mode::kAttention);
+    // The states inside the span are kept only when there is something to roll back.
+    items_[i] = {s.seq, spans_[i], modes_[i], LogitsRows::kAll, &logits_[i], !proposals_[i].tokens.empty()};
+    verify_k = std::max<int64_t>(verify_k, proposals_[i].tokens.size());
+  }
+  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+
+  // 3. Accept and 4. commit, each sequence its own count.
+  for (size_t i = 0; i < n; ++i) {
+    DecodeSlot& s = *slots[i];
+    const Proposal& d = proposals_[i];
+    const int64_t drafted = static_cast<int64_t>(d.tokens.size());
+    const int64_t start = s.seq->position() - (drafted + 1);
+    int32_t next = 0;
+    const int64_t accepted = options_.accept(*s.sampler, logits_[i], d, V, &next);
+    ORYX_RETURN_IF_ERROR(s.seq->Truncate(start + 1 + accepted));
+    s.emitted.assign(d.tokens.begin(), d.tokens.begin() + accepted);
+    s.emitted.push_back(next);
+
+    s.stats->attention_tokens += drafted + 1;
+    if (!s.stats->spec) s.stats->spec.emplace();
+    SpecStats& st = *s.stats->spec;
+    const int64_t positions = options_.k > 0 ? options_.k : options_.max_k;
+    st.drafted_at.resize(positions);
+    st.accepted_at.resize(positions);
+    ++st.rounds;
+    st.drafted += drafted;
+    st.accepted += accepted;
+    for (int64_t j = 0; j < drafted; ++j) {
+      ++st.drafted_at[j];
+      if (j < accepted) ++st.accepted_at[j];
+    }
+    controller_.RecordRound(s.id, drafted, accepted);
+  }
+  const double verify_s = Seconds(t0);
+  controller_.RecordCosts(draft_steps, draft_s, verify_k, verify_s);
+  for (DecodeSlot* s : slots) {
+    s->stats->spec->draft_s += draft_s;
+    s->stats->spec->verify_s += verify_s;
+    s->stats->spec->draft_forwards += proposer_->last_forwards();
+    ++s->stats->spec->verify_forwards;
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Policies
+
+absl::StatusOr<std::unique_ptr<Decoder>> MakeSpeculativeDecoder(std::string_view policy) {
+  std::string_view rest = policy;
+  if (!rest.starts_with("speculative")) return absl::InvalidArgumentError(Cat("not a speculative policy: ", policy));
+  rest.remove_prefix(std::string_view("speculative").size());
+  std::unique_ptr<Proposer> proposer;
+  if (rest.starts_with(":ngram")) {
+    proposer = std::make_unique<NgramProposer>();
+    rest.remove_prefix(std::string_view(":ngram").size());
+  } else {
+    proposer = std::make_unique<LinearProposer>();
+  }
+  SpeculativeOptions options;
+  if (!rest.empty()) {
+    int64_t k = 0;
+    if (rest[0] != ':' || !absl::SimpleAtoi(absl::string_view(rest.data() + 1, rest.size() - 1), &k) || k < 1 ||
+        k > 64) {
+      return absl::InvalidArgumentError(
+          Cat("policy '", policy, "': expected speculative[:K] or speculative:ngram[:K] with 1 <= K <= 64"));
+    }
+    options.k = k;
+  }
+  return std::unique_ptr<Decoder>(new SpeculativeDecoder(std::move(proposer), std::move(options)));
+}
+
+void RegisterPolicies(PolicyRegistry& registry) {
+  registry.Register("speculative", "speculative[:K], speculative:ngram[:K]", MakeSpeculativeDecoder);
+}
+
+}  // namespace oryx::speculative

@@ -1,0 +1,211 @@
+// The CPU backend's own guarantees, on random tiny checkpoints (no LibTorch): a batch of ragged spans gives
+// each sequence the logits it gets alone; Truncate and Clone bring back exactly an earlier state; a draft
+// sequence runs linear mode like the full one; and the decode loop allocates nothing.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <random>
+
+#include "engine/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "tests/engine/testing_checkpoint.h"
+
+// Counts heap allocations while `g_count_allocations` is set (for the no-allocation-per-token test).
+static std::atomic<bool> g_count_allocations{false};
+static std::atomic<int64_t> g_allocations{0};
+void* operator new(size_t n) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace oryx {
+namespace {
+
+constexpr int32_t kVocab = 32;  // TinyConfig's
+
+struct Tokens {
+  std::vector<int32_t> tokens;
+  std::vector<Mode> modes;
+};
+
+Tokens RandomTokens(std::mt19937& rng, int64_t n) {
+  Tokens r;
+  for (int64_t i = 0; i < n; ++i) {
+    r.tokens.push_back(static_cast<int32_t>(rng() % kVocab));
+    r.modes.push_back(rng() % 2 ? Mode::kAttention : Mode::kLinear);
+  }
+  return r;
+}
+
+class BackendTest : public ::testing::TestWithParam<LinearMixer> {
+ protected:
+  void SetUp() override {
+    const ModelConfig config = testutil::TinyConfig(GetParam());
+    testutil::WriteTinyCheckpoint(scratch_.Join("m"), config, testutil::RandomTensors(config, DType::kF32, 7));
+    auto b = CpuBackend::Load(scratch_.Join("m"), /*threads=*/2);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+  // Logits of every token of `run` forwarded in one span on `seq`.
+  std::vector<float> Logits(SequenceState& seq, const Tokens& run, bool keep_states = false) {
+    std::vector<float> out;
+    ForwardItem item{&seq, run.tokens, run.modes, LogitsRows::kAll, &out, keep_states};
+    EXPECT_TRUE(backend_->Forward(std::span(&item, 1)).ok());
+    return out;
+  }
+  testutil::ScratchDir scratch_;
+  std::unique_ptr<CpuBackend> backend_;
+};
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, float tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float worst = 0.f;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LE(worst, tol) << what;
+}
+
+TEST_P(BackendTest, BatchOfRaggedSpansGivesEachSequenceItsOwnLogits) {
+  std::mt19937 rng(3);
+  const std::vector<int64_t> prefix = {0, 5, 17, 2}, span = {9, 1, 4, 13};
+  std::vector<SequenceState> alone, batched;
+  std::vector<Tokens> spans;
+  for (size_t b = 0; b < prefix.size(); ++b) {
+    alone.push_back(backend_->NewSequence());
+    batched.push_back(backend_->NewSequence());
+    if (prefix[b] > 0) {
+      Tokens p = RandomTokens(rng, prefix[b]);
+      Logits(alone[b], p);
+      Logits(batched[b], p);
+    }
+    spans.push_back(RandomTokens(rng, span[b]));
+  }
+  std::vector<std::vector<float>> out(prefix.size());
+  std::vector<ForwardItem> items;
+  for (size_t b = 0; b < prefix.size(); ++b) {
+    items.push_back({&batched[b], spans[b].tokens, spans[b].modes, b == 1 ? LogitsRows::kLast : LogitsRows::kAll,
+                     &out[b], false});
+  }
+  ASSERT_TRUE(backend_->Forward(items).ok());
+  for (size_t b = 0; b < prefix.size(); ++b) {
+    std::vector<float> want = Logits(alone[b], spans[b]);
+    if (b == 1) want.erase(want.begin(), want.end() - kVocab);
+    ExpectNear(out[b], want, 1e-5f, "sequence " + std::to_string(b));
+    EXPECT_EQ(batched[b].position(), prefix[b] + span[b]);
+  }
+}
+
+TEST_P(BackendTest, TruncateInsideAKeptSpanEqualsNeverHavingRunThePastTokens) {
+  std::mt19937 rng(11);
+  const Tokens prompt = RandomTokens(rng, 6), span = RandomTokens(rng, 5), next = RandomTokens(rng, 3);
+  for (int64_t keep = 0; keep <= 5; ++keep) {
+    SequenceState seq = backend_->NewSequence();
+    Logits(seq, prompt);
+    Logits(seq, span, /*keep_states=*/true);
+    ASSERT_TRUE(seq.Truncate(6 + keep).ok());
+    EXPECT_EQ(seq.position(), 6 + keep);
+    SequenceState fresh = backend_->NewSequence();
+    Logits(fresh, prompt);
+    if (keep > 0) {
+      Tokens head{{span.tokens.begin(), span.tokens.begin() + keep}, {span.modes.begin(), span.modes.begin() + keep}};
+      Logits(fresh, head);
+    }
+    // Same state => same logits for any continuation, in both modes.
+    ExpectNear(Logits(seq, next), Logits(fresh, next), 1e-5f, "kept " + std::to_string(keep));
+  }
+}
+
+TEST_P(BackendTest, TruncateOutsideTheKeptSpanIsAnError) {
+  std::mt19937 rng(2);
+  SequenceState seq = backend_->NewSequence();
+  Logits(seq, RandomTokens(rng, 4));
+  EXPECT_EQ(seq.Truncate(2).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(seq.Truncate(5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(seq.Truncate(4).ok());
+  Logits(seq, RandomTokens(rng, 3), true);
+  EXPECT_EQ(seq.Truncate(3).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(seq.position(), 7);
+}
+
+TEST_P(BackendTest, CloneIsASnapshotThatRestoresExactly) {
+  std::mt19937 rng(5);
+  SequenceState seq = backend_->NewSequence();
+  Logits(seq, RandomTokens(rng, 7));
+  SequenceState snap = seq.Clone();
+  const Tokens more = RandomTokens(rng, 4), probe = RandomTokens(rng, 2);
+  const std::vector<float> first = Logits(seq, more);
+  seq = std::move(snap);
+  EXPECT_EQ(seq.position(), 7);
+  EXPECT_EQ(Logits(seq, more), first);  // the same computation on the same state: bit-identical
+}
+
+TEST_P(BackendTest, DraftSequenceRunsLinearModeLikeTheFullSequenceAndRefusesAttention) {
+  std::mt19937 rng(8);
+  SequenceState seq = backend_->NewSequence();
+  Logits(seq, RandomTokens(rng, 9));
+  SequenceState draft = seq.MakeDraft();
+  EXPECT_FALSE(draft.has_kv());
+  EXPECT_EQ(draft.kv_bytes(), 0);
+  Tokens lin = RandomTokens(rng, 3);
+  lin.modes.assign(3, Mode::kLinear);
+  ExpectNear(Logits(draft, lin), Logits(seq, lin), 1e-6f, "draft vs full");
+  Tokens attn = lin;
+  attn.modes[1] = Mode::kAttention;
+  std::vector<float> out;
+  ForwardItem item{&draft, attn.tokens, attn.modes, LogitsRows::kLast, &out, false};
+  EXPECT_EQ(backend_->Forward(std::span(&item, 1)).code(), absl::StatusCode::kInvalidArgument);
+  // Refreshing the draft from the full sequence brings its state back in line.
+  draft.CopyRecurrentFrom(seq);
+  EXPECT_EQ(draft.position(), seq.position());
+  ExpectNear(Logits(draft, lin), Logits(seq, lin), 1e-6f, "after CopyRecurrentFrom");
+}
+
+TEST_P(BackendTest, ReservedDecodeLoopAllocatesNothingAndKvHoldsExactlyItsBytes) {
+  const ModelConfig& c = backend_->config();
+  SequenceState seq = backend_->NewSequence();
+  const int64_t total = 40;
+  seq.Reserve(total);
+  EXPECT_EQ(seq.kv_bytes(), total * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
+  std::vector<float> logits;
+  std::vector<int32_t> prompt(8, 3);
+  std::vector<Mode> modes(8, Mode::kAttention);
+  ASSERT_TRUE(backend_->Forward(seq, prompt, modes, false, &logits).ok());
+  int32_t token = 1;
+  Mode mode = Mode::kAttention;
+  ASSERT_TRUE(backend_->Forward(seq, std::span(&token, 1), std::span(&mode, 1), false, &logits).ok());  // warm-up
+  g_allocations = 0;
+  g_count_allocations = true;
+  bool ok = true;
+  for (int i = 0; i < 20 && ok; ++i) {
+    mode = i % 3 ? Mode::kAttention : Mode::kLinear;
+    ok = backend_->Forward(seq, std::span(&token, 1), std::span(&mode, 1), false, &logits).ok();
+  }
+  g_count_allocations = false;
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(seq.kv_bytes(), total * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
+}
+
+TEST_P(BackendTest, BadBatchesAreErrorsThatTouchNoSequence) {
+  SequenceState a = backend_->NewSequence(), b = backend_->NewSequence();
+  std::vector<int32_t> ok = {1, 2}, bad = {1, kVocab};
+  std::vector<Mode> modes(2, Mode::kAttention);
+  std::vector<float> la, lb;
+  std::vector<ForwardItem> items = {{&a, ok, modes, LogitsRows::kLast, &la, false},
+                                    {&b, bad, modes, LogitsRows::kLast, &lb, false}};
+  EXPECT_EQ(backend_->Forward(items).code(), absl::StatusCode::kInvalidArgument);
+  items[1] = {&a, ok, modes, LogitsRows::kLast, &lb, false};
+  EXPECT_EQ(backend_->Forward(items).code(), absl::StatusCode::kInvalidArgument);  // a twice
+  items[1] = {&b, ok, modes, LogitsRows::kLast, nullptr, false};
+  EXPECT_EQ(backend_->Forward(items).code(), absl::StatusCode::kInvalidArgument);  // nowhere for logits
+  EXPECT_EQ(a.position(), 0);
+  EXPECT_EQ(b.position(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixers, BackendTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
+                         [](const auto& info) { return std::string(LinearMixerName(info.param)); });
+
+}  // namespace
+}  // namespace oryx

@@ -1,0 +1,235 @@
+// The generation API on a random tiny checkpoint with a real tokenizer: policies, the sampler, stop
+// conditions, streaming, batching, statistics and the errors of bad requests.
+#include "engine/engine.h"
+
+#include <cmath>
+#include <map>
+
+#include "engine/cpu_backend.h"
+#include "engine/checkpoint.h"
+#include "engine/mode_policy.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/engine/testing_checkpoint.h"
+
+namespace oryx {
+namespace {
+
+std::string Fixture() {
+  const char* dir = std::getenv("ORYX_SOURCE_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/tests/data/tokenizer_corpus.txt";
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    scratch_ = new testutil::ScratchDir();
+    TokenizerTrainOptions t;
+    t.input_files = {Fixture()};
+    t.vocab_size = 512;
+    t.out_path = scratch_->Join("tok.model");
+    ASSERT_TRUE(TrainTokenizer(t).ok());
+    ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
+    c.vocab_size = 512;
+    c.max_position = 64;
+    std::vector<HostTensor> tensors = testutil::RandomTensors(c, DType::kF32, 3);
+    ASSERT_TRUE(WriteCheckpoint(scratch_->Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path).ok());
+  }
+  static void TearDownTestSuite() { delete scratch_; }
+  void SetUp() override {
+    auto e = Engine::Load(scratch_->Join("model"), {"cpu", 2});
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_.emplace(std::move(*e));
+  }
+  static GenerateRequest Request(std::string prompt, int64_t max_tokens = 10) {
+    GenerateRequest q;
+    q.prompt = std::move(prompt);
+    q.max_tokens = max_tokens;
+    q.stop_at_eos = false;
+    return q;
+  }
+  static testutil::ScratchDir* scratch_;
+  std::optional<Engine> engine_;
+};
+testutil::ScratchDir* EngineTest::scratch_ = nullptr;
+
+TEST_F(EngineTest, PoliciesSetTheModeOfEveryToken) {
+  GenerateRequest q = Request("the quick brown fox", 6);
+  const int64_t n = 1 + static_cast<int64_t>(engine_->tokenizer()->Encode(q.prompt).size());
+  // Tokens forwarded: the prompt and every generated token but the last (it is never run).
+  const int64_t forwarded = n + 5;
+  struct Want {
+    std::string policy;
+    int64_t attention;
+  };
+  for (const Want& w : {Want{"attention", forwarded}, Want{"linear", 0}, Want{"prefill-linear", 1 + 5},
+                        Want{"periodic:3", forwarded / 3}}) {
+    q.policy = w.policy;
+    auto r = engine_->Generate(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->stats.attention_tokens, w.attention) << w.policy;
+    EXPECT_EQ(r->stats.attention_tokens + r->stats.linear_tokens, forwarded) << w.policy;
+    EXPECT_EQ(r->stats.generated_tokens, 6);
+    EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+  }
+}
+
+TEST_F(EngineTest, SamplingIsReproducibleBySeedAndGreedyIgnoresIt) {
+  GenerateRequest q = Request("hello world", 12);
+  q.sampling = {1.0f, 0, 1.0f, 7};
+  auto a = engine_->Generate(q), b = engine_->Generate(q);
+  q.sampling.seed = 8;
+  auto c = engine_->Generate(q);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_NE(a->tokens, c->tokens);  // 12 tokens from a 512-way distribution: equal only by a fluke
+  q.sampling = {0.f, 0, 1.f, 1};
+  auto g1 = engine_->Generate(q);
+  q.sampling.seed = 2;
+  auto g2 = engine_->Generate(q);
+  EXPECT_EQ(g1->tokens, g2->tokens);
+}
+
+TEST(Sampler, DistributionAppliesTopKAndTopPAndDrawFollowsIt) {
+  const std::vector<float> logits = {2.f, 1.f, 0.f, 3.f, -1.f};
+  Sampler s(SamplingParams{1.f, 3, 1.f, 1});
+  std::vector<float> p;
+  s.Distribution(logits, &p);
+  const double z = std::exp(3.) + std::exp(2.) + std::exp(1.);
+  EXPECT_NEAR(p[3], std::exp(3.) / z, 1e-6);
+  EXPECT_NEAR(p[0], std::exp(2.) / z, 1e-6);
+  EXPECT_EQ(p[2], 0.f);
+  EXPECT_EQ(p[4], 0.f);
+  Sampler nucleus(SamplingParams{1.f, 0, 0.5f, 1});
+  nucleus.Distribution(logits, &p);  // token 3 alone has 0.64 of the mass
+  EXPECT_EQ(p[3], 1.f);
+  // Draw: frequencies follow the distribution.
+  Sampler d(SamplingParams{1.f, 0, 1.f, 42});
+  const std::vector<float> probs = {0.1f, 0.f, 0.6f, 0.3f};
+  std::map<int32_t, int> counts;
+  for (int i = 0; i < 20000; ++i) ++counts[d.Draw(probs)];
+  EXPECT_EQ(counts[1], 0);
+  EXPECT_NEAR(counts[2] / 20000.0, 0.6, 0.02);
+  EXPECT_NEAR(counts[0] / 20000.0, 0.1, 0.02);
+}
+
+TEST(Sampler, BadValuesAreErrors) {
+  EXPECT_FALSE(ValidateSampling({-1.f, 0, 1.f, 0}).ok());
+  EXPECT_FALSE(ValidateSampling({NAN, 0, 1.f, 0}).ok());
+  EXPECT_FALSE(ValidateSampling({1.f, -2, 1.f, 0}).ok());
+  EXPECT_FALSE(ValidateSampling({1.f, 0, 0.f, 0}).ok());
+  EXPECT_FALSE(ValidateSampling({1.f, 0, 1.5f, 0}).ok());
+  EXPECT_TRUE(ValidateSampling({0.7f, 40, 0.9f, 0}).ok());
+}
+
+TEST_F(EngineTest, StopStringsCutTheTextAndStreamingSeesExactlyTheText) {
+  GenerateRequest q = Request("abc", 40);
+  auto free_run = engine_->Generate(q);
+  ASSERT_TRUE(free_run.ok());
+  ASSERT_GE(free_run->text.size(), 4u);
+  // Stop at a piece of text the free run produces: the result is the text before its first occurrence.
+  const std::string stop = free_run->text.substr(free_run->text.size() / 2, 2);
+  q.stop = {stop};
+  std::string streamed;
+  q.on_token = [&](const TokenEvent& e) {
+    streamed += e.text;
+    return true;
+  };
+  auto r = engine_->Generate(q);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r->text, free_run->text.substr(0, free_run->text.find(stop)));
+  EXPECT_EQ(streamed, r->text);
+  // The callback can stop a request.
+  int calls = 0;
+  q.stop.clear();
+  q.on_token = [&](const TokenEvent&) { return ++calls < 3; };
+  r = engine_->Generate(q);
+  EXPECT_EQ(r->finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r->tokens.size(), 3u);
+}
+
+TEST_F(EngineTest, ABatchOfRequestsGivesWhatEachGetsAlone) {
+  std::vector<GenerateRequest> qs = {Request("one", 5), Request("two three four", 9), Request("five six", 3)};
+  qs[1].policy = "prefill-linear";
+  qs[2].sampling = {0.9f, 20, 0.95f, 5};
+  auto together = engine_->Generate(qs);
+  ASSERT_TRUE(together.ok()) << together.status();
+  for (size_t i = 0; i < qs.size(); ++i) {
+    auto alone = engine_->Generate(qs[i]);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ((*together)[i].tokens, alone->tokens) << "request " << i;
+    EXPECT_EQ((*together)[i].policy, qs[i].policy);
+  }
+}
+
+TEST_F(EngineTest, GenerationStopsAtMaxPosition) {
+  auto r = engine_->Generate(Request("a b c", 1000));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r->stats.prompt_tokens + r->stats.generated_tokens, 64);  // max_position
+}
+
+TEST_F(EngineTest, BadRequestsAreClearErrors) {
+  auto expect_error = [&](GenerateRequest q, const std::string& needle) {
+    auto r = engine_->Generate(q);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_HAS_SUBSTR(r.status().message(), needle);
+  };
+  expect_error(Request(""), "empty prompt");
+  expect_error(Request(std::string(300, 'x')), "this model takes at most 63");
+  GenerateRequest q = Request("hi");
+  q.max_tokens = 0;
+  expect_error(q, "max_tokens");
+  q = Request("hi");
+  q.policy = "sometimes";
+  expect_error(q, "unknown policy 'sometimes'");
+  q.policy = "periodic:0";
+  expect_error(q, "periodic:N");
+  q = Request("hi");
+  q.sampling.top_p = 0;
+  expect_error(q, "top_p");
+  q = Request("hi");
+  q.stop = {""};
+  expect_error(q, "empty stop string");
+  q = Request("hi");
+  q.prompt_tokens = {1, 99999};
+  expect_error(q, "outside the vocabulary");
+  std::vector<GenerateRequest> two = {Request("fine"), Request("")};
+  auto r = engine_->Generate(two);
+  ASSERT_FALSE(r.ok());
+  EXPECT_HAS_SUBSTR(r.status().message(), "request 1: empty prompt");
+  EXPECT_FALSE(Engine::Load(scratch_->Join("nope")).ok());
+}
+
+TEST(ModePolicy, ModesByPosition) {
+  auto p = ModePolicy::Parse("prefill-linear");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->ModeAt(0, 5), Mode::kLinear);
+  EXPECT_EQ(p->ModeAt(3, 5), Mode::kLinear);
+  EXPECT_EQ(p->ModeAt(4, 5), Mode::kAttention);
+  EXPECT_EQ(p->ModeAt(9, 5), Mode::kAttention);
+  auto q = ModePolicy::Parse("periodic:4");
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->ModeAt(3, 100), Mode::kAttention);
+  EXPECT_EQ(q->ModeAt(4, 100), Mode::kLinear);
+  EXPECT_FALSE(ModePolicy::Parse("periodic:").ok());
+  EXPECT_FALSE(ModePolicy::Parse("periodic:-2").ok());
+}
+
+TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
+  kernels::cpu::ThreadPool pool(4);
+  for (int64_t n : {1, 7, 64, 1000}) {
+    for (int rep = 0; rep < 50; ++rep) {
+      std::vector<int> hits(n, 0);
+      pool.ParallelFor(n, 3, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++hits[i];
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << n << " " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace oryx

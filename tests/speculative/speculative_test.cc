@@ -1,0 +1,332 @@
+// Speculative decoding on random tiny checkpoints of both mixers: greedy output identical to attention-mode
+// decoding, sampled output identically distributed (and wrong accept rules caught by the same test), and
+// the state after every possible acceptance count equal to attention-mode decoding's.
+#include "speculative/speculative.h"
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "engine/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "tests/engine/testing_checkpoint.h"
+
+namespace oryx::speculative {
+namespace {
+
+Engine TinyEngine(const testutil::ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
+  const ModelConfig config = testutil::TinyConfig(mixer);
+  const std::string dir = scratch.Join("m" + std::to_string(seed));
+  testutil::WriteTinyCheckpoint(dir, config, testutil::RandomTensors(config, DType::kF32, seed));
+  auto backend = CpuBackend::Load(dir, /*threads=*/1);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  Engine engine(std::move(*backend), std::nullopt);
+  RegisterPolicies(engine.policies());
+  return engine;
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int64_t n, int32_t vocab) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(4 + rng() % (vocab - 4)));  // no BOS/EOS ids
+  return p;
+}
+
+// Attention-mode logits of every position of `tokens` (one forward from a fresh sequence).
+std::vector<float> AttentionLogits(Backend& backend, const std::vector<int32_t>& tokens) {
+  SequenceState seq = backend.NewSequence();
+  std::vector<Mode> modes(tokens.size(), Mode::kAttention);
+  std::vector<float> logits;
+  EXPECT_TRUE(backend.Forward(seq, tokens, modes, true, &logits).ok());
+  return logits;
+}
+
+double TopTwoMargin(std::span<const float> row) {
+  std::vector<float> r(row.begin(), row.end());
+  std::partial_sort(r.begin(), r.begin() + 2, r.end(), std::greater<>());
+  return r[0] - r[1];
+}
+
+class SpeculativeTest : public ::testing::TestWithParam<LinearMixer> {};
+
+TEST_P(SpeculativeTest, GreedyOutputEqualsAttentionModeTokenForToken) {
+  testutil::ScratchDir scratch;
+  for (uint32_t model_seed : {1u, 2u}) {
+    Engine engine = TinyEngine(scratch, GetParam(), model_seed);
+    const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+    std::mt19937 rng(model_seed);
+    std::vector<GenerateRequest> base;
+    for (int p = 0; p < 6; ++p) {
+      GenerateRequest q;
+      q.prompt_tokens = RandomPrompt(rng, 1 + rng() % 12, V);
+      q.max_tokens = 24;
+      q.stop_at_eos = false;
+      base.push_back(q);
+    }
+    for (auto& q : base) q.policy = "attention";
+    auto reference = engine.Generate(base);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    for (const std::string policy : {"speculative:1", "speculative:2", "speculative:4", "speculative:8", "speculative",
+                                     "speculative:ngram:3"}) {
+      for (size_t batch : {size_t{1}, base.size()}) {
+        for (size_t first = 0; first < base.size(); first += batch) {
+          std::vector<GenerateRequest> qs(base.begin() + first, base.begin() + first + batch);
+          for (auto& q : qs) q.policy = policy;
+          auto got = engine.Generate(qs);
+          ASSERT_TRUE(got.ok()) << got.status();
+          for (size_t i = 0; i < batch; ++i) {
+            const std::vector<int32_t>& want = (*reference)[first + i].tokens;
+            const std::vector<int32_t>& have = (*got)[i].tokens;
+            ASSERT_EQ(have.size(), want.size()) << policy;
+            const auto diverge = std::mismatch(want.begin(), want.end(), have.begin()).first - want.begin();
+            if (diverge == static_cast<int64_t>(want.size())) continue;
+            // Allowed only at a near-tie of the reference's top two logits.
+            std::vector<int32_t> ctx = qs[i].prompt_tokens;
+            ctx.insert(ctx.end(), want.begin(), want.begin() + diverge);
+            const std::vector<float> logits = AttentionLogits(engine.backend(), ctx);
+            EXPECT_LT(TopTwoMargin(std::span(logits).last(V)), 1e-4)
+                << policy << " batch " << batch << " prompt " << first + i << " diverges at " << diverge;
+          }
+          if (policy.starts_with("speculative:") && policy != "speculative:ngram:3") {
+            for (const GenerateResult& r : *got) {
+              ASSERT_TRUE(r.stats.spec.has_value());
+              EXPECT_GT(r.stats.spec->rounds, 0);
+              EXPECT_LE(r.stats.spec->accepted, r.stats.spec->drafted);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Proposes the first `good` tokens of a known continuation, then deliberately wrong tokens.
+class ScriptedProposer final : public Proposer {
+ public:
+  ScriptedProposer(std::vector<int32_t> continuation, int64_t good, int32_t vocab)
+      : continuation_(std::move(continuation)), good_(good), vocab_(vocab) {}
+  std::string_view name() const override { return "scripted"; }
+  absl::Status Propose(Backend&, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
+                       std::span<Proposal> out) override {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      out[i] = {};
+      for (int64_t j = 0; j < k[i]; ++j) {
+        out[i].tokens.push_back(j < good_ ? continuation_[j] : (continuation_[j] + 1) % vocab_);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<int32_t> continuation_;
+  int64_t good_;
+  int32_t vocab_;
+};
+
+TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanceCount) {
+  testutil::ScratchDir scratch;
+  Engine engine = TinyEngine(scratch, GetParam(), 9);
+  Backend& backend = engine.backend();
+  const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
+  std::mt19937 rng(4);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 7, V);
+  // The greedy attention-mode continuation after the prompt: pending x, then its k successors.
+  const int64_t k = 5;
+  GenerateRequest q;
+  q.prompt_tokens = prompt;
+  q.max_tokens = k + 2;
+  q.stop_at_eos = false;
+  auto ref = engine.Generate(q);
+  ASSERT_TRUE(ref.ok());
+  const std::vector<int32_t>& cont = ref->tokens;  // cont[0] = x
+  const std::vector<int32_t> probe = {5, 6, 7};
+  const std::vector<Mode> probe_modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
+  for (int64_t good = 0; good <= k; ++good) {
+    SequenceState seq = backend.NewSequence();
+    std::vector<Mode> modes(prompt.size(), Mode::kAttention);
+    std::vector<float> logits;
+    ASSERT_TRUE(backend.Forward(seq, prompt, modes, false, &logits).ok());
+    Sampler sampler(SamplingParams{});
+    GenerateStats stats;
+    std::vector<int32_t> generated = {cont[0]};
+    DecodeSlot slot{0, &seq, cont[0], static_cast<int64_t>(prompt.size()), &prompt, &generated, 100, &sampler, &stats, {}};
+    SpeculativeOptions options;
+    options.k = k;
+    SpeculativeDecoder decoder(
+        std::make_unique<ScriptedProposer>(std::vector<int32_t>(cont.begin() + 1, cont.end()), good, V), options);
+    DecodeSlot* slots[] = {&slot};
+    ASSERT_TRUE(decoder.Step(backend, slots).ok());
+    ASSERT_EQ(static_cast<int64_t>(slot.emitted.size()), good + 1) << "accepted " << good;
+    EXPECT_EQ(slot.emitted.back(), cont[good + 1]);  // recovered (or bonus) token = attention's next
+    EXPECT_EQ(seq.position(), static_cast<int64_t>(prompt.size()) + 1 + good);
+    // Attention-mode decoding of the committed tokens: prompt, x, the accepted drafts.
+    SequenceState want = backend.NewSequence();
+    std::vector<int32_t> committed = prompt;
+    committed.insert(committed.end(), cont.begin(), cont.begin() + 1 + good);
+    std::vector<Mode> want_modes(committed.size(), Mode::kAttention);
+    ASSERT_TRUE(backend.Forward(want, committed, want_modes, false, &logits).ok());
+    std::vector<float> a, b;
+    ASSERT_TRUE(backend.Forward(seq, probe, probe_modes, true, &a).ok());
+    ASSERT_TRUE(backend.Forward(want, probe, probe_modes, true, &b).ok());
+    ASSERT_EQ(a.size(), b.size());
+    float worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    EXPECT_LE(worst, 1e-5f) << "accepted " << good;
+    EXPECT_EQ(stats.spec->accepted, good);
+    EXPECT_EQ(stats.spec->drafted, k);
+  }
+}
+
+// ---- lossless sampling ----------------------------------------------------------------------------------
+
+// The chi-square upper 0.1% point for df degrees of freedom (Wilson-Hilferty).
+double ChiSquareCritical(int df) {
+  const double z = 3.0902, a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+// Chi-square statistic of counts against exact probabilities, cells with expected count < 5 pooled.
+std::pair<double, int> ChiSquare(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t n) {
+  double stat = 0, pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  for (size_t v = 0; v < probs.size(); ++v) {
+    const double e = probs[v] * n;
+    if (e < 5) {
+      pooled_e += e, pooled_o += counts[v];
+      continue;
+    }
+    stat += (counts[v] - e) * (counts[v] - e) / e;
+    ++cells;
+  }
+  if (pooled_e > 0) stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9), ++cells;
+  return {stat, cells - 1};
+}
+
+// The exact attention-mode distribution of the 2nd and 3rd sampled tokens after `prompt` (temperature 1).
+std::array<std::vector<double>, 2> ExactMarginals(Backend& backend, const std::vector<int32_t>& prompt) {
+  const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
+  Sampler s(SamplingParams{1.f, 0, 1.f, 0});
+  auto dist = [&](const std::vector<int32_t>& ctx) {
+    std::vector<float> logits = AttentionLogits(backend, ctx), p;
+    s.Distribution(std::span(logits).last(V), &p);
+    return p;
+  };
+  std::array<std::vector<double>, 2> out = {std::vector<double>(V), std::vector<double>(V)};
+  const std::vector<float> p1 = dist(prompt);
+  for (int32_t a = 0; a < V; ++a) {
+    std::vector<int32_t> ctx = prompt;
+    ctx.push_back(a);
+    const std::vector<float> p2 = dist(ctx);
+    for (int32_t b = 0; b < V; ++b) {
+      out[0][b] += double{p1[a]} * p2[b];
+      ctx.push_back(b);
+      const std::vector<float> p3 = dist(ctx);
+      ctx.pop_back();
+      for (int32_t c = 0; c < V; ++c) out[1][c] += double{p1[a]} * p2[b] * p3[c];
+    }
+  }
+  return out;
+}
+
+// Samples n continuations of 3 tokens with `policy` and tests tokens 2 and 3 against the exact marginals;
+// true when both pass at the 0.1% level.
+bool SamplesMatchAttentionMode(Engine& engine, const std::vector<int32_t>& prompt, const std::string& policy,
+                               const std::array<std::vector<double>, 2>& exact, int64_t n) {
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::array<std::vector<int64_t>, 2> counts = {std::vector<int64_t>(V), std::vector<int64_t>(V)};
+  std::vector<GenerateRequest> qs;
+  for (int64_t i = 0; i < n; ++i) {
+    GenerateRequest q;
+    q.prompt_tokens = prompt;
+    q.max_tokens = 3;
+    q.stop_at_eos = false;
+    q.policy = policy;
+    q.sampling = {1.f, 0, 1.f, static_cast<uint64_t>(1000 + i)};
+    qs.push_back(q);
+  }
+  auto got = engine.Generate(qs);
+  EXPECT_TRUE(got.ok()) << got.status();
+  for (const GenerateResult& r : *got) {
+    EXPECT_EQ(r.tokens.size(), 3u);
+    ++counts[0][r.tokens[1]];
+    ++counts[1][r.tokens[2]];
+  }
+  bool pass = true;
+  for (int j = 0; j < 2; ++j) {
+    auto [stat, df] = ChiSquare(counts[j], exact[j], n);
+    pass &= stat < ChiSquareCritical(df);
+  }
+  return pass;
+}
+
+TEST_P(SpeculativeTest, SampledOutputHasAttentionModesDistributionAndWrongRulesAreCaught) {
+  testutil::ScratchDir scratch;
+  Engine engine = TinyEngine(scratch, GetParam(), 3);
+  const std::vector<int32_t> prompt = {7, 11, 13, 17};
+  const auto exact = ExactMarginals(engine.backend(), prompt);
+  const int64_t n = 6000;
+  EXPECT_TRUE(SamplesMatchAttentionMode(engine, prompt, "attention", exact, n));  // the harness itself
+  EXPECT_TRUE(SamplesMatchAttentionMode(engine, prompt, "speculative:2", exact, n));
+  EXPECT_TRUE(SamplesMatchAttentionMode(engine, prompt, "speculative:ngram:2", exact, n));
+
+  // Wrong rules on the same test: accepting every draft (output = the linear-mode distribution), and
+  // drawing the replacement from p instead of the residual max(0, p - q).
+  auto wrong = [&](std::string name, AcceptRule rule) {
+    PolicyRegistry& registry = engine.policies();
+    registry.Register(name, name, [rule](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+      SpeculativeOptions o;
+      o.k = 2;
+      o.accept = rule;
+      return std::unique_ptr<Decoder>(new SpeculativeDecoder(std::make_unique<LinearProposer>(), o));
+    });
+    EXPECT_FALSE(SamplesMatchAttentionMode(engine, prompt, name, exact, n)) << name << " was not caught";
+  };
+  wrong("accept-all", [](Sampler& s, std::span<const float> logits, const Proposal& d, int64_t V, int32_t* next) {
+    std::vector<float> p;
+    s.Distribution(logits.subspan(d.tokens.size() * V, V), &p);
+    *next = s.Draw(p);
+    return static_cast<int64_t>(d.tokens.size());
+  });
+  wrong("resample-from-p", [](Sampler& s, std::span<const float> logits, const Proposal& d, int64_t V, int32_t* next) {
+    std::vector<float> p;
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+      s.Distribution(logits.subspan(i * V, V), &p);
+      const int32_t t = d.tokens[i];
+      if (s.Uniform() < p[t] / d.q[i * V + t]) continue;
+      *next = s.Draw(p);  // wrong: should be norm(max(0, p - q))
+      return static_cast<int64_t>(i);
+    }
+    s.Distribution(logits.subspan(d.tokens.size() * V, V), &p);
+    *next = s.Draw(p);
+    return static_cast<int64_t>(d.tokens.size());
+  });
+}
+
+TEST(SpeculativePolicy, NamesParseAndBadOnesAreErrors) {
+  for (const char* ok : {"speculative", "speculative:4", "speculative:ngram", "speculative:ngram:2"}) {
+    EXPECT_TRUE(MakeSpeculativeDecoder(ok).ok()) << ok;
+  }
+  for (const char* bad : {"speculative:0", "speculative:x", "speculative:ngram:", "speculative:65", "speculative:4:4"}) {
+    EXPECT_EQ(MakeSpeculativeDecoder(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(NgramProposer, ProposesWhatFollowedTheLatestEarlierMatch) {
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 9, 2, 3, 5, 6}, generated = {7, 2, 3};
+  DecodeSlot slot{0, nullptr, 3, 9, &prompt, &generated, 10, nullptr, nullptr, {}};
+  NgramProposer proposer(3, 1);
+  std::vector<Proposal> out(1);
+  DecodeSlot* slots[] = {&slot};
+  const int64_t k[] = {3};
+  // "7 2 3" never occurred; "2 3" did, latest at prompt[5..6], followed by 5 6 7.
+  testutil::ScratchDir scratch;
+  Engine engine = TinyEngine(scratch, LinearMixer::kMamba2, 1);  // the proposer never runs the model
+  ASSERT_TRUE(proposer.Propose(engine.backend(), slots, k, out).ok());
+  EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_TRUE(out[0].q.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixers, SpeculativeTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
+                         [](const auto& info) { return std::string(LinearMixerName(info.param)); });
+
+}  // namespace
+}  // namespace oryx::speculative
