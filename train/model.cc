@@ -178,9 +178,11 @@ torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor
     if (x.is_cuda() && x.scalar_type() != torch::kFloat64) {
       // bf16 on the GPU so that SDPA takes the flash kernel, not the math fallback that materialises
       // the [T, T] scores (measured: the largest cost of a training step before this cast).
-      q = q.to(torch::kBFloat16);
-      kr = kr.to(torch::kBFloat16);
-      va = va.to(torch::kBFloat16);
+      // contiguous(): v is a view of the conv output whose last dim is strided, and the fused kernels
+      // need unit stride there (measured: without it every call fell back to the math kernel).
+      q = q.to(torch::kBFloat16).contiguous();
+      kr = kr.to(torch::kBFloat16).contiguous();
+      va = va.to(torch::kBFloat16).contiguous();
     }
     o_attn = at::scaled_dot_product_attention(q.transpose(1, 2), kr.transpose(1, 2), va.transpose(1, 2), {},
                                               0.0, /*is_causal=*/true, 1.0 / std::sqrt(static_cast<double>(dh)))
