@@ -57,7 +57,7 @@ struct SpecBenchOptions {
 };
 absl::Status RunSpecBench(const SpecBenchOptions& options, const Emit& emit);
 
-// Read bandwidth (bytes/s) of a buffer of `bytes`, over all hardware threads. A
+// Read bandwidth (bytes/s, best of 15 passes) of a buffer of `bytes`, over all hardware threads. A
 // decode step mostly reads (weights, KV cache, state), so sized like the step's working set this is the
 // step's achievable bandwidth, caches included (a large L3 can hold a small model's weights); 1 GiB
 // measures DRAM.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer.h"
 #include "train/corpus.h"
@@ -15,12 +16,13 @@ namespace oryx::cli {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: oryx data <prepare|pack|unpack|verify> [flags]\n\n"
+    "usage: oryx data <prepare|pack|unpack|verify|text> [flags]\n\n"
     "  prepare  build a tokenised corpus (uint16 shards + manifest.json) from Debian packages or a "
     "directory\n"
     "  pack     compress the manifest, tokenizer, a train prefix and all of val into one archive\n"
     "  unpack   unpack such an archive into a corpus directory and verify it\n"
-    "  verify   check a corpus directory's manifest, shard sizes and SHA-256 checksums\n\n"
+    "  verify   check a corpus directory's manifest, shard sizes and SHA-256 checksums\n"
+    "  text     write the decoded text of a stretch of a split\n\n"
     "Run 'oryx data <subcommand> --help' for its flags.\n";
 
 std::string SourcesHelp() {
@@ -138,6 +140,40 @@ int Verify(const Args& args) {
   });
 }
 
+int Text(const Args& args) {
+  std::string corpus, split = "val", out;
+  int64_t offset = 0, tokens = 4096;
+  FlagSet flags("oryx data text --corpus DIR [--split val] [--offset N] [--tokens N] --out FILE",
+                "Writes the text of a stretch of a corpus split (its tokens decoded; document boundaries\n"
+                "become blank lines): to read what the corpus holds, or to carry a piece of it as plain text.");
+  flags.String("corpus", &corpus, "corpus directory", /*required=*/true);
+  flags.String("split", &split, "train | val");
+  flags.Int("offset", &offset, "first token", 0);
+  flags.Int("tokens", &tokens, "tokens to decode", 1);
+  flags.String("out", &out, "text file to write (atomically)", /*required=*/true);
+  return RunWithFlags(flags, args, [&]() -> absl::Status {
+    ORYX_ASSIGN_OR_RETURN(CorpusReader r, CorpusReader::Open(corpus, split));
+    if (offset + tokens > r.num_tokens()) {
+      return absl::InvalidArgumentError(absl::StrFormat("tokens %d..%d are past the %s split's %d", offset,
+                                                        offset + tokens - 1, split, r.num_tokens()));
+    }
+    ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(r.tokenizer_path()));
+    std::vector<int32_t> ids(tokens);
+    ORYX_RETURN_IF_ERROR(r.ReadTokens(offset, tokens, ids.data()));
+    std::string text;
+    std::vector<int32_t> document;
+    for (size_t i = 0; i <= ids.size(); ++i) {
+      if (i == ids.size() || ids[i] == tok.bos_id() || ids[i] == tok.eos_id()) {
+        if (!document.empty()) text += tok.Decode(document) + "\n\n";
+        document.clear();
+      } else {
+        document.push_back(ids[i]);
+      }
+    }
+    return WriteFileAtomic(out, text);
+  });
+}
+
 }  // namespace
 
 int RunData(const Args& args) {
@@ -150,7 +186,8 @@ int RunData(const Args& args) {
   if (args[0] == "pack") return Pack(rest);
   if (args[0] == "unpack") return Unpack(rest);
   if (args[0] == "verify") return Verify(rest);
-  std::cerr << "oryx: error: unknown data subcommand '" << args[0] << "' (prepare, pack, unpack, verify)\n";
+  if (args[0] == "text") return Text(rest);
+  std::cerr << "oryx: error: unknown data subcommand '" << args[0] << "' (prepare, pack, unpack, verify, text)\n";
   return 2;
 }
 

@@ -90,7 +90,7 @@ int RunEval(const Args& args) {
   int64_t seed = 1, threads = 0;
   auto add_common = [&](FlagSet& f) {
     f.String("model", &common.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
-    f.String("data", &data, "corpus directory (oryx data prepare): its validation split is read", true);
+    f.String("data", &data, "corpus directory (oryx data prepare): its validation split is read");
     f.String("backend", &common.backend, "engine (the CPU engine) | libtorch (the reference model)");
     f.String("device", &common.device, "libtorch backend: auto | cpu | cuda");
     f.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
@@ -126,19 +126,22 @@ int RunEval(const Args& args) {
 
   if (kind == "ppl") {
     train::PplOptions o;
-    std::vector<std::string> schedules;
-    FlagSet f("oryx eval ppl --model DIR --data DIR [--schedules S...] [--seq-len N] [--sequences N]",
+    std::vector<std::string> schedules, text;
+    FlagSet f("oryx eval ppl --model DIR --data DIR|--text FILE... [--schedules S...] [--seq-len N] [--sequences N]",
               "Validation perplexity under mode schedules: attention, linear, mixed[:F] (fragments in\n"
               "attention mode with probability F), lin-to-attn:P and attn-to-lin:P (one switch at P).");
     add_common(f);
     f.StringList("schedules", &schedules, "schedules (space- or comma-separated) [default: attention linear mixed]");
     f.Int("seq-len", &o.seq_len, "tokens per sequence (0: max_position, at most 2048)", 0);
     f.Int("sequences", &o.sequences, "validation sequences", 1);
+    f.StringList("text", &text, "text files to measure instead of --data");
     return RunWithFlags(f, rest, [&]() -> absl::Status {
       fill_common();
       o.common = common;
       o.data_dir = data;
       if (!schedules.empty()) o.schedules = SplitList(schedules);
+      o.text_files = text;
+      if (data.empty() == text.empty()) return absl::InvalidArgumentError("give exactly one of --data and --text");
       ORYX_ASSIGN_OR_RETURN(std::unique_ptr<train::SequenceModel> model, open_model());
       return finish(train::EvalPerplexity(o, *model));
     });
@@ -146,22 +149,26 @@ int RunEval(const Args& args) {
   if (kind == "niah" || kind == "niah-multikey" || kind == "passkey" || kind == "mqar") {
     train::TaskEvalOptions o;
     o.task = kind;
-    std::vector<std::string> policies, lengths, depths;
+    std::vector<std::string> policies, lengths, depths, haystack;
     int64_t seeds = o.seeds, pairs = o.mqar_pairs;
-    FlagSet f(absl::StrCat("oryx eval ", kind, " --model DIR --data DIR [--policies P...] [--lengths N...] [--depths D...]"),
+    FlagSet f(absl::StrCat("oryx eval ", kind, " --model DIR --data DIR|--haystack FILE... [--policies P...] [--lengths N...]"),
               "Task accuracy (teacher-forced exact match of every answer token) and answer log-likelihood\n"
               "by policy: attention, linear, prefill-linear (prompt in linear mode, its last token and the\n"
-              "answer in attention mode). Haystack text comes from the corpus's validation split.");
+              "answer in attention mode). Haystack text comes from the corpus's validation split, or from\n"
+              "text files (--haystack) tokenised with the model's tokenizer.");
     add_common(f);
     f.StringList("policies", &policies, "policies [default: attention linear prefill-linear]");
     f.StringList("lengths", &lengths, "sequence lengths [default: 256 512 1024 2048]");
     f.StringList("depths", &depths, "needle depths in [0, 1] [default: 0 0.25 0.5 0.75 1]");
     f.Int("seeds", &seeds, "examples per (length, depth)", 1, 100000);
     f.Int("pairs", &pairs, "MQAR key-value pairs", 1, 100000);
+    f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
     return RunWithFlags(f, rest, [&]() -> absl::Status {
       fill_common();
       o.common = common;
       o.data_dir = data;
+      o.haystack_files = haystack;
+      if (data.empty() == haystack.empty()) return absl::InvalidArgumentError("give exactly one of --data and --haystack");
       if (!policies.empty()) o.policies = SplitList(policies);
       if (!lengths.empty()) {
         ORYX_ASSIGN_OR_RETURN(std::vector<int64_t> ls, ParsePositiveInts(lengths, "lengths"));
@@ -192,6 +199,7 @@ int RunEval(const Args& args) {
       fill_common();
       o.common = common;
       o.data_dir = data;
+      if (data.empty()) return absl::InvalidArgumentError("--data is required");
       return finish(train::EvalAgreement(o));
     });
   }

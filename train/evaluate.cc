@@ -15,6 +15,7 @@
 #include "tasks/scoring.h"
 #include "tasks/task_mix.h"
 #include "engine/cpu_backend.h"
+#include "engine/file_util.h"
 #include "train/mode_sampling.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -109,21 +110,42 @@ absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon&
 
 absl::StatusOr<Json> EvalPerplexity(const PplOptions& o, SequenceModel& model) {
   const ModelConfig& c = model.config();
-  ORYX_ASSIGN_OR_RETURN(CorpusReader val, OpenValidation(o.data_dir, c));
   const int64_t T = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(c.max_position, 2048);
   if (T > c.max_position) {
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", T, " exceeds the model's max_position ", c.max_position));
   }
-  const int64_t windows = val.NumSequences(T);
+  // The text: windows of T + 1 tokens of the corpus's validation split, or of the given text files (each
+  // tokenised with the model's tokenizer after a BOS, then concatenated).
+  std::optional<CorpusReader> val;
+  std::vector<int32_t> text;
+  int64_t windows = 0;
+  if (o.text_files.empty()) {
+    ORYX_ASSIGN_OR_RETURN(CorpusReader reader, OpenValidation(o.data_dir, c));
+    val.emplace(std::move(reader));
+    windows = val->NumSequences(T);
+  } else {
+    ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(o.common.model_dir + "/tokenizer.model"));
+    for (const std::string& f : o.text_files) {
+      ORYX_ASSIGN_OR_RETURN(std::string content, ReadFile(f));
+      text.push_back(kBosId);
+      tok.EncodeAppend(content, &text);
+    }
+    windows = static_cast<int64_t>(text.size()) / (T + 1);
+  }
+  auto read_window = [&](int64_t w, int32_t* out) -> absl::Status {
+    if (val) return val->ReadSequence(w, T, out);
+    std::copy(text.begin() + w * (T + 1), text.begin() + (w + 1) * (T + 1), out);
+    return absl::OkStatus();
+  };
   const int64_t n = std::min(o.sequences, windows);
-  if (n < 1) return absl::FailedPreconditionError(absl::StrCat(o.data_dir, ": validation split shorter than ", T + 1, " tokens"));
+  if (n < 1) return absl::FailedPreconditionError(absl::StrCat("the evaluation text is shorter than ", T + 1, " tokens"));
   Json results = Json::array();
   for (const std::string& name : o.schedules) {
     std::vector<double> per_position(T, 0.0);
     double attention_tokens = 0;
     for (int64_t i = 0; i < n; ++i) {
       std::vector<int32_t> window(T + 1);
-      ORYX_RETURN_IF_ERROR(val.ReadSequence(i * windows / n, T, window.data()));
+      ORYX_RETURN_IF_ERROR(read_window(i * windows / n, window.data()));
       ORYX_ASSIGN_OR_RETURN(std::vector<uint8_t> modes, Schedule(name, T, c, o.common.seed, i));
       attention_tokens += Fraction(modes) * T;
       const std::span<const int32_t> ids(window);
@@ -146,8 +168,23 @@ absl::StatusOr<Json> EvalPerplexity(const PplOptions& o, SequenceModel& model) {
 
 absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
   const ModelConfig& c = model.config();
-  ORYX_ASSIGN_OR_RETURN(CorpusReader val, OpenValidation(o.data_dir, c));
-  ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(val.tokenizer_path()));
+  // Haystack text: the corpus's validation split, or the given text files (tokenised with the model's
+  // tokenizer).
+  std::optional<CorpusReader> val;
+  std::unique_ptr<tasks::HaystackSource> haystack;
+  std::string tokenizer_path = o.common.model_dir + "/tokenizer.model";
+  if (o.haystack_files.empty()) {
+    ORYX_ASSIGN_OR_RETURN(CorpusReader reader, OpenValidation(o.data_dir, c));
+    val.emplace(std::move(reader));
+    tokenizer_path = val->tokenizer_path();
+  }
+  ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tokenizer_path));
+  if (val) {
+    haystack = std::make_unique<CorpusHaystack>(&*val);
+  } else {
+    ORYX_ASSIGN_OR_RETURN(TextHaystack text, TextHaystack::Load(o.haystack_files, tok));
+    haystack = std::make_unique<TextHaystack>(std::move(text));
+  }
   ORYX_ASSIGN_OR_RETURN(TaskSetup setup, MakeTaskSetup(tok));
   ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, tasks::ParseTaskKind(o.task == "niah" ? "niah_single"
                                                                    : o.task == "niah-multikey" ? "niah_multikey"
@@ -158,7 +195,6 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
       return absl::InvalidArgumentError(absl::StrCat("length ", len, " exceeds the model's max_position ", c.max_position));
     }
   }
-  CorpusHaystack haystack(&val);
   std::vector<double> depths = kind == tasks::TaskKind::kMqar ? std::vector<double>{} : o.depths;
   ORYX_ASSIGN_OR_RETURN(std::vector<tasks::EvalPoint> grid, tasks::EvalGrid(o.lengths, depths, o.seeds, o.common.seed));
   Json results = Json::array();
@@ -169,7 +205,7 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
     tasks::ScoreAggregator aggregate;
     double attention_tokens = 0, tokens = 0;
     for (const tasks::EvalPoint& p : grid) {
-      ORYX_ASSIGN_OR_RETURN(tasks::TaskExample ex, tasks::MakeExample(kind, setup.configs, &haystack, p.length, p.depth, p.seed));
+      ORYX_ASSIGN_OR_RETURN(tasks::TaskExample ex, tasks::MakeExample(kind, setup.configs, haystack.get(), p.length, p.depth, p.seed));
       const int64_t T = ex.length();
       std::vector<uint8_t> modes(T, policy == "attention");
       if (policy == "prefill-linear") {

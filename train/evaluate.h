@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<SequenceModel>> OpenTorchModel(const EvalCommon& 
 //   lin-to-attn:P | attn-to-lin:P   one switch at position P
 struct PplOptions {
   EvalCommon common;
-  std::string data_dir;  // corpus (validation split)
+  std::string data_dir;  // corpus (validation split), unless
+  std::vector<std::string> text_files;  // text files to measure instead (no corpus needed)
   std::vector<std::string> schedules = {"attention", "linear", "mixed"};
   int64_t seq_len = 0;      // 0: the model's max_position, capped at 2048
   int64_t sequences = 32;   // evenly spread over the validation split
@@ -59,7 +60,8 @@ absl::StatusOr<nlohmann::json> EvalPerplexity(const PplOptions& options, Sequenc
 //                         token) runs in attention mode: "linear prefill, attention generation"
 struct TaskEvalOptions {
   EvalCommon common;
-  std::string data_dir;     // corpus: haystack text comes from its validation split
+  std::string data_dir;     // corpus: haystack text comes from its validation split, unless
+  std::vector<std::string> haystack_files;  // text files to take the haystack from instead (no corpus needed)
   std::string task = "niah";  // niah | niah-multikey | passkey | mqar
   std::vector<std::string> policies = {"attention", "linear", "prefill-linear"};
   std::vector<int32_t> lengths = {256, 512, 1024, 2048};

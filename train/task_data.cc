@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "tasks/rng.h"
 
@@ -45,19 +46,46 @@ absl::StatusOr<TaskSetup> MakeTaskSetup(const Tokenizer& tok) {
   return setup;
 }
 
-absl::StatusOr<std::vector<int32_t>> CorpusHaystack::Tokens(int64_t n, uint64_t seed) const {
+namespace {
+// A seeded window of n of `total` tokens: checks n and returns its start.
+absl::StatusOr<int64_t> WindowStart(int64_t n, int64_t total, uint64_t seed, const char* source) {
   if (n < 0) return absl::InvalidArgumentError("haystack length must be >= 0");
-  const int64_t total = reader_->num_tokens();
   if (n > total) {
-    return absl::FailedPreconditionError(absl::StrCat("haystack of ", n, " tokens asked from a corpus split of ", total));
+    return absl::FailedPreconditionError(absl::StrCat("haystack of ", n, " tokens asked from ", source, " of ", total));
   }
+  return static_cast<int64_t>(tasks::Rng(seed).UniformInt(static_cast<uint64_t>(total - n + 1)));
+}
+
+// Special ids (BOS/EOS between documents, task markers) become newlines, so needles stay unambiguous.
+void ReplaceSpecialIds(std::vector<int32_t>& ids) {
+  for (int32_t& id : ids) {
+    if (id < kNewlineId) id = kNewlineId;
+  }
+}
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> CorpusHaystack::Tokens(int64_t n, uint64_t seed) const {
+  ORYX_ASSIGN_OR_RETURN(int64_t start, WindowStart(n, reader_->num_tokens(), seed, "a corpus split"));
   std::vector<int32_t> out(n);
-  const int64_t start = static_cast<int64_t>(tasks::Rng(seed).UniformInt(static_cast<uint64_t>(total - n + 1)));
   ORYX_RETURN_IF_ERROR(reader_->ReadTokens(start, n, out.data()));
-  for (int32_t& id : out) {
-    if (id < kNewlineId) id = kNewlineId;  // BOS/EOS between documents; task markers
-  }
+  ReplaceSpecialIds(out);
   return out;
+}
+
+absl::StatusOr<TextHaystack> TextHaystack::Load(const std::vector<std::string>& files, const Tokenizer& tokenizer) {
+  TextHaystack h;
+  for (const std::string& f : files) {
+    ORYX_ASSIGN_OR_RETURN(std::string text, ReadFile(f));
+    tokenizer.EncodeAppend(text, &h.tokens_);
+  }
+  ReplaceSpecialIds(h.tokens_);
+  if (h.tokens_.empty()) return absl::InvalidArgumentError("the haystack files hold no text");
+  return h;
+}
+
+absl::StatusOr<std::vector<int32_t>> TextHaystack::Tokens(int64_t n, uint64_t seed) const {
+  ORYX_ASSIGN_OR_RETURN(int64_t start, WindowStart(n, size(), seed, "haystack files"));
+  return std::vector<int32_t>(tokens_.begin() + start, tokens_.begin() + start + n);
 }
 
 }  // namespace oryx::train

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,18 @@ class CorpusHaystack : public tasks::HaystackSource {
 
  private:
   const CorpusReader* reader_;  // not owned
+};
+
+// Haystack text from plain text files, tokenised once: `n` consecutive tokens at a seeded offset of their
+// concatenation (special ids replaced as above). For evaluating where no corpus is at hand.
+class TextHaystack : public tasks::HaystackSource {
+ public:
+  static absl::StatusOr<TextHaystack> Load(const std::vector<std::string>& files, const Tokenizer& tokenizer);
+  absl::StatusOr<std::vector<int32_t>> Tokens(int64_t n, uint64_t seed) const override;
+  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+
+ private:
+  std::vector<int32_t> tokens_;
 };
 
 }  // namespace oryx::train

@@ -2,9 +2,10 @@
 # End-to-end checks of the `oryx` command's edges: every subcommand answers --help with exit 0, and bad
 # input (unknown command or flag, missing value or required flag, missing path) gets exactly one
 # "oryx: error:" line on stderr and a non-zero exit, never a crash.
-#   cli_test.sh PATH_TO_ORYX
+#   cli_test.sh PATH_TO_ORYX [SOURCE_DIR]   (with SOURCE_DIR, also bad requests to the bundled model)
 set -u
 ORYX="$1"
+SRC="${2:-}"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 passed=0 failed=0
@@ -30,8 +31,8 @@ expect() {
 
 expect 0 "top-level help" -- --help
 expect 2 "unknown command" -- frobnicate
-commands=(tokenizer data)
-"$ORYX" --help | grep -q '^  train ' && commands+=(train eval)
+commands=(generate eval bench tokenizer data)
+"$ORYX" --help | grep -q '^  train ' && commands+=(train)
 for c in "${commands[@]}"; do expect 0 "$c --help" -- "$c" --help; done
 expect 0 "tokenizer train --help" -- tokenizer train --help
 expect 0 "data prepare --help" -- data prepare --help
@@ -42,15 +43,43 @@ expect 2 "tokenizer train: non-integer vocab" -- tokenizer train --input x --voc
 expect 1 "tokenizer train: missing input file" -- tokenizer train --input "$TMP/none.txt" --vocab 300 --out "$TMP/t.model"
 expect 2 "data prepare: flag without value" -- data prepare --out
 expect 1 "data verify: missing corpus" -- data verify --corpus "$TMP/no-corpus"
+expect 1 "data text: missing corpus" -- data text --corpus "$TMP/no-corpus" --out "$TMP/t.txt"
 expect 1 "data unpack: missing archive" -- data unpack --archive "$TMP/none.tar.xz" --out "$TMP/u"
+expect 0 "bench decode --help" -- bench decode --help
+expect 0 "bench spec --help" -- bench spec --help
+expect 2 "bench: unknown kind" -- bench warp
+expect 2 "generate: missing --model" -- generate --prompt hi
+expect 2 "generate: non-numeric --max-tokens" -- generate --model x --prompt hi --max-tokens lots
+expect 1 "generate: missing model" -- generate --model "$TMP/no-model" --prompt hi
+expect 1 "generate: corrupt model" -- generate --model "$TMP" --prompt hi
+expect 2 "eval: unknown kind" -- eval bogus --model x
+expect 1 "eval: missing model" -- eval ppl --model "$TMP/no-model" --data "$TMP"
+expect 1 "eval: depth out of range" -- eval niah --model x --data y --depths 1.5
+expect 1 "eval: neither data nor haystack" -- eval niah --model x
+expect 1 "eval: unknown backend" -- eval ppl --model x --data y --backend abacus
+expect 1 "bench decode: bad batch list" -- bench decode --batches 1,zero
+expect 1 "bench spec: missing model" -- bench spec --model "$TMP/no-model" --data "$TMP"
+if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
+  M="$SRC/models/default"
+  expect 0 "generate on the bundled model" -- generate --model "$M" --prompt "int main" --max-tokens 4 --json
+  expect 1 "generate: empty prompt" -- generate --model "$M" --prompt ""
+  expect 1 "generate: prompt and prompt file" -- generate --model "$M" --prompt a --prompt-file "$TMP/p.txt"
+  head -c 30000 /dev/urandom | base64 >"$TMP/long.txt"
+  expect 1 "generate: prompt past max_position" -- generate --model "$M" --prompt-file "$TMP/long.txt"
+  expect 1 "generate: unknown policy" -- generate --model "$M" --prompt hi --policy sometimes
+  expect 1 "generate: bad speculative k" -- generate --model "$M" --prompt hi --policy speculative:0
+  expect 1 "generate: bad top-p" -- generate --model "$M" --prompt hi --top-p 1.5
+  expect 1 "generate: negative temperature" -- generate --model "$M" --prompt hi --temperature -1
+  expect 1 "generate: cuda backend not built" -- generate --model "$M" --prompt hi --device cuda
+  mkdir -p "$TMP/broken" && cp "$M"/* "$TMP/broken/"
+  chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00002.safetensors" >"$TMP/broken/model-00001-of-00002.safetensors"
+  expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
+fi
 if [[ " ${commands[*]} " == *" train "* ]]; then
   expect 2 "train: missing --data/--out" -- train --steps 3
   expect 2 "train: unknown flag" -- train --data x --out y --warp-speed
   expect 1 "train: data directory without a corpus" -- train --data "$TMP" --out "$TMP/run"
   expect 1 "train: bad mixer" -- train --data "$TMP" --out "$TMP/run" --mixer lstm
-  expect 2 "eval: unknown kind" -- eval bogus --model x
-  expect 1 "eval: missing model" -- eval ppl --model "$TMP/no-model" --data "$TMP"
-  expect 1 "eval: depth out of range" -- eval niah --model x --data y --depths 1.5
 fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -40,7 +40,8 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(MatMulCpu, MatchesReference) {
   struct Shape { int64_t m, n, k, pad; };
   for (Shape s : {Shape{1, 1, 1, 0}, Shape{1, 17, 33, 0}, Shape{1, 512, 384, 0}, Shape{5, 64, 128, 0},
-                  Shape{7, 33, 257, 3}, Shape{16, 8, 64, 5}}) {
+                  Shape{7, 33, 257, 3}, Shape{16, 8, 64, 5}, Shape{2, 200, 384, 1}, Shape{8, 65, 96, 0},
+                  Shape{9, 70, 40, 2}}) {
     const int64_t xs = s.k + s.pad, ws = s.k + s.pad, ys = s.n + s.pad;
     std::vector<float> x = RandomVector(s.m * xs, 1), w = RandomVector(s.n * ws, 2);
     std::vector<float> y(s.m * ys, 0.f), y_ref(s.m * ys, 0.f);
