@@ -1,6 +1,7 @@
-// The mamba2 and gdn recurrences over a span, token by token (T = 1 is the decode step; a chunked prefill is a
-// later optimisation), optionally saving the state after every token for speculative rollback.
-// Single-threaded; heads are independent and would be the axis to split.
+// The mamba2 and gdn recurrences over a span. Token by token for decode steps, short spans and spans that
+// save the state after every token (speculative rollback); in chunks of matrix products for long spans
+// (prefill): Mamba-2's SSD form, and for gdn the WY/UT form of the chunked delta rule (the same algebra
+// as train/linear_mixers.cc). Single-threaded; the engine splits heads over threads.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cassert>
@@ -24,10 +25,98 @@ constexpr double kL2NormEps = 1e-6;
 void MaybeSaveState(const float* state, int64_t t, int64_t state_size, float* maybe_states_out) {
   if (maybe_states_out != nullptr) std::copy_n(state, state_size, maybe_states_out + t * state_size);
 }
+
+// Spans at least this long, saving no per-token states, run in chunks of kChunk tokens.
+constexpr int64_t kChunkMinTokens = 16;
+constexpr int64_t kChunk = 64;
+
+// One head's span in chunks. Per chunk of c tokens, with G_t the cumulative log decay inside the chunk,
+// gamma_t = exp(G_t), S0 the state at the chunk's start and u the values entering the state:
+//   mamba2: u = diag(dt) V
+//   gdn:    (I + diag(beta) A) [U0 W] = [diag(beta) V, diag(beta gamma) Kn], A[t,s] = e^{G_t-G_s} kn_t.kn_s (s < t),
+//           u = U0 - W S0
+//   out_t = gamma_t S0^T q_t + sum_{s<=t} e^{G_t-G_s} (q_t.k_s) u_s     (+ d_skip v_t for mamba2)
+//   S    <- gamma_last S0 + sum_s e^{G_last-G_s} k_s u_s^T
+// q and k are the raw inputs for mamba2 and the normalised ones for gdn.
+struct ChunkHead {
+  int64_t tokens, dh, qkv_stride, out_stride, gate_stride;  // gate_stride: step between tokens in the gates
+  const float *q, *k, *v, *scale, *log_decay;
+  float d_skip;  // mamba2's skip (0 for gdn)
+  bool gdn;
+  float* state;  // [dh, dh]
+  float* out;
+};
+
+void RunChunked(const ChunkHead& h) {
+  using Mat = RowMajorMatrix;
+  const int64_t dh = h.dh;
+  const float inv_sqrt_dh = 1.0f / std::sqrt(static_cast<float>(dh));
+  StateMap s(h.state, dh, dh);
+  Mat q(kChunk, dh), k(kChunk, dh), v(kChunk, dh), u, qk, a, rhs, x, o, next;
+  Eigen::VectorXf g(kChunk), sc(kChunk), to_end;
+  for (int64_t t0 = 0; t0 < h.tokens; t0 += kChunk) {
+    const int64_t c = std::min(kChunk, h.tokens - t0);
+    for (int64_t t = 0; t < c; ++t) {
+      const int64_t in = (t0 + t) * h.qkv_stride;
+      q.row(t) = ConstVec(h.q + in, dh).transpose();
+      k.row(t) = ConstVec(h.k + in, dh).transpose();
+      v.row(t) = ConstVec(h.v + in, dh).transpose();
+      if (h.gdn) {
+        k.row(t) /= std::sqrt(k.row(t).squaredNorm() + static_cast<float>(kL2NormEps));
+        q.row(t) *= inv_sqrt_dh / std::sqrt(q.row(t).squaredNorm() + static_cast<float>(kL2NormEps));
+      }
+      g[t] = (t == 0 ? 0.f : g[t - 1]) + h.log_decay[(t0 + t) * h.gate_stride];
+      sc[t] = h.scale[(t0 + t) * h.gate_stride];
+    }
+    const auto Q = q.topRows(c), K = k.topRows(c), V = v.topRows(c);
+    const auto G = g.head(c);
+    // qk[t, s] = e^{G_t - G_s} q_t.k_s for s <= t, 0 above the diagonal.
+    qk.noalias() = Q * K.transpose();
+    for (int64_t t = 0; t < c; ++t) {
+      for (int64_t j = 0; j < c; ++j) qk(t, j) = j <= t ? qk(t, j) * std::exp(G[t] - G[j]) : 0.f;
+    }
+    if (!h.gdn) {
+      u = sc.head(c).asDiagonal() * V;
+    } else {
+      a.noalias() = K * K.transpose();
+      for (int64_t t = 0; t < c; ++t) {
+        for (int64_t j = 0; j < c; ++j) {
+          a(t, j) = j < t ? sc[t] * a(t, j) * std::exp(G[t] - G[j]) : (j == t ? 1.f : 0.f);
+        }
+      }
+      rhs.resize(c, 2 * dh);
+      for (int64_t t = 0; t < c; ++t) {
+        rhs.row(t).head(dh) = sc[t] * V.row(t);
+        rhs.row(t).tail(dh) = (sc[t] * std::exp(G[t])) * K.row(t);
+      }
+      x = a.triangularView<Eigen::UnitLower>().solve(rhs);
+      u = x.leftCols(dh);
+      u.noalias() -= x.rightCols(dh) * s;
+    }
+    // Outputs, then the state for the next chunk.
+    o.noalias() = (G.array().exp().matrix().asDiagonal() * Q) * s;
+    o.noalias() += qk * u;
+    if (!h.gdn) o += h.d_skip * V;
+    for (int64_t t = 0; t < c; ++t) Vec(h.out + (t0 + t) * h.out_stride, dh) = o.row(t).transpose();
+    const float last = G[c - 1];
+    to_end = (last - G.array()).exp().matrix();
+    next = std::exp(last) * s;
+    next.noalias() += (to_end.asDiagonal() * K).transpose() * u;
+    s = next;
+  }
+}
 }  // namespace
 
 void Mamba2(const Mamba2Params& p) {
   const int64_t dh = p.head_dim, state_size = p.heads * dh * dh;
+  if (p.tokens >= kChunkMinTokens && p.maybe_states_out_ptr == nullptr) {
+    for (int64_t h = 0; h < p.heads; ++h) {
+      RunChunked({p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr + h * dh, p.k_ptr + h * dh,
+                  p.v_ptr + h * dh, p.dt_ptr + h, p.log_a_ptr + h, p.d_skip_ptr[h], false, p.state_ptr + h * dh * dh,
+                  p.out_ptr + h * dh});
+    }
+    return;
+  }
   for (int64_t t = 0; t < p.tokens; ++t) {
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t in = t * p.qkv_token_stride + h * dh;
@@ -68,6 +157,14 @@ void Mamba2Reference(const Mamba2Params& p) {
 // S = alpha S + kn (beta (v - alpha S^T kn))^T.
 void Gdn(const GdnParams& p) {
   const int64_t dh = p.head_dim, state_size = p.heads * dh * dh;
+  if (p.tokens >= kChunkMinTokens && p.maybe_states_out_ptr == nullptr) {
+    for (int64_t h = 0; h < p.heads; ++h) {
+      RunChunked({p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr + h * dh, p.k_ptr + h * dh,
+                  p.v_ptr + h * dh, p.beta_ptr + h, p.log_alpha_ptr + h, 0.f, true, p.state_ptr + h * dh * dh,
+                  p.out_ptr + h * dh});
+    }
+    return;
+  }
   const float inv_sqrt_dh = 1.0f / std::sqrt(static_cast<float>(dh));
   assert(dh <= kMaxHeadDim);
   HeadVec kn(dh), qn(dh), delta(dh);

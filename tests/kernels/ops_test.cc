@@ -263,6 +263,47 @@ TEST(Mamba2Cpu, MatchesReference) {
   }
 }
 
+// Long spans that save no per-token states take the chunked path: lengths below, at and across chunks.
+constexpr RecurrentCase kChunkedCases[] = {{16, 2, 8}, {64, 1, 64}, {65, 2, 16}, {150, 3, 32}};
+
+TEST(Mamba2Cpu, ChunkedSpanMatchesReference) {
+  for (RecurrentCase c : kChunkedCases) {
+    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+    std::vector<float> qkv = RandomVector(c.tokens * stride, 50);
+    std::vector<float> dt = RandomVector(c.tokens * c.heads, 51, 0.f, 0.5f), a_log = RandomVector(c.heads, 52);
+    std::vector<float> log_a(c.tokens * c.heads);
+    for (int64_t i = 0; i < c.tokens * c.heads; ++i) log_a[i] = -dt[i] * std::exp(a_log[i % c.heads]);
+    std::vector<float> d_skip = RandomVector(c.heads, 53);
+    std::vector<float> state = RandomVector(state_size, 54), state_ref = state;
+    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+    cpu::Mamba2({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
+                 state.data(), nullptr, out.data()});
+    cpu::Mamba2Reference({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
+                          state_ref.data(), nullptr, out_ref.data()});
+    EXPECT_LE(RelErr(out, out_ref), kTol) << "T=" << c.tokens;
+    EXPECT_LE(RelErr(state, state_ref), kTol) << "T=" << c.tokens;
+  }
+}
+
+TEST(GdnCpu, ChunkedSpanMatchesReference) {
+  for (RecurrentCase c : kChunkedCases) {
+    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+    std::vector<float> qkv = RandomVector(c.tokens * stride, 55, -2.f, 2.f);
+    std::vector<float> beta = RandomVector(c.tokens * c.heads, 56, 0.f, 1.f);
+    std::vector<float> log_alpha = RandomVector(c.tokens * c.heads, 57, -1.f, 0.f);
+    std::vector<float> state = RandomVector(state_size, 58), state_ref = state;
+    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+    cpu::Gdn({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state.data(), nullptr,
+              out.data()});
+    cpu::GdnReference({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v,
+                       state_ref.data(), nullptr, out_ref.data()});
+    EXPECT_LE(RelErr(out, out_ref), kTol) << "T=" << c.tokens;
+    EXPECT_LE(RelErr(state, state_ref), kTol) << "T=" << c.tokens;
+  }
+}
+
 TEST(Mamba2Cpu, ZeroDtLeavesStateAndReturnsSkip) {
   const int64_t h = 2, dh = 8, width = h * dh;
   std::vector<float> q(width, 0.f), k = RandomVector(width, 33), v = RandomVector(width, 34);
