@@ -240,68 +240,58 @@ void ExpectRecurrentMatches(const RecurrentCase& c, const std::vector<float>& ou
   EXPECT_LE(RelErr(out, out_ref), kTol) << where;
   EXPECT_LE(RelErr(state, state_ref), kTol) << where;
   EXPECT_LE(RelErr(states, states_ref), kTol) << where;
-  EXPECT_EQ(std::vector<float>(states.end() - state.size(), states.end()), state) << where;
-}
-
-TEST(Mamba2Cpu, MatchesReference) {
-  for (RecurrentCase c : kRecurrentCases) {
-    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
-    std::vector<float> qkv = RandomVector(c.tokens * stride, 28);
-    std::vector<float> dt = RandomVector(c.tokens * c.heads, 29, 0.f, 1.f), a_log = RandomVector(c.heads, 30);
-    std::vector<float> log_a(c.tokens * c.heads);
-    for (int64_t i = 0; i < c.tokens * c.heads; ++i) log_a[i] = -dt[i] * std::exp(a_log[i % c.heads]);
-    std::vector<float> d_skip = RandomVector(c.heads, 31);
-    std::vector<float> state = RandomVector(state_size, 32), state_ref = state;
-    std::vector<float> states(c.tokens * state_size), states_ref(c.tokens * state_size);
-    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
-    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
-    cpu::Mamba2({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
-                 state.data(), states.data(), out.data()});
-    cpu::Mamba2Reference({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
-                          state_ref.data(), states_ref.data(), out_ref.data()});
-    ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
-  }
+  if (!states.empty()) EXPECT_EQ(std::vector<float>(states.end() - state.size(), states.end()), state) << where;
 }
 
 // Long spans that save no per-token states take the chunked path: lengths below, at and across chunks.
 constexpr RecurrentCase kChunkedCases[] = {{16, 2, 8}, {64, 1, 64}, {65, 2, 16}, {150, 3, 32}};
 
+// Random inputs against the reference, saving per-token states (the token-by-token path) or not (the
+// chunked path for long spans).
+void CheckMamba2(const RecurrentCase& c, bool save_states) {
+  const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+  std::vector<float> qkv = RandomVector(c.tokens * stride, 28);
+  std::vector<float> dt = RandomVector(c.tokens * c.heads, 29, 0.f, save_states ? 1.f : 0.5f);
+  std::vector<float> a_log = RandomVector(c.heads, 30), log_a(c.tokens * c.heads);
+  for (int64_t i = 0; i < c.tokens * c.heads; ++i) log_a[i] = -dt[i] * std::exp(a_log[i % c.heads]);
+  std::vector<float> d_skip = RandomVector(c.heads, 31);
+  std::vector<float> state = RandomVector(state_size, 32), state_ref = state;
+  std::vector<float> states(save_states ? c.tokens * state_size : 0), states_ref(states.size());
+  std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+  const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+  cpu::Mamba2({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v, state.data(),
+               save_states ? states.data() : nullptr, out.data()});
+  cpu::Mamba2Reference({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
+                        state_ref.data(), save_states ? states_ref.data() : nullptr, out_ref.data()});
+  ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
+}
+
+void CheckGdn(const RecurrentCase& c, bool save_states) {
+  const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
+  std::vector<float> qkv = RandomVector(c.tokens * stride, 36, -2.f, 2.f);
+  std::vector<float> beta = RandomVector(c.tokens * c.heads, 37, 0.f, 1.f);
+  std::vector<float> log_alpha = RandomVector(c.tokens * c.heads, 38, save_states ? -2.f : -1.f, 0.f);
+  std::vector<float> state = RandomVector(state_size, 39), state_ref = state;
+  std::vector<float> states(save_states ? c.tokens * state_size : 0), states_ref(states.size());
+  std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
+  const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
+  cpu::Gdn({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state.data(),
+            save_states ? states.data() : nullptr, out.data()});
+  cpu::GdnReference({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state_ref.data(),
+                     save_states ? states_ref.data() : nullptr, out_ref.data()});
+  ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
+}
+
+TEST(Mamba2Cpu, MatchesReference) {
+  for (RecurrentCase c : kRecurrentCases) CheckMamba2(c, /*save_states=*/true);
+}
+
 TEST(Mamba2Cpu, ChunkedSpanMatchesReference) {
-  for (RecurrentCase c : kChunkedCases) {
-    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
-    std::vector<float> qkv = RandomVector(c.tokens * stride, 50);
-    std::vector<float> dt = RandomVector(c.tokens * c.heads, 51, 0.f, 0.5f), a_log = RandomVector(c.heads, 52);
-    std::vector<float> log_a(c.tokens * c.heads);
-    for (int64_t i = 0; i < c.tokens * c.heads; ++i) log_a[i] = -dt[i] * std::exp(a_log[i % c.heads]);
-    std::vector<float> d_skip = RandomVector(c.heads, 53);
-    std::vector<float> state = RandomVector(state_size, 54), state_ref = state;
-    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
-    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
-    cpu::Mamba2({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
-                 state.data(), nullptr, out.data()});
-    cpu::Mamba2Reference({c.tokens, c.heads, c.dh, stride, width, dt.data(), log_a.data(), d_skip.data(), q, k, v,
-                          state_ref.data(), nullptr, out_ref.data()});
-    EXPECT_LE(RelErr(out, out_ref), kTol) << "T=" << c.tokens;
-    EXPECT_LE(RelErr(state, state_ref), kTol) << "T=" << c.tokens;
-  }
+  for (RecurrentCase c : kChunkedCases) CheckMamba2(c, /*save_states=*/false);
 }
 
 TEST(GdnCpu, ChunkedSpanMatchesReference) {
-  for (RecurrentCase c : kChunkedCases) {
-    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
-    std::vector<float> qkv = RandomVector(c.tokens * stride, 55, -2.f, 2.f);
-    std::vector<float> beta = RandomVector(c.tokens * c.heads, 56, 0.f, 1.f);
-    std::vector<float> log_alpha = RandomVector(c.tokens * c.heads, 57, -1.f, 0.f);
-    std::vector<float> state = RandomVector(state_size, 58), state_ref = state;
-    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
-    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
-    cpu::Gdn({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state.data(), nullptr,
-              out.data()});
-    cpu::GdnReference({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v,
-                       state_ref.data(), nullptr, out_ref.data()});
-    EXPECT_LE(RelErr(out, out_ref), kTol) << "T=" << c.tokens;
-    EXPECT_LE(RelErr(state, state_ref), kTol) << "T=" << c.tokens;
-  }
+  for (RecurrentCase c : kChunkedCases) CheckGdn(c, /*save_states=*/false);
 }
 
 TEST(Mamba2Cpu, ZeroDtLeavesStateAndReturnsSkip) {
@@ -317,21 +307,7 @@ TEST(Mamba2Cpu, ZeroDtLeavesStateAndReturnsSkip) {
 }
 
 TEST(GdnCpu, MatchesReference) {
-  for (RecurrentCase c : kRecurrentCases) {
-    const int64_t width = c.heads * c.dh, stride = 3 * width, state_size = c.heads * c.dh * c.dh;
-    std::vector<float> qkv = RandomVector(c.tokens * stride, 36, -2.f, 2.f);
-    std::vector<float> beta = RandomVector(c.tokens * c.heads, 37, 0.f, 1.f);
-    std::vector<float> log_alpha = RandomVector(c.tokens * c.heads, 38, -2.f, 0.f);
-    std::vector<float> state = RandomVector(state_size, 39), state_ref = state;
-    std::vector<float> states(c.tokens * state_size), states_ref(c.tokens * state_size);
-    std::vector<float> out(c.tokens * width), out_ref(c.tokens * width);
-    const float *q = qkv.data(), *k = qkv.data() + width, *v = qkv.data() + 2 * width;
-    cpu::Gdn({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v, state.data(),
-              states.data(), out.data()});
-    cpu::GdnReference({c.tokens, c.heads, c.dh, stride, width, beta.data(), log_alpha.data(), q, k, v,
-                       state_ref.data(), states_ref.data(), out_ref.data()});
-    ExpectRecurrentMatches(c, out, out_ref, state, state_ref, states, states_ref);
-  }
+  for (RecurrentCase c : kRecurrentCases) CheckGdn(c, /*save_states=*/true);
 }
 
 TEST(GdnCpu, ZeroBetaUnitAlphaLeavesState) {
