@@ -1,6 +1,7 @@
 // A fixed set of worker threads for the CPU kernels' one kind of parallelism: split [0, n) into chunks and
 // run them on the workers and the calling thread together. ParallelFor allocates nothing (the body is a
-// FunctionRef), so the engine's decode loop can use it per token.
+// FunctionRef), so the engine's decode loop can use it per token; idle workers spin for 50 us before they
+// sleep, since a decode step issues dozens of short jobs back to back.
 #pragma once
 
 #include <atomic>
@@ -35,12 +36,12 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // one ParallelFor at a time
-  std::mutex mu_;
+  std::mutex mu_;       // only for sleeping and waking
   std::condition_variable work_cv_, done_cv_;
-  uint64_t generation_ = 0;  // bumped per job; workers wait for a new one
-  bool stop_ = false;
-  int finished_workers_ = 0;  // workers done with the current generation
-  // The current job.
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> generation_{0};  // bumped per job; workers wait for a new one
+  std::atomic<int> finished_workers_{0};  // workers done with the current job
+  // The current job, written before generation_ is bumped (release) and read after (acquire).
   absl::FunctionRef<void(int64_t, int64_t)>* body_ = nullptr;
   int64_t n_ = 0, chunk_ = 1;
   std::atomic<int64_t> next_{0};
