@@ -138,6 +138,7 @@ struct CpuBackend::Span {
 
 struct CpuBackend::Scratch {
   std::vector<float> x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
+  std::vector<std::vector<float>> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
   std::vector<Span> spans;
 };
 
@@ -322,7 +323,17 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   });
 
   // 4. Per (sequence, head): the recurrence for every token, and attention where the span has attention
-  //    tokens (computed for the whole span; each token then takes its own mode's output).
+  //    tokens (computed for the whole span; each token then takes its own mode's output). Each thread's
+  //    score buffer is sized here, for the KV cache's capacity, so that a reserved sequence's decode
+  //    steps never grow it.
+  int64_t scores = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!spans[b].any_attention) continue;
+    const SequenceState::Layer& st = batch[b].seq->layers_[il];
+    scores = std::max<int64_t>(scores, spans[b].len * static_cast<int64_t>(st.k.capacity()) / HD);
+  }
+  sc.attention.resize(pool_->num_threads());
+  for (std::vector<float>& buffer : sc.attention) AtLeast(buffer, scores);
   pool_->ParallelFor(B * H, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H;
@@ -350,7 +361,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
         const int64_t kv_len = static_cast<int64_t>(st.k.size()) / HD;
         float* oa = o_attn + s.row * HD + h * dh;
         k::cpu::Attention({T, kv_len, 1, dh, P, HD, HD, proj + s.row * P + col_qa + h * dh, st.k.data() + h * dh,
-                           st.v.data() + h * dh, oa});
+                           st.v.data() + h * dh, oa, sc.attention[k::cpu::ThreadPool::ThreadIndex()].data()});
         for (int64_t t = 0; t < T; ++t) {
           if (batch[b].modes[t] == Mode::kAttention) std::copy(oa + t * HD, oa + t * HD + dh, o + t * HD);
         }

@@ -85,6 +85,7 @@ struct AttentionParams {
   const float* k_ptr;  // [Tk, H, dh]
   const float* v_ptr;  // [Tk, H, dh]
   float* out_ptr;      // [Tq, H, dh]
+  float* scratch_ptr;  // [Tq, Tk] working space for the scores (the caller owns it, so calls allocate nothing)
 };
 
 // Recurrent state S [H, dh, dh] fp32, S[h][i][j] pairs key feature i with value feature j; Read = S^T q.

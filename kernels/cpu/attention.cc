@@ -16,10 +16,7 @@ void Attention(const AttentionParams& p) {
   assert(p.q_tokens <= p.kv_tokens);
   const int64_t tq = p.q_tokens, tk = p.kv_tokens, dh = p.head_dim, offset = tk - tq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  // The score rows, reused across calls on this thread so that a decode step allocates nothing.
-  thread_local std::vector<float> score_buffer;
-  if (static_cast<int64_t>(score_buffer.size()) < tq * tk) score_buffer.resize(tq * tk);
-  MatrixMap scores(score_buffer.data(), tq, tk, Eigen::OuterStride<>(tk));
+  MatrixMap scores(p.scratch_ptr, tq, tk, Eigen::OuterStride<>(tk));
   for (int64_t h = 0; h < p.heads; ++h) {
     ConstMatrixMap q(p.q_ptr + h * dh, tq, dh, Eigen::OuterStride<>(p.q_token_stride));
     ConstMatrixMap k(p.k_ptr + h * dh, tk, dh, Eigen::OuterStride<>(p.kv_token_stride));

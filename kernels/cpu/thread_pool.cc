@@ -10,6 +10,8 @@ namespace {
 // of short jobs back to back; waking a sleeping thread costs tens of microseconds each time.
 constexpr std::chrono::microseconds kSpin{50};
 
+thread_local int tls_thread_index = 0;
+
 template <typename Ready>
 bool SpinUntil(Ready ready) {
   const auto until = std::chrono::steady_clock::now() + kSpin;
@@ -22,8 +24,15 @@ bool SpinUntil(Ready ready) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < threads; ++i) {
+    workers_.emplace_back([this, i] {
+      tls_thread_index = i;
+      WorkerLoop();
+    });
+  }
 }
+
+int ThreadPool::ThreadIndex() { return tls_thread_index; }
 
 ThreadPool::~ThreadPool() {
   {

@@ -24,6 +24,9 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // The index in [0, num_threads()) of the calling thread inside a body: 0 for the thread that called
+  // ParallelFor, 1.. for the workers. For per-thread scratch buffers.
+  static int ThreadIndex();
 
   // Calls body(begin, end) over disjoint chunks covering [0, n), each at least `grain` long (but the last),
   // and returns when all are done. Not reentrant: a body must not call ParallelFor on the same pool, and

@@ -192,16 +192,19 @@ TEST(CausalConvCpu, LastTapIsIdentity) {
 
 TEST(AttentionCpu, MatchesReference) {
   struct Shape { int64_t tq, tk; };
-  for (Shape s : {Shape{1, 1}, Shape{1, 9}, Shape{4, 4}, Shape{3, 10}, Shape{16, 40}}) {
+  // Spans across the kernel's blocks of 16 queries and 64 keys too.
+  for (Shape s : {Shape{1, 1}, Shape{1, 9}, Shape{4, 4}, Shape{3, 10}, Shape{16, 40}, Shape{1, 300}, Shape{17, 17},
+                  Shape{40, 200}, Shape{33, 64}}) {
     for (int64_t heads : {1, 2}) {
       for (int64_t dh : {8, 64}) {
         const int64_t width = heads * dh, q_stride = 3 * width;  // q as a view into a fused [q|k|v] row
         std::vector<float> q = RandomVector(s.tq * q_stride, 19, -2.f, 2.f);
         std::vector<float> k = RandomVector(s.tk * width, 20, -2.f, 2.f), v = RandomVector(s.tk * width, 21);
-        std::vector<float> out(s.tq * width), out_ref(s.tq * width);
-        cpu::Attention({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out.data()});
+        std::vector<float> out(s.tq * width), out_ref(s.tq * width), scratch(s.tq * s.tk);
+        cpu::Attention({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out.data(),
+                        scratch.data()});
         cpu::AttentionReference(
-            {s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out_ref.data()});
+            {s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(), out_ref.data(), nullptr});
         EXPECT_LE(RelErr(out, out_ref), kTol) << "Tq=" << s.tq << " Tk=" << s.tk << " H=" << heads << " dh=" << dh;
       }
     }
@@ -210,15 +213,16 @@ TEST(AttentionCpu, MatchesReference) {
 
 TEST(AttentionCpu, OneKeyReturnsItsValue) {
   std::vector<float> q = RandomVector(16, 22), k = RandomVector(16, 23), v = RandomVector(16, 24), out(16);
-  cpu::Attention({1, 1, 2, 8, 16, 16, 16, q.data(), k.data(), v.data(), out.data()});
+  std::vector<float> scratch(1);
+  cpu::Attention({1, 1, 2, 8, 16, 16, 16, q.data(), k.data(), v.data(), out.data(), scratch.data()});
   EXPECT_EQ(out, v);
 }
 
 TEST(AttentionCpu, FirstQueryOfSpanSeesOnlyTheCachePrefix) {
   // Tq = Tk = 2: query 0 sees key 0 only, whatever key 1 holds.
   std::vector<float> q = RandomVector(2 * 8, 25), k = RandomVector(2 * 8, 26), v = RandomVector(2 * 8, 27);
-  std::vector<float> out(2 * 8);
-  cpu::Attention({2, 2, 1, 8, 8, 8, 8, q.data(), k.data(), v.data(), out.data()});
+  std::vector<float> out(2 * 8), scratch(2 * 2);
+  cpu::Attention({2, 2, 1, 8, 8, 8, 8, q.data(), k.data(), v.data(), out.data(), scratch.data()});
   EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 8), std::vector<float>(v.begin(), v.begin() + 8));
 }
 
