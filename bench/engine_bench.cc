@@ -17,6 +17,7 @@
 #include "engine/tensor_names.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/stream.h"
+#include "router/cost_model.h"
 #include "speculative/speculative.h"
 #include "train/shards.h"
 
@@ -267,6 +268,65 @@ absl::Status RunSpecBench(const SpecBenchOptions& o, const Emit& emit) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status RunCostBench(const CostBenchOptions& o, const Emit& emit) {
+  std::string dir = o.model_dir, scratch;
+  if (dir.empty()) {
+    scratch = Cat("/tmp/oryx_bench_cost_", getpid());
+    ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, DecodeBenchConfig(4096), 1));
+    dir = scratch;
+  }
+  auto loaded = CpuBackend::Load(dir, o.threads);
+  if (!scratch.empty()) (void)RemoveTree(scratch);
+  ORYX_RETURN_IF_ERROR(loaded.status());
+  CpuBackend& backend = **loaded;
+  const ModelConfig& c = backend.config();
+  const int64_t max_ctx = c.max_position - 16;
+  // Calibration at short, middle and long contexts; held-out shapes in between, at other batch sizes and
+  // span lengths.
+  std::vector<router::SpanShape> fit_shapes, test_shapes;
+  for (Mode m : {Mode::kAttention, Mode::kLinear}) {
+    for (int64_t ctx : {int64_t{128}, max_ctx / 4, 3 * max_ctx / 4}) {
+      for (int64_t b : {1, 4, 16}) {
+        for (int64_t t : {1, 8}) fit_shapes.push_back({b, t, ctx, m});
+      }
+    }
+    for (int64_t ctx : {max_ctx / 8, max_ctx / 2}) {
+      for (int64_t b : {2, 8}) {
+        for (int64_t t : {1, 4}) test_shapes.push_back({b, t, ctx, m});
+      }
+    }
+  }
+  std::cerr << "bench cost: measuring " << fit_shapes.size() << " calibration and " << test_shapes.size()
+            << " held-out span shapes\n";
+  ORYX_ASSIGN_OR_RETURN(std::vector<router::Measurement> fit, router::MeasureSpans(backend, fit_shapes, o.repeats));
+  ORYX_ASSIGN_OR_RETURN(router::CostModel model, router::CostModel::Fit(c, fit));
+  ORYX_ASSIGN_OR_RETURN(std::vector<router::Measurement> test, router::MeasureSpans(backend, test_shapes, o.repeats));
+  double worst = 0, sum = 0;
+  int within = 0;
+  for (const router::Measurement& m : test) {
+    const double predicted = model.PredictSeconds(m.shape), err = predicted / m.seconds - 1;
+    worst = std::max(worst, std::abs(err));
+    sum += std::abs(err);
+    within += std::abs(err) <= 0.2;
+    nlohmann::json r = {{"bench", "cost"}, {"mode", ModeName(m.shape.mode)}, {"batch", m.shape.batch},
+                        {"tokens", m.shape.tokens}, {"context", m.shape.context}, {"measured_ms", m.seconds * 1e3},
+                        {"predicted_ms", predicted * 1e3}, {"relative_error", err}};
+    emit(r);
+  }
+  nlohmann::json summary = {{"bench", "cost"},
+                            {"summary", true},
+                            {"coefficients", model.ToJson()},
+                            {"calibration_shapes", fit.size()},
+                            {"held_out_shapes", test.size()},
+                            {"held_out_within_20_percent", within},
+                            {"mean_abs_relative_error", sum / test.size()},
+                            {"max_abs_relative_error", worst},
+                            {"threads", backend.num_threads()}};
+  summary.update(Provenance());
+  emit(summary);
   return absl::OkStatus();
 }
 

@@ -57,6 +57,15 @@ struct SpecBenchOptions {
 };
 absl::Status RunSpecBench(const SpecBenchOptions& options, const Emit& emit);
 
+struct CostBenchOptions {
+  std::string model_dir;  // random weights of DecodeBenchConfig when empty
+  int threads = 0;
+  int repeats = 5;
+};
+// Calibrates the router's cost model on a grid of span shapes (batch, tokens, context, mode) and reports
+// its prediction error on held-out shapes; one JSON line per held-out shape, then a summary line.
+absl::Status RunCostBench(const CostBenchOptions& options, const Emit& emit);
+
 // Read bandwidth (bytes/s, best of 15 passes) of a buffer of `bytes`, over all hardware threads. A
 // decode step mostly reads (weights, KV cache, state), so sized like the step's working set this is the
 // step's achievable bandwidth, caches included (a large L3 can hold a small model's weights); 1 GiB

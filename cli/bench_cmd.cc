@@ -40,10 +40,11 @@ struct Output {
 
 int RunBench(const Args& args) {
   static const char* kUsage =
-      "usage: oryx bench <decode|spec> [flags]\n\n"
+      "usage: oryx bench <decode|spec|cost> [flags]\n\n"
       "  decode   prefill and decode tokens/s by mode, batch and context, against the memory-bandwidth\n"
       "           roofline (and LibTorch's token-by-token decode in LibTorch builds)\n"
-      "  spec     speculative decoding against attention-mode decoding on a trained model\n\n"
+      "  spec     speculative decoding against attention-mode decoding on a trained model\n"
+      "  cost     calibrate the router's cost model and measure its error on held-out span shapes\n\n"
       "Run 'oryx bench <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -158,7 +159,45 @@ int RunBench(const Args& args) {
       return out.Finish();
     });
   }
-  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec)\n";
+  if (kind == "cost") {
+    bench::CostBenchOptions o;
+    int64_t repeats = o.repeats;
+    FlagSet f("oryx bench cost [--model DIR] [--repeats N] [--json]",
+              "Fits the router's cost model (dense FLOPs, KV bytes, attention and recurrence FLOPs of a forward\n"
+              "span, plus a fixed cost per forward) to measured span times on a grid of batch sizes, span\n"
+              "lengths, contexts and modes, then reports its error on held-out shapes. Without --model: random\n"
+              "weights of the 19M-parameter decode-benchmark config.");
+    f.String("model", &o.model_dir, "model directory (default: random weights)");
+    f.Int("repeats", &repeats, "timed runs per shape (median)", 1, 1000);
+    f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+    f.Bool("json", &out.json, "print JSON lines instead of a table");
+    f.String("out", &out.out_file, "also write the JSON lines to this file (atomically)");
+    return RunWithFlags(f, rest, [&]() -> absl::Status {
+      o.repeats = static_cast<int>(repeats);
+      o.threads = static_cast<int>(threads);
+      out.row = [header = true](const nlohmann::json& j) mutable {
+        if (j.contains("summary")) {
+          std::printf("\nheld-out shapes within 20%%: %d of %d; mean |error| %.1f%%, max %.1f%%\n",
+                      j["held_out_within_20_percent"].get<int>(), j["held_out_shapes"].get<int>(),
+                      100 * j["mean_abs_relative_error"].get<double>(), 100 * j["max_abs_relative_error"].get<double>());
+          return;
+        }
+        if (header) {
+          std::printf("%-10s %6s %7s %8s %12s %13s %8s\n", "mode", "batch", "tokens", "context", "measured ms",
+                      "predicted ms", "error");
+          header = false;
+        }
+        std::printf("%-10s %6lld %7lld %8lld %12.2f %13.2f %7.1f%%\n", j["mode"].get<std::string>().c_str(),
+                    static_cast<long long>(j["batch"].get<int64_t>()), static_cast<long long>(j["tokens"].get<int64_t>()),
+                    static_cast<long long>(j["context"].get<int64_t>()), j["measured_ms"].get<double>(),
+                    j["predicted_ms"].get<double>(), 100 * j["relative_error"].get<double>());
+        std::fflush(stdout);
+      };
+      ORYX_RETURN_IF_ERROR(bench::RunCostBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
+      return out.Finish();
+    });
+  }
+  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec, cost)\n";
   return 2;
 }
 

@@ -47,6 +47,9 @@ expect 1 "data text: missing corpus" -- data text --corpus "$TMP/no-corpus" --ou
 expect 1 "data unpack: missing archive" -- data unpack --archive "$TMP/none.tar.xz" --out "$TMP/u"
 expect 0 "bench decode --help" -- bench decode --help
 expect 0 "bench spec --help" -- bench spec --help
+expect 0 "bench cost --help" -- bench cost --help
+expect 1 "bench cost: missing model" -- bench cost --model "$TMP/no-model"
+expect 2 "bench cost: zero repeats" -- bench cost --repeats 0
 expect 2 "bench: unknown kind" -- bench warp
 expect 2 "generate: missing --model" -- generate --prompt hi
 expect 2 "generate: non-numeric --max-tokens" -- generate --model x --prompt hi --max-tokens lots

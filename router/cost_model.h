@@ -1,0 +1,67 @@
+// The router's cost model (DESIGN.md §7): what a forward span costs, from the work it does, calibrated
+// against the backend's measured step times so that a router (and the speculative draft-length choice)
+// can compare modes, draft lengths and batch sizes before running them.
+//
+// A span's work, summed over its sequences: tokens through the dense layers (projections, MLP, LM head),
+// the KV-cache bytes that attention tokens read, the attention score work (queries x keys), the recurrence
+// work of every token, and the number of sequences (per-sequence work: conv, cache appends, dispatch).
+// The dense work is split by the regime the CPU backend's product runs in, which depends on the rows of
+// the whole batch (m = batch x tokens): one row is a bandwidth-bound GEMV, 2..6 rows the small-product
+// path, more rows a GEMM; each regime gets its own rate. The predicted time is a non-negative combination:
+//   t = c_fixed + c_gemv * dense[m = 1] + c_small * dense[2 <= m <= 6] + [m >= 7] (c_pack + c_gemm * dense)
+//       + c_seq * sequences + c_kv * kv_bytes + c_attn * attention_flops + c_rec * recurrent_flops
+// (c_pack: the GEMM packs each weight matrix once per forward).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx::router {
+
+// One forward: `batch` sequences, each running `tokens` new tokens in `mode` after `context` earlier ones.
+struct SpanShape {
+  int64_t batch = 1;
+  int64_t tokens = 1;
+  int64_t context = 0;
+  Mode mode = Mode::kAttention;
+};
+
+// The work terms of a span (FLOPs, and bytes for the KV read), from the model config.
+struct SpanWork {
+  double dense_flops = 0;      // 2 * (dense parameters) per token, LM head included
+  double kv_bytes = 0;         // KV cache read by attention tokens (fp32)
+  double attention_flops = 0;  // q.k and p.v over the visible keys
+  double recurrent_flops = 0;  // the state update and read, every token
+};
+SpanWork WorkOf(const ModelConfig& config, const SpanShape& shape);
+
+struct Measurement {
+  SpanShape shape;
+  double seconds = 0;
+};
+
+class CostModel {
+ public:
+  // Least squares on relative error with non-negative coefficients. InvalidArgument for fewer than 5
+  // measurements or a non-positive time.
+  static absl::StatusOr<CostModel> Fit(const ModelConfig& config, std::span<const Measurement> measurements);
+  double PredictSeconds(const SpanShape& shape) const;
+  nlohmann::json ToJson() const;
+
+ private:
+  ModelConfig config_;
+  std::vector<double> coef_;  // seconds per unit of each term, in the order of the formula above
+};
+
+// Times forwards of the given shapes on `backend` (median of `repeats` after a warm-up), on synthetic
+// sequences prefilled to each context. Contexts + tokens must fit the model's max_position.
+absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::span<const SpanShape> shapes,
+                                                      int repeats);
+
+}  // namespace oryx::router
