@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
+#include "policies/rule_policies.h"
 #include "speculative/speculative.h"
 
 namespace oryx::cli {
@@ -50,7 +51,11 @@ int RunGenerate(const Args& args) {
             "  periodic:N                  every N-th token in attention mode, the rest linear\n"
             "  speculative[:K]             linear-mode drafts of K tokens (adaptive K if omitted) verified in\n"
             "                              attention mode: exactly attention mode's output, faster when drafts agree\n"
-            "  speculative:ngram[:K]       drafts copied from earlier context (prompt lookup), same verification");
+            "  speculative:ngram[:K]       drafts copied from earlier context (prompt lookup), same verification\n"
+            "  entropy:TAU                 prompt linear (its last token attention); a generated token attends when\n"
+            "                              the distribution it came from had entropy above TAU nats\n"
+            "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
+            "                              sequence's share of attention tokens stays at most FRACTION");
   f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("prompt", &prompt, "the prompt text");
   f.String("prompt-file", &prompt_file, "read the prompt from this file");
@@ -81,6 +86,7 @@ int RunGenerate(const Args& args) {
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
     speculative::RegisterPolicies(engine.policies());
+    policies::RegisterPolicies(engine.policies());
     if (!json) {
       request.on_token = [](const TokenEvent& e) {
         std::fwrite(e.text.data(), 1, e.text.size(), stdout);

@@ -24,36 +24,18 @@ void CountModes(std::span<const Mode> modes, GenerateStats& stats) {
 }
 
 // The built-in decoder: one token per step, its mode from a ModePolicy.
-class ScheduleDecoder final : public Decoder {
+class ScheduleDecoder final : public StepwiseDecoder {
  public:
   explicit ScheduleDecoder(ModePolicy policy) : policy_(std::move(policy)) {}
   Mode PrefillMode(int64_t position, int64_t prompt_len) const override {
     return policy_.ModeAt(position, prompt_len);
   }
-  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override {
-    const size_t n = slots.size();
-    modes_.resize(n);
-    logits_.resize(n);
-    items_.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      DecodeSlot& s = *slots[i];
-      modes_[i] = policy_.ModeAt(s.seq->position(), s.prompt_len);
-      items_[i] = {s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast, &logits_[i], false};
-    }
-    ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-    for (size_t i = 0; i < n; ++i) {
-      DecodeSlot& s = *slots[i];
-      CountModes(std::span(&modes_[i], 1), *s.stats);
-      s.emitted.assign(1, s.sampler->Next(logits_[i]));
-    }
-    return absl::OkStatus();
-  }
+
+ protected:
+  Mode ChooseMode(const DecodeSlot& s, int64_t) override { return policy_.ModeAt(s.seq->position(), s.prompt_len); }
 
  private:
   ModePolicy policy_;
-  std::vector<Mode> modes_;
-  std::vector<std::vector<float>> logits_;
-  std::vector<ForwardItem> items_;
 };
 
 // The state of one request while it runs.
@@ -70,6 +52,26 @@ struct Running {
 };
 
 }  // namespace
+
+absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+  const size_t n = slots.size();
+  modes_.resize(n);
+  logits_.resize(n);
+  items_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    DecodeSlot& s = *slots[i];
+    modes_[i] = ChooseMode(s, static_cast<int64_t>(n));
+    items_[i] = {s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast, &logits_[i], false};
+  }
+  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  for (size_t i = 0; i < n; ++i) {
+    DecodeSlot& s = *slots[i];
+    CountModes(std::span(&modes_[i], 1), *s.stats);
+    Observe(s, modes_[i], logits_[i]);
+    s.emitted.assign(1, s.sampler->Next(logits_[i]));
+  }
+  return absl::OkStatus();
+}
 
 std::string_view FinishReasonName(FinishReason reason) {
   switch (reason) {

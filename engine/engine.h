@@ -101,6 +101,22 @@ class Decoder {
   virtual absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) = 0;
 };
 
+// The usual decoder: each step runs every slot's pending token in one mode and samples the next token.
+// Subclasses choose the mode per slot and may look at the logits the step produced.
+class StepwiseDecoder : public Decoder {
+ public:
+  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) final;
+
+ protected:
+  virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;
+  virtual void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) {}
+
+ private:
+  std::vector<Mode> modes_;
+  std::vector<std::vector<float>> logits_;
+  std::vector<ForwardItem> items_;
+};
+
 // Policy names to decoders. Built in: attention, linear, prefill-linear, periodic:N (engine/mode_policy.h).
 class PolicyRegistry {
  public:

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/checkpoint.h"
+#include "engine/cpu_backend.h"
 #include "engine/file_util.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
@@ -110,6 +111,18 @@ std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path) {
     tensors.push_back(HostTensor{info.name, info.dtype, info.shape, {v.bytes.begin(), v.bytes.end()}});
   }
   return tensors;
+}
+
+Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
+  const ModelConfig config = TinyConfig(mixer);
+  const std::string dir = scratch.Join("m" + std::to_string(seed));
+  WriteTinyCheckpoint(dir, config, RandomTensors(config, DType::kF32, seed));
+  auto backend = CpuBackend::Load(dir, /*threads=*/1);
+  if (!backend.ok()) {
+    ADD_FAILURE() << backend.status();
+    std::abort();
+  }
+  return Engine(std::move(*backend), std::nullopt);
 }
 
 }  // namespace oryx::testutil

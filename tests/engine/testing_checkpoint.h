@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
 
@@ -80,6 +81,10 @@ class FileSizeLimit {
 void WriteTinyCheckpoint(const std::string& dir, const ModelConfig& config,
                          const std::vector<HostTensor>& tensors,
                          uint64_t max_shard_bytes = uint64_t{1} << 40);
+
+// An engine (one CPU thread, no tokenizer) on a random checkpoint of TinyConfig(mixer), written under
+// `scratch`; the weights come from `seed`.
+Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed);
 
 // Reads the file, applies `edit` to its tensors, writes it back with WriteSafetensors (no config
 // checks), so that tests can make a checkpoint whose weights disagree with its config.

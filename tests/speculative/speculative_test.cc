@@ -7,20 +7,14 @@
 #include <numeric>
 #include <random>
 
-#include "engine/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
 
 namespace oryx::speculative {
 namespace {
 
-Engine TinyEngine(const testutil::ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
-  const ModelConfig config = testutil::TinyConfig(mixer);
-  const std::string dir = scratch.Join("m" + std::to_string(seed));
-  testutil::WriteTinyCheckpoint(dir, config, testutil::RandomTensors(config, DType::kF32, seed));
-  auto backend = CpuBackend::Load(dir, /*threads=*/1);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  Engine engine(std::move(*backend), std::nullopt);
+Engine SpeculativeEngine(const testutil::ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
+  Engine engine = testutil::TinyEngine(scratch, mixer, seed);
   RegisterPolicies(engine.policies());
   return engine;
 }
@@ -51,7 +45,7 @@ class SpeculativeTest : public ::testing::TestWithParam<LinearMixer> {};
 TEST_P(SpeculativeTest, GreedyOutputEqualsAttentionModeTokenForToken) {
   testutil::ScratchDir scratch;
   for (uint32_t model_seed : {1u, 2u}) {
-    Engine engine = TinyEngine(scratch, GetParam(), model_seed);
+    Engine engine = SpeculativeEngine(scratch, GetParam(), model_seed);
     const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
     std::mt19937 rng(model_seed);
     std::vector<GenerateRequest> base;
@@ -124,7 +118,7 @@ class ScriptedProposer final : public Proposer {
 
 TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanceCount) {
   testutil::ScratchDir scratch;
-  Engine engine = TinyEngine(scratch, GetParam(), 9);
+  Engine engine = SpeculativeEngine(scratch, GetParam(), 9);
   Backend& backend = engine.backend();
   const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
   std::mt19937 rng(4);
@@ -260,7 +254,7 @@ bool SamplesMatchAttentionMode(Engine& engine, const std::vector<int32_t>& promp
 
 TEST_P(SpeculativeTest, SampledOutputHasAttentionModesDistributionAndWrongRulesAreCaught) {
   testutil::ScratchDir scratch;
-  Engine engine = TinyEngine(scratch, GetParam(), 3);
+  Engine engine = SpeculativeEngine(scratch, GetParam(), 3);
   const std::vector<int32_t> prompt = {7, 11, 13, 17};
   const auto exact = ExactMarginals(engine.backend(), prompt);
   const int64_t n = 6000;
@@ -319,7 +313,7 @@ TEST(NgramProposer, ProposesWhatFollowedTheLatestEarlierMatch) {
   const int64_t k[] = {3};
   // "7 2 3" never occurred; "2 3" did, latest at prompt[5..6], followed by 5 6 7.
   testutil::ScratchDir scratch;
-  Engine engine = TinyEngine(scratch, LinearMixer::kMamba2, 1);  // the proposer never runs the model
+  Engine engine = SpeculativeEngine(scratch, LinearMixer::kMamba2, 1);  // the proposer never runs the model
   ASSERT_TRUE(proposer.Propose(engine.backend(), slots, k, out).ok());
   EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_TRUE(out[0].q.empty());

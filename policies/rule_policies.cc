@@ -1,0 +1,56 @@
+#include "policies/rule_policies.h"
+
+#include <cmath>
+
+#include "absl/strings/numbers.h"
+#include "engine/str_cat.h"
+
+namespace oryx::policies {
+
+namespace {
+using router::Phase;
+
+bool PrefillBody(const router::RouterContext& c) { return c.phase == Phase::kPrefill && !c.last_prompt_token; }
+}  // namespace
+
+router::Decision EntropyRouter::Decide(const router::RouterContext& c) const {
+  if (PrefillBody(c)) return {Mode::kLinear};
+  if (c.phase == Phase::kPrefill || c.entropy < 0) return {Mode::kAttention};  // nothing measured yet
+  return {c.entropy > tau_ ? Mode::kAttention : Mode::kLinear};
+}
+
+router::Decision BudgetRouter::Decide(const router::RouterContext& c) const {
+  if (PrefillBody(c)) return {Mode::kLinear};
+  const double after = static_cast<double>(c.attention_tokens + c.segment_tokens) /
+                       static_cast<double>(c.attention_tokens + c.linear_tokens + c.segment_tokens);
+  return {after <= fraction_ ? Mode::kAttention : Mode::kLinear};
+}
+
+absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {
+  const size_t colon = policy.find(':');
+  const std::string_view kind = policy.substr(0, colon);
+  double value = 0;
+  const bool parsed = colon != std::string_view::npos &&
+                      absl::SimpleAtod(absl::string_view(policy.data() + colon + 1, policy.size() - colon - 1), &value) &&
+                      std::isfinite(value);
+  std::unique_ptr<router::Router> r;
+  if (kind == "entropy") {
+    if (!parsed || value < 0) return absl::InvalidArgumentError(Cat("policy '", policy, "': entropy:TAU needs TAU >= 0 (nats)"));
+    r = std::make_unique<EntropyRouter>(value);
+  } else if (kind == "budget") {
+    if (!parsed || value < 0 || value > 1) {
+      return absl::InvalidArgumentError(Cat("policy '", policy, "': budget:FRACTION needs FRACTION in [0, 1]"));
+    }
+    r = std::make_unique<BudgetRouter>(value);
+  } else {
+    return absl::InvalidArgumentError(Cat("not a rule policy: '", policy, "'"));
+  }
+  return std::unique_ptr<Decoder>(new router::RouterDecoder(std::move(r), {}));
+}
+
+void RegisterPolicies(PolicyRegistry& registry) {
+  registry.Register("entropy", "entropy:TAU", MakeRulePolicy);
+  registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
+}
+
+}  // namespace oryx::policies

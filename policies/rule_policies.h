@@ -1,0 +1,42 @@
+// Rule-based routing policies (DESIGN.md §7) on the router, by name:
+//   entropy:TAU       the prompt in linear mode except its last token; while generating, a token runs in
+//                     attention mode when the distribution it was sampled from had entropy above TAU nats
+//                     (the model is unsure), else in linear mode. TAU >= 0.
+//   budget:FRACTION   the prompt in linear mode except its last token; then attention wherever it keeps the
+//                     sequence's share of attention-mode tokens at or below FRACTION, in [0, 1].
+// (attention, linear, prefill-linear and periodic:N are the engine's built-ins; speculative[:K] is in
+// speculative/.)
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "router/router.h"
+
+namespace oryx::policies {
+
+class EntropyRouter final : public router::Router {
+ public:
+  explicit EntropyRouter(double tau) : tau_(tau) {}
+  router::Decision Decide(const router::RouterContext& c) const override;
+
+ private:
+  double tau_;
+};
+
+class BudgetRouter final : public router::Router {
+ public:
+  explicit BudgetRouter(double fraction) : fraction_(fraction) {}
+  router::Decision Decide(const router::RouterContext& c) const override;
+
+ private:
+  double fraction_;
+};
+
+// Parses entropy:TAU and budget:FRACTION; InvalidArgument naming the policy for anything else.
+absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);
+void RegisterPolicies(PolicyRegistry& registry);
+
+}  // namespace oryx::policies

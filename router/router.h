@@ -1,0 +1,84 @@
+// The router (DESIGN.md §7): at every segment boundary a Router sees a RouterContext and decides the mode of
+// the next segment. The RouterDecoder runs a Router inside Engine::Generate: the prompt in segments of
+// segment_len tokens (the prompt's last token, whose output predicts the first generated token, is a segment
+// of its own), then one decision per generated token.
+//
+// Features are causal: during prefill only positions and counts; while decoding also the entropy and top-2
+// margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost
+// model's predicted step times when a calibrated model is given. Speculation decisions are not routed
+// yet (the speculative[:K] policies choose their own draft length).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "router/cost_model.h"
+
+namespace oryx::router {
+
+enum class Phase { kPrefill, kDecode };
+
+struct RouterContext {
+  Phase phase = Phase::kPrefill;
+  int64_t position = 0;        // the segment's first token
+  int64_t segment_tokens = 1;  // tokens the decision covers
+  int64_t prompt_len = 0;
+  bool last_prompt_token = false;   // the one-token segment whose output predicts the first generated token
+  int64_t batch = 1;
+  int64_t attention_tokens = 0;     // forwarded so far in this sequence, in each mode
+  int64_t linear_tokens = 0;
+  int64_t tokens_since_attention = 0;
+  double entropy = -1;  // nats, of the last sampling distribution (decode; -1 when not known)
+  double margin = -1;   // top-1 minus top-2 logit of the last token (decode; -1 when not known)
+  bool repeated_ngram = false;  // the last 3 tokens occurred earlier in the sequence
+  double predicted_attention_s = -1, predicted_linear_s = -1;  // the cost model's step times, when given
+
+  double attention_fraction() const;
+};
+
+struct Decision {
+  Mode mode = Mode::kAttention;
+};
+
+// A policy: statistics in, decision out. Decide must be a pure function of the context (prefill decisions
+// are recomputed from the start of the prompt on demand).
+class Router {
+ public:
+  virtual ~Router() = default;
+  virtual Decision Decide(const RouterContext& context) const = 0;
+};
+
+struct RouterOptions {
+  int64_t segment_len = 128;
+  std::optional<CostModel> cost_model;  // for the predicted step times
+};
+
+class RouterDecoder final : public StepwiseDecoder {
+ public:
+  RouterDecoder(std::unique_ptr<Router> router, RouterOptions options);
+  Mode PrefillMode(int64_t position, int64_t prompt_len) const override;
+
+ protected:
+  Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
+  void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) override;
+
+ private:
+  struct SlotState {
+    int64_t since_attention = 0;
+    double entropy = -1, margin = -1;
+  };
+  std::unique_ptr<Router> router_;
+  RouterOptions options_;
+  std::map<int64_t, SlotState> slots_;
+};
+
+// The entropy (nats) of softmax(logits) and the top-1 minus top-2 logit margin: the model's own
+// uncertainty, whatever the sampling settings.
+void DistributionStats(std::span<const float> logits, double* entropy, double* margin);
+
+}  // namespace oryx::router
