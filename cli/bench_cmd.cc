@@ -40,11 +40,12 @@ struct Output {
 
 int RunBench(const Args& args) {
   static const char* kUsage =
-      "usage: oryx bench <decode|spec|cost> [flags]\n\n"
+      "usage: oryx bench <decode|spec|cost|router> [flags]\n\n"
       "  decode   prefill and decode tokens/s by mode, batch and context, against the memory-bandwidth\n"
       "           roofline (and LibTorch's token-by-token decode in LibTorch builds)\n"
       "  spec     speculative decoding against attention-mode decoding on a trained model\n"
-      "  cost     calibrate the router's cost model and measure its error on held-out span shapes\n\n"
+      "  cost     calibrate the router's cost model and measure its error on held-out span shapes\n"
+      "  router   retrieval accuracy against attention-token fraction for routing policies\n\n"
       "Run 'oryx bench <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -197,7 +198,66 @@ int RunBench(const Args& args) {
       return out.Finish();
     });
   }
-  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec, cost)\n";
+  if (kind == "router") {
+    bench::RouterBenchOptions o;
+    std::vector<std::string> tasks, policies, lengths, haystack;
+    int64_t seeds = o.seeds;
+    bool no_oracle = false;
+    FlagSet f("oryx bench router --model DIR --data DIR|--haystack FILE... [--tasks T...] [--policies P...] [--json]",
+              "Routing policies end to end on needle-in-a-haystack: the engine generates each example's answer\n"
+              "greedily under the policy, and the answer counts when it is exact. Reports accuracy and the\n"
+              "share of tokens run in attention mode per (task, length, policy); per policy over all lengths,\n"
+              "with the share of the all-linear -> all-attention gap it recovers; and the best policy at 5%,\n"
+              "10% and 20% attention. Also runs random routing (random:F) and an oracle that attends exactly\n"
+              "on the asked needle. Held-out examples: seeds of the evaluation grid, not the trainer's.");
+    f.String("model", &o.model_dir, "model directory", true);
+    f.String("data", &o.data_dir, "corpus directory (haystack from its validation split)");
+    f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
+    f.StringList("tasks", &tasks, "niah, niah-multikey, passkey [default: niah niah-multikey]");
+    f.StringList("policies", &policies, "policies to compare (the oracle is added unless --no-oracle)");
+    f.StringList("lengths", &lengths, "sequence lengths [default: 256 512 1024]");
+    f.Int("seeds", &seeds, "examples per (length, depth)", 1, 10000);
+    f.Bool("no-oracle", &no_oracle, "leave the oracle out");
+    f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+    f.Bool("json", &out.json, "print JSON lines instead of a table");
+    f.String("out", &out.out_file, "also write the JSON lines to this file (atomically)");
+    return RunWithFlags(f, rest, [&]() -> absl::Status {
+      o.haystack_files = haystack;
+      if (o.data_dir.empty() == haystack.empty()) return absl::InvalidArgumentError("give exactly one of --data and --haystack");
+      if (!tasks.empty()) o.tasks = SplitList(tasks);
+      if (!policies.empty()) o.policies = SplitList(policies);
+      if (!lengths.empty()) {
+        ORYX_ASSIGN_OR_RETURN(std::vector<int64_t> ls, ParsePositiveInts(lengths, "lengths"));
+        o.lengths.assign(ls.begin(), ls.end());
+      }
+      o.seeds = static_cast<int32_t>(seeds);
+      o.oracle = !no_oracle;
+      o.threads = static_cast<int>(threads);
+      out.row = [](const nlohmann::json& j) {
+        if (j.contains("summary") && j["summary"].is_string()) {
+          std::printf("%s: all-attention %.3f, all-linear %.3f\n", j["task"].get<std::string>().c_str(),
+                      j["attention_accuracy"].get<double>(), j["linear_accuracy"].get<double>());
+          for (const char* k : {"best_at_5pct", "best_at_10pct", "best_at_20pct"}) {
+            const auto& b = j[k];
+            std::printf("  %-14s %-16s accuracy %.3f, gap recovered %.2f\n", k, b["policy"].get<std::string>().c_str(),
+                        b["accuracy"].get<double>(), b["gap_recovered"].get<double>());
+          }
+          return;
+        }
+        const bool summary = j.contains("summary");
+        std::printf("%-14s %6s %-16s %5d %9.3f %10.3f%s\n", j["task"].get<std::string>().c_str(),
+                    summary ? "all" : std::to_string(j["length"].get<int>()).c_str(),
+                    j["policy"].get<std::string>().c_str(), static_cast<int>(j["n"].get<double>()),
+                    j["accuracy"].get<double>(), j["attention_fraction"].get<double>(),
+                    j.contains("gap_recovered") ? Cat("   gap recovered ", j["gap_recovered"].get<double>()).c_str() : "");
+        std::fflush(stdout);
+      };
+      std::printf("%-14s %6s %-16s %5s %9s %10s\n", "task", "length", "policy", "n", "accuracy", "attn frac");
+      ORYX_RETURN_IF_ERROR(bench::RunRouterBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
+      return out.Finish();
+    });
+  }
+  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec, cost, router)\n";
   return 2;
 }
 

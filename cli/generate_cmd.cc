@@ -55,7 +55,8 @@ int RunGenerate(const Args& args) {
             "  entropy:TAU                 prompt linear (its last token attention); a generated token attends when\n"
             "                              the distribution it came from had entropy above TAU nats\n"
             "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
-            "                              sequence's share of attention tokens stays at most FRACTION");
+            "                              sequence's share of attention tokens stays at most FRACTION\n"
+            "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)");
   f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("prompt", &prompt, "the prompt text");
   f.String("prompt-file", &prompt_file, "read the prompt from this file");

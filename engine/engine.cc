@@ -27,8 +27,8 @@ void CountModes(std::span<const Mode> modes, GenerateStats& stats) {
 class ScheduleDecoder final : public StepwiseDecoder {
  public:
   explicit ScheduleDecoder(ModePolicy policy) : policy_(std::move(policy)) {}
-  Mode PrefillMode(int64_t position, int64_t prompt_len) const override {
-    return policy_.ModeAt(position, prompt_len);
+  Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const override {
+    return policy_.ModeAt(position, static_cast<int64_t>(prompt.size()));
   }
 
  protected:
@@ -138,6 +138,12 @@ PolicyRegistry::PolicyRegistry() {
 }
 
 void PolicyRegistry::Register(std::string prefix, std::string usage, Factory factory) {
+  for (Entry& e : entries_) {
+    if (e.prefix == prefix) {
+      e = {std::move(prefix), std::move(usage), std::move(factory)};
+      return;
+    }
+  }
   entries_.push_back({std::move(prefix), std::move(usage), std::move(factory)});
 }
 
@@ -279,7 +285,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
         if (done >= n) continue;
         const int64_t len = std::min(kPrefillChunk, n - done);
         modes[i].resize(len);
-        for (int64_t t = 0; t < len; ++t) modes[i][t] = run[i].decoder->PrefillMode(done + t, n);
+        for (int64_t t = 0; t < len; ++t) modes[i][t] = run[i].decoder->PrefillMode(run[i].prompt, done + t);
         CountModes(modes[i], run[i].result.stats);
         items.push_back({&*run[i].seq, std::span(run[i].prompt).subspan(done, len), modes[i],
                          done + len == n ? LogitsRows::kLast : LogitsRows::kNone, &logits[i], false});

@@ -92,8 +92,8 @@ struct DecodeSlot {
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  // The mode of prompt token `position` (of prompt_len) during prefill.
-  virtual Mode PrefillMode(int64_t position, int64_t prompt_len) const = 0;
+  // The mode of prompt token `position` during prefill.
+  virtual Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const = 0;
   // How many KV positions past the emitted tokens a step may write (so the engine can Reserve them).
   virtual int64_t Lookahead() const { return 0; }
   // For every slot: run `pending` (and whatever else the strategy needs) and emit the next tokens. Must
@@ -123,6 +123,7 @@ class PolicyRegistry {
   using Factory = std::function<absl::StatusOr<std::unique_ptr<Decoder>>(std::string_view policy)>;
   PolicyRegistry();
   // Names equal to `prefix` or starting with `prefix + ":"` go to `factory`; `usage` is shown in errors.
+  // Registering a prefix again replaces its entry.
   void Register(std::string prefix, std::string usage, Factory factory);
   absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "engine/str_cat.h"
+#include "tasks/rng.h"
 
 namespace oryx::policies {
 
@@ -26,6 +27,11 @@ router::Decision BudgetRouter::Decide(const router::RouterContext& c) const {
   return {after <= fraction_ ? Mode::kAttention : Mode::kLinear};
 }
 
+router::Decision RandomRouter::Decide(const router::RouterContext& c) const {
+  const uint64_t h = tasks::MixSeed({0x726f757465, c.sequence_hash, static_cast<uint64_t>(c.position)});
+  return {tasks::Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
+}
+
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {
   const size_t colon = policy.find(':');
   const std::string_view kind = policy.substr(0, colon);
@@ -37,11 +43,15 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy)
   if (kind == "entropy") {
     if (!parsed || value < 0) return absl::InvalidArgumentError(Cat("policy '", policy, "': entropy:TAU needs TAU >= 0 (nats)"));
     r = std::make_unique<EntropyRouter>(value);
-  } else if (kind == "budget") {
+  } else if (kind == "budget" || kind == "random") {
     if (!parsed || value < 0 || value > 1) {
-      return absl::InvalidArgumentError(Cat("policy '", policy, "': budget:FRACTION needs FRACTION in [0, 1]"));
+      return absl::InvalidArgumentError(Cat("policy '", policy, "': ", kind, ":FRACTION needs FRACTION in [0, 1]"));
     }
-    r = std::make_unique<BudgetRouter>(value);
+    if (kind == "budget") {
+      r = std::make_unique<BudgetRouter>(value);
+    } else {
+      r = std::make_unique<RandomRouter>(value);
+    }
   } else {
     return absl::InvalidArgumentError(Cat("not a rule policy: '", policy, "'"));
   }
@@ -51,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy)
 void RegisterPolicies(PolicyRegistry& registry) {
   registry.Register("entropy", "entropy:TAU", MakeRulePolicy);
   registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
+  registry.Register("random", "random:FRACTION", MakeRulePolicy);
 }
 
 }  // namespace oryx::policies

@@ -4,6 +4,9 @@
 //                     (the model is unsure), else in linear mode. TAU >= 0.
 //   budget:FRACTION   the prompt in linear mode except its last token; then attention wherever it keeps the
 //                     sequence's share of attention-mode tokens at or below FRACTION, in [0, 1].
+//   random:FRACTION   every segment (and generated token) in attention mode with probability FRACTION, from a
+//                     fixed hash of the prompt and the position: the baseline a router must beat at a matched
+//                     attention fraction.
 // (attention, linear, prefill-linear and periodic:N are the engine's built-ins; speculative[:K] is in
 // speculative/.)
 #pragma once
@@ -35,7 +38,16 @@ class BudgetRouter final : public router::Router {
   double fraction_;
 };
 
-// Parses entropy:TAU and budget:FRACTION; InvalidArgument naming the policy for anything else.
+class RandomRouter final : public router::Router {
+ public:
+  explicit RandomRouter(double fraction) : fraction_(fraction) {}
+  router::Decision Decide(const router::RouterContext& c) const override;
+
+ private:
+  double fraction_;
+};
+
+// Parses entropy:TAU, budget:FRACTION and random:FRACTION; InvalidArgument naming the policy for anything else.
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);
 void RegisterPolicies(PolicyRegistry& registry);
 

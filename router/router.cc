@@ -34,10 +34,18 @@ void DistributionStats(std::span<const float> logits, double* entropy, double* m
 RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions options)
     : router_(std::move(router)), options_(std::move(options)) {}
 
-Mode RouterDecoder::PrefillMode(int64_t position, int64_t prompt_len) const {
+uint64_t PromptHash(std::span<const int32_t> prompt) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the ids
+  for (int32_t id : prompt) h = (h ^ static_cast<uint32_t>(id)) * 0x100000001b3ull;
+  return h;
+}
+
+Mode RouterDecoder::PrefillMode(std::span<const int32_t> prompt, int64_t position) const {
   // Replays the prefill decisions from the prompt's start up to `position`'s segment.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   RouterContext c;
   c.prompt_len = prompt_len;
+  c.sequence_hash = PromptHash(prompt);
   const int64_t seg = std::max<int64_t>(1, options_.segment_len);
   for (int64_t start = 0; start < prompt_len;) {
     c.position = start;
@@ -69,6 +77,7 @@ Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
   c.tokens_since_attention = st.since_attention;
   c.entropy = st.entropy;
   c.margin = st.margin;
+  c.sequence_hash = PromptHash(*s.prompt);
   // The last 3 tokens (prompt and generated together) seen earlier?
   std::vector<int32_t> all(s.prompt->begin(), s.prompt->end());
   all.insert(all.end(), s.generated->begin(), s.generated->end());

@@ -36,6 +36,7 @@ struct RouterContext {
   double entropy = -1;  // nats, of the last sampling distribution (decode; -1 when not known)
   double margin = -1;   // top-1 minus top-2 logit of the last token (decode; -1 when not known)
   bool repeated_ngram = false;  // the last 3 tokens occurred earlier in the sequence
+  uint64_t sequence_hash = 0;   // a hash of the prompt: lets a randomised policy differ between sequences
   double predicted_attention_s = -1, predicted_linear_s = -1;  // the cost model's step times, when given
 
   double attention_fraction() const;
@@ -61,7 +62,7 @@ struct RouterOptions {
 class RouterDecoder final : public StepwiseDecoder {
  public:
   RouterDecoder(std::unique_ptr<Router> router, RouterOptions options);
-  Mode PrefillMode(int64_t position, int64_t prompt_len) const override;
+  Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const override;
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -76,6 +77,9 @@ class RouterDecoder final : public StepwiseDecoder {
   RouterOptions options_;
   std::map<int64_t, SlotState> slots_;
 };
+
+// FNV-1a of the prompt's ids (RouterContext::sequence_hash).
+uint64_t PromptHash(std::span<const int32_t> prompt);
 
 // The entropy (nats) of softmax(logits) and the top-1 minus top-2 logit margin: the model's own
 // uncertainty, whatever the sampling settings.

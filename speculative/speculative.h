@@ -123,7 +123,7 @@ class DraftLengthController {
 class SpeculativeDecoder final : public Decoder {
  public:
   SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options);
-  Mode PrefillMode(int64_t, int64_t) const override { return Mode::kAttention; }
+  Mode PrefillMode(std::span<const int32_t>, int64_t) const override { return Mode::kAttention; }
   int64_t Lookahead() const override { return options_.k > 0 ? options_.k + 1 : options_.max_k + 1; }
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
   const DraftLengthController& controller() const { return controller_; }

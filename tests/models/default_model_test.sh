@@ -5,9 +5,9 @@
 #   2. perplexity of four stretches of the validation split (tests/data/default_model, 40K tokens as text)
 #      lies in the stated range: attention mode 7.5-10.5 (measured 8.84), linear mode above attention and
 #      below 11.5 (measured 9.81);
-#   3. on multi-key needle-in-a-haystack at 512 tokens (haystack: this repository's own C++ sources, 40
-#      examples), linear prefill + attention generation beats all-linear by at least 0.15 (measured 0.950
-#      vs 0.675) with under 5% of the tokens in attention mode.
+#   3. on multi-key needle-in-a-haystack at 256, 512 and 1024 tokens (haystack: the same validation text,
+#      120 examples), linear prefill + attention generation beats all-linear by at least 0.10 (measured
+#      0.825 vs 0.667; all-attention 0.858) with under 5% of the tokens in attention mode (measured 0.8%).
 #   default_model_test.sh PATH_TO_ORYX SOURCE_DIR
 set -euo pipefail
 ORYX="$1" SRC="$2"
@@ -44,15 +44,15 @@ assert ppl["attention"] < ppl["linear"] <= 11.5, ppl
 PY
 
 # 3. Linear prefill keeps the retrieval that all-linear loses.
-"$ORYX" eval niah-multikey --model "$MODEL" --haystack "$SRC"/engine/*.cc "$SRC"/kernels/cpu/*.cc --lengths 512 \
-  --seeds 8 --json >"$TMP/niah.json"
+"$ORYX" eval niah-multikey --model "$MODEL" --haystack "$SRC"/tests/data/default_model/val-*.txt \
+  --lengths 256 512 1024 --seeds 8 --json >"$TMP/niah.json"
 python3 - "$TMP/niah.json" <<'PY' || fail "needle-in-a-haystack margin"
 import json, sys
 s = {r["policy"]: r for r in json.load(open(sys.argv[1]))["results"] if r.get("summary")}
 acc = {p: s[p]["accuracy"] for p in s}
-print(f"multi-key NIAH @512: attention {acc['attention']:.3f}, linear {acc['linear']:.3f}, "
+print(f"multi-key NIAH @256-1024: attention {acc['attention']:.3f}, linear {acc['linear']:.3f}, "
       f"prefill-linear {acc['prefill-linear']:.3f} ({100 * s['prefill-linear']['attention_fraction']:.1f}% attention)")
-assert acc["prefill-linear"] - acc["linear"] >= 0.15, acc
+assert acc["prefill-linear"] - acc["linear"] >= 0.10, acc
 assert s["prefill-linear"]["attention_fraction"] < 0.05
 PY
 [[ $failed -eq 0 ]] && echo "default model: all checks passed"

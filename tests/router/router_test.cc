@@ -50,6 +50,14 @@ TEST_F(RouterTest, BudgetPolicyKeepsTheAttentionShare) {
   }
 }
 
+TEST_F(RouterTest, RandomPolicyHitsItsFractionOnAverage) {
+  // 4 prompt tokens (two segments) and 55 generated tokens: 56 decisions, a fixed hash of the positions.
+  const GenerateStats s = Generated(*engine_, "random:0.3", 4, 56);
+  EXPECT_NEAR(s.attention_fraction(), 0.3, 0.15);
+  EXPECT_EQ(Generated(*engine_, "random:0", 4, 20).attention_tokens, 0);
+  EXPECT_EQ(Generated(*engine_, "random:1", 4, 20).linear_tokens, 0);
+}
+
 // Attention for even segments, linear for odd ones.
 class AlternatingRouter final : public Router {
  public:
@@ -70,7 +78,8 @@ TEST(RouterDecoder, PrefillDecisionsFollowSegmentsAndTheLastPromptTokenIsItsOwn)
   const int64_t n = 11;  // segments [0,4) [4,8) [8,10), then token 10 alone
   const Mode A = Mode::kAttention, L = Mode::kLinear;
   const std::vector<Mode> want = {A, A, A, A, L, L, L, L, A, A, A};
-  for (int64_t p = 0; p < n; ++p) EXPECT_EQ(decoder.PrefillMode(p, n), want[p]) << p;
+  const std::vector<int32_t> prompt(n, 7);
+  for (int64_t p = 0; p < n; ++p) EXPECT_EQ(decoder.PrefillMode(prompt, p), want[p]) << p;
 }
 
 TEST(RouterDecoder, DistributionStats) {
@@ -84,10 +93,11 @@ TEST(RouterDecoder, DistributionStats) {
 }
 
 TEST(RulePolicies, BadNamesAreErrors) {
-  for (const char* ok : {"entropy:0", "entropy:2.5", "budget:0", "budget:0.1", "budget:1"}) {
+  for (const char* ok : {"entropy:0", "entropy:2.5", "budget:0", "budget:0.1", "budget:1", "random:0.3"}) {
     EXPECT_TRUE(policies::MakeRulePolicy(ok).ok()) << ok;
   }
-  for (const char* bad : {"entropy", "entropy:-1", "entropy:x", "budget:1.5", "budget:", "budget:nan", "fancy:1"}) {
+  for (const char* bad : {"entropy", "entropy:-1", "entropy:x", "budget:1.5", "budget:", "budget:nan", "random:2",
+                          "fancy:1"}) {
     EXPECT_EQ(policies::MakeRulePolicy(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
