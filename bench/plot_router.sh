@@ -18,9 +18,9 @@ for r in rows:
         with open(f"{sys.argv[2]}/{tasks.index(r['task'])}.dat", "a") as f:
             # x: attention share in percent (clamped to 0.1% for the log axis), y: accuracy, label
             f.write(f"{max(100 * r['attention_fraction'], 0.1):.4f} {r['accuracy']:.4f} \"{r['policy']}\"\n")
-open(f"{sys.argv[2]}/tasks", "w").write("\n".join(tasks))
+open(f"{sys.argv[2]}/tasks", "w").write("".join(t + "\n" for t in tasks))
 PY
-n=$(wc -l < "$TMP/tasks"); n=$((n + 1))
+n=$(wc -l < "$TMP/tasks")
 {
   echo "set terminal pngcairo size $((560 * n)),480 font ',10'"
   echo "set output '$OUT'"
