@@ -11,6 +11,7 @@
 #include "engine/checkpoint.h"
 #include "engine/cpu_backend.h"
 #include "engine/file_util.h"
+#include "engine/str_cat.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
 
@@ -115,7 +116,7 @@ std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path) {
 
 Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
   const ModelConfig config = TinyConfig(mixer);
-  const std::string dir = scratch.Join("m" + std::to_string(seed));
+  const std::string dir = scratch.Join(Cat("m", seed));
   WriteTinyCheckpoint(dir, config, RandomTensors(config, DType::kF32, seed));
   auto backend = CpuBackend::Load(dir, /*threads=*/1);
   if (!backend.ok()) {

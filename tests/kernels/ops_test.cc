@@ -244,7 +244,9 @@ void ExpectRecurrentMatches(const RecurrentCase& c, const std::vector<float>& ou
   EXPECT_LE(RelErr(out, out_ref), kTol) << where;
   EXPECT_LE(RelErr(state, state_ref), kTol) << where;
   EXPECT_LE(RelErr(states, states_ref), kTol) << where;
-  if (!states.empty()) EXPECT_EQ(std::vector<float>(states.end() - state.size(), states.end()), state) << where;
+  if (!states.empty()) {
+    EXPECT_EQ(std::vector<float>(states.end() - state.size(), states.end()), state) << where;
+  }
 }
 
 // Long spans that save no per-token states take the chunked path: lengths below, at and across chunks.
