@@ -27,8 +27,8 @@ void CountModes(std::span<const Mode> modes, GenerateStats& stats) {
 class ScheduleDecoder final : public StepwiseDecoder {
  public:
   explicit ScheduleDecoder(ModePolicy policy) : policy_(std::move(policy)) {}
-  Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const override {
-    return policy_.ModeAt(position, static_cast<int64_t>(prompt.size()));
+  void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override {
+    for (size_t t = 0; t < modes.size(); ++t) modes[t] = policy_.ModeAt(begin + t, static_cast<int64_t>(prompt.size()));
   }
 
  protected:
@@ -52,6 +52,16 @@ struct Running {
 };
 
 }  // namespace
+
+int64_t DecodeSlot::LatestEarlierMatch(int64_t len) const {
+  const int64_t n = context_size();
+  for (int64_t s = n - len - 1; s >= 0 && len > 0; --s) {
+    bool match = true;
+    for (int64_t j = 0; j < len && match; ++j) match = context_token(s + j) == context_token(n - len + j);
+    if (match) return s;
+  }
+  return -1;
+}
 
 absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
   const size_t n = slots.size();
@@ -241,11 +251,8 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
     out.tokens.push_back(token);
     out.stats.generated_tokens = static_cast<int64_t>(out.tokens.size());
     const size_t old_size = out.text.size();
-    if (tokenizer_) {
-      std::string text = tokenizer_->Decode(out.tokens);
-      if (text.compare(0, old_size, out.text) != 0) text = out.text + tokenizer_->Decode(std::span(&token, 1));
-      out.text = std::move(text);
-    }
+    // Decoding concatenates piece texts, so the new token's text is appended as is.
+    if (tokenizer_) out.text += tokenizer_->Decode(std::span(&token, 1));
     bool stopped = false;
     const size_t from = old_size >= r.longest_stop ? old_size - r.longest_stop + 1 : 0;
     size_t cut = std::string::npos;
@@ -285,7 +292,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
         if (done >= n) continue;
         const int64_t len = std::min(kPrefillChunk, n - done);
         modes[i].resize(len);
-        for (int64_t t = 0; t < len; ++t) modes[i][t] = run[i].decoder->PrefillMode(run[i].prompt, done + t);
+        run[i].decoder->PrefillModes(run[i].prompt, done, modes[i]);
         CountModes(modes[i], run[i].result.stats);
         items.push_back({&*run[i].seq, std::span(run[i].prompt).subspan(done, len), modes[i],
                          done + len == n ? LogitsRows::kLast : LogitsRows::kNone, &logits[i], false});

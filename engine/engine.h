@@ -87,13 +87,22 @@ struct DecodeSlot {
   Sampler* sampler = nullptr;
   GenerateStats* stats = nullptr;
   std::vector<int32_t> emitted;  // Step's output: >= 1 tokens, in order; the last becomes `pending`
+
+  // The sequence so far as one context: the prompt, then the generated tokens.
+  int64_t context_size() const { return static_cast<int64_t>(prompt->size() + generated->size()); }
+  int32_t context_token(int64_t i) const {
+    const int64_t n = static_cast<int64_t>(prompt->size());
+    return i < n ? (*prompt)[i] : (*generated)[i - n];
+  }
+  // The start of the latest earlier occurrence of the context's last `len` tokens, or -1 if none.
+  int64_t LatestEarlierMatch(int64_t len) const;
 };
 
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  // The mode of prompt token `position` during prefill.
-  virtual Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const = 0;
+  // The modes of prompt tokens begin .. begin + modes.size() - 1 during prefill (one chunk of the prompt).
+  virtual void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const = 0;
   // How many KV positions past the emitted tokens a step may write (so the engine can Reserve them).
   virtual int64_t Lookahead() const { return 0; }
   // For every slot: run `pending` (and whatever else the strategy needs) and emit the next tokens. Must

@@ -40,33 +40,34 @@ uint64_t PromptHash(std::span<const int32_t> prompt) {
   return h;
 }
 
-Mode RouterDecoder::PrefillMode(std::span<const int32_t> prompt, int64_t position) const {
-  // Replays the prefill decisions from the prompt's start up to `position`'s segment.
-  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const {
+  // Replays the segment decisions from the prompt's start (they depend on the counts before them) and
+  // writes those that fall in [begin, begin + modes.size()).
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size()), end = begin + static_cast<int64_t>(modes.size());
   RouterContext c;
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
   const int64_t seg = std::max<int64_t>(1, options_.segment_len);
-  for (int64_t start = 0; start < prompt_len;) {
+  for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
     c.segment_tokens = c.last_prompt_token ? 1 : std::min(seg, prompt_len - 1 - start);
     if (options_.cost_model) {
-      const SpanShape shape{1, c.segment_tokens, start, Mode::kAttention};
-      c.predicted_attention_s = options_.cost_model->PredictSeconds(shape);
+      c.predicted_attention_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kAttention});
       c.predicted_linear_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kLinear});
     }
     const Mode m = router_->Decide(c).mode;
-    if (position < start + c.segment_tokens) return m;
+    for (int64_t t = std::max(start, begin); t < std::min(start + c.segment_tokens, end); ++t) modes[t - begin] = m;
     (m == Mode::kAttention ? c.attention_tokens : c.linear_tokens) += c.segment_tokens;
     c.tokens_since_attention = m == Mode::kAttention ? 0 : c.tokens_since_attention + c.segment_tokens;
     start += c.segment_tokens;
   }
-  return Mode::kAttention;  // unreachable for position < prompt_len
 }
 
 Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
-  const SlotState& st = slots_[s.id];
+  auto [it, fresh] = slots_.try_emplace(s.id);
+  SlotState& st = it->second;
+  if (fresh) st.prompt_hash = PromptHash(*s.prompt);
   RouterContext c;
   c.phase = Phase::kDecode;
   c.position = s.seq->position();
@@ -77,14 +78,8 @@ Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
   c.tokens_since_attention = st.since_attention;
   c.entropy = st.entropy;
   c.margin = st.margin;
-  c.sequence_hash = PromptHash(*s.prompt);
-  // The last 3 tokens (prompt and generated together) seen earlier?
-  std::vector<int32_t> all(s.prompt->begin(), s.prompt->end());
-  all.insert(all.end(), s.generated->begin(), s.generated->end());
-  if (all.size() > 3) {
-    const auto tail = all.end() - 3;
-    c.repeated_ngram = std::search(all.begin(), tail, tail, all.end()) != tail;
-  }
+  c.sequence_hash = st.prompt_hash;
+  c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
   if (options_.cost_model) {
     c.predicted_attention_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kAttention});
     c.predicted_linear_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kLinear});

@@ -3,7 +3,7 @@
 // segment_len tokens (the prompt's last token, whose output predicts the first generated token, is a segment
 // of its own), then one decision per generated token.
 //
-// Features are causal: during prefill only positions and counts; while decoding also the entropy and top-2
+// Features are causal: during prefill only positions, counts and a hash of the prompt; while decoding also the entropy and top-2
 // margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost
 // model's predicted step times when a calibrated model is given. Speculation decisions are not routed
 // yet (the speculative[:K] policies choose their own draft length).
@@ -62,7 +62,7 @@ struct RouterOptions {
 class RouterDecoder final : public StepwiseDecoder {
  public:
   RouterDecoder(std::unique_ptr<Router> router, RouterOptions options);
-  Mode PrefillMode(std::span<const int32_t> prompt, int64_t position) const override;
+  void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override;
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -70,6 +70,7 @@ class RouterDecoder final : public StepwiseDecoder {
 
  private:
   struct SlotState {
+    uint64_t prompt_hash = 0;
     int64_t since_attention = 0;
     double entropy = -1, margin = -1;
   };

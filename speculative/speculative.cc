@@ -73,21 +73,13 @@ absl::Status NgramProposer::Propose(Backend&, std::span<DecodeSlot* const> slots
     out[i].tokens.clear();
     out[i].q.clear();
     if (k[i] == 0) continue;
-    // The context: prompt, then the generated tokens (the last of which is the pending token).
-    const std::vector<int32_t>& p = *slots[i]->prompt;
-    const std::vector<int32_t>& g = *slots[i]->generated;
-    const int64_t n = static_cast<int64_t>(p.size() + g.size());
-    auto at = [&](int64_t j) { return j < static_cast<int64_t>(p.size()) ? p[j] : g[j - p.size()]; };
+    // The context is the prompt, then the generated tokens (the last of which is the pending token).
+    const DecodeSlot& slot = *slots[i];
+    const int64_t n = slot.context_size();
     for (int64_t len = std::min<int64_t>(max_ngram_, n - 1); len >= min_ngram_ && out[i].tokens.empty(); --len) {
-      // Latest earlier start s with context[s .. s+len) == the last len tokens, s + len < n.
-      for (int64_t s = n - len - 1; s >= 0; --s) {
-        bool match = true;
-        for (int64_t j = 0; j < len && match; ++j) match = at(s + j) == at(n - len + j);
-        if (!match) continue;
-        for (int64_t j = s + len; j < n && static_cast<int64_t>(out[i].tokens.size()) < k[i]; ++j) {
-          out[i].tokens.push_back(at(j));
-        }
-        break;
+      const int64_t s = slot.LatestEarlierMatch(len);
+      for (int64_t j = s + len; s >= 0 && j < n && static_cast<int64_t>(out[i].tokens.size()) < k[i]; ++j) {
+        out[i].tokens.push_back(slot.context_token(j));
       }
     }
   }
@@ -136,9 +128,9 @@ int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Pr
 
 DraftLengthController::DraftLengthController(int64_t max_k) : max_k_(max_k) {}
 
-double DraftLengthController::acceptance_at(int64_t slot_id, int64_t position) const {
-  auto it = slots_.find(slot_id);
-  return it == slots_.end() ? 0.0 : it->second.accept[position];
+DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
+  // Acceptance starts optimistic (0.8 per position) until rounds are measured.
+  return slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
 }
 
 double DraftLengthController::VerifySeconds(double n) const {
@@ -150,7 +142,7 @@ double DraftLengthController::VerifySeconds(double n) const {
 }
 
 int64_t DraftLengthController::Choose(int64_t slot_id) {
-  Slot& s = slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
+  Slot& s = SlotFor(slot_id);
   if (s.rounds == 0) return max_k_;  // measure a long span and a short one first
   if (s.rounds == 1 || draft_step_s_ < 0 || VerifySeconds(1) < 0) return 1;
   // Expected tokens per round for draft length k: the accepted prefix plus the recovered / bonus token.
@@ -170,7 +162,7 @@ int64_t DraftLengthController::Choose(int64_t slot_id) {
 }
 
 void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted) {
-  Slot& s = slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
+  Slot& s = SlotFor(slot_id);
   ++s.rounds;
   constexpr double kDecay = 0.9;
   // Position i was reached when the i drafts before it were accepted.

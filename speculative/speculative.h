@@ -18,6 +18,7 @@
 // With this rule every emitted token has exactly attention mode's distribution (greedy: the same token).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -103,7 +104,6 @@ class DraftLengthController {
   void RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted);
   // Wall times of one round's batched draft steps (all of them) and verify forward (of longest span k+1).
   void RecordCosts(int64_t draft_steps, double draft_s, int64_t verify_k, double verify_s);
-  double acceptance_at(int64_t slot_id, int64_t position) const;
 
  private:
   struct Slot {
@@ -112,6 +112,7 @@ class DraftLengthController {
   };
   // The fitted verify cost of a span of n tokens, or a negative number before there is a fit.
   double VerifySeconds(double n) const;
+  Slot& SlotFor(int64_t slot_id);
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
   double draft_step_s_ = -1;
@@ -123,10 +124,11 @@ class DraftLengthController {
 class SpeculativeDecoder final : public Decoder {
  public:
   SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options);
-  Mode PrefillMode(std::span<const int32_t>, int64_t) const override { return Mode::kAttention; }
+  void PrefillModes(std::span<const int32_t>, int64_t, std::span<Mode> modes) const override {
+    std::fill(modes.begin(), modes.end(), Mode::kAttention);
+  }
   int64_t Lookahead() const override { return options_.k > 0 ? options_.k + 1 : options_.max_k + 1; }
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
-  const DraftLengthController& controller() const { return controller_; }
 
  private:
   std::unique_ptr<Proposer> proposer_;

@@ -79,7 +79,16 @@ TEST(RouterDecoder, PrefillDecisionsFollowSegmentsAndTheLastPromptTokenIsItsOwn)
   const Mode A = Mode::kAttention, L = Mode::kLinear;
   const std::vector<Mode> want = {A, A, A, A, L, L, L, L, A, A, A};
   const std::vector<int32_t> prompt(n, 7);
-  for (int64_t p = 0; p < n; ++p) EXPECT_EQ(decoder.PrefillMode(prompt, p), want[p]) << p;
+  // The whole prompt at once, and in uneven chunks as the engine's prefill asks for it.
+  std::vector<Mode> got(n);
+  decoder.PrefillModes(prompt, 0, got);
+  EXPECT_EQ(got, want);
+  std::fill(got.begin(), got.end(), Mode::kLinear);
+  for (int64_t begin : {0, 3, 9}) {
+    const int64_t len = begin == 0 ? 3 : begin == 3 ? 6 : n - 9;
+    decoder.PrefillModes(prompt, begin, std::span(got).subspan(begin, len));
+  }
+  EXPECT_EQ(got, want);
 }
 
 TEST(RouterDecoder, DistributionStats) {
