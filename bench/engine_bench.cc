@@ -82,8 +82,7 @@ absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& co
   return s;
 }
 
-double ReadBandwidth(int threads, double bytes) {
-  (void)threads;  // StreamSum uses every hardware thread
+double ReadBandwidth(double bytes) {
   const int64_t n = std::max<int64_t>(1 << 16, static_cast<int64_t>(bytes / sizeof(float)));
   std::vector<float> x(n, 1.f);
   float sum = 0;
@@ -124,7 +123,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   const int64_t params = ParamCount(c);
   std::cerr << "bench decode: " << params / 1e6 << "M parameters, " << backend.num_threads()
             << " threads\n";
-  const double dram_bandwidth = ReadBandwidth(o.threads, 1024.0 * (1 << 20));
+  const double dram_bandwidth = ReadBandwidth(1024.0 * (1 << 20));
   const double weight_bytes = 4.0 * params, L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());
   const double state_bytes = 4.0 * L * c.n_heads * c.head_dim * c.head_dim;
   for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
@@ -167,7 +166,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         // new KV entries, and the recurrent state read and written.
         const double kv_read = mode == Mode::kAttention ? 2.0 * 4 * L * HD * (context + 1) : 0.0;
         const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
-        const double bandwidth = ReadBandwidth(o.threads, bytes);
+        const double bandwidth = ReadBandwidth(bytes);
         nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
                             {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
                             {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},

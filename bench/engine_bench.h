@@ -92,6 +92,6 @@ absl::Status RunRouterBench(const RouterBenchOptions& options, const Emit& emit)
 // decode step mostly reads (weights, KV cache, state), so sized like the step's working set this is the
 // step's achievable bandwidth, caches included (a large L3 can hold a small model's weights); 1 GiB
 // measures DRAM.
-double ReadBandwidth(int threads, double bytes);
+double ReadBandwidth(double bytes);
 
 }  // namespace oryx::bench

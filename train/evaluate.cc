@@ -3,19 +3,17 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/cpu_backend.h"
+#include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "engine/tokenizer.h"
 #include "tasks/scoring.h"
 #include "tasks/task_mix.h"
-#include "engine/cpu_backend.h"
-#include "engine/file_util.h"
 #include "train/mode_sampling.h"
 #include "train/shards.h"
 #include "train/task_data.h"

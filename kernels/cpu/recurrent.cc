@@ -41,10 +41,10 @@ constexpr int64_t kChunk = 64;
 struct ChunkHead {
   int64_t tokens, dh, qkv_stride, out_stride, gate_stride;  // gate_stride: step between tokens in the gates
   const float *q, *k, *v, *scale, *log_decay;
-  float d_skip;  // mamba2's skip (0 for gdn)
-  bool gdn;
-  float* state;  // [dh, dh]
+  const float* d_skip;  // mamba2's skip of this head; null for gdn
+  float* state;         // [dh, dh]
   float* out;
+  bool gdn() const { return d_skip == nullptr; }
 };
 
 void RunChunked(const ChunkHead& h) {
@@ -61,7 +61,7 @@ void RunChunked(const ChunkHead& h) {
       q.row(t) = ConstVec(h.q + in, dh).transpose();
       k.row(t) = ConstVec(h.k + in, dh).transpose();
       v.row(t) = ConstVec(h.v + in, dh).transpose();
-      if (h.gdn) {
+      if (h.gdn()) {
         k.row(t) /= std::sqrt(k.row(t).squaredNorm() + static_cast<float>(kL2NormEps));
         q.row(t) *= inv_sqrt_dh / std::sqrt(q.row(t).squaredNorm() + static_cast<float>(kL2NormEps));
       }
@@ -75,7 +75,7 @@ void RunChunked(const ChunkHead& h) {
     for (int64_t t = 0; t < c; ++t) {
       for (int64_t j = 0; j < c; ++j) qk(t, j) = j <= t ? qk(t, j) * std::exp(G[t] - G[j]) : 0.f;
     }
-    if (!h.gdn) {
+    if (!h.gdn()) {
       u = sc.head(c).asDiagonal() * V;
     } else {
       a.noalias() = K * K.transpose();
@@ -96,7 +96,7 @@ void RunChunked(const ChunkHead& h) {
     // Outputs, then the state for the next chunk.
     o.noalias() = (G.array().exp().matrix().asDiagonal() * Q) * s;
     o.noalias() += qk * u;
-    if (!h.gdn) o += h.d_skip * V;
+    if (!h.gdn()) o += *h.d_skip * V;
     for (int64_t t = 0; t < c; ++t) Vec(h.out + (t0 + t) * h.out_stride, dh) = o.row(t).transpose();
     const float last = G[c - 1];
     to_end = (last - G.array()).exp().matrix();
@@ -105,16 +105,25 @@ void RunChunked(const ChunkHead& h) {
     s = next;
   }
 }
+
+// Every head of a span in chunks: the head's q, k, v, out and state, its gates at column h of [T, H], its skip.
+void RunChunkedHeads(int64_t heads, int64_t dh, ChunkHead head) {
+  for (int64_t h = 0; h < heads; ++h) {
+    ChunkHead one = head;
+    one.q += h * dh, one.k += h * dh, one.v += h * dh, one.out += h * dh;
+    one.scale += h, one.log_decay += h;
+    one.state += h * dh * dh;
+    if (one.d_skip != nullptr) one.d_skip += h;
+    RunChunked(one);
+  }
+}
 }  // namespace
 
 void Mamba2(const Mamba2Params& p) {
   const int64_t dh = p.head_dim, state_size = p.heads * dh * dh;
   if (p.tokens >= kChunkMinTokens && p.maybe_states_out_ptr == nullptr) {
-    for (int64_t h = 0; h < p.heads; ++h) {
-      RunChunked({p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr + h * dh, p.k_ptr + h * dh,
-                  p.v_ptr + h * dh, p.dt_ptr + h, p.log_a_ptr + h, p.d_skip_ptr[h], false, p.state_ptr + h * dh * dh,
-                  p.out_ptr + h * dh});
-    }
+    RunChunkedHeads(p.heads, dh, {p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr, p.k_ptr,
+                                  p.v_ptr, p.dt_ptr, p.log_a_ptr, p.d_skip_ptr, p.state_ptr, p.out_ptr});
     return;
   }
   for (int64_t t = 0; t < p.tokens; ++t) {
@@ -158,11 +167,8 @@ void Mamba2Reference(const Mamba2Params& p) {
 void Gdn(const GdnParams& p) {
   const int64_t dh = p.head_dim, state_size = p.heads * dh * dh;
   if (p.tokens >= kChunkMinTokens && p.maybe_states_out_ptr == nullptr) {
-    for (int64_t h = 0; h < p.heads; ++h) {
-      RunChunked({p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr + h * dh, p.k_ptr + h * dh,
-                  p.v_ptr + h * dh, p.beta_ptr + h, p.log_alpha_ptr + h, 0.f, true, p.state_ptr + h * dh * dh,
-                  p.out_ptr + h * dh});
-    }
+    RunChunkedHeads(p.heads, dh, {p.tokens, dh, p.qkv_token_stride, p.out_token_stride, p.heads, p.q_ptr, p.k_ptr,
+                                  p.v_ptr, p.beta_ptr, p.log_alpha_ptr, nullptr, p.state_ptr, p.out_ptr});
     return;
   }
   const float inv_sqrt_dh = 1.0f / std::sqrt(static_cast<float>(dh));
