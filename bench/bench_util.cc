@@ -55,4 +55,8 @@ double Median(std::vector<double> samples) {
   return samples.size() % 2 ? samples[mid] : 0.5 * (samples[mid - 1] + samples[mid]);
 }
 
+nlohmann::json Provenance() {
+  return {{"machine", MachineInfo()}, {"git", GitRevision()}, {"time", UtcTimestamp()}};
+}
+
 }  // namespace oryx::bench

@@ -14,6 +14,8 @@ nlohmann::json MachineInfo();
 std::string GitRevision();
 // Seconds since the epoch, ISO 8601 UTC.
 std::string UtcTimestamp();
+// {"machine", "git", "time"}: the provenance fields above, for a result line.
+nlohmann::json Provenance();
 // Median of the samples (copies and sorts).
 double Median(std::vector<double> samples);
 

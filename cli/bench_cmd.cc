@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "bench/engine_bench.h"
+#include "bench/router_bench.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "engine/file_util.h"
