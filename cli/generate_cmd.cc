@@ -56,7 +56,9 @@ int RunGenerate(const Args& args) {
             "                              the distribution it came from had entropy above TAU nats\n"
             "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
             "                              sequence's share of attention tokens stays at most FRACTION\n"
-            "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)");
+            "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
+            "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
+            "                              features picks each segment's mode (and, if trained to, draft lengths)");
   f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("prompt", &prompt, "the prompt text");
   f.String("prompt-file", &prompt_file, "read the prompt from this file");

@@ -114,7 +114,7 @@ class Decoder {
 // Subclasses choose the mode per slot and may look at the logits the step produced.
 class StepwiseDecoder : public Decoder {
  public:
-  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) final;
+  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
 
  protected:
   virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "engine/str_cat.h"
+#include "policies/learned_policy.h"
 #include "tasks/rng.h"
 
 namespace oryx::policies {
@@ -62,6 +63,7 @@ void RegisterPolicies(PolicyRegistry& registry) {
   registry.Register("entropy", "entropy:TAU", MakeRulePolicy);
   registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
   registry.Register("random", "random:FRACTION", MakeRulePolicy);
+  registry.Register("learned", "learned:PATH", MakeLearnedPolicy);
 }
 
 }  // namespace oryx::policies

@@ -7,6 +7,7 @@
 //   random:FRACTION   every segment (and generated token) in attention mode with probability FRACTION, from a
 //                     fixed hash of the prompt and the position: the baseline a router must beat at a matched
 //                     attention fraction.
+//   learned:PATH      a learned policy file (policies/learned_policy.h).
 // (attention, linear, prefill-linear and periodic:N are the engine's built-ins; speculative[:K] is in
 // speculative/.)
 #pragma once

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/status_macros.h"
 
 namespace oryx::router {
 
@@ -32,7 +33,16 @@ void DistributionStats(std::span<const float> logits, double* entropy, double* m
 }
 
 RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions options)
-    : router_(std::move(router)), options_(std::move(options)) {}
+    : router_(std::move(router)), options_(std::move(options)) {
+  if (const int64_t k = router_->max_draft_length(); k > 0) {
+    spec_ = std::make_unique<speculative::SpeculativeDecoder>(std::make_unique<speculative::LinearProposer>(),
+                                                              speculative::SpeculativeOptions{.k = 0, .max_k = k});
+  }
+}
+
+RouterDecoder::~RouterDecoder() = default;
+
+int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
 
 uint64_t PromptHash(std::span<const int32_t> prompt) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the ids
@@ -64,7 +74,7 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   }
 }
 
-Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
+Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   auto [it, fresh] = slots_.try_emplace(s.id);
   SlotState& st = it->second;
   if (fresh) st.prompt_hash = PromptHash(*s.prompt);
@@ -78,13 +88,64 @@ Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
   c.tokens_since_attention = st.since_attention;
   c.entropy = st.entropy;
   c.margin = st.margin;
+  c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
   c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
   if (options_.cost_model) {
     c.predicted_attention_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kAttention});
     c.predicted_linear_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kLinear});
   }
-  return router_->Decide(c).mode;
+  Decision d = router_->Decide(c);
+  if (d.mode == Mode::kLinear || !spec_) d.draft_length = 0;
+  d.draft_length = std::clamp<int64_t>(d.draft_length, 0, router_->max_draft_length());
+  return d;
+}
+
+Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
+  SlotState& st = slots_[s.id];
+  if (st.decided) {
+    const Mode m = *st.decided;
+    st.decided.reset();
+    return m;
+  }
+  return DecideDecode(s, batch).mode;
+}
+
+absl::Status RouterDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+  if (!spec_) return StepwiseDecoder::Step(backend, slots);
+  plain_.clear();
+  speculating_.clear();
+  draft_lengths_.clear();
+  const int64_t batch = static_cast<int64_t>(slots.size());
+  for (DecodeSlot* s : slots) {
+    const Decision d = DecideDecode(*s, batch);
+    if (d.draft_length > 0) {
+      speculating_.push_back(s);
+      draft_lengths_.push_back(d.draft_length);
+    } else {
+      slots_[s->id].decided = d.mode;
+      plain_.push_back(s);
+    }
+  }
+  if (!plain_.empty()) ORYX_RETURN_IF_ERROR(StepwiseDecoder::Step(backend, plain_));
+  if (speculating_.empty()) return absl::OkStatus();
+  std::vector<std::pair<int64_t, int64_t>> before(speculating_.size());
+  for (size_t i = 0; i < speculating_.size(); ++i) {
+    const auto& spec = speculating_[i]->stats->spec;
+    before[i] = spec ? std::pair(spec->drafted, spec->accepted) : std::pair<int64_t, int64_t>(0, 0);
+  }
+  ORYX_RETURN_IF_ERROR(spec_->Round(backend, speculating_, draft_lengths_));
+  for (size_t i = 0; i < speculating_.size(); ++i) {
+    SlotState& st = slots_[speculating_[i]->id];
+    st.since_attention = 0;  // the verify span ran in attention mode
+    const SpecStats& spec = *speculating_[i]->stats->spec;
+    const int64_t drafted = spec.drafted - before[i].first, accepted = spec.accepted - before[i].second;
+    if (drafted > 0) {
+      const double rate = static_cast<double>(accepted) / static_cast<double>(drafted);
+      st.acceptance = st.acceptance < 0 ? rate : 0.7 * st.acceptance + 0.3 * rate;
+    }
+  }
+  return absl::OkStatus();
 }
 
 void RouterDecoder::Observe(const DecodeSlot& s, Mode mode, std::span<const float> logits) {

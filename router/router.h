@@ -5,8 +5,12 @@
 //
 // Features are causal: during prefill only positions, counts and a hash of the prompt; while decoding also the entropy and top-2
 // margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost
-// model's predicted step times when a calibrated model is given. Speculation decisions are not routed
-// yet (the speculative[:K] policies choose their own draft length).
+// model's predicted step times when a calibrated model is given, and the acceptance rate of this sequence's
+// recent speculative rounds.
+//
+// A decode decision may also speculate: attention mode with draft_length k > 0 runs a speculative round
+// (k linear-mode drafts verified in attention mode, speculative/) instead of one step. It is lossless, so
+// it changes the cost of a token, not the tokens.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,7 @@
 
 #include "engine/engine.h"
 #include "router/cost_model.h"
+#include "speculative/speculative.h"
 
 namespace oryx::router {
 
@@ -38,12 +43,14 @@ struct RouterContext {
   bool repeated_ngram = false;  // the last 3 tokens occurred earlier in the sequence
   uint64_t sequence_hash = 0;   // a hash of the prompt: lets a randomised policy differ between sequences
   double predicted_attention_s = -1, predicted_linear_s = -1;  // the cost model's step times, when given
+  double acceptance = -1;  // running average of accepted / drafted over recent speculative rounds (-1: none)
 
   double attention_fraction() const;
 };
 
 struct Decision {
   Mode mode = Mode::kAttention;
+  int64_t draft_length = 0;  // decode in attention mode only: > 0 runs a speculative round of this many drafts
 };
 
 // A policy: statistics in, decision out. Decide must be a pure function of the context (prefill decisions
@@ -52,6 +59,8 @@ class Router {
  public:
   virtual ~Router() = default;
   virtual Decision Decide(const RouterContext& context) const = 0;
+  // The longest draft a decision may ask for (0: the router never speculates).
+  virtual int64_t max_draft_length() const { return 0; }
 };
 
 struct RouterOptions {
@@ -62,7 +71,11 @@ struct RouterOptions {
 class RouterDecoder final : public StepwiseDecoder {
  public:
   RouterDecoder(std::unique_ptr<Router> router, RouterOptions options);
+  ~RouterDecoder() override;
   void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override;
+  int64_t Lookahead() const override;
+  // Slots whose decision speculates run one speculative round; the others one step, each in its mode.
+  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -72,11 +85,16 @@ class RouterDecoder final : public StepwiseDecoder {
   struct SlotState {
     uint64_t prompt_hash = 0;
     int64_t since_attention = 0;
-    double entropy = -1, margin = -1;
+    double entropy = -1, margin = -1, acceptance = -1;
+    std::optional<Mode> decided;  // set by Step for the plain step that follows
   };
+  Decision DecideDecode(const DecodeSlot& slot, int64_t batch);
   std::unique_ptr<Router> router_;
   RouterOptions options_;
   std::map<int64_t, SlotState> slots_;
+  std::unique_ptr<speculative::SpeculativeDecoder> spec_;  // when the router may speculate
+  std::vector<DecodeSlot*> plain_, speculating_;
+  std::vector<int64_t> draft_lengths_;
 };
 
 // FNV-1a of the prompt's ids (RouterContext::sequence_hash).

@@ -194,6 +194,13 @@ SpeculativeDecoder::SpeculativeDecoder(std::unique_ptr<Proposer> proposer, Specu
       controller_(options_.k > 0 ? options_.k : options_.max_k) {}
 
 absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+  want_.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) want_[i] = options_.k > 0 ? options_.k : controller_.Choose(slots[i]->id);
+  return Round(backend, slots, want_);
+}
+
+absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* const> slots,
+                                       std::span<const int64_t> want) {
   const ModelConfig& c = backend.config();
   const int64_t V = c.vocab_size;
   const size_t n = slots.size();
@@ -201,9 +208,9 @@ absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* co
   proposals_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const DecodeSlot& s = *slots[i];
-    const int64_t want = options_.k > 0 ? options_.k : controller_.Choose(s.id);
     // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
-    k_[i] = std::max<int64_t>(0, std::min({want, s.remaining - 1, c.max_position - s.seq->position() - 1}));
+    k_[i] = std::max<int64_t>(0, std::min({want[i], options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
+                                           c.max_position - s.seq->position() - 1}));
   }
 
   // 1. Propose.

@@ -129,13 +129,16 @@ class SpeculativeDecoder final : public Decoder {
   }
   int64_t Lookahead() const override { return options_.k > 0 ? options_.k + 1 : options_.max_k + 1; }
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  // One round for each slot with the draft length given for it (k[i] <= max_k; 0: a plain attention step
+  // through the same verify forward). Step is Round with the controller's (or the fixed) k.
+  absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k);
 
  private:
   std::unique_ptr<Proposer> proposer_;
   SpeculativeOptions options_;
   DraftLengthController controller_;
   std::vector<Proposal> proposals_;
-  std::vector<int64_t> k_;
+  std::vector<int64_t> want_, k_;
   std::vector<std::vector<int32_t>> spans_;
   std::vector<std::vector<Mode>> modes_;
   std::vector<std::vector<float>> logits_;

@@ -1,0 +1,231 @@
+// Learned policies: the policy file round trip and its errors, the MLP forward against a hand computation,
+// learned:PATH inside generation (modes, and speculation decisions that must leave the output unchanged),
+// and sampled decisions that repeat when prefill is replayed.
+#include "policies/learned_policy.h"
+
+#include <cmath>
+#include <fstream>
+
+#include "engine/safetensors.h"
+#include "gtest/gtest.h"
+#include "policies/rule_policies.h"
+#include "router/features.h"
+#include "tests/engine/testing_checkpoint.h"
+
+namespace oryx::policies {
+namespace {
+
+using router::kNumFeatures;
+
+// No hidden layer, zero weights: p_attention = sigmoid(attention_bias - linear_bias) everywhere.
+PolicyNetwork ConstantNetwork(float attention_logit, std::vector<int64_t> draft_lengths = {},
+                              std::vector<float> draft_logits = {}) {
+  PolicyNetwork n = RandomPolicyNetwork({}, draft_lengths, 4, 1);
+  std::fill(n.mode_head.weight.begin(), n.mode_head.weight.end(), 0.0f);
+  n.mode_head.bias = {0.0f, attention_logit};
+  if (!draft_logits.empty()) {
+    std::fill(n.draft_head.weight.begin(), n.draft_head.weight.end(), 0.0f);
+    n.draft_head.bias = draft_logits;
+  }
+  return n;
+}
+
+std::vector<float> SomeFeatures() {
+  router::RouterContext c;
+  c.phase = router::Phase::kDecode;
+  c.position = 40, c.prompt_len = 30, c.attention_tokens = 5, c.linear_tokens = 35, c.tokens_since_attention = 3;
+  c.entropy = 1.5, c.margin = 2.0;
+  std::vector<float> f(kNumFeatures);
+  router::Featurize(c, f);
+  return f;
+}
+
+TEST(LearnedPolicyTest, FileRoundTripKeepsTheFunction) {
+  testutil::ScratchDir dir;
+  const std::vector<int64_t> hidden = {16, 8}, drafts = {0, 2, 4};
+  PolicyNetwork n = RandomPolicyNetwork(hidden, drafts, 64, 42);
+  n.input_mean[3] = 0.5f;
+  n.input_inv_std[3] = 2.0f;
+  n.training = {{"lambda", 0.5}};
+  const std::string path = dir.path() + "/p.safetensors";
+  ASSERT_TRUE(WritePolicyFile(path, n).ok());
+  auto back = ReadPolicyFile(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->segment_len, 64);
+  EXPECT_EQ(back->draft_lengths, drafts);
+  EXPECT_EQ(back->training["lambda"], 0.5);
+  auto a = LearnedPolicy::Create(n), b = LearnedPolicy::Create(*std::move(back));
+  ASSERT_TRUE(a.ok() && b.ok());
+  LearnedPolicy::Output oa, ob;
+  const std::vector<float> f = SomeFeatures();
+  a->Evaluate(f, &oa);
+  b->Evaluate(f, &ob);
+  EXPECT_EQ(oa.p_attention, ob.p_attention);
+  ASSERT_EQ(ob.draft_probs.size(), 3u);
+  EXPECT_EQ(oa.draft_probs, ob.draft_probs);
+  EXPECT_NEAR(ob.draft_probs[0] + ob.draft_probs[1] + ob.draft_probs[2], 1.0, 1e-12);
+}
+
+TEST(LearnedPolicyTest, ForwardMatchesAHandComputation) {
+  // One hidden unit: h = tanh(w . ((x - mean) * inv_std) + b); logits = (0, 3 h - 1).
+  PolicyNetwork n = RandomPolicyNetwork(std::vector<int64_t>{1}, {}, 4, 3);
+  std::vector<float> x = SomeFeatures();
+  n.input_mean.assign(kNumFeatures, 0.25f);
+  n.input_inv_std.assign(kNumFeatures, 0.5f);
+  n.hidden[0].bias = {0.1f};
+  n.mode_head.weight = {0.0f, 3.0f};
+  n.mode_head.bias = {0.0f, -1.0f};
+  double pre = 0.1;
+  for (int i = 0; i < kNumFeatures; ++i) pre += n.hidden[0].weight[i] * (x[i] - 0.25) * 0.5;
+  const double logit = 3 * std::tanh(pre) - 1;
+  auto p = LearnedPolicy::Create(n);
+  ASSERT_TRUE(p.ok());
+  LearnedPolicy::Output out;
+  p->Evaluate(x, &out);
+  EXPECT_NEAR(out.p_attention, 1 / (1 + std::exp(-logit)), 1e-6);
+}
+
+TEST(LearnedPolicyTest, BadFilesAreClearErrors) {
+  testutil::ScratchDir dir;
+  const std::string good = dir.path() + "/good.safetensors";
+  ASSERT_TRUE(WritePolicyFile(good, RandomPolicyNetwork(std::vector<int64_t>{4}, {}, 8, 1)).ok());
+  auto expect_error = [&](const std::string& path, const std::string& needle) {
+    auto r = ReadPolicyFile(path);
+    ASSERT_FALSE(r.ok()) << needle;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+  };
+  expect_error(dir.path() + "/missing.safetensors", "missing.safetensors");
+  {  // truncated
+    std::ifstream in(good, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir.path() + "/cut.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() - 9);
+    expect_error(dir.path() + "/cut.safetensors", "cut.safetensors");
+  }
+  {  // a safetensors file that is not a policy
+    const HostTensor t = MakeHostTensor("x", {2}, std::vector<float>{1, 2}, DType::kF32);
+    ASSERT_TRUE(WriteSafetensors(dir.path() + "/plain.safetensors", Views(std::span(&t, 1))).ok());
+    expect_error(dir.path() + "/plain.safetensors", "not a router policy");
+  }
+  // Files written by hand with one thing wrong each.
+  auto write_raw = [&](const std::string& name, const PolicyNetwork& n, nlohmann::json meta_patch,
+                       std::vector<HostTensor> extra = {}) {
+    std::vector<HostTensor> t;
+    t.push_back(MakeHostTensor("input.mean", {kNumFeatures}, n.input_mean, DType::kF32));
+    t.push_back(MakeHostTensor("input.inv_std", {kNumFeatures}, n.input_inv_std, DType::kF32));
+    t.push_back(MakeHostTensor("hidden.0.weight", {n.hidden[0].out, n.hidden[0].in}, n.hidden[0].weight, DType::kF32));
+    t.push_back(MakeHostTensor("hidden.0.bias", {n.hidden[0].out}, n.hidden[0].bias, DType::kF32));
+    t.push_back(MakeHostTensor("mode.weight", {n.mode_head.out, n.mode_head.in}, n.mode_head.weight, DType::kF32));
+    t.push_back(MakeHostTensor("mode.bias", {n.mode_head.out}, n.mode_head.bias, DType::kF32));
+    for (HostTensor& e : extra) t.push_back(std::move(e));
+    nlohmann::json meta = {{"format", kPolicyFormat}, {"version", kPolicyVersion},
+                           {"feature_version", router::kFeatureVersion}, {"features", n.features},
+                           {"activation", "tanh"}, {"segment_len", 8}, {"draft_lengths", nlohmann::json::array()}};
+    if (meta_patch.is_object()) meta.merge_patch(meta_patch);  // ({} arrives as null)
+    const std::string path = dir.path() + "/" + name;
+    EXPECT_TRUE(WriteSafetensors(path, Views(t), {{std::string(kPolicyMetadataKey), meta.dump()}}).ok());
+    return path;
+  };
+  PolicyNetwork n = RandomPolicyNetwork(std::vector<int64_t>{4}, {}, 8, 1);
+  {  // the hand writer itself is right
+    auto ok = ReadPolicyFile(write_raw("ok.safetensors", n, {}));
+    ASSERT_TRUE(ok.ok()) << ok.status();
+  }
+  expect_error(write_raw("v9.safetensors", n, {{"version", 9}}), "format version 9");
+  expect_error(write_raw("fv.safetensors", n, {{"feature_version", 0}}), "feature version 0");
+  expect_error(write_raw("act.safetensors", n, {{"activation", "relu"}}), "activation 'relu'");
+  PolicyNetwork renamed = n;
+  renamed.features[2] = "mystery";
+  expect_error(write_raw("feat.safetensors", renamed, {}), "feature 2 of the policy is 'mystery'");
+  PolicyNetwork nan = n;
+  nan.hidden[0].weight[1] = NAN;
+  expect_error(write_raw("nan.safetensors", nan, {}), "hidden.0.weight: not finite");
+  std::vector<HostTensor> extra;
+  extra.push_back(MakeHostTensor("surplus", {1}, std::vector<float>{0}, DType::kF32));
+  expect_error(write_raw("extra.safetensors", n, {}, std::move(extra)), "unexpected tensor surplus");
+  PolicyNetwork wide = n;
+  wide.mode_head = {3, 4, std::vector<float>(12), std::vector<float>(3)};
+  expect_error(write_raw("heads.safetensors", wide, {}), "mode head has 3 outputs");
+}
+
+class LearnedGenerationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_.emplace(testutil::TinyEngine(scratch_, LinearMixer::kMamba2, 4));
+    RegisterPolicies(engine_->policies());
+  }
+  absl::StatusOr<GenerateResult> Run(const std::string& policy, int64_t prompt_len = 12, int64_t max_tokens = 10) {
+    GenerateRequest q;
+    for (int64_t i = 0; i < prompt_len; ++i) q.prompt_tokens.push_back(static_cast<int32_t>(4 + i % 20));
+    q.max_tokens = max_tokens;
+    q.stop_at_eos = false;
+    q.policy = policy;
+    return engine_->Generate(q);
+  }
+  std::string Write(const std::string& name, const PolicyNetwork& n) {
+    const std::string path = scratch_.path() + "/" + name;
+    EXPECT_TRUE(WritePolicyFile(path, n).ok());
+    return path;
+  }
+  testutil::ScratchDir scratch_;
+  std::optional<Engine> engine_;
+};
+
+TEST_F(LearnedGenerationTest, ModesFollowThePolicy) {
+  auto all = Run("learned:" + Write("attn.safetensors", ConstantNetwork(10)));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->stats.linear_tokens, 0);
+  EXPECT_EQ(all->stats.attention_tokens, 12 + 9);
+  auto none = Run("learned:" + Write("lin.safetensors", ConstantNetwork(-10)));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->stats.attention_tokens, 0);
+  auto reference = Run("attention");
+  ASSERT_TRUE(reference.ok());
+  EXPECT_EQ(all->tokens, reference->tokens);
+}
+
+TEST_F(LearnedGenerationTest, RoutedSpeculationKeepsTheOutput) {
+  // Always attention, always draft 3 tokens: speculative rounds that must emit attention mode's tokens.
+  const std::string path = Write("spec.safetensors", ConstantNetwork(10, {0, 3}, {-10, 10}));
+  auto spec = Run("learned:" + path, 12, 24);
+  auto reference = Run("attention", 12, 24);
+  ASSERT_TRUE(spec.ok() && reference.ok()) << spec.status();
+  EXPECT_EQ(spec->tokens, reference->tokens);
+  ASSERT_TRUE(spec->stats.spec.has_value());
+  EXPECT_GT(spec->stats.spec->rounds, 0);
+  EXPECT_LT(spec->stats.spec->rounds, 23);  // fewer rounds than tokens: drafts were accepted
+  EXPECT_GT(spec->stats.spec->drafted, 0);
+}
+
+TEST_F(LearnedGenerationTest, SampledDecisionsRepeatAcrossReplays) {
+  // A 50/50 sampling policy on 4-token segments: the trace sees every decision, replays included, and a
+  // replayed decision must equal the first one at the same (phase, position).
+  auto p = LearnedPolicy::Create(ConstantNetwork(0));
+  ASSERT_TRUE(p.ok());
+  auto policy = std::make_shared<const LearnedPolicy>(*std::move(p));
+  std::map<std::pair<int, int64_t>, Mode> seen;
+  int conflicts = 0, attention = 0;
+  engine_->policies().Register("sampled", "sampled", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return MakeLearnedDecoder(policy, 7, [&](const router::RouterContext& c, const router::Decision& d) {
+      auto [it, fresh] = seen.try_emplace({static_cast<int>(c.phase), c.position}, d.mode);
+      conflicts += !fresh && it->second != d.mode;
+      attention += fresh && d.mode == Mode::kAttention;
+    });
+  });
+  auto r = Run("sampled", 40, 30);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(conflicts, 0);
+  EXPECT_GT(attention, 3);
+  EXPECT_LT(attention, static_cast<int>(seen.size()) - 3);
+}
+
+TEST_F(LearnedGenerationTest, BadPolicyNamesAreErrors) {
+  EXPECT_FALSE(Run("learned:").ok());
+  auto r = Run("learned:" + scratch_.path() + "/nope.safetensors");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("nope.safetensors"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace oryx::policies
