@@ -1,5 +1,7 @@
 #include "bench/router_bench.h"
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -9,6 +11,7 @@
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "policies/rule_policies.h"
+#include "router/cost_model.h"
 #include "router/router.h"
 #include "speculative/speculative.h"
 #include "tasks/task_mix.h"
@@ -32,6 +35,104 @@ class OracleRouter final : public router::Router {
  private:
   int64_t begin_, end_;
 };
+struct Total {
+  double correct = 0, n = 0;               // answers right, answers asked
+  double attention = 0, tokens = 0;        // tokens forwarded in attention mode, and in all
+  double flops = 0;                        // model FLOPs of every forwarded token (router::WorkOf)
+  void Add(const Total& t) {
+    correct += t.correct, n += t.n, attention += t.attention, tokens += t.tokens, flops += t.flops;
+  }
+};
+
+double TokenFlops(const ModelConfig& c, Mode m, int64_t context) {
+  const router::SpanWork w = router::WorkOf(c, {1, 1, context, m});
+  return w.dense_flops + w.attention_flops + w.recurrent_flops;
+}
+
+// Needle tasks: each prompt generated from with the policy (greedy); right when the generated tokens equal
+// the answer. `policy_of(i)` names example i's policy.
+absl::StatusOr<Total> ScoreByGeneration(Engine& engine, const std::vector<tasks::TaskExample>& examples,
+                                        const std::function<std::string(size_t)>& policy_of) {
+  const ModelConfig& c = engine.backend().config();
+  std::vector<GenerateRequest> requests(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    requests[i].prompt_tokens = examples[i].Prompt();
+    requests[i].max_tokens = examples[i].answers[0].length;
+    requests[i].stop_at_eos = false;
+    requests[i].policy = policy_of(i);
+  }
+  ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> results, engine.Generate(requests));
+  Total t;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerateStats& s = results[i].stats;
+    t.correct += results[i].tokens == examples[i].AnswerTokens(0);
+    t.n += 1;
+    t.attention += s.attention_tokens;
+    t.tokens += s.attention_tokens + s.linear_tokens;
+    // FLOPs: the prompt's modes replayed from the decoder, the generated tokens' from the counts left over.
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> d, engine.policies().Make(requests[i].policy));
+    const std::vector<int32_t>& prompt = requests[i].prompt_tokens;
+    std::vector<Mode> modes(prompt.size());
+    d->PrefillModes(prompt, 0, modes);
+    int64_t prompt_attention = 0;
+    for (size_t p = 0; p < modes.size(); ++p) {
+      t.flops += TokenFlops(c, modes[p], static_cast<int64_t>(p));
+      prompt_attention += modes[p] == Mode::kAttention;
+    }
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    const int64_t decode_attention = std::max<int64_t>(0, s.attention_tokens - prompt_attention);
+    const int64_t decode_linear = std::max<int64_t>(0, s.linear_tokens - (n - prompt_attention));
+    t.flops += decode_attention * TokenFlops(c, Mode::kAttention, n) + decode_linear * TokenFlops(c, Mode::kLinear, n);
+  }
+  return t;
+}
+
+// MQAR (answers inside the sequence): the whole sequence teacher-forced in the modes the policy gives its
+// prompt; a query is right when every token of its answer is the argmax of the position before it.
+absl::StatusOr<Total> ScoreByTeacherForcing(Engine& engine, const std::vector<tasks::TaskExample>& examples,
+                                            const std::string& policy) {
+  const ModelConfig& c = engine.backend().config();
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, engine.policies().Make(policy));
+  Total t;
+  constexpr size_t kGroup = 8;  // sequences per forward (bounds the all-position logits)
+  for (size_t begin = 0; begin < examples.size(); begin += kGroup) {
+    const size_t end = std::min(examples.size(), begin + kGroup);
+    std::vector<SequenceState> seqs;
+    std::vector<std::vector<int32_t>> inputs(end - begin);
+    std::vector<std::vector<Mode>> modes(end - begin);
+    std::vector<std::vector<float>> logits(end - begin);
+    std::vector<ForwardItem> items;
+    for (size_t i = begin; i < end; ++i) {
+      const std::vector<int32_t>& ids = examples[i].ids;
+      inputs[i - begin].assign(ids.begin(), ids.end() - 1);
+      modes[i - begin].resize(inputs[i - begin].size());
+      decoder->PrefillModes(inputs[i - begin], 0, modes[i - begin]);
+      seqs.push_back(engine.backend().NewSequence());
+    }
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      items.push_back({&seqs[j], inputs[j], modes[j], LogitsRows::kAll, &logits[j], false});
+    }
+    ORYX_RETURN_IF_ERROR(engine.backend().Forward(items));
+    for (size_t j = 0; j < seqs.size(); ++j) {
+      const tasks::TaskExample& ex = examples[begin + j];
+      for (const tasks::AnswerSpan& a : ex.answers) {
+        bool right = true;
+        for (int32_t p = a.begin; p < a.begin + a.length; ++p) {
+          const float* row = logits[j].data() + static_cast<size_t>(p - 1) * c.vocab_size;
+          right = right && std::max_element(row, row + c.vocab_size) - row == ex.ids[p];
+        }
+        t.correct += right;
+        t.n += 1;
+      }
+      for (size_t p = 0; p < modes[j].size(); ++p) {
+        t.attention += modes[j][p] == Mode::kAttention;
+        t.flops += TokenFlops(c, modes[j][p], static_cast<int64_t>(p));
+      }
+      t.tokens += static_cast<double>(modes[j].size());
+    }
+  }
+  return t;
+}
 }  // namespace
 
 absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
@@ -40,6 +141,7 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
   policies::RegisterPolicies(engine.policies());
   if (!engine.tokenizer()) return absl::InvalidArgumentError("bench router: the model has no tokenizer");
   const ModelConfig& c = engine.backend().config();
+  for (const std::string& p : o.policies) ORYX_RETURN_IF_ERROR(engine.policies().Make(p).status());
   ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));
   std::optional<CorpusReader> val;
   std::unique_ptr<tasks::HaystackSource> haystack;
@@ -54,70 +156,64 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
   for (int32_t len : o.lengths) {
     if (len > c.max_position) return absl::InvalidArgumentError(Cat("length ", len, " exceeds max_position ", c.max_position));
   }
-  std::vector<std::string> names = o.policies;
-  if (o.oracle) names.push_back("oracle");
   for (const std::string& task : o.tasks) {
     ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, tasks::ParseTaskKind(task == "niah" ? "niah_single"
                                                                      : task == "niah-multikey" ? "niah_multikey"
                                                                                                : task));
-    if (kind == tasks::TaskKind::kMqar) {
-      return absl::InvalidArgumentError("bench router: mqar has answers inside the prompt; use oryx eval mqar");
-    }
-    struct Total {
-      double correct = 0, n = 0, attention = 0, tokens = 0;
-    };
+    const bool mqar = kind == tasks::TaskKind::kMqar;
+    std::vector<std::string> names = o.policies;
+    if (o.oracle && !mqar) names.push_back("oracle");  // (no oracle for MQAR: every query is a needle)
     std::map<std::string, Total> totals;
     for (int32_t len : o.lengths) {
-      ORYX_ASSIGN_OR_RETURN(std::vector<tasks::EvalPoint> grid, tasks::EvalGrid(std::span(&len, 1), o.depths, o.seeds, o.base_seed));
+      const std::vector<double> no_depths;
+      ORYX_ASSIGN_OR_RETURN(std::vector<tasks::EvalPoint> grid,
+                            tasks::EvalGrid(std::span(&len, 1), mqar ? no_depths : o.depths, o.seeds, o.base_seed));
       std::vector<tasks::TaskExample> examples;
       for (const tasks::EvalPoint& p : grid) {
         ORYX_ASSIGN_OR_RETURN(tasks::TaskExample ex, tasks::MakeExample(kind, setup.configs, haystack.get(), p.length, p.depth, p.seed));
         examples.push_back(std::move(ex));
       }
       for (const std::string& policy : names) {
-        std::vector<GenerateRequest> requests(examples.size());
-        for (size_t i = 0; i < examples.size(); ++i) {
-          requests[i].prompt_tokens = examples[i].Prompt();
-          requests[i].max_tokens = examples[i].answers[0].length;
-          requests[i].stop_at_eos = false;
-          requests[i].policy = policy;
-          if (policy == "oracle") {
-            // A policy per example: it knows where that example's needle is (needle tasks: 2-token key and
-            // 3-token value plus four markers).
+        absl::StatusOr<Total> scored;
+        if (mqar) {
+          scored = ScoreByTeacherForcing(engine, examples, policy);
+        } else if (policy == "oracle") {
+          // A policy per example: it knows where that example's needle is (needle tasks: 2-token key and
+          // 3-token value plus four markers).
+          for (size_t i = 0; i < examples.size(); ++i) {
             const int64_t begin = examples[i].needle_position, end = begin + 9;
-            requests[i].policy = Cat("oracle-", i);
-            engine.policies().Register(requests[i].policy, "oracle", [begin, end](std::string_view) {
+            engine.policies().Register(Cat("oracle-", i), "oracle", [begin, end](std::string_view) {
               router::RouterOptions ro;
               ro.segment_len = 16;
               return absl::StatusOr<std::unique_ptr<Decoder>>(std::unique_ptr<Decoder>(
                   new router::RouterDecoder(std::make_unique<OracleRouter>(begin, end), ro)));
             });
           }
+          scored = ScoreByGeneration(engine, examples, [](size_t i) { return Cat("oracle-", i); });
+        } else {
+          scored = ScoreByGeneration(engine, examples, [&](size_t) { return policy; });
         }
-        ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> results, engine.Generate(requests));
-        Total t;
-        for (size_t i = 0; i < results.size(); ++i) {
-          t.correct += results[i].tokens == examples[i].AnswerTokens(0);
-          t.n += 1;
-          t.attention += results[i].stats.attention_tokens;
-          t.tokens += results[i].stats.attention_tokens + results[i].stats.linear_tokens;
-        }
-        Total& all = totals[policy];
-        all.correct += t.correct, all.n += t.n, all.attention += t.attention, all.tokens += t.tokens;
+        ORYX_RETURN_IF_ERROR(scored.status());
+        const Total& t = *scored;
+        totals[policy].Add(t);
         nlohmann::json r = {{"bench", "router"}, {"task", task}, {"length", len}, {"policy", policy},
-                            {"n", t.n}, {"accuracy", t.correct / t.n}, {"attention_fraction", t.attention / t.tokens}};
+                            {"n", t.n}, {"accuracy", t.correct / t.n}, {"attention_fraction", t.attention / t.tokens},
+                            {"gflops_per_token", t.flops / t.tokens / 1e9}};
         emit(r);
       }
     }
-    // Summaries: accuracy and attention share over all lengths; the share of the linear -> attention gap
-    // each policy recovers, and the best share among the (non-oracle) policies at 5%, 10% and 20% attention.
+    // Summaries: accuracy, attention share and FLOPs (against all-attention's) over all lengths; the share of
+    // the linear -> attention gap each policy recovers, and the best share among the (non-oracle) policies at
+    // 5%, 10% and 20% attention.
     auto acc = [&](const std::string& p) { return totals[p].correct / totals[p].n; };
     const bool has_ends = totals.count("attention") && totals.count("linear");
     const double gap = has_ends ? acc("attention") - acc("linear") : 0.0;
     for (const std::string& policy : names) {
       const Total& t = totals[policy];
       nlohmann::json r = {{"bench", "router"}, {"task", task}, {"summary", true}, {"policy", policy},
-                          {"n", t.n}, {"accuracy", t.correct / t.n}, {"attention_fraction", t.attention / t.tokens}};
+                          {"n", t.n}, {"accuracy", t.correct / t.n}, {"attention_fraction", t.attention / t.tokens},
+                          {"gflops_per_token", t.flops / t.tokens / 1e9}};
+      if (totals.count("attention")) r["flops_fraction"] = t.flops / totals["attention"].flops;
       if (has_ends && gap > 0) r["gap_recovered"] = (acc(policy) - acc("linear")) / gap;
       emit(r);
     }

@@ -15,7 +15,7 @@ struct RouterBenchOptions {
   std::string model_dir;
   std::string data_dir;                     // haystack from the corpus's validation split, or
   std::vector<std::string> haystack_files;  // from these text files
-  std::vector<std::string> tasks = {"niah", "niah-multikey"};
+  std::vector<std::string> tasks = {"niah", "niah-multikey", "mqar"};
   std::vector<int32_t> lengths = {256, 512, 1024};
   std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int32_t seeds = 4;
@@ -27,8 +27,10 @@ struct RouterBenchOptions {
                        // and the answer; linear elsewhere
   int threads = 0;
 };
-// Routing policies on retrieval tasks, end to end: each example's prompt is generated from by the engine
-// with the policy (greedy), and the answer counts as right when the generated tokens equal it exactly.
+// Routing policies on retrieval tasks, end to end: for the needle tasks each example's prompt is generated
+// from by the engine with the policy (greedy), and the answer counts as right when the generated tokens
+// equal it exactly; for MQAR (answers inside the sequence) the sequence is teacher-forced in the modes the
+// policy gives it, and a query counts as right when each of its answer tokens is the argmax.
 // One JSON line per (task, length, policy), then per (task, policy) summaries with the share of the
 // all-linear -> all-attention gap recovered, and the best share at 5%, 10% and 20% attention.
 absl::Status RunRouterBench(const RouterBenchOptions& options, const Emit& emit);

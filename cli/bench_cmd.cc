@@ -205,16 +205,18 @@ int RunBench(const Args& args) {
     int64_t seeds = o.seeds;
     bool no_oracle = false;
     FlagSet f("oryx bench router --model DIR --data DIR|--haystack FILE... [--tasks T...] [--policies P...] [--json]",
-              "Routing policies end to end on needle-in-a-haystack: the engine generates each example's answer\n"
-              "greedily under the policy, and the answer counts when it is exact. Reports accuracy and the\n"
-              "share of tokens run in attention mode per (task, length, policy); per policy over all lengths,\n"
+              "Routing policies end to end on retrieval: for needle-in-a-haystack the engine generates each\n"
+              "example's answer greedily under the policy, and the answer counts when it is exact; for MQAR the\n"
+              "sequence is teacher-forced in the policy's modes and each query counts when its answer is the\n"
+              "argmax. Reports accuracy, the share of tokens run in attention mode and GFLOPs per token per\n"
+              "(task, length, policy); per policy over all lengths,\n"
               "with the share of the all-linear -> all-attention gap it recovers; and the best policy at 5%,\n"
               "10% and 20% attention. Also runs random routing (random:F) and an oracle that attends exactly\n"
               "on the asked needle. Held-out examples: seeds of the evaluation grid, not the trainer's.");
     f.String("model", &o.model_dir, "model directory", true);
     f.String("data", &o.data_dir, "corpus directory (haystack from its validation split)");
     f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
-    f.StringList("tasks", &tasks, "niah, niah-multikey, passkey [default: niah niah-multikey]");
+    f.StringList("tasks", &tasks, "niah, niah-multikey, passkey, mqar [default: niah niah-multikey mqar]");
     f.StringList("policies", &policies, "policies to compare (the oracle is added unless --no-oracle)");
     f.StringList("lengths", &lengths, "sequence lengths [default: 256 512 1024]");
     f.Int("seeds", &seeds, "examples per (length, depth)", 1, 10000);
@@ -240,20 +242,22 @@ int RunBench(const Args& args) {
                       j["attention_accuracy"].get<double>(), j["linear_accuracy"].get<double>());
           for (const char* k : {"best_at_5pct", "best_at_10pct", "best_at_20pct"}) {
             const auto& b = j[k];
-            std::printf("  %-14s %-16s accuracy %.3f, gap recovered %.2f\n", k, b["policy"].get<std::string>().c_str(),
+            std::printf("  %-14s %-28s accuracy %.3f, gap recovered %.2f\n", k, b["policy"].get<std::string>().c_str(),
                         b["accuracy"].get<double>(), b["gap_recovered"].get<double>());
           }
           return;
         }
         const bool summary = j.contains("summary");
-        std::printf("%-14s %6s %-16s %5d %9.3f %10.3f%s\n", j["task"].get<std::string>().c_str(),
+        std::printf("%-14s %6s %-28s %5d %9.3f %10.3f %10.4f%s\n", j["task"].get<std::string>().c_str(),
                     summary ? "all" : std::to_string(j["length"].get<int>()).c_str(),
                     j["policy"].get<std::string>().c_str(), static_cast<int>(j["n"].get<double>()),
                     j["accuracy"].get<double>(), j["attention_fraction"].get<double>(),
+                    j["gflops_per_token"].get<double>(),
                     j.contains("gap_recovered") ? Cat("   gap recovered ", j["gap_recovered"].get<double>()).c_str() : "");
         std::fflush(stdout);
       };
-      std::printf("%-14s %6s %-16s %5s %9s %10s\n", "task", "length", "policy", "n", "accuracy", "attn frac");
+      std::printf("%-14s %6s %-28s %5s %9s %10s %10s\n", "task", "length", "policy", "n", "accuracy", "attn frac",
+                  "GFLOP/tok");
       ORYX_RETURN_IF_ERROR(bench::RunRouterBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
       return out.Finish();
     });

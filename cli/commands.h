@@ -15,6 +15,7 @@ int RunEval(const Args& args);       // oryx eval ppl|niah|mqar (engine or LibTo
 int RunBench(const Args& args);      // oryx bench decode|spec ...
 #ifdef ORYX_HAVE_TORCH
 int RunTrain(const Args& args);      // oryx train ... (needs LibTorch)
+int RunTrainRouter(const Args& args);  // oryx train-router ... (needs LibTorch)
 #endif
 
 }  // namespace oryx::cli

@@ -22,6 +22,8 @@ constexpr Command kCommands[] = {
     {"data", "build the training corpus from Debian packages (oryx data prepare ...)", oryx::cli::RunData},
 #ifdef ORYX_HAVE_TORCH
     {"train", "train an Oryx model with fragmented mixed-mode training", oryx::cli::RunTrain},
+    {"train-router", "train a learned routing policy (counterfactual warm start, then REINFORCE)",
+     oryx::cli::RunTrainRouter},
 #endif
 };
 

@@ -239,8 +239,8 @@ void LearnedPolicy::Evaluate(std::span<const float> features, Output* out) const
 }
 
 LearnedRouter::LearnedRouter(std::shared_ptr<const LearnedPolicy> policy, std::optional<uint64_t> sample_seed,
-                             Trace trace)
-    : policy_(std::move(policy)), sample_seed_(sample_seed), trace_(std::move(trace)) {}
+                             Trace trace, double exploration)
+    : policy_(std::move(policy)), sample_seed_(sample_seed), trace_(std::move(trace)), exploration_(exploration) {}
 
 int64_t LearnedRouter::max_draft_length() const {
   int64_t k = 0;
@@ -258,7 +258,8 @@ router::Decision LearnedRouter::Decide(const router::RouterContext& c) const {
   if (sample_seed_) {
     tasks::Rng rng(tasks::MixSeed({*sample_seed_, c.sequence_hash, static_cast<uint64_t>(c.phase),
                                    static_cast<uint64_t>(c.position)}));
-    d.mode = rng.UniformDouble() < out.p_attention ? Mode::kAttention : Mode::kLinear;
+    const double p = exploration_ / 2 + (1 - exploration_) * out.p_attention;
+    d.mode = rng.UniformDouble() < p ? Mode::kAttention : Mode::kLinear;
     if (!out.draft_probs.empty()) {
       double u = rng.UniformDouble();
       size_t i = 0;

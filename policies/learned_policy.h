@@ -86,8 +86,9 @@ class LearnedPolicy {
 class LearnedRouter final : public router::Router {
  public:
   using Trace = std::function<void(const router::RouterContext&, const router::Decision&)>;
+  // exploration e: a sampling router draws attention with probability e/2 + (1 - e) p_attention.
   explicit LearnedRouter(std::shared_ptr<const LearnedPolicy> policy, std::optional<uint64_t> sample_seed = {},
-                         Trace trace = {});
+                         Trace trace = {}, double exploration = 0);
   router::Decision Decide(const router::RouterContext& c) const override;
   int64_t max_draft_length() const override;
 
@@ -95,6 +96,7 @@ class LearnedRouter final : public router::Router {
   std::shared_ptr<const LearnedPolicy> policy_;
   std::optional<uint64_t> sample_seed_;
   Trace trace_;
+  double exploration_;
 };
 
 // A decoder routed by `policy` with its segment length.

@@ -33,6 +33,7 @@ expect 0 "top-level help" -- --help
 expect 2 "unknown command" -- frobnicate
 commands=(generate eval bench tokenizer data)
 "$ORYX" --help | grep -q '^  train ' && commands+=(train)
+"$ORYX" --help | grep -q '^  train-router ' && commands+=(train-router)
 for c in "${commands[@]}"; do expect 0 "$c --help" -- "$c" --help; done
 expect 0 "tokenizer train --help" -- tokenizer train --help
 expect 0 "data prepare --help" -- data prepare --help

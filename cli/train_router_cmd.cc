@@ -1,0 +1,66 @@
+// `oryx train-router`: trains a learned routing policy file (policies/train_router.h).
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/status_macros.h"
+#include "policies/train_router.h"
+
+namespace oryx::cli {
+
+int RunTrainRouter(const Args& args) {
+  policies::TrainRouterOptions o;
+  std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1";
+  int64_t seed = static_cast<int64_t>(o.seed), threads = 0;
+  FlagSet f("oryx train-router --model DIR --out FILE [--data DIR | --haystack FILE...] [--lambda L1,L2...]",
+            "Trains a routing policy for learned:FILE. Episodes are retrieval tasks (needle-in-a-haystack)\n"
+            "run through the engine: the prompt routed in segments, the answer generated greedily. Reward =\n"
+            "answer tokens right - lambda * (share of tokens in attention mode). A supervised warm start from\n"
+            "counterfactual labels (each decision of prefill-linear flipped once), then REINFORCE with a\n"
+            "leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
+            "(FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for --resume) as it goes.");
+  f.String("model", &o.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
+  f.String("out", &o.out_path, "the policy file to write (.safetensors)", true);
+  f.String("data", &o.data_dir, "prepared corpus: haystacks from its train split (held out from the benchmark)");
+  f.StringList("haystack", &o.haystack_files, "haystack from these text files instead of --data");
+  f.StringList("tasks", &o.tasks, "episode tasks: niah, niah-multikey, passkey");
+  f.String("lengths", &lengths, "prompt lengths, comma-separated");
+  f.String("lambda", &lambdas, "cost weights to sweep, comma-separated (reward = quality - lambda * attention share)");
+  f.Int("segment-len", &o.segment_len, "prefill tokens per routing decision", 1, 1 << 20);
+  f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
+  f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
+  f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);
+  f.Int("iterations", &o.iterations, "REINFORCE iterations per lambda", 0, 1 << 20);
+  f.Int("batch", &o.batch, "examples per iteration", 1, 4096);
+  f.Int("samples", &o.samples, "sampled episodes per example (>= 2)", 2, 64);
+  f.Double("lr", &o.learning_rate, "Adam learning rate");
+  f.Double("entropy-bonus", &o.entropy_bonus, "weight of the policy entropy in the objective");
+  f.Double("explore", &o.exploration, "exploration floor e in [0, 1): episodes attend with probability e/2 + (1-e) p");
+  f.Int("seed", &seed, "seed of the episodes and the sampling", 0);
+  f.Int("threads", &threads, "CPU threads (0: all)", 0, 1024);
+  f.Bool("resume", &o.resume, "go on from FILE.state");
+  f.String("log", &o.log_path, "JSON-lines log (default FILE.log.jsonl)");
+  return RunWithFlags(f, args, [&]() -> absl::Status {
+    o.seed = static_cast<uint64_t>(seed);
+    o.threads = static_cast<int>(threads);
+    if (o.data_dir.empty() && o.haystack_files.empty()) {
+      return absl::InvalidArgumentError("train-router: give --data DIR or --haystack FILE...");
+    }
+    ORYX_ASSIGN_OR_RETURN(std::vector<int64_t> parsed, ParsePositiveInts({lengths}, "--lengths"));
+    o.lengths.assign(parsed.begin(), parsed.end());
+    ORYX_ASSIGN_OR_RETURN(o.hidden, ParsePositiveInts({hidden}, "--hidden"));
+    if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
+    o.lambdas.clear();
+    for (const std::string& item : SplitList({lambdas})) {
+      double v = 0;
+      if (!absl::SimpleAtod(item, &v) || !(v >= 0)) {
+        return absl::InvalidArgumentError("--lambda: '" + item + "' is not a number >= 0");
+      }
+      o.lambdas.push_back(v);
+    }
+    return policies::TrainRouter(o);
+  });
+}
+
+}  // namespace oryx::cli
