@@ -143,23 +143,13 @@ absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
   const ModelConfig& c = engine.backend().config();
   for (const std::string& p : o.policies) ORYX_RETURN_IF_ERROR(engine.policies().Make(p).status());
   ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));
-  std::optional<CorpusReader> val;
-  std::unique_ptr<tasks::HaystackSource> haystack;
-  if (o.haystack_files.empty()) {
-    ORYX_ASSIGN_OR_RETURN(CorpusReader reader, CorpusReader::Open(o.data_dir, "val"));
-    val.emplace(std::move(reader));
-    haystack = std::make_unique<train::CorpusHaystack>(&*val);
-  } else {
-    ORYX_ASSIGN_OR_RETURN(train::TextHaystack text, train::TextHaystack::Load(o.haystack_files, *engine.tokenizer()));
-    haystack = std::make_unique<train::TextHaystack>(std::move(text));
-  }
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<tasks::HaystackSource> haystack,
+                        train::OpenHaystack(o.haystack_files, o.data_dir, "val", *engine.tokenizer()));
   for (int32_t len : o.lengths) {
     if (len > c.max_position) return absl::InvalidArgumentError(Cat("length ", len, " exceeds max_position ", c.max_position));
   }
   for (const std::string& task : o.tasks) {
-    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, tasks::ParseTaskKind(task == "niah" ? "niah_single"
-                                                                     : task == "niah-multikey" ? "niah_multikey"
-                                                                                               : task));
+    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, train::ParseTaskName(task));
     const bool mqar = kind == tasks::TaskKind::kMqar;
     std::vector<std::string> names = o.policies;
     if (o.oracle && !mqar) names.push_back("oracle");  // (no oracle for MQAR: every query is a needle)

@@ -279,22 +279,13 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   }
   std::vector<tasks::TaskKind> kinds;
   for (const std::string& t : o.tasks) {
-    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, tasks::ParseTaskKind(t == "niah" ? "niah_single"
-                                                                  : t == "niah-multikey" ? "niah_multikey" : t));
+    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, train::ParseTaskName(t));
     if (k == tasks::TaskKind::kMqar) return absl::InvalidArgumentError("--tasks: mqar is not an episode task (its answers are inside the prompt)");
     kinds.push_back(k);
   }
   ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));
-  std::optional<CorpusReader> corpus;
-  std::unique_ptr<tasks::HaystackSource> haystack;
-  if (o.haystack_files.empty()) {
-    ORYX_ASSIGN_OR_RETURN(CorpusReader reader, CorpusReader::Open(o.data_dir, "train"));
-    corpus.emplace(std::move(reader));
-    haystack = std::make_unique<train::CorpusHaystack>(&*corpus);
-  } else {
-    ORYX_ASSIGN_OR_RETURN(train::TextHaystack text, train::TextHaystack::Load(o.haystack_files, *engine.tokenizer()));
-    haystack = std::make_unique<train::TextHaystack>(std::move(text));
-  }
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<tasks::HaystackSource> haystack,
+                        train::OpenHaystack(o.haystack_files, o.data_dir, "train", *engine.tokenizer()));
   // Example n of a stream: task, length and depth drawn from its own seed (disjoint from the benchmark's
   // grid, whose seeds mix base seed 7 with the grid point).
   auto example = [&](uint64_t stream, int64_t n) -> absl::StatusOr<tasks::TaskExample> {

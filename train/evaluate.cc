@@ -184,9 +184,7 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
     haystack = std::make_unique<TextHaystack>(std::move(text));
   }
   ORYX_ASSIGN_OR_RETURN(TaskSetup setup, MakeTaskSetup(tok));
-  ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, tasks::ParseTaskKind(o.task == "niah" ? "niah_single"
-                                                                   : o.task == "niah-multikey" ? "niah_multikey"
-                                                                                               : o.task));
+  ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, ParseTaskName(o.task));
   setup.configs.mqar.num_pairs = o.mqar_pairs;
   for (int32_t len : o.lengths) {
     if (len > c.max_position) {

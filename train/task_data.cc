@@ -88,4 +88,20 @@ absl::StatusOr<std::vector<int32_t>> TextHaystack::Tokens(int64_t n, uint64_t se
   return std::vector<int32_t>(tokens_.begin() + start, tokens_.begin() + start + n);
 }
 
+absl::StatusOr<std::unique_ptr<tasks::HaystackSource>> OpenHaystack(const std::vector<std::string>& text_files,
+                                                                    const std::string& corpus_dir,
+                                                                    const std::string& split,
+                                                                    const Tokenizer& tokenizer) {
+  if (!text_files.empty()) {
+    ORYX_ASSIGN_OR_RETURN(TextHaystack text, TextHaystack::Load(text_files, tokenizer));
+    return std::make_unique<TextHaystack>(std::move(text));
+  }
+  ORYX_ASSIGN_OR_RETURN(CorpusReader reader, CorpusReader::Open(corpus_dir, split));
+  return std::make_unique<CorpusHaystack>(std::move(reader));
+}
+
+absl::StatusOr<tasks::TaskKind> ParseTaskName(std::string_view name) {
+  return tasks::ParseTaskKind(name == "niah" ? "niah_single" : name == "niah-multikey" ? "niah_multikey" : name);
+}
+
 }  // namespace oryx::train

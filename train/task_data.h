@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -28,10 +31,14 @@ absl::StatusOr<TaskSetup> MakeTaskSetup(const Tokenizer& tokenizer);
 class CorpusHaystack : public tasks::HaystackSource {
  public:
   explicit CorpusHaystack(const CorpusReader* reader) : reader_(reader) {}
+  explicit CorpusHaystack(CorpusReader reader) : owned_(std::move(reader)), reader_(&*owned_) {}
+  CorpusHaystack(const CorpusHaystack&) = delete;
+  CorpusHaystack& operator=(const CorpusHaystack&) = delete;
   absl::StatusOr<std::vector<int32_t>> Tokens(int64_t n, uint64_t seed) const override;
 
  private:
-  const CorpusReader* reader_;  // not owned
+  std::optional<CorpusReader> owned_;
+  const CorpusReader* reader_;  // owned_ or the caller's
 };
 
 // Haystack text from plain text files, tokenised once: `n` consecutive tokens at a seeded offset of their
@@ -45,5 +52,14 @@ class TextHaystack : public tasks::HaystackSource {
  private:
   std::vector<int32_t> tokens_;
 };
+
+// The haystack the commands take: the text files when there are any, else the corpus's `split`.
+absl::StatusOr<std::unique_ptr<tasks::HaystackSource>> OpenHaystack(const std::vector<std::string>& text_files,
+                                                                    const std::string& corpus_dir,
+                                                                    const std::string& split,
+                                                                    const Tokenizer& tokenizer);
+
+// A task as the commands name it: niah, niah-multikey, passkey, mqar (or the TaskKind names).
+absl::StatusOr<tasks::TaskKind> ParseTaskName(std::string_view name);
 
 }  // namespace oryx::train
