@@ -11,6 +11,7 @@
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "policies/rule_policies.h"
+#include "policies/task_episodes.h"
 #include "router/cost_model.h"
 #include "router/router.h"
 #include "speculative/speculative.h"
@@ -88,48 +89,29 @@ absl::StatusOr<Total> ScoreByGeneration(Engine& engine, const std::vector<tasks:
 }
 
 // MQAR (answers inside the sequence): the whole sequence teacher-forced in the modes the policy gives its
-// prompt; a query is right when every token of its answer is the argmax of the position before it.
+// prompt (policies/task_episodes.h).
 absl::StatusOr<Total> ScoreByTeacherForcing(Engine& engine, const std::vector<tasks::TaskExample>& examples,
                                             const std::string& policy) {
   const ModelConfig& c = engine.backend().config();
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, engine.policies().Make(policy));
+  std::vector<const tasks::TaskExample*> ptrs;
+  std::vector<std::vector<Mode>> modes;
+  for (const tasks::TaskExample& ex : examples) {
+    ptrs.push_back(&ex);
+    modes.emplace_back(ex.ids.size() - 1);
+    decoder->PrefillModes(std::span(ex.ids.data(), ex.ids.size() - 1), 0, modes.back());
+  }
+  ORYX_ASSIGN_OR_RETURN(std::vector<policies::AnswerScore> scores,
+                        policies::ScoreTeacherForced(engine.backend(), ptrs, modes));
   Total t;
-  constexpr size_t kGroup = 8;  // sequences per forward (bounds the all-position logits)
-  for (size_t begin = 0; begin < examples.size(); begin += kGroup) {
-    const size_t end = std::min(examples.size(), begin + kGroup);
-    std::vector<SequenceState> seqs;
-    std::vector<std::vector<int32_t>> inputs(end - begin);
-    std::vector<std::vector<Mode>> modes(end - begin);
-    std::vector<std::vector<float>> logits(end - begin);
-    std::vector<ForwardItem> items;
-    for (size_t i = begin; i < end; ++i) {
-      const std::vector<int32_t>& ids = examples[i].ids;
-      inputs[i - begin].assign(ids.begin(), ids.end() - 1);
-      modes[i - begin].resize(inputs[i - begin].size());
-      decoder->PrefillModes(inputs[i - begin], 0, modes[i - begin]);
-      seqs.push_back(engine.backend().NewSequence());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    t.correct += static_cast<double>(scores[i].right);
+    t.n += static_cast<double>(scores[i].asked);
+    for (size_t p = 0; p < modes[i].size(); ++p) {
+      t.attention += modes[i][p] == Mode::kAttention;
+      t.flops += TokenFlops(c, modes[i][p], static_cast<int64_t>(p));
     }
-    for (size_t j = 0; j < seqs.size(); ++j) {
-      items.push_back({&seqs[j], inputs[j], modes[j], LogitsRows::kAll, &logits[j], false});
-    }
-    ORYX_RETURN_IF_ERROR(engine.backend().Forward(items));
-    for (size_t j = 0; j < seqs.size(); ++j) {
-      const tasks::TaskExample& ex = examples[begin + j];
-      for (const tasks::AnswerSpan& a : ex.answers) {
-        bool right = true;
-        for (int32_t p = a.begin; p < a.begin + a.length; ++p) {
-          const float* row = logits[j].data() + static_cast<size_t>(p - 1) * c.vocab_size;
-          right = right && std::max_element(row, row + c.vocab_size) - row == ex.ids[p];
-        }
-        t.correct += right;
-        t.n += 1;
-      }
-      for (size_t p = 0; p < modes[j].size(); ++p) {
-        t.attention += modes[j][p] == Mode::kAttention;
-        t.flops += TokenFlops(c, modes[j][p], static_cast<int64_t>(p));
-      }
-      t.tokens += static_cast<double>(modes[j].size());
-    }
+    t.tokens += static_cast<double>(modes[i].size());
   }
   return t;
 }

@@ -14,8 +14,9 @@ int RunTrainRouter(const Args& args) {
   std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1";
   int64_t seed = static_cast<int64_t>(o.seed), threads = 0;
   FlagSet f("oryx train-router --model DIR --out FILE [--data DIR | --haystack FILE...] [--lambda L1,L2...]",
-            "Trains a routing policy for learned:FILE. Episodes are retrieval tasks (needle-in-a-haystack)\n"
-            "run through the engine: the prompt routed in segments, the answer generated greedily. Reward =\n"
+            "Trains a routing policy for learned:FILE. Episodes are retrieval tasks run through the engine:\n"
+            "needle-in-a-haystack (the prompt routed in segments, the answer generated greedily) and MQAR\n"
+            "(the sequence routed and teacher-forced; quality = queries right). Reward =\n"
             "answer tokens right - lambda * (share of tokens in attention mode). A supervised warm start from\n"
             "counterfactual labels (each decision of prefill-linear flipped once), then REINFORCE with a\n"
             "leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
@@ -24,7 +25,7 @@ int RunTrainRouter(const Args& args) {
   f.String("out", &o.out_path, "the policy file to write (.safetensors)", true);
   f.String("data", &o.data_dir, "prepared corpus: haystacks from its train split (held out from the benchmark)");
   f.StringList("haystack", &o.haystack_files, "haystack from these text files instead of --data");
-  f.StringList("tasks", &o.tasks, "episode tasks: niah, niah-multikey, passkey");
+  f.StringList("tasks", &o.tasks, "episode tasks: niah, niah-multikey, passkey, mqar");
   f.String("lengths", &lengths, "prompt lengths, comma-separated");
   f.String("lambda", &lambdas, "cost weights to sweep, comma-separated (reward = quality - lambda * attention share)");
   f.Int("segment-len", &o.segment_len, "prefill tokens per routing decision", 1, 1 << 20);

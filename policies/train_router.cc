@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "policies/learned_policy.h"
+#include "policies/task_episodes.h"
 #include "router/features.h"
 #include "tasks/rng.h"
 #include "tasks/task_mix.h"
@@ -62,8 +64,9 @@ class FunctionRouter final : public router::Router {
   Fn fn_;
 };
 
-// Runs episodes through the engine: greedy generation of each example's answer length, with a router per
-// episode whose every decision is recorded.
+// Runs episodes through the engine with a router per episode whose every decision is recorded. Needle
+// tasks: greedy generation of the answer (quality: its tokens right, position by position). MQAR (answers
+// inside the sequence): the sequence teacher-forced in the router's prompt modes (quality: queries right).
 class EpisodeRunner {
  public:
   EpisodeRunner(Engine* engine, int64_t segment_len) : engine_(engine), segment_len_(segment_len) {}
@@ -74,41 +77,60 @@ class EpisodeRunner {
   absl::StatusOr<std::vector<Episode>> Run(const std::vector<const tasks::TaskExample*>& examples,
                                            const MakeRouter& make_router) {
     std::vector<Episode> episodes(examples.size());
+    std::vector<size_t> generated, forced;
+    for (size_t i = 0; i < examples.size(); ++i) {
+      (examples[i]->kind == tasks::TaskKind::kMqar ? forced : generated).push_back(i);
+    }
+    ORYX_RETURN_IF_ERROR(RunGenerated(examples, generated, make_router, episodes));
+    ORYX_RETURN_IF_ERROR(RunTeacherForced(examples, forced, make_router, episodes));
+    return episodes;
+  }
+
+ private:
+  static LearnedRouter::Trace TraceInto(Episode* e) {
+    return [e](const router::RouterContext& c, const router::Decision& d) {
+      Step s{std::vector<float>(F), d.mode, c.segment_tokens};
+      router::Featurize(c, s.features);
+      e->steps[KeyOf(c)] = std::move(s);
+    };
+  }
+  std::unique_ptr<Decoder> MakeDecoder(std::shared_ptr<router::Router> r) const {
+    // The decoder owns a router; this one forwards to the shared episode router.
+    struct Forward final : router::Router {
+      std::shared_ptr<router::Router> inner;
+      router::Decision Decide(const router::RouterContext& c) const override { return inner->Decide(c); }
+      int64_t max_draft_length() const override { return inner->max_draft_length(); }
+    };
+    auto f = std::make_unique<Forward>();
+    f->inner = std::move(r);
+    router::RouterOptions ro;
+    ro.segment_len = segment_len_;
+    return std::make_unique<router::RouterDecoder>(std::move(f), ro);
+  }
+
+  absl::Status RunGenerated(const std::vector<const tasks::TaskExample*>& examples, std::span<const size_t> which,
+                            const MakeRouter& make_router, std::vector<Episode>& episodes) {
     constexpr size_t kGroup = 64;  // requests per Generate call (bounds the KV memory)
-    for (size_t begin = 0; begin < examples.size(); begin += kGroup) {
-      const size_t end = std::min(examples.size(), begin + kGroup);
+    for (size_t begin = 0; begin < which.size(); begin += kGroup) {
+      const size_t end = std::min(which.size(), begin + kGroup);
       std::vector<GenerateRequest> requests(end - begin);
-      for (size_t i = begin; i < end; ++i) {
-        GenerateRequest& q = requests[i - begin];
+      for (size_t j = begin; j < end; ++j) {
+        const size_t i = which[j];
+        GenerateRequest& q = requests[j - begin];
         q.prompt_tokens = examples[i]->Prompt();
         q.max_tokens = examples[i]->answers[0].length;
         q.stop_at_eos = false;
-        q.policy = Cat("episode-", i - begin);
-        Episode* e = &episodes[i];
-        auto trace = [e](const router::RouterContext& c, const router::Decision& d) {
-          Step s{std::vector<float>(F), d.mode, c.segment_tokens};
-          router::Featurize(c, s.features);
-          e->steps[KeyOf(c)] = std::move(s);
-        };
-        std::shared_ptr<router::Router> r = make_router(i, trace);
-        router::RouterOptions ro;
-        ro.segment_len = segment_len_;
-        engine_->policies().Register(q.policy, "episode", [r, ro](std::string_view) {
-          // The decoder owns a router; this one forwards to the shared episode router.
-          struct Forward final : router::Router {
-            std::shared_ptr<router::Router> inner;
-            router::Decision Decide(const router::RouterContext& c) const override { return inner->Decide(c); }
-          };
-          auto f = std::make_unique<Forward>();
-          f->inner = r;
-          return absl::StatusOr<std::unique_ptr<Decoder>>(std::make_unique<router::RouterDecoder>(std::move(f), ro));
+        q.policy = Cat("episode-", j - begin);
+        std::shared_ptr<router::Router> r = make_router(i, TraceInto(&episodes[i]));
+        engine_->policies().Register(q.policy, "episode", [this, r](std::string_view) {
+          return absl::StatusOr<std::unique_ptr<Decoder>>(MakeDecoder(r));
         });
       }
       ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> results, engine_->Generate(requests));
-      for (size_t i = begin; i < end; ++i) {
-        const GenerateResult& r = results[i - begin];
-        Episode& e = episodes[i];
-        const std::vector<int32_t> answer = examples[i]->AnswerTokens(0);
+      for (size_t j = begin; j < end; ++j) {
+        const GenerateResult& r = results[j - begin];
+        Episode& e = episodes[which[j]];
+        const std::vector<int32_t> answer = examples[which[j]]->AnswerTokens(0);
         e.correct = r.tokens == answer;
         int64_t right = 0;
         for (size_t t = 0; t < answer.size() && t < r.tokens.size(); ++t) right += r.tokens[t] == answer[t];
@@ -117,10 +139,32 @@ class EpisodeRunner {
         e.attention_fraction = r.stats.attention_fraction();
       }
     }
-    return episodes;
+    return absl::OkStatus();
   }
 
- private:
+  absl::Status RunTeacherForced(const std::vector<const tasks::TaskExample*>& examples, std::span<const size_t> which,
+                                const MakeRouter& make_router, std::vector<Episode>& episodes) {
+    std::vector<const tasks::TaskExample*> subset;
+    std::vector<std::vector<Mode>> modes;
+    for (size_t i : which) {
+      const std::vector<int32_t>& ids = examples[i]->ids;
+      subset.push_back(examples[i]);
+      modes.emplace_back(ids.size() - 1);
+      MakeDecoder(make_router(i, TraceInto(&episodes[i])))
+          ->PrefillModes(std::span(ids.data(), ids.size() - 1), 0, modes.back());
+    }
+    ORYX_ASSIGN_OR_RETURN(std::vector<AnswerScore> scores, ScoreTeacherForced(engine_->backend(), subset, modes));
+    for (size_t j = 0; j < which.size(); ++j) {
+      Episode& e = episodes[which[j]];
+      e.correct = scores[j].right == scores[j].asked;
+      e.quality = static_cast<double>(scores[j].right) / static_cast<double>(scores[j].asked);
+      e.tokens = static_cast<int64_t>(modes[j].size());
+      e.attention_fraction = static_cast<double>(std::count(modes[j].begin(), modes[j].end(), Mode::kAttention)) /
+                             static_cast<double>(e.tokens);
+    }
+    return absl::OkStatus();
+  }
+
   Engine* engine_;
   int64_t segment_len_;
 };
@@ -280,7 +324,6 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   std::vector<tasks::TaskKind> kinds;
   for (const std::string& t : o.tasks) {
     ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, train::ParseTaskName(t));
-    if (k == tasks::TaskKind::kMqar) return absl::InvalidArgumentError("--tasks: mqar is not an episode task (its answers are inside the prompt)");
     kinds.push_back(k);
   }
   ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));

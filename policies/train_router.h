@@ -1,13 +1,14 @@
 // `oryx train-router` (DESIGN.md §7): trains a learned routing policy (policies/learned_policy.h) by
 // running episodes through the engine.
 //
-// Episodes are retrieval tasks (needle-in-a-haystack, single and multi-key) built on a haystack that the
-// router benchmark does not use, with seeds disjoint from its grid. An episode is the task's prompt routed
-// segment by segment (segment_len tokens; the prompt's last token alone), then the answer generated
-// greedily with a decision per token. Reward = quality - lambda * cost, where quality is the share of the
-// answer's tokens generated right (position by position: exact match with partial credit, which gives a
-// decision on one answer token its own signal), and cost is the episode's share of tokens run in attention
-// mode (attention FLOPs normalised by the all-attention run).
+// Episodes are retrieval tasks (needle-in-a-haystack, single and multi-key, and MQAR) built on a haystack
+// that the router benchmark does not use, with seeds disjoint from its grid. A needle episode is the task's
+// prompt routed segment by segment (segment_len tokens; the prompt's last token alone), then the answer
+// generated greedily with a decision per token; its quality is the share of the answer's tokens generated
+// right (position by position: exact match with partial credit, which gives a decision on one answer token
+// its own signal). An MQAR episode (answers inside the sequence) is the whole sequence routed as a prompt
+// and teacher-forced; its quality is the share of queries answered right. Reward = quality - lambda * cost,
+// where cost is the episode's share of tokens run in attention mode.
 //
 // Training, for each lambda of the sweep:
 //   1. Warm start from counterfactual labels: for each warm-start example and each of two base schedules
@@ -35,7 +36,7 @@ struct TrainRouterOptions {
   std::string out_path;                     // the policy file; with several lambdas, one file per lambda
   std::string data_dir;                     // haystack: the corpus's train split, or
   std::vector<std::string> haystack_files;  // these text files
-  std::vector<std::string> tasks = {"niah-multikey", "niah"};
+  std::vector<std::string> tasks = {"niah-multikey", "niah", "mqar"};
   std::vector<int32_t> lengths = {256, 512, 1024};
   int64_t segment_len = 64;
   std::vector<double> lambdas = {1.0};

@@ -11,7 +11,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
-TINY=(--model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks niah-multikey --lengths 256
+TINY=(--model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks niah-multikey mqar --lengths 256
       --warm-examples 2 --warm-steps 20 --batch 2 --samples 2 --threads 2)
 
 # A sweep of two lambdas, two iterations each.
@@ -49,9 +49,9 @@ bad() {
 }
 bad "negative lambda" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --lambda -1
 bad "one sample" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --samples 1
-bad "mqar episodes" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --tasks mqar
 bad "length past max_position" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --lengths 4096
 bad "no haystack" train-router --model "$M" --out "$TMP/x.safetensors"
+bad "unknown task" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --tasks sudoku
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
 bad "truncated policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/cut.safetensors"
