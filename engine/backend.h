@@ -20,6 +20,24 @@ namespace oryx {
 
 enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 
+// A sequence's state held by a device backend (the CUDA one), opaque here so that no device types appear in
+// this header. SequenceState forwards its copies, reservations and rollback to it; the backend that made
+// it is the only one that reads it.
+class DeviceSequence {
+ public:
+  virtual ~DeviceSequence() = default;
+  virtual const void* owner() const = 0;  // the backend that made it
+  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state.
+  virtual std::unique_ptr<DeviceSequence> Clone(bool with_kv, int64_t position) const = 0;
+  virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
+  virtual void Reserve(int64_t tokens, int64_t position) = 0;
+  virtual int64_t kv_bytes() const = 0;
+  // Brings the recurrent state and conv window back to after `keep` tokens of the last keep_states span.
+  virtual void RestoreSpan(int64_t keep) = 0;
+};
+
+struct ForwardItem;
+
 // Everything one sequence carries between forwards, per layer: the KV cache of every token so far (whatever
 // its mode), the recurrent state S [H, dh, dh], the conv window of the last w-1 inputs, and the position.
 // Move-only; the deep copies are explicit (Clone, CopyRecurrentFrom).
@@ -32,6 +50,8 @@ enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 class SequenceState {
  public:
   explicit SequenceState(const ModelConfig& config);
+  // A sequence whose KV cache and recurrent state live in `device` (made by a device backend).
+  SequenceState(const ModelConfig& config, std::unique_ptr<DeviceSequence> device);
   SequenceState(SequenceState&&) = default;
   SequenceState& operator=(SequenceState&&) = default;
   SequenceState(const SequenceState&) = delete;
@@ -58,8 +78,13 @@ class SequenceState {
   // included): FailedPrecondition otherwise; InvalidArgument past the current position.
   absl::Status Truncate(int64_t position);
 
+  DeviceSequence* device() const { return device_.get(); }  // null for a host (CPU) sequence
+
  private:
   friend class CpuBackend;
+  friend class CudaBackend;
+  friend absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardItem> batch,
+                                           const void* device_owner);
   SequenceState(const SequenceState& other, int);  // copies the scalars only
   struct Layer {
     std::vector<float> k;     // [position, HD]  rotated keys of every token so far
@@ -75,6 +100,7 @@ class SequenceState {
   bool has_kv_ = true;
   int64_t span_start_ = -1, span_len_ = 0;  // the keep_states span (span_start_ < 0: none)
   int64_t heads_ = 0, head_dim_ = 0, conv_rows_ = 0;
+  std::unique_ptr<DeviceSequence> device_;  // set: the state lives there and layers_ hold no data
 };
 
 // Which rows of logits a forward returns for a span.
@@ -91,7 +117,7 @@ struct ForwardItem {
 };
 
 struct BackendOptions {
-  std::string device = "cpu";  // cpu (cuda: the CUDA backend, not built yet)
+  std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
 };
 
@@ -102,7 +128,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   virtual const ModelConfig& config() const = 0;
-  SequenceState NewSequence() const { return SequenceState(config()); }
+  virtual SequenceState NewSequence() const { return SequenceState(config()); }
 
   // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
   // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id
@@ -117,6 +143,11 @@ class Backend {
     return Forward(std::span<const ForwardItem>(&item, 1));
   }
 };
+
+// The checks every Backend::Forward makes before touching any state (the InvalidArgument list above), for
+// backend implementations: sequences must come from the backend `device_owner` (null: host sequences).
+absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardItem> batch,
+                                  const void* device_owner);
 
 // Loads a checkpoint directory (DESIGN.md §4) onto the device the options name.
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options);

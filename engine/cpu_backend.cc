@@ -6,6 +6,9 @@
 #include <cmath>
 
 #include "engine/checkpoint.h"
+#ifdef ORYX_HAVE_CUDA
+#include "engine/cuda_backend.h"
+#endif
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
@@ -43,8 +46,20 @@ SequenceState::SequenceState(const ModelConfig& c)
   }
 }
 
+SequenceState::SequenceState(const ModelConfig& c, std::unique_ptr<DeviceSequence> device)
+    : layers_(c.n_layers),
+      heads_(c.n_heads),
+      head_dim_(c.head_dim),
+      conv_rows_(c.conv_width - 1),
+      device_(std::move(device)) {}
+
 SequenceState SequenceState::Clone() const {
   SequenceState copy(*this, 0);
+  if (device_) {
+    copy.layers_.resize(layers_.size());
+    copy.device_ = device_->Clone(has_kv_, position_);
+    return copy;
+  }
   copy.layers_ = layers_;
   return copy;
 }
@@ -64,6 +79,10 @@ SequenceState SequenceState::MakeDraft() const {
   draft.span_start_ = -1;
   draft.span_len_ = 0;
   draft.layers_.resize(layers_.size());
+  if (device_) {
+    draft.device_ = device_->Clone(false, position_);
+    return draft;
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     draft.layers_[i].s = layers_[i].s;
     draft.layers_[i].conv = layers_[i].conv;
@@ -72,9 +91,13 @@ SequenceState SequenceState::MakeDraft() const {
 }
 
 void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    std::copy(other.layers_[i].s.begin(), other.layers_[i].s.end(), layers_[i].s.begin());
-    std::copy(other.layers_[i].conv.begin(), other.layers_[i].conv.end(), layers_[i].conv.begin());
+  if (device_) {
+    device_->CopyRecurrentFrom(*other.device_);  // both made by the same backend
+  } else {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      std::copy(other.layers_[i].s.begin(), other.layers_[i].s.end(), layers_[i].s.begin());
+      std::copy(other.layers_[i].conv.begin(), other.layers_[i].conv.end(), layers_[i].conv.begin());
+    }
   }
   position_ = other.position_;
   span_start_ = -1;
@@ -83,6 +106,7 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
 
 void SequenceState::Reserve(int64_t tokens) {
   if (!has_kv_) return;
+  if (device_) return device_->Reserve(tokens, position_);
   const int64_t hd = heads_ * head_dim_;
   for (Layer& l : layers_) {
     l.k.reserve(tokens * hd);
@@ -91,6 +115,7 @@ void SequenceState::Reserve(int64_t tokens) {
 }
 
 int64_t SequenceState::kv_bytes() const {
+  if (device_) return device_->kv_bytes();
   int64_t bytes = 0;
   for (const Layer& l : layers_) bytes += static_cast<int64_t>((l.k.capacity() + l.v.capacity()) * sizeof(float));
   return bytes;
@@ -109,6 +134,11 @@ absl::Status SequenceState::Truncate(int64_t position) {
             "); take a Clone() snapshot instead"));
   }
   const int64_t j = position - span_start_, dd = head_dim_ * head_dim_, hd = heads_ * head_dim_;
+  if (device_) {
+    device_->RestoreSpan(j);  // the device KV cache is cut by the position alone
+    position_ = position;
+    return absl::OkStatus();
+  }
   for (Layer& l : layers_) {
     for (int64_t h = 0; h < heads_; ++h) {
       const float* src = l.span_states.data() + (h * (span_len_ + 1) + j) * dd;
@@ -205,7 +235,10 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const std::vect
 }
 
 absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
-  const ModelConfig& c = config_;
+  return ValidateForwardBatch(config_, batch, nullptr);
+}
+
+absl::Status ValidateForwardBatch(const ModelConfig& c, std::span<const ForwardItem> batch, const void* device_owner) {
   if (batch.empty()) return absl::InvalidArgumentError("forward: empty batch");
   for (size_t b = 0; b < batch.size(); ++b) {
     const ForwardItem& it = batch[b];
@@ -218,6 +251,9 @@ absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
     if (it.seq->layers_.size() != static_cast<size_t>(c.n_layers) || it.seq->heads_ != c.n_heads ||
         it.seq->head_dim_ != c.head_dim) {
       return absl::InvalidArgumentError(where() + "sequence state made for a different model");
+    }
+    if ((it.seq->device_ ? it.seq->device_->owner() : nullptr) != device_owner) {
+      return absl::InvalidArgumentError(where() + "sequence state made by a different backend");
     }
     const int64_t T = static_cast<int64_t>(it.tokens.size());
     if (T == 0) return absl::InvalidArgumentError(where() + "empty span of tokens");
@@ -451,7 +487,12 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
     return std::unique_ptr<Backend>(std::move(cpu));
   }
   if (options.device == "cuda") {
-    return absl::UnimplementedError("device 'cuda': the CUDA backend is not built yet (issue 7); use --device cpu");
+#ifdef ORYX_HAVE_CUDA
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir));
+    return std::unique_ptr<Backend>(std::move(cuda));
+#else
+    return absl::UnimplementedError("device 'cuda': this build has no CUDA backend (configure with ORYX_CUDA=ON)");
+#endif
   }
   return absl::InvalidArgumentError(Cat("unknown device '", options.device, "' (cpu, cuda)"));
 }

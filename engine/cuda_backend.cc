@@ -1,0 +1,843 @@
+// CUDA forward of the Oryx model over a ragged batch (DESIGN.md §2, §5): one embedding gather, per layer
+// four cuBLAS products over every row of the batch and a handful of fused kernels, the logits of the rows
+// asked for copied back. Per-forward metadata (tokens, rows, modes, sequence descriptors) goes up in one
+// copy; the only synchronisation is the end of the forward.
+#include "engine/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+
+#include "engine/checkpoint.h"
+#include "engine/status_macros.h"
+#include "engine/str_cat.h"
+#include "engine/tensor_names.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/stream.h"
+
+namespace oryx {
+
+namespace kc = kernels::cuda;
+using kc::bf16;
+
+namespace {
+
+// Device memory for sequence states, reused: freed blocks go to a free list and are handed out again to
+// requests of up to their size (and at least half of it), so that cloning and dropping sequences does
+// not call cudaMalloc each time. Thread-safe.
+class DevicePool {
+ public:
+  ~DevicePool() {
+    for (auto& [ptr, bytes] : sizes_) cudaFree(ptr);
+  }
+  void* Alloc(int64_t bytes) {
+    bytes = std::max<int64_t>(512, (bytes + 511) / 512 * 512);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= 2 * bytes) {
+      void* p = it->second;
+      cached_ -= it->first;
+      free_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      // Out of memory: give the cached blocks back and try once more.
+      for (auto& [size, block] : free_) {
+        ORYX_CUDA_CHECK(cudaFree(block));
+        sizes_.erase(block);
+      }
+      free_.clear();
+      cached_ = 0;
+      ORYX_CUDA_CHECK(cudaMalloc(&p, bytes));
+    }
+    sizes_[p] = bytes;
+    return p;
+  }
+  void Free(void* p) {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(sizes_.at(p), p);
+    cached_ += sizes_.at(p);
+  }
+  int64_t cached_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<int64_t, void*> free_;          // bytes -> free block
+  std::unordered_map<void*, int64_t> sizes_;    // every block this pool allocated
+  int64_t cached_ = 0;                          // bytes in free_
+};
+
+template <typename T>
+T* DeviceAlloc(int64_t n, std::vector<void*>& owned) {
+  void* p = nullptr;
+  ORYX_CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(1, n) * sizeof(T)));
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+struct CudaBackend::Context {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* cublas_workspace = nullptr;  // set explicitly so that cuBLAS allocates nothing inside graph capture
+  DevicePool pool;
+  kc::ModelDims dims{};
+  int64_t L = 0, H = 0, dh = 0, HD = 0, W = 0;
+  ~Context() {
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+namespace {
+
+// One sequence's state in device memory: recurrent state [L, H, dh, dh] and conv window [L, W, 2HD] fp32,
+// the KV cache [2, L, cap, HD] bf16 (keys, then values), and the keep_states history of the last span.
+class CudaSequence final : public DeviceSequence {
+ public:
+  using Context = CudaBackend::Context;
+  CudaSequence(std::shared_ptr<Context> ctx, const void* owner) : ctx_(std::move(ctx)), owner_(owner) {
+    state_ = Alloc<float>(state_floats());
+    conv_ = Alloc<float>(conv_floats());
+    ORYX_CUDA_CHECK(cudaMemsetAsync(state_, 0, state_floats() * sizeof(float), ctx_->stream));
+    ORYX_CUDA_CHECK(cudaMemsetAsync(conv_, 0, conv_floats() * sizeof(float), ctx_->stream));
+  }
+  ~CudaSequence() override {
+    for (void* p : {static_cast<void*>(state_), static_cast<void*>(conv_), static_cast<void*>(kv_),
+                    static_cast<void*>(span_states_), static_cast<void*>(span_inputs_)}) {
+      ctx_->pool.Free(p);
+    }
+  }
+
+  const void* owner() const override { return owner_; }
+
+  std::unique_ptr<DeviceSequence> Clone(bool with_kv, int64_t position) const override {
+    auto copy = std::make_unique<CudaSequence>(ctx_, owner_);
+    copy->CopyRecurrentFrom(*this);
+    if (with_kv && cap_ > 0) {
+      copy->cap_ = cap_;
+      copy->kv_ = copy->Alloc<bf16>(kv_elements(cap_));
+      CopyRows(kv_, cap_, copy->kv_, cap_, position);
+    }
+    return copy;
+  }
+
+  void CopyRecurrentFrom(const DeviceSequence& other_base) override {
+    const auto& other = static_cast<const CudaSequence&>(other_base);
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(state_, other.state_, state_floats() * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    ctx_->stream));
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(conv_, other.conv_, conv_floats() * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    ctx_->stream));
+  }
+
+  void Reserve(int64_t tokens, int64_t position) override {
+    if (tokens > cap_) Grow(tokens, position);
+  }
+
+  int64_t kv_bytes() const override { return kv_elements(cap_) * static_cast<int64_t>(sizeof(bf16)); }
+
+  void RestoreSpan(int64_t keep) override {
+    const Context& c = *ctx_;
+    const int64_t dd = c.dh * c.dh, C = 2 * c.HD;
+    ORYX_CUDA_CHECK(cudaMemcpy2DAsync(state_, dd * sizeof(float), span_states_ + keep * dd,
+                                      (span_len_ + 1) * dd * sizeof(float), dd * sizeof(float), c.L * c.H,
+                                      cudaMemcpyDeviceToDevice, c.stream));
+    if (c.W > 0) {
+      ORYX_CUDA_CHECK(cudaMemcpy2DAsync(conv_, c.W * C * sizeof(float), span_inputs_ + keep * C,
+                                        (c.W + span_len_) * C * sizeof(float), c.W * C * sizeof(float), c.L,
+                                        cudaMemcpyDeviceToDevice, c.stream));
+    }
+  }
+
+  // Makes room for `tokens` positions (growing geometrically past a reservation).
+  void EnsureCapacity(int64_t tokens, int64_t position) {
+    if (tokens > cap_) Grow(std::max({tokens, 2 * cap_, int64_t{64}}), position);
+  }
+
+  // Sizes the keep_states history for a span of T tokens and remembers T.
+  void PrepareSpan(int64_t T) {
+    const Context& c = *ctx_;
+    const int64_t states = c.L * c.H * (T + 1) * c.dh * c.dh, inputs = c.L * (c.W + T) * 2 * c.HD;
+    if (states > span_states_floats_) {
+      ctx_->pool.Free(span_states_);
+      span_states_ = Alloc<float>(states);
+      span_states_floats_ = states;
+    }
+    if (inputs > span_inputs_floats_) {
+      ctx_->pool.Free(span_inputs_);
+      span_inputs_ = Alloc<float>(inputs);
+      span_inputs_floats_ = inputs;
+    }
+    span_len_ = T;
+  }
+
+  kc::SeqDesc Desc(int64_t row, int64_t len, int64_t pos, bool keep) const {
+    const int64_t L = ctx_->L, HD = ctx_->HD;
+    kc::SeqDesc d{};
+    d.row = static_cast<int32_t>(row);
+    d.len = static_cast<int32_t>(len);
+    d.pos = pos;
+    d.kv_cap = cap_;
+    d.state = state_;
+    d.conv = conv_;
+    d.k_cache = kv_;
+    d.v_cache = kv_ != nullptr ? kv_ + L * cap_ * HD : nullptr;
+    d.maybe_span_states = keep ? span_states_ : nullptr;
+    d.maybe_span_inputs = keep ? span_inputs_ : nullptr;
+    return d;
+  }
+
+ private:
+  template <typename T>
+  T* Alloc(int64_t n) const {
+    return static_cast<T*>(ctx_->pool.Alloc(n * static_cast<int64_t>(sizeof(T))));
+  }
+  int64_t state_floats() const { return ctx_->L * ctx_->H * ctx_->dh * ctx_->dh; }
+  int64_t conv_floats() const { return ctx_->L * ctx_->W * 2 * ctx_->HD; }
+  int64_t kv_elements(int64_t cap) const { return 2 * ctx_->L * cap * ctx_->HD; }
+
+  // Copies the first `rows` positions of every (k|v, layer) slice between caches of two capacities.
+  void CopyRows(const bf16* src, int64_t src_cap, bf16* dst, int64_t dst_cap, int64_t rows) const {
+    if (rows == 0) return;
+    const int64_t row_bytes = ctx_->HD * static_cast<int64_t>(sizeof(bf16));
+    ORYX_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_cap * row_bytes, src, src_cap * row_bytes, rows * row_bytes,
+                                      2 * ctx_->L, cudaMemcpyDeviceToDevice, ctx_->stream));
+  }
+
+  void Grow(int64_t cap, int64_t position) {
+    bf16* grown = Alloc<bf16>(kv_elements(cap));
+    if (kv_ != nullptr) CopyRows(kv_, cap_, grown, cap, position);
+    ctx_->pool.Free(kv_);
+    kv_ = grown;
+    cap_ = cap;
+  }
+
+  std::shared_ptr<Context> ctx_;
+  const void* owner_;
+  float* state_ = nullptr;
+  float* conv_ = nullptr;
+  bf16* kv_ = nullptr;
+  int64_t cap_ = 0;
+  float* span_states_ = nullptr;  // [L, H, T+1, dh, dh]
+  float* span_inputs_ = nullptr;  // [L, W+T, 2HD]
+  int64_t span_states_floats_ = 0, span_inputs_floats_ = 0, span_len_ = 0;
+};
+
+CudaSequence& DeviceOf(const SequenceState& s) { return static_cast<CudaSequence&>(*s.device()); }
+
+}  // namespace
+
+// ORYX_CUDA_PROFILE=1: time every op of the decode-step forwards with events (graphs off) and print the mean time per
+// forward of each op when the backend is destroyed. For finding where a step's time goes.
+struct CudaBackend::Profiler {
+  std::vector<cudaEvent_t> events;  // reused
+  std::vector<const char*> names;   // names[i]: the op that ended at events[i]
+  size_t used = 0;
+  std::map<std::string, double> total_ms;
+  int64_t forwards = 0;
+  void Mark(const char* name, cudaStream_t s) {
+    if (used == events.size()) {
+      events.emplace_back();
+      ORYX_CUDA_CHECK(cudaEventCreate(&events.back()));
+      names.push_back(nullptr);
+    }
+    ORYX_CUDA_CHECK(cudaEventRecord(events[used], s));
+    names[used++] = name;
+  }
+  void Collect(bool keep) {  // after the stream synchronised
+    if (!keep) {
+      used = 0;
+      return;
+    }
+    for (size_t i = 1; i < used; ++i) {
+      float ms = 0;
+      ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i - 1], events[i]));
+      total_ms[names[i]] += ms;
+    }
+    used = 0;
+    ++forwards;
+  }
+  ~Profiler() {
+    double sum = 0;
+    for (auto& [name, ms] : total_ms) sum += ms;
+    std::fprintf(stderr, "cuda profile: %lld forwards, %.3f ms of ops per forward\n", static_cast<long long>(forwards),
+                 sum / std::max<int64_t>(1, forwards));
+    for (auto& [name, ms] : total_ms) {
+      std::fprintf(stderr, "  %-22s %9.3f ms per forward (%4.1f%%)\n", name.c_str(), ms / std::max<int64_t>(1, forwards),
+                   100 * ms / std::max(sum, 1e-9));
+    }
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+};
+
+struct CudaBackend::Layer {
+  bf16* in_proj = nullptr;   // [P, D] rows k, v, q_linear, g, gates, q_attn
+  bf16* o_proj = nullptr;    // [D, HD]
+  bf16* mlp_in = nullptr;    // [2F, D] gate rows, then up rows
+  bf16* mlp_down = nullptr;  // [D, F]
+  float *attn_norm = nullptr, *mlp_norm = nullptr;      // [D]
+  float *conv_weight = nullptr, *conv_bias = nullptr;   // [2HD, w], [2HD]
+  float* gate_norm = nullptr;                           // [dh]
+  float *dt_bias = nullptr, *a_log = nullptr;           // [H]
+  float* d_skip = nullptr;                              // [H] (mamba2)
+};
+
+// Per-forward buffers, grown to the largest batch seen (allocation only on growth).
+struct CudaBackend::Scratch {
+  int64_t rows_cap = 0, logit_rows_cap = 0, partial_cap = 0, meta_cap = 0;
+  float *x = nullptr, *proj = nullptr, *kv = nullptr, *qa = nullptr, *o = nullptr, *tmp = nullptr, *mlp = nullptr;
+  bf16 *u = nullptr, *y = nullptr, *act = nullptr, *head = nullptr;
+  float* logits = nullptr;
+  float* partial = nullptr;
+  char* meta = nullptr;       // device copy of the metadata below
+  char* meta_host = nullptr;  // pinned
+  float* logits_host = nullptr;  // pinned
+  // Views into meta (device) for the current forward.
+  const int32_t *tokens = nullptr, *row_seq = nullptr, *attn_rows = nullptr, *logit_rows = nullptr;
+  const uint8_t* row_mode = nullptr;
+  const kc::SeqDesc* seqs = nullptr;
+  std::vector<void*> owned;
+  // Decode steps replayed as CUDA graphs, by shape. The graphs bake in the scratch pointers above, so any
+  // growth of the scratch drops them.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, cudaGraphExec_t> graphs;
+  void DropGraphs() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+  }
+  void FreeAll() {
+    DropGraphs();
+    for (void* p : owned) cudaFree(p);
+    owned.clear();
+    if (meta_host != nullptr) cudaFreeHost(meta_host);
+    if (logits_host != nullptr) cudaFreeHost(logits_host);
+    meta_host = nullptr;
+    logits_host = nullptr;
+  }
+  ~Scratch() { FreeAll(); }
+};
+
+CudaBackend::CudaBackend() = default;
+
+CudaBackend::~CudaBackend() {
+  if (ctx_ && ctx_->stream != nullptr) cudaStreamSynchronize(ctx_->stream);
+  profiler_.reset();
+  scratch_.reset();
+  for (Layer& l : layers_) {
+    for (void* p : {static_cast<void*>(l.in_proj), static_cast<void*>(l.o_proj), static_cast<void*>(l.mlp_in),
+                    static_cast<void*>(l.mlp_down), static_cast<void*>(l.attn_norm), static_cast<void*>(l.mlp_norm),
+                    static_cast<void*>(l.conv_weight), static_cast<void*>(l.conv_bias),
+                    static_cast<void*>(l.gate_norm), static_cast<void*>(l.dt_bias), static_cast<void*>(l.a_log),
+                    static_cast<void*>(l.d_skip)}) {
+      cudaFree(p);
+    }
+  }
+  if (lm_head_ != embed_) cudaFree(lm_head_);
+  cudaFree(embed_);
+  cudaFree(final_norm_);
+  cudaFree(rope_freq_);
+}
+
+absl::Status CudaBackend::Init(const ModelConfig& c) {
+  if (kc::DeviceCount() == 0) return absl::FailedPreconditionError("device 'cuda': no CUDA device is visible");
+  config_ = c;
+  const int64_t H = c.n_heads, HD = c.qk_dim(), G = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
+  proj_width_ = 4 * HD + G + HD;
+  ctx_ = std::make_shared<Context>();
+  ORYX_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
+  ORYX_CUBLAS_CHECK(cublasCreate(&ctx_->cublas));
+  ORYX_CUBLAS_CHECK(cublasSetStream(ctx_->cublas, ctx_->stream));
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  ORYX_CUDA_CHECK(cudaMalloc(&ctx_->cublas_workspace, kWorkspaceBytes));
+  ORYX_CUBLAS_CHECK(cublasSetWorkspace(ctx_->cublas, ctx_->cublas_workspace, kWorkspaceBytes));
+  kc::ModelDims& d = ctx_->dims;
+  d.d_model = static_cast<int32_t>(c.d_model);
+  d.heads = static_cast<int32_t>(H);
+  d.head_dim = static_cast<int32_t>(c.head_dim);
+  d.conv_width = static_cast<int32_t>(c.conv_width);
+  d.mlp_hidden = static_cast<int32_t>(c.mlp_hidden);
+  d.vocab = static_cast<int32_t>(c.vocab_size);
+  d.proj_width = static_cast<int32_t>(proj_width_);
+  d.gdn = c.linear_mixer == LinearMixer::kGdn;
+  d.conv_silu = c.conv_activation == ConvActivation::kSilu;
+  d.norm_eps = static_cast<float>(c.norm_eps);
+  d.rope_theta = c.rope_theta;
+  ctx_->L = c.n_layers;
+  ctx_->H = H;
+  ctx_->dh = c.head_dim;
+  ctx_->HD = HD;
+  ctx_->W = c.conv_width - 1;
+  scratch_ = std::make_unique<Scratch>();
+  layers_.resize(c.n_layers);
+  if (c.rope_theta > 0) {  // the RoPE frequencies theta^(-2i/dh), in double as kernels/cpu/rope.cc has them
+    std::vector<double> freq(c.head_dim / 2);
+    for (size_t i = 0; i < freq.size(); ++i) freq[i] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / c.head_dim);
+    ORYX_CUDA_CHECK(cudaMalloc(&rope_freq_, std::max<size_t>(1, freq.size()) * sizeof(double)));
+    ORYX_CUDA_CHECK(cudaMemcpy(rope_freq_, freq.data(), freq.size() * sizeof(double), cudaMemcpyHostToDevice));
+  }
+  if (const char* env = std::getenv("ORYX_CUDA_FUSED"); env != nullptr && env[0] == '0') fused_gemv_ = false;
+  if (const char* env = std::getenv("ORYX_CUDA_PROFILE"); env != nullptr && env[0] == '1') {
+    profiler_ = std::make_unique<Profiler>();
+    use_graphs_ = false;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+void Upload(const std::vector<float>& host, float** dst) {
+  ORYX_CUDA_CHECK(cudaMalloc(dst, std::max<size_t>(1, host.size()) * sizeof(float)));
+  ORYX_CUDA_CHECK(cudaMemcpy(*dst, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+void UploadBf16(const std::vector<float>& host, bf16** dst) {
+  std::vector<bf16> converted(host.size());
+  for (size_t i = 0; i < host.size(); ++i) converted[i] = __float2bfloat16(host[i]);
+  ORYX_CUDA_CHECK(cudaMalloc(dst, std::max<size_t>(1, host.size()) * sizeof(bf16)));
+  ORYX_CUDA_CHECK(cudaMemcpy(*dst, converted.data(), host.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string& dir) {
+  ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  ORYX_RETURN_IF_ERROR(b->Init(ckpt.config()));
+  const ModelConfig& c = b->config_;
+  std::vector<float> host, part;
+  auto get = [&](std::string_view name, std::vector<float>& out) -> absl::Status {
+    ORYX_ASSIGN_OR_RETURN(out, ckpt.TensorAsFloats(name));
+    return absl::OkStatus();
+  };
+  int64_t bf16_elements = 0;
+  auto bf16_upload = [&](const std::vector<float>& v, bf16** dst) {
+    UploadBf16(v, dst);
+    bf16_elements += static_cast<int64_t>(v.size());
+  };
+  ORYX_RETURN_IF_ERROR(get(kEmbedWeight, host));
+  bf16* embed = nullptr;
+  bf16_upload(host, &embed);
+  b->embed_ = embed;
+  if (c.tie_embeddings) {
+    b->lm_head_ = embed;
+  } else {
+    ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, host));
+    bf16* lm = nullptr;
+    bf16_upload(host, &lm);
+    b->lm_head_ = lm;
+  }
+  ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, host));
+  Upload(host, &b->final_norm_);
+  for (int64_t il = 0; il < c.n_layers; ++il) {
+    Layer& l = b->layers_[il];
+    auto layer = [&](std::string_view suffix, std::vector<float>& out) { return get(LayerTensorName(il, suffix), out); };
+    for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kConvWeight, &l.conv_weight},
+                                 {kConvBias, &l.conv_bias}, {kGateNorm, &l.gate_norm}, {kDtBias, &l.dt_bias},
+                                 {kALog, &l.a_log}}) {
+      ORYX_RETURN_IF_ERROR(layer(suffix, host));
+      Upload(host, field);
+    }
+    std::vector<std::string_view> fused = {kKProj, kVProj, kQLinear, kGProj};
+    if (c.linear_mixer == LinearMixer::kMamba2) {
+      fused.push_back(kDtProj);
+      ORYX_RETURN_IF_ERROR(layer(kDSkip, host));
+      Upload(host, &l.d_skip);
+    } else {
+      fused.push_back(kBetaProj);
+      fused.push_back(kAlphaProj);
+    }
+    fused.push_back(kQAttn);
+    host.clear();
+    for (std::string_view suffix : fused) {
+      ORYX_RETURN_IF_ERROR(layer(suffix, part));
+      host.insert(host.end(), part.begin(), part.end());
+    }
+    bf16_upload(host, &l.in_proj);
+    host.clear();
+    for (std::string_view suffix : {kMlpGate, kMlpUp}) {
+      ORYX_RETURN_IF_ERROR(layer(suffix, part));
+      host.insert(host.end(), part.begin(), part.end());
+    }
+    bf16_upload(host, &l.mlp_in);
+    ORYX_RETURN_IF_ERROR(layer(kOProj, host));
+    bf16_upload(host, &l.o_proj);
+    ORYX_RETURN_IF_ERROR(layer(kMlpDown, host));
+    bf16_upload(host, &l.mlp_down);
+  }
+  b->weight_bytes_ = bf16_elements * static_cast<int64_t>(sizeof(bf16));
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const ModelConfig& config, uint32_t seed) {
+  ORYX_RETURN_IF_ERROR(ValidateModelConfig(config, "random model"));
+  std::unique_ptr<CudaBackend> b(new CudaBackend());
+  ORYX_RETURN_IF_ERROR(b->Init(config));
+  const ModelConfig& c = b->config_;
+  const int64_t D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden, V = c.vocab_size;
+  const int64_t P = b->proj_width_;
+  cudaStream_t s = b->ctx_->stream;
+  uint32_t next = seed * 1000003u;
+  int64_t bf16_elements = 0;
+  auto matrix = [&](int64_t rows, int64_t cols) {
+    bf16* p = nullptr;
+    ORYX_CUDA_CHECK(cudaMalloc(&p, rows * cols * sizeof(bf16)));
+    const float bound = 1.f / std::sqrt(static_cast<float>(cols));
+    kc::FillUniform(p, rows * cols, next++, -bound, bound, s);
+    bf16_elements += rows * cols;
+    return p;
+  };
+  auto vec = [&](int64_t n, float lo, float hi) {
+    float* p = nullptr;
+    ORYX_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+    kc::FillUniform(p, n, next++, lo, hi, s);
+    return p;
+  };
+  bf16* embed = matrix(V, D);
+  b->embed_ = embed;
+  b->lm_head_ = c.tie_embeddings ? static_cast<void*>(embed) : static_cast<void*>(matrix(V, D));
+  b->final_norm_ = vec(D, 1.f, 1.f);
+  for (Layer& l : b->layers_) {
+    l.in_proj = matrix(P, D);
+    l.o_proj = matrix(D, HD);
+    l.mlp_in = matrix(2 * F, D);
+    l.mlp_down = matrix(D, F);
+    l.attn_norm = vec(D, 1.f, 1.f);
+    l.mlp_norm = vec(D, 1.f, 1.f);
+    l.conv_weight = vec(2 * HD * c.conv_width, -0.5f, 0.5f);
+    l.conv_bias = vec(2 * HD, -0.1f, 0.1f);
+    l.gate_norm = vec(dh, 1.f, 1.f);
+    l.dt_bias = vec(H, -2.f, 0.f);
+    l.a_log = vec(H, -1.f, 1.f);
+    if (c.linear_mixer == LinearMixer::kMamba2) l.d_skip = vec(H, 0.f, 1.f);
+  }
+  ORYX_CUDA_CHECK(cudaStreamSynchronize(s));
+  b->weight_bytes_ = bf16_elements * static_cast<int64_t>(sizeof(bf16));
+  return b;
+}
+
+SequenceState CudaBackend::NewSequence() const {
+  return SequenceState(config_, std::make_unique<CudaSequence>(ctx_, this));
+}
+
+int64_t CudaBackend::AvailableDeviceBytes() const {
+  size_t free = 0, total = 0;
+  ORYX_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free) + ctx_->pool.cached_bytes();
+}
+
+std::string CudaBackend::DeviceName() const {
+  int device = 0;
+  cudaDeviceProp prop{};
+  ORYX_CUDA_CHECK(cudaGetDevice(&device));
+  ORYX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+void CudaBackend::Synchronize() const { ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx_->stream)); }
+
+double CudaBackend::MeasureCopyBandwidth() const {
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of floats per buffer
+  float *x = nullptr, *y = nullptr;
+  ORYX_CUDA_CHECK(cudaMalloc(&x, n * sizeof(float)));
+  ORYX_CUDA_CHECK(cudaMalloc(&y, n * sizeof(float)));
+  ORYX_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), ctx_->stream));
+  cudaEvent_t start, stop;
+  ORYX_CUDA_CHECK(cudaEventCreate(&start));
+  ORYX_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 1e30f;
+  for (int i = 0; i < 11; ++i) {
+    ORYX_CUDA_CHECK(cudaEventRecord(start, ctx_->stream));
+    kc::StreamCopy({n, x, y, nullptr}, ctx_->stream);
+    ORYX_CUDA_CHECK(cudaEventRecord(stop, ctx_->stream));
+    ORYX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i > 0) best_ms = std::min(best_ms, ms);  // the first pass warms up
+  }
+  ORYX_CUDA_CHECK(cudaEventDestroy(start));
+  ORYX_CUDA_CHECK(cudaEventDestroy(stop));
+  ORYX_CUDA_CHECK(cudaFree(x));
+  ORYX_CUDA_CHECK(cudaFree(y));
+  return 2.0 * n * sizeof(float) / (best_ms * 1e-3);
+}
+
+void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int64_t chunk, int64_t max_chunks,
+                               bool any_attention, bool fused) {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[il];
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  cudaStream_t s = ctx.stream;
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  const kc::ModelDims& dims = ctx.dims;
+  const int32_t layer = static_cast<int32_t>(il);
+  const int64_t P_used = any_attention ? P : P - HD;  // q_attn only when some token attends
+  auto mark = [&](const char* name) {
+    if (profiler_) profiler_->Mark(name, s);
+  };
+
+  // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
+  // update, the recurrence and attention.
+  if (fused) {
+    kc::FusedGemv({N, P_used, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, P, sc.x, nullptr, w.attn_norm,
+                   w.in_proj, sc.proj, false}, s);
+    mark("in_proj (norm fused)");
+  } else {
+    // u = RMSNorm(x) was written by the previous step.
+    kc::Gemm({N, P_used, D, D, P, sc.u, w.in_proj, sc.proj}, ctx.cublas);
+    mark("in_proj");
+  }
+  kc::ConvRopeAppend({dims, layer, N, sc.row_seq, sc.row_mode, sc.seqs, sc.proj, w.conv_weight, w.conv_bias, sc.kv,
+                      sc.qa, rope_freq_}, s);
+  mark("conv_rope_append");
+  kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
+  mark("conv_window");
+  kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o}, s);
+  mark("recurrent");
+  kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o}, s);
+  if (NA > 0) mark("attention");
+
+  // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Decode steps fuse each
+  // norm / gate into the product after it and add the residual in the product's epilogue (4 kernels);
+  // longer spans run them apart, the MLP's residual add fused into the next norm (the next layer's, or the
+  // final norm of the logit rows in Forward).
+  if (fused) {
+    kc::FusedGemv({N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o, sc.proj + 3 * HD,
+                   w.gate_norm, w.o_proj, sc.x, true}, s);
+    mark("o_proj (gated norm fused)");
+    kc::FusedGemv({N, 2 * F, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, 2 * F, sc.x, nullptr, w.mlp_norm,
+                   w.mlp_in, sc.mlp, false}, s);
+    mark("mlp_in (norm fused)");
+    // The down projection's input is F wide: recomputing SwiGLU in each of its blocks costs more than
+    // writing it once (measured), so it runs apart, and the product adds into the residual.
+    kc::SwiGlu({N, F, sc.mlp, sc.act}, s);
+    mark("swiglu");
+    kc::Gemm({N, D, F, F, D, sc.act, w.mlp_down, sc.x, /*accumulate=*/true}, ctx.cublas);
+    mark("mlp_down (residual fused)");
+    return;
+  }
+  kc::GatedNorm({N, c.n_heads, c.head_dim, dims.norm_eps, P, sc.o, sc.proj + 3 * HD, w.gate_norm, sc.y}, s);
+  mark("gated_norm");
+  kc::Gemm({N, D, HD, HD, D, sc.y, w.o_proj, sc.tmp}, ctx.cublas);
+  mark("o_proj");
+  kc::AddRmsNorm({N, D, dims.norm_eps, sc.x, sc.tmp, w.mlp_norm, nullptr, sc.u}, s);
+  mark("add_rmsnorm");
+  kc::Gemm({N, 2 * F, D, D, 2 * F, sc.u, w.mlp_in, sc.mlp}, ctx.cublas);
+  mark("mlp_in");
+  kc::SwiGlu({N, F, sc.mlp, sc.act}, s);
+  mark("swiglu");
+  kc::Gemm({N, D, F, F, D, sc.act, w.mlp_down, sc.tmp}, ctx.cublas);
+  mark("mlp_down");
+  if (il + 1 < c.n_layers) {
+    kc::AddRmsNorm({N, D, dims.norm_eps, sc.x, sc.tmp, layers_[il + 1].attn_norm, nullptr, sc.u}, s);
+    mark("add_rmsnorm");
+  }
+}
+
+absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
+  ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  const ModelConfig& c = config_;
+  const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  const int64_t B = static_cast<int64_t>(batch.size());
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+
+  // Rows of the batch, attention rows and logit rows; state capacity for the spans.
+  int64_t N = 0, NA = 0, NL = 0, max_keys = 0;
+  bool any_attention = false;
+  for (const ForwardItem& it : batch) {
+    const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
+    CudaSequence& ds = DeviceOf(*it.seq);
+    if (it.seq->has_kv()) ds.EnsureCapacity(pos + T, pos);
+    if (it.keep_states) ds.PrepareSpan(T);
+    for (int64_t t = 0; t < T; ++t) {
+      if (it.modes[t] == Mode::kAttention) {
+        ++NA;
+        any_attention = true;
+        max_keys = std::max(max_keys, pos + t + 1);
+      }
+    }
+    NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
+    N += T;
+  }
+  // A decode step (one token per sequence) runs as a CUDA graph. Its attention grid is sized for the
+  // next power of two of keys, so that a graph serves many steps (blocks past a row's keys exit at once).
+  const bool graph = use_graphs_ && !profiler_ && N == B;
+  if (graph && max_keys > 0) {
+    max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
+  }
+  const int64_t chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, NA), c.n_heads);
+  const int64_t max_chunks = std::max<int64_t>(1, (max_keys + chunk - 1) / chunk);
+
+  // Grow the scratch buffers where this batch needs more.
+  if (N > sc.rows_cap) {
+    sc.DropGraphs();
+    const int64_t n = std::max(N, 2 * sc.rows_cap);
+    for (void* p : {static_cast<void*>(sc.x), static_cast<void*>(sc.proj), static_cast<void*>(sc.kv),
+                    static_cast<void*>(sc.qa), static_cast<void*>(sc.o), static_cast<void*>(sc.tmp),
+                    static_cast<void*>(sc.mlp), static_cast<void*>(sc.u), static_cast<void*>(sc.y),
+                    static_cast<void*>(sc.act)}) {
+      if (p == nullptr) continue;
+      ORYX_CUDA_CHECK(cudaFree(p));
+      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
+    }
+    sc.x = DeviceAlloc<float>(n * D, sc.owned);
+    sc.proj = DeviceAlloc<float>(n * P, sc.owned);
+    sc.kv = DeviceAlloc<float>(n * 2 * HD, sc.owned);
+    sc.qa = DeviceAlloc<float>(n * HD, sc.owned);
+    sc.o = DeviceAlloc<float>(n * HD, sc.owned);
+    sc.tmp = DeviceAlloc<float>(n * D, sc.owned);
+    sc.mlp = DeviceAlloc<float>(n * 2 * F, sc.owned);
+    sc.u = DeviceAlloc<bf16>(n * D, sc.owned);
+    sc.y = DeviceAlloc<bf16>(n * HD, sc.owned);
+    sc.act = DeviceAlloc<bf16>(n * F, sc.owned);
+    sc.rows_cap = n;
+  }
+  if (NL > sc.logit_rows_cap) {
+    sc.DropGraphs();
+    const int64_t n = std::max(NL, 2 * sc.logit_rows_cap);
+    for (void* p : {static_cast<void*>(sc.head), static_cast<void*>(sc.logits)}) {
+      if (p == nullptr) continue;
+      ORYX_CUDA_CHECK(cudaFree(p));
+      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
+    }
+    if (sc.logits_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.logits_host));
+    sc.head = DeviceAlloc<bf16>(n * D, sc.owned);
+    sc.logits = DeviceAlloc<float>(n * V, sc.owned);
+    ORYX_CUDA_CHECK(cudaMallocHost(&sc.logits_host, n * V * sizeof(float)));
+    sc.logit_rows_cap = n;
+  }
+  const int64_t partial = NA * c.n_heads * max_chunks * (c.head_dim + 2);
+  if (partial > sc.partial_cap) {
+    sc.DropGraphs();
+    if (sc.partial != nullptr) {
+      ORYX_CUDA_CHECK(cudaFree(sc.partial));
+      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), static_cast<void*>(sc.partial)));
+    }
+    sc.partial = DeviceAlloc<float>(std::max(partial, 2 * sc.partial_cap), sc.owned);
+    sc.partial_cap = std::max(partial, 2 * sc.partial_cap);
+  }
+
+  // Metadata: tokens [N], row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B] (aligned).
+  auto align = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
+  const int64_t off_tokens = 0, off_row_seq = align(N * 4), off_attn = off_row_seq + align(N * 4),
+                off_logit = off_attn + align(NA * 4), off_mode = off_logit + align(NL * 4),
+                off_seqs = off_mode + align(N), meta_bytes = off_seqs + B * static_cast<int64_t>(sizeof(kc::SeqDesc));
+  if (meta_bytes > sc.meta_cap) {
+    sc.DropGraphs();
+    const int64_t n = std::max(meta_bytes, 2 * sc.meta_cap);
+    if (sc.meta != nullptr) {
+      ORYX_CUDA_CHECK(cudaFree(sc.meta));
+      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), static_cast<void*>(sc.meta)));
+    }
+    if (sc.meta_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.meta_host));
+    sc.meta = DeviceAlloc<char>(n, sc.owned);
+    ORYX_CUDA_CHECK(cudaMallocHost(&sc.meta_host, n));
+    sc.meta_cap = n;
+  }
+  char* m = sc.meta_host;
+  auto* tokens = reinterpret_cast<int32_t*>(m + off_tokens);
+  auto* row_seq = reinterpret_cast<int32_t*>(m + off_row_seq);
+  auto* attn_rows = reinterpret_cast<int32_t*>(m + off_attn);
+  auto* logit_rows = reinterpret_cast<int32_t*>(m + off_logit);
+  auto* row_mode = reinterpret_cast<uint8_t*>(m + off_mode);
+  auto* seqs = reinterpret_cast<kc::SeqDesc*>(m + off_seqs);
+  int64_t r = 0, a = 0, lr = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const ForwardItem& it = batch[b];
+    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    seqs[b] = DeviceOf(*it.seq).Desc(r, T, it.seq->position(), it.keep_states);
+    for (int64_t t = 0; t < T; ++t, ++r) {
+      tokens[r] = it.tokens[t];
+      row_seq[r] = static_cast<int32_t>(b);
+      row_mode[r] = it.modes[t] == Mode::kAttention;
+      if (row_mode[r]) attn_rows[a++] = static_cast<int32_t>(r);
+      if (it.logits == LogitsRows::kAll || (it.logits == LogitsRows::kLast && t == T - 1)) {
+        logit_rows[lr++] = static_cast<int32_t>(r);
+      }
+    }
+  }
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
+  sc.tokens = reinterpret_cast<const int32_t*>(sc.meta + off_tokens);
+  sc.row_seq = reinterpret_cast<const int32_t*>(sc.meta + off_row_seq);
+  sc.attn_rows = reinterpret_cast<const int32_t*>(sc.meta + off_attn);
+  sc.logit_rows = reinterpret_cast<const int32_t*>(sc.meta + off_logit);
+  sc.row_mode = reinterpret_cast<const uint8_t*>(sc.meta + off_mode);
+  sc.seqs = reinterpret_cast<const kc::SeqDesc*>(sc.meta + off_seqs);
+
+  // The model.
+  const float eps = ctx.dims.norm_eps;
+  const bool fused = fused_gemv_ && kc::FusedGemvApplies(N, D) && kc::FusedGemvApplies(N, HD) &&
+                     kc::FusedGemvApplies(N, F);
+  auto model = [&] {
+    if (profiler_) profiler_->Mark("start", ctx.stream);
+    kc::Embed({N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x}, ctx.stream);
+    if (!fused) kc::AddRmsNorm({N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
+    if (profiler_) profiler_->Mark("embed", ctx.stream);
+    for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, N, B, NA, chunk, max_chunks, any_attention, fused);
+    if (NL > 0) {
+      // The unfused path still owes the last MLP's residual (in tmp).
+      kc::AddRmsNorm({NL, D, eps, sc.x, fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head}, ctx.stream);
+      kc::Gemm({NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits}, ctx.cublas);
+      if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
+    }
+  };
+  if (graph) {
+    cudaGraphExec_t& exec = sc.graphs[{B, NA, NL, chunk, max_chunks, any_attention, fused}];
+    if (exec == nullptr) {
+      cudaGraph_t g = nullptr;
+      ORYX_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+      model();
+      ORYX_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
+      ORYX_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      ORYX_CUDA_CHECK(cudaGraphDestroy(g));
+    }
+    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  } else {
+    model();
+  }
+  if (NL > 0) {
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, NL * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                    ctx.stream));
+  }
+  ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
+  if (profiler_) profiler_->Collect(/*keep=*/N == B);  // decode steps only
+
+  lr = 0;
+  for (const ForwardItem& it : batch) {
+    SequenceState& seq = *it.seq;
+    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    if (it.keep_states) {
+      seq.span_start_ = seq.position_;
+      seq.span_len_ = T;
+    } else {
+      seq.span_start_ = -1;
+      seq.span_len_ = 0;
+    }
+    seq.position_ += T;
+    const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
+    if (rows > 0) {
+      it.logits_out->resize(rows * V);
+      std::memcpy(it.logits_out->data(), sc.logits_host + lr * V, rows * V * sizeof(float));
+    }
+    lr += rows;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace oryx

@@ -1,0 +1,74 @@
+// The CUDA backend: bf16 weights on the GPU, the forward on kernels/cuda (fused conv/RoPE/KV append,
+// recurrences over spans, split-KV attention) and cuBLAS, sequence states (bf16 KV cache, fp32 recurrent
+// state, conv window) in device memory drawn from a pool owned by the backend. Only the logits asked for
+// come back to the host. No CUDA types in this header.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace oryx {
+
+class CudaBackend final : public Backend {
+ public:
+  // Loads a checkpoint onto the current CUDA device (weights converted to bf16). FailedPrecondition when
+  // there is no CUDA device.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& dir);
+  // Random weights of `config` made on the device (uniform, small; for benchmarks at sizes whose
+  // checkpoints would be slow to write and read).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateRandom(const ModelConfig& config, uint32_t seed);
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  const ModelConfig& config() const override { return config_; }
+  SequenceState NewSequence() const override;
+  using Backend::Forward;
+  absl::Status Forward(std::span<const ForwardItem> batch) override;
+
+  // Bytes of bf16 weights on the device.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  // Copy bandwidth of the device in bytes/s (read + write over the time of a large copy, best of 10).
+  double MeasureCopyBandwidth() const;
+  // Decode steps (one token per sequence) replayed as CUDA graphs, one per batch shape (default on).
+  void set_cuda_graphs(bool on) { use_graphs_ = on; }
+  bool cuda_graphs() const { return use_graphs_; }
+  // Forwards of at most 8 rows fuse each norm / gate into the projection after it (default on).
+  void set_fused_gemv(bool on) { fused_gemv_ = on; }
+  // Free device memory plus what the state pool holds for reuse.
+  int64_t AvailableDeviceBytes() const;
+  std::string DeviceName() const;
+  // Blocks until the backend's stream has finished its work (for timing).
+  void Synchronize() const;
+
+  struct Context;  // the stream, cuBLAS handle and memory pool shared with the device sequences
+
+ private:
+  struct Layer;
+  struct Scratch;
+  struct Profiler;
+  CudaBackend();
+  absl::Status Init(const ModelConfig& config);
+  void LayerForward(int64_t il, int64_t rows, int64_t seqs, int64_t attn_rows, int64_t chunk, int64_t max_chunks,
+                    bool any_attention, bool fused);
+
+  ModelConfig config_;
+  int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
+  int64_t weight_bytes_ = 0;
+  std::shared_ptr<Context> ctx_;
+  std::vector<Layer> layers_;
+  void* embed_ = nullptr;       // bf16 [V, D]
+  void* lm_head_ = nullptr;     // bf16 [V, D] (= embed_ when tied)
+  float* final_norm_ = nullptr;  // [D]
+  double* rope_freq_ = nullptr;  // [dh/2] (rope_theta > 0)
+  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
+  bool use_graphs_ = true;
+  bool fused_gemv_ = true;
+  std::mutex forward_mu_;
+};
+
+}  // namespace oryx

@@ -1,0 +1,290 @@
+// Attention of query rows over a bf16 KV cache, split over chunks of keys (flash-decoding): a block per
+// (attention row, head, chunk of kAttentionChunk keys) writes the chunk's max score, its sum of
+// exponentials and its unnormalised output; a second kernel merges the chunks of each (row, head). The
+// same kernels serve decode (one row per sequence), verify spans and prefill (causal: the row at position
+// p sees keys 0..p).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace oryx::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 128, kWarps = kThreads / 32, kUnroll = 8;
+
+struct RowInfo {
+  SeqDesc s;
+  int64_t row, keys;  // the row and its number of visible keys (position + 1)
+};
+
+__device__ __forceinline__ RowInfo GetRow(const AttentionParams& p, int64_t a) {
+  RowInfo info;
+  info.row = p.attn_rows_ptr[a];
+  info.s = p.seqs_ptr[p.row_seq_ptr[info.row]];
+  info.keys = info.s.pos + (info.row - info.s.row) + 1;
+  return info;
+}
+
+// kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
+template <int kVec>
+__global__ void AttentionChunkKernel(AttentionParams p) {
+  __shared__ float q[kMaxHeadDimCuda];
+  __shared__ float scores[kAttentionChunk];
+  __shared__ float scratch[32];
+  __shared__ float acc_parts[2 * kThreads];  // [subsets, units, kVec] <= 256
+  const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh, h = blockIdx.y, chunk = blockIdx.z;
+  const RowInfo info = GetRow(p, blockIdx.x);
+  const int64_t k0 = chunk * p.chunk;
+  if (k0 >= info.keys) return;
+  const int64_t n = min(int64_t(p.chunk), info.keys - k0);
+  const float scale = rsqrtf(static_cast<float>(dh));
+  for (int64_t d = threadIdx.x; d < dh; d += kThreads) q[d] = p.qa_ptr[info.row * HD + h * dh + d] * scale;
+  __syncthreads();
+  const int64_t layer_off = int64_t(p.layer) * info.s.kv_cap * HD + h * dh;
+  const bf16* kbase = info.s.k_cache + layer_off + k0 * HD;
+  const bf16* vbase = info.s.v_cache + layer_off + k0 * HD;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t units = dh / kVec;  // loads per key row
+
+  // Scores: a warp per key, kUnroll keys in flight per warp.
+  for (int64_t j0 = warp * kUnroll; j0 < n; j0 += kWarps * kUnroll) {
+    float dot[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      dot[u] = 0.f;
+      const int64_t j = j0 + u;
+      if (j >= n) continue;
+      const bf16* krow = kbase + j * HD;
+      for (int64_t e = lane; e < units; e += 32) {
+        if constexpr (kVec == 2) {
+          const float2 k2 = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(krow)[e]);
+          dot[u] += k2.x * q[2 * e] + k2.y * q[2 * e + 1];
+        } else {
+          dot[u] += __bfloat162float(krow[e]) * q[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const float d = WarpSum(dot[u]);
+      if (lane == 0 && j0 + u < n) scores[j0 + u] = d;
+    }
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, scores[j]);
+  m = BlockMax(m, scratch);
+  float l = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const float e = __expf(scores[j] - m);
+    scores[j] = e;
+    l += e;
+  }
+  l = BlockSum(l, scratch);  // synchronises: the exponentials are visible below
+
+  // Output: thread = (unit e, key subset); subsets stride over the chunk's keys. A unit is kVec features;
+  // when dh / kVec > kThreads (odd dh > 128) a thread also takes unit e + kThreads.
+  const int64_t subsets = max(int64_t(1), kThreads / units);
+  const int64_t e = threadIdx.x % units, subset = threadIdx.x / units;
+  float acc[2][kVec] = {};
+  if (subset < subsets) {
+#pragma unroll 4
+    for (int64_t j = subset; j < n; j += subsets) {
+      const bf16* vrow = vbase + j * HD;
+      const float pj = scores[j];
+#pragma unroll
+      for (int m2 = 0; m2 < 2; ++m2) {
+        const int64_t u = e + m2 * kThreads;
+        if (u >= units) continue;
+        if constexpr (kVec == 2) {
+          const float2 v2 = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(vrow)[u]);
+          acc[m2][0] += pj * v2.x;
+          acc[m2][1] += pj * v2.y;
+        } else {
+          acc[m2][0] += pj * __bfloat162float(vrow[u]);
+        }
+      }
+    }
+    for (int m2 = 0; m2 < 2; ++m2) {
+      const int64_t u = e + m2 * kThreads;
+      if (u >= units) continue;
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) acc_parts[(subset * units + u) * kVec + c] = acc[m2][c];
+    }
+  }
+  __syncthreads();
+  float* out = p.partial_ptr + ((int64_t(blockIdx.x) * p.dims.heads + h) * p.max_chunks + chunk) * (dh + 2);
+  if (threadIdx.x == 0) out[0] = m, out[1] = l;
+  for (int64_t d = threadIdx.x; d < dh; d += kThreads) {
+    const int64_t unit = d / kVec, c = d % kVec;
+    float sum = 0.f;
+    for (int64_t sub = 0; sub < subsets; ++sub) sum += acc_parts[(sub * units + unit) * kVec + c];
+    out[2 + d] = sum;
+  }
+}
+
+// The fast path for dh in {32, 64, 128, 256}: 16-byte loads of 8 bf16. A key row is read by kLanes = dh / 8
+// lanes (32 / kLanes keys per warp load), which reduce their partial dot products with shuffles; each lane
+// keeps its 8 query values in registers. For the output, thread t accumulates 8 features (t % kLanes) over
+// the keys t / kLanes, t / kLanes + kThreads / kLanes, ..., and the key subsets are summed in shared memory.
+template <int kLanes>
+__global__ void AttentionChunkVecKernel(AttentionParams p) {
+  constexpr int kKeysPerLoad = 32 / kLanes, kSubsets = kThreads / kLanes, kDh = 8 * kLanes;
+  __shared__ float scores[kAttentionChunk];
+  __shared__ float scratch[32];
+  __shared__ float parts[kSubsets * kDh];  // = 8 * kThreads floats
+  const int64_t HD = p.dims.heads * kDh, h = blockIdx.y, chunk = blockIdx.z;
+  const RowInfo info = GetRow(p, blockIdx.x);
+  const int64_t k0 = chunk * p.chunk;
+  if (k0 >= info.keys) return;
+  const int n = static_cast<int>(min(int64_t(p.chunk), info.keys - k0));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / kLanes, gl = lane % kLanes;
+  const float scale = rsqrtf(static_cast<float>(kDh));
+  float q[8];
+  const float* qrow = p.qa_ptr + info.row * HD + h * kDh + gl * 8;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) q[e] = qrow[e] * scale;
+  const int64_t layer_off = int64_t(p.layer) * info.s.kv_cap * HD + h * kDh;
+  const bf16* kbase = info.s.k_cache + layer_off + k0 * HD + gl * 8;
+  const bf16* vbase = info.s.v_cache + layer_off + k0 * HD;
+
+  // Scores: per warp iteration kUnroll loads of kKeysPerLoad keys.
+  constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
+  for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kKeysPerLoad + group;
+      raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 kf = __bfloat1622float2(k2[e]);
+        dot += kf.x * q[2 * e] + kf.y * q[2 * e + 1];
+      }
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      const int j = j0 + u * kKeysPerLoad + group;
+      if (gl == 0 && j < n) scores[j] = dot;
+    }
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, scores[j]);
+  m = BlockMax(m, scratch);
+  float l = 0.f;
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const float e = __expf(scores[j] - m);
+    scores[j] = e;
+    l += e;
+  }
+  l = BlockSum(l, scratch);
+
+  const int sub = threadIdx.x / kLanes, f = threadIdx.x % kLanes;
+  float acc[8] = {};
+  const bf16* vcol = vbase + f * 8;
+#pragma unroll 8
+  for (int j = sub; j < n; j += kSubsets) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(vcol + int64_t(j) * HD);
+    const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    const float pj = scores[j];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 vf = __bfloat1622float2(v2[e]);
+      acc[2 * e] += pj * vf.x;
+      acc[2 * e + 1] += pj * vf.y;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) parts[sub * kDh + f * 8 + e] = acc[e];
+  __syncthreads();
+  float* out = p.partial_ptr + ((int64_t(blockIdx.x) * p.dims.heads + h) * p.max_chunks + chunk) * (kDh + 2);
+  if (threadIdx.x == 0) out[0] = m, out[1] = l;
+  for (int d = threadIdx.x; d < kDh; d += kThreads) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (int s2 = 0; s2 < kSubsets; ++s2) sum += parts[s2 * kDh + d];
+    out[2 + d] = sum;
+  }
+}
+
+// One block per (row, head): the chunks' weights exp(m_c - m) first (shared memory), then groups of dh
+// threads sum every groups-th chunk's outputs, and the groups add up.
+constexpr int kCombineThreads = 512, kMaxCombineChunks = 4096;
+__global__ void AttentionCombineKernel(AttentionParams p) {
+  __shared__ float weights[kMaxCombineChunks];
+  __shared__ float sums[kCombineThreads];
+  __shared__ float scratch[32];
+  const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh, h = blockIdx.y;
+  const RowInfo info = GetRow(p, blockIdx.x);
+  const int64_t chunks = CeilDivDevice(info.keys, p.chunk);
+  const float* part = p.partial_ptr + (int64_t(blockIdx.x) * p.dims.heads + h) * p.max_chunks * (dh + 2);
+  float m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) m = fmaxf(m, part[c * (dh + 2)]);
+  m = BlockMax(m, scratch);
+  // Rows longer than kMaxCombineChunks chunks (over a million keys) recompute the weights below.
+  const bool cached = chunks <= kMaxCombineChunks;
+  float l = 0.f;
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const float w = __expf(part[c * (dh + 2)] - m);
+    if (cached) weights[c] = w;
+    l += part[c * (dh + 2) + 1] * w;
+  }
+  l = BlockSum(l, scratch);  // synchronises: the weights are visible below
+  const int64_t groups = max(int64_t(1), kCombineThreads / dh), group = threadIdx.x / dh, d0 = threadIdx.x % dh;
+  if (group < groups) {
+    for (int64_t d = d0; d < dh; d += kCombineThreads) {  // dh > kCombineThreads never (dh <= 256)
+      float sum = 0.f;
+      for (int64_t c = group; c < chunks; c += groups) {
+        sum += part[c * (dh + 2) + 2 + d] * (cached ? weights[c] : __expf(part[c * (dh + 2)] - m));
+      }
+      sums[threadIdx.x] = sum;
+    }
+  }
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < dh; d += blockDim.x) {
+    float sum = 0.f;
+    for (int64_t g = 0; g < groups; ++g) sum += sums[g * dh + d];
+    p.out_ptr[info.row * HD + h * dh + d] = sum / l;
+  }
+}
+
+}  // namespace
+
+int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads) {
+  constexpr int64_t kTargetBlocks = 132 * 4;  // a few blocks per SM of an H100/H200
+  int64_t chunk = 32;
+  while (chunk < kAttentionChunk && attn_rows * heads * CeilDiv(max_keys, chunk) > kTargetBlocks) chunk *= 2;
+  return chunk;
+}
+
+void Attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.attn_rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(p.attn_rows), static_cast<unsigned>(p.dims.heads),
+                  static_cast<unsigned>(p.max_chunks));
+  switch (p.dims.head_dim) {
+    case 32: AttentionChunkVecKernel<4><<<grid, kThreads, 0, stream>>>(p); break;
+    case 64: AttentionChunkVecKernel<8><<<grid, kThreads, 0, stream>>>(p); break;
+    case 128: AttentionChunkVecKernel<16><<<grid, kThreads, 0, stream>>>(p); break;
+    case 256: AttentionChunkVecKernel<32><<<grid, kThreads, 0, stream>>>(p); break;
+    default: break;
+  }
+  const bool vectorised = p.dims.head_dim == 32 || p.dims.head_dim == 64 || p.dims.head_dim == 128 ||
+                          p.dims.head_dim == 256;
+  if (vectorised) {
+  } else if (p.dims.head_dim % 2 == 0) {
+    AttentionChunkKernel<2><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    AttentionChunkKernel<1><<<grid, kThreads, 0, stream>>>(p);
+  }
+  ORYX_CUDA_CHECK(cudaGetLastError());
+  AttentionCombineKernel<<<dim3(grid.x, grid.y), kCombineThreads, 0, stream>>>(p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace oryx::kernels::cuda

@@ -1,0 +1,60 @@
+// RMSNorm with the residual add fused in front, and the gated per-head norm. One block per row.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace oryx::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void AddRmsNormKernel(AddRmsNormParams p) {
+  __shared__ float scratch[32];
+  const int64_t src = p.maybe_rows_ptr != nullptr ? p.maybe_rows_ptr[blockIdx.x] : blockIdx.x;
+  float* x = p.x_ptr + src * p.d;
+  const float* delta = p.maybe_delta_ptr != nullptr ? p.maybe_delta_ptr + src * p.d : nullptr;
+  float sum = 0.f;
+  for (int64_t c = threadIdx.x; c < p.d; c += blockDim.x) {
+    float v = x[c];
+    if (delta != nullptr) {
+      v += delta[c];
+      x[c] = v;
+    }
+    sum += v * v;
+  }
+  const float scale = rsqrtf(BlockSum(sum, scratch) / p.d + p.eps);
+  bf16* y = p.y_ptr + int64_t(blockIdx.x) * p.d;
+  for (int64_t c = threadIdx.x; c < p.d; c += blockDim.x) y[c] = __float2bfloat16(x[c] * scale * p.weight_ptr[c]);
+}
+
+// One warp per head, lanes over the head's features.
+__global__ void GatedNormKernel(GatedNormParams p) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t r = blockIdx.x, hd = p.heads * p.head_dim;
+  for (int64_t h = warp; h < p.heads; h += warps) {
+    const float* o = p.o_ptr + r * hd + h * p.head_dim;
+    const float* g = p.gate_ptr + r * p.gate_row_stride + h * p.head_dim;
+    float sum = 0.f;
+    for (int64_t i = lane; i < p.head_dim; i += 32) sum += o[i] * o[i];
+    const float scale = rsqrtf(WarpSum(sum) / p.head_dim + p.eps);
+    bf16* y = p.y_ptr + r * hd + h * p.head_dim;
+    for (int64_t i = lane; i < p.head_dim; i += 32) y[i] = __float2bfloat16(o[i] * scale * p.weight_ptr[i] * Silu(g[i]));
+  }
+}
+
+}  // namespace
+
+void AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  AddRmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+void GatedNorm(const GatedNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  GatedNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace oryx::kernels::cuda

@@ -1,0 +1,223 @@
+// The CUDA ops of the Oryx forward (DESIGN.md §2) over a ragged batch: bf16 weights and bf16 GEMM inputs,
+// fp32 residual stream, fp32 recurrent state and accumulation, a bf16 KV cache. Where kernels/cpu runs one
+// op per call, these fuse what a decode step would otherwise launch separately (conv + activation + RoPE +
+// KV append; residual add + RMSNorm; gate computation inside the recurrence), and take the whole batch at
+// once through per-sequence descriptors. Each op has its CPU reference composition in tests/kernels.
+//
+// Dimension legend: N rows (tokens of all sequences of a batch), B sequences, T tokens of one sequence's
+// span, D d_model, H heads, dh head dim, HD = H*dh, P fused in_proj width, F mlp hidden, V vocab,
+// w conv width, W = w-1 conv window rows, L layers, cap KV capacity (tokens) of a sequence.
+//
+// Contract: all pointers are device pointers, row-major, last dimension contiguous; `stream` is the
+// cudaStream_t to launch on. Inputs are validated by the backend before any launch; kernels do no checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace oryx::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// One sequence of a batched forward, on the device. Layer il's slices sit at il * (layer stride).
+struct SeqDesc {
+  int32_t row;              // first row of this sequence's span in the batch buffers
+  int32_t len;              // T
+  int64_t pos;              // position of the span's first token (tokens already in the cache)
+  int64_t kv_cap;           // rows of KV capacity per layer (0: a draft sequence without KV cache)
+  float* state;             // [L, H, dh, dh] recurrent state S[h][i][j] (i key, j value feature)
+  float* conv;              // [L, W, 2HD] the last W conv inputs, oldest first
+  bf16* k_cache;            // [L, cap, HD] rotated keys (null for a draft)
+  bf16* v_cache;            // [L, cap, HD]
+  float* maybe_span_states; // [L, H, T+1, dh, dh]: the state before the span and after each token, or null
+  float* maybe_span_inputs; // [L, W+T, 2HD]: the conv window before the span, then the span's inputs, or null
+};
+
+// Shapes of the model that the ops need.
+struct ModelDims {
+  int32_t d_model, heads, head_dim, conv_width, mlp_hidden, vocab;
+  int32_t proj_width;  // P = 4HD + G + HD, rows: k, v, q_linear, g, gates (G = H or 2H), q_attn
+  bool gdn;            // linear mixer: gdn (else mamba2)
+  bool conv_silu;      // conv activation SiLU (else identity)
+  float norm_eps;
+  double rope_theta;   // 0: no RoPE
+};
+
+// y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16), fp32 accumulation. `handle` is a cublasHandle_t bound
+// to the stream the caller uses. Gemm takes a GEMV kernel for up to 8 rows (K and the x stride multiples of
+// 8, 16-byte aligned operands), cuBLAS otherwise; GemmCublas always cuBLAS (the GEMV's reference in tests).
+struct GemmParams {
+  int64_t m, n, k;
+  int64_t x_row_stride, y_row_stride;
+  const bf16* x_ptr;  // [M, K]
+  const bf16* w_ptr;  // [N, K] contiguous
+  float* y_ptr;       // [M, N]
+  bool accumulate = false;  // y += x W^T (a residual add)
+};
+void Gemm(const GemmParams& p, void* cublas_handle);
+void GemmCublas(const GemmParams& p, void* cublas_handle);
+
+// The decode-step product with its input op fused in front (one kernel instead of two per projection):
+//   y[m, n] (+)= sum_k in'[m, k] W[n, k],  in' = bf16 of
+//     kRmsNorm:   RMSNorm(x) * weight                        (in: x [M, K] fp32, weight [K])
+//     kGatedNorm: RMSNormPerHead(o) * weight * SiLU(gate)    (in: o [M, K = H*dh], gate, weight [dh])
+//     kSwiGlu:    SiLU(in[:, :K]) * in[:, K:]                (in: [M, 2K], the fused gate/up product)
+// exactly what AddRmsNorm / GatedNorm / SwiGlu write, so the result is the unfused path's up to summation
+// order. accumulate: y += (the residual add). Taken for single rows with K a multiple of 8 (FusedGemvApplies);
+// the kernel itself takes 1 <= M <= 8.
+enum class GemvInput : uint8_t { kRmsNorm, kGatedNorm, kSwiGlu };
+struct FusedGemvParams {
+  int64_t m, n, k;
+  GemvInput input;
+  float eps;
+  int64_t head_dim;          // kGatedNorm
+  int64_t in_row_stride, gate_row_stride, y_row_stride;
+  const float* in_ptr;       // [M, K] (kSwiGlu: [M, 2K])
+  const float* gate_ptr;     // kGatedNorm: [M, K] at gate_row_stride
+  const float* weight_ptr;   // kRmsNorm: [K]; kGatedNorm: [dh]
+  const bf16* w_ptr;         // [N, K]
+  float* y_ptr;              // [M, N]
+  bool accumulate;
+};
+bool FusedGemvApplies(int64_t m, int64_t k);
+void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
+
+// x[r] = embed[tokens[r]] (bf16 table to the fp32 residual stream). Parallel over (row, feature).
+struct EmbedParams {
+  int64_t rows, d;
+  const int32_t* tokens_ptr;  // [N]
+  const bf16* table_ptr;      // [V, D]
+  float* x_ptr;               // [N, D]
+};
+void Embed(const EmbedParams& p, cudaStream_t stream);
+
+// Optionally x += maybe_delta, then y = bf16(x / sqrt(mean(x^2) + eps) * weight). With maybe_rows, only
+// rows maybe_rows[0..rows) of x are read and their norms written densely to y (the final norm of the logit
+// rows). One block per row.
+struct AddRmsNormParams {
+  int64_t rows, d;
+  float eps;
+  float* x_ptr;                // [N, D] in/out residual stream (written only when maybe_delta_ptr)
+  const float* maybe_delta_ptr;  // [N, D] added to x first, or null
+  const float* weight_ptr;     // [D]
+  const int32_t* maybe_rows_ptr;  // [rows] which rows of x, or null (all, in order)
+  bf16* y_ptr;                 // [rows, D]
+};
+void AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
+
+// The layer's shared causal conv (continuing each sequence's window), its activation, RoPE on the keys,
+// the KV cache append (bf16), and RoPE of the attention queries:
+//   kv[r, c]   = act(bias[c] + sum_j weight[c, j] * in_{t-W+j}[c])       c < 2HD (k then v), fp32
+//   k_cache[pos_r] = RoPE(kv[r, :HD]),  v_cache[pos_r] = kv[r, HD:]        (sequences with a cache)
+//   qa[r]      = RoPE(proj[r, q_attn])                                     (rows of attention mode)
+// Reads the window, does not write it (ConvWindowUpdate does, after). Parallel over (row, channel < HD).
+struct ConvRopeAppendParams {
+  ModelDims dims;
+  int32_t layer;
+  int64_t rows;
+  const int32_t* row_seq_ptr;   // [N] sequence index of each row
+  const uint8_t* row_mode_ptr;  // [N] 1: attention
+  const SeqDesc* seqs_ptr;      // [B]
+  const float* proj_ptr;        // [N, P]
+  const float* conv_weight_ptr; // [2HD, w]
+  const float* conv_bias_ptr;   // [2HD]
+  float* kv_ptr;                // [N, 2HD] conv outputs (k, v) after the activation, k not rotated
+  float* qa_ptr;                // [N, HD] rotated attention queries (attention rows only)
+  const double* maybe_rope_freq_ptr;  // [dh/2] theta^(-2i/dh) in double (computed per element when null)
+};
+void ConvRopeAppend(const ConvRopeAppendParams& p, cudaStream_t stream);
+
+// Moves each sequence's conv window past its span (the last W of window ++ span inputs) and, where the
+// sequence keeps its span, records window ++ inputs in maybe_span_inputs. Parallel over (sequence, channel).
+struct ConvWindowUpdateParams {
+  ModelDims dims;
+  int32_t layer;
+  int64_t seqs;
+  const SeqDesc* seqs_ptr;  // [B]
+  const float* proj_ptr;    // [N, P] raw conv inputs at columns [0, 2HD)
+};
+void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream);
+
+// The linear mixer over every sequence's span, token by token, from its state (DESIGN.md §2):
+//   mamba2: dt = softplus(g + dt_bias), a = exp(-dt exp(A_log)); S = a S + dt k v^T; out = S^T q + D v
+//   gdn:    beta = sigmoid(g0), alpha = exp(-exp(A_log) softplus(g1 + dt_bias)), kn, qn L2-normalised
+//           (qn / sqrt(dh)); S = alpha (S - beta kn (kn^T S)) + beta kn v^T; out = S^T qn
+// with g the gate columns of proj. Writes out for linear-mode rows only (attention rows take Attention's
+// output); records the state after each token where the sequence keeps its span. One block per
+// (sequence, head, 32 value features): that slice of S stays in shared memory over the whole span.
+struct RecurrentParams {
+  ModelDims dims;
+  int32_t layer;
+  int64_t seqs;
+  const SeqDesc* seqs_ptr;      // [B]
+  const uint8_t* row_mode_ptr;  // [N]
+  const float* proj_ptr;        // [N, P]: q_linear at 2HD, gates at 4HD
+  const float* kv_ptr;          // [N, 2HD] conv outputs
+  const float* dt_bias_ptr;     // [H]
+  const float* a_log_ptr;       // [H]
+  const float* maybe_d_skip_ptr;  // [H] mamba2
+  float* out_ptr;               // [N, HD]
+};
+void Recurrent(const RecurrentParams& p, cudaStream_t stream);
+
+// Softmax attention of each attention-mode row over its sequence's cache, causal (row at position p sees
+// keys 0..p), scale 1/sqrt(dh), split over chunks of `chunk` keys (flash-decoding): the first kernel
+// writes each chunk's (max, sum, unnormalised output) into `partial`, the second combines them.
+// Grid: (attention row, head, chunk). AttentionChunkFor picks the chunk so that short contexts still
+// spread over the whole GPU.
+inline constexpr int kAttentionChunk = 256;  // the longest chunk
+int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads);
+struct AttentionParams {
+  ModelDims dims;
+  int32_t layer;
+  int64_t attn_rows;               // NA
+  int64_t chunk;                   // keys per block, <= kAttentionChunk
+  int64_t max_chunks;              // >= chunks of the longest row (ceil((pos + 1) / chunk))
+  const int32_t* attn_rows_ptr;    // [NA] row indices
+  const int32_t* row_seq_ptr;      // [N]
+  const SeqDesc* seqs_ptr;         // [B]
+  const float* qa_ptr;             // [N, HD] rotated queries
+  float* partial_ptr;              // [NA, H, max_chunks, dh + 2]
+  float* out_ptr;                  // [N, HD] written at attention rows
+};
+void Attention(const AttentionParams& p, cudaStream_t stream);
+
+// y = bf16(RMSNormPerHead(o) * weight * SiLU(g)), g the gate columns [3HD, 4HD) of proj. One block per row.
+struct GatedNormParams {
+  int64_t rows, heads, head_dim;
+  float eps;
+  int64_t gate_row_stride;
+  const float* o_ptr;       // [N, HD]
+  const float* gate_ptr;    // [N, HD] at stride gate_row_stride
+  const float* weight_ptr;  // [dh]
+  bf16* y_ptr;              // [N, HD]
+};
+void GatedNorm(const GatedNormParams& p, cudaStream_t stream);
+
+// y = bf16(SiLU(gate) * up) from the fused [N, 2F] product (gate columns first).
+struct SwiGluParams {
+  int64_t rows, d;
+  const float* in_ptr;  // [N, 2F]
+  bf16* y_ptr;          // [N, F]
+};
+void SwiGlu(const SwiGluParams& p, cudaStream_t stream);
+
+// tokens[r] = argmax logits[r] (ties to the lowest index). One block per row.
+struct ArgmaxParams {
+  int64_t rows, vocab;
+  const float* logits_ptr;  // [rows, V]
+  int32_t* tokens_ptr;      // [rows]
+};
+void Argmax(const ArgmaxParams& p, cudaStream_t stream);
+
+// Converts fp32 to bf16 (round to nearest even), n elements.
+void FloatToBf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);
+
+// Fills n elements with values uniform in [lo, hi) from a counter-based hash of (seed, index): random
+// weights for benchmarks, made on the device.
+void FillUniform(float* y, int64_t n, uint32_t seed, float lo, float hi, cudaStream_t stream);
+void FillUniform(bf16* y, int64_t n, uint32_t seed, float lo, float hi, cudaStream_t stream);
+
+}  // namespace oryx::kernels::cuda

@@ -1,0 +1,466 @@
+// Each CUDA op (kernels/cuda/ops_cuda.h) against its CPU reference (kernels/cpu, the *Reference loops), on
+// ragged batches of two sequences where the op takes a batch. Runs only where a CUDA device is visible.
+//
+// Tolerances, by what differs between the two sides:
+//  - fp32 results from identical (bf16-representable) inputs differ only by summation order and, in
+//    attention, __expf's few-ulp error: relative 1e-4 of the output's scale (kFp32Tol); the recurrences
+//    and attention accumulate over up to 700 terms, which fp32 resolves to ~1e-6 relative per step.
+//  - bf16 outputs (norms, SwiGLU, the KV cache) round an fp32 value that itself differs from the
+//    reference's by ~1e-6 relative, so the rounding may land one bf16 step apart: 2^-8 relative (kBf16Tol).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/ops.h"
+
+namespace oryx::kernels {
+namespace {
+
+using cuda::bf16;
+constexpr double kFp32Tol = 1e-4;
+constexpr double kBf16Tol = 1.0 / 256;
+
+// A device copy of a host vector, freed at scope exit.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
+    ORYX_CUDA_CHECK(cudaMalloc(&ptr_, std::max<size_t>(1, n_) * sizeof(T)));
+    ORYX_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceBuffer(size_t n) : DeviceBuffer(std::vector<T>(n)) {}
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  T* get() const { return ptr_; }
+  std::vector<T> Host() const {
+    std::vector<T> h(n_);
+    ORYX_CUDA_CHECK(cudaDeviceSynchronize());
+    ORYX_CUDA_CHECK(cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+float RoundBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+std::vector<float> RoundBf16(std::vector<float> v) {
+  for (float& x : v) x = RoundBf16(x);
+  return v;
+}
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+std::vector<float> ToFloat(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __bfloat162float(v[i]);
+  return out;
+}
+
+// max |a - b| <= tol * max(max |b|, floor), over the given index range.
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double tol, const std::string& what,
+                 double floor = 1e-3) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double scale = floor, worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, double(std::abs(b[i])));
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double d = std::abs(double(a[i]) - b[i]);
+    if (!(d <= worst)) worst = d, at = i;
+  }
+  EXPECT_LE(worst, tol * scale) << what << ": worst at " << at << ": " << a[at] << " vs " << b[at];
+}
+
+// bf16 outputs: each element within one bf16 step of the reference's value.
+void ExpectBf16Close(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    ASSERT_LE(std::abs(a[i] - b[i]), kBf16Tol * std::abs(b[i]) + 1e-6) << what << " at " << i;
+  }
+}
+
+cublasHandle_t Cublas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    ORYX_CUBLAS_CHECK(cublasCreate(&h));
+    return h;
+  }();
+  return handle;
+}
+
+TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
+  // m <= 8 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{1, 300, 256}, {3, 77, 64}, {8, 129, 520},
+                                                                     {9, 64, 128},  {40, 33, 96}, {2, 17, 10},
+                                                                     {1, 8200, 64}};
+  for (auto [m, n, k] : shapes) {
+    const std::vector<float> x = RoundBf16(Random(m * k, 1)), w = RoundBf16(Random(n * k, 2));
+    std::vector<float> ref(m * n);
+    cpu::MatMulReference({m, n, k, k, k, n, x.data(), w.data(), ref.data()});
+    DeviceBuffer<bf16> dx(ToBf16(x)), dw(ToBf16(w));
+    DeviceBuffer<float> dy(m * n), dy2(m * n);
+    cuda::Gemm({m, n, k, k, n, dx.get(), dw.get(), dy.get()}, Cublas());
+    cuda::GemmCublas({m, n, k, k, n, dx.get(), dw.get(), dy2.get()}, Cublas());
+    // Sums of k products of magnitude <= 1: the scale is sqrt(k); fp32 order differences ~1e-7 * k.
+    ExpectClose(dy.Host(), ref, kFp32Tol, "Gemm m=" + std::to_string(m), std::sqrt(double(k)));
+    ExpectClose(dy2.Host(), ref, kFp32Tol, "GemmCublas m=" + std::to_string(m), std::sqrt(double(k)));
+    // accumulate: y += x W^T on top of the first result.
+    cuda::Gemm({m, n, k, k, n, dx.get(), dw.get(), dy.get(), true}, Cublas());
+    std::vector<float> twice = ref;
+    for (float& v : twice) v *= 2;
+    ExpectClose(dy.Host(), twice, kFp32Tol, "Gemm accumulate m=" + std::to_string(m), std::sqrt(double(k)));
+  }
+}
+
+// The decode-step products with their input op fused in: against the reference op, rounded to bf16, then
+// MatMulReference. The fused prologue's bf16 rounding can land one step away from the reference's for an
+// element whose fp32 value differs in the last bits (rarely); the tolerance is kFp32Tol's 10x.
+TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
+  const int64_t H = 4, dh = 64, K = H * dh, N = 72;
+  for (int64_t m : {1, 3, 8}) {
+    for (cuda::GemvInput input : {cuda::GemvInput::kRmsNorm, cuda::GemvInput::kGatedNorm, cuda::GemvInput::kSwiGlu}) {
+      SCOPED_TRACE("m=" + std::to_string(m) + " input=" + std::to_string(static_cast<int>(input)));
+      const int64_t in_stride = input == cuda::GemvInput::kSwiGlu ? 2 * K : K + 8, gate_stride = 3 * K;
+      const std::vector<float> in = Random(m * in_stride, 50, -2, 2), gate = Random(m * gate_stride, 51, -3, 3);
+      const std::vector<float> weight = Random(K, 52, 0.5f, 1.5f), w = RoundBf16(Random(N * K, 53));
+      const std::vector<float> y0 = Random(m * N, 54);
+      std::vector<float> x(m * K);
+      if (input == cuda::GemvInput::kRmsNorm) {
+        cpu::RmsNormReference({m, K, 1e-6f, in_stride, K, in.data(), weight.data(), x.data()});
+      } else if (input == cuda::GemvInput::kGatedNorm) {
+        cpu::GatedRmsNormReference({m, H, dh, 1e-6f, in_stride, gate_stride, K, in.data(), gate.data(), weight.data(), x.data()});
+      } else {
+        cpu::SwiGluReference({m, K, 2 * K, 2 * K, K, in.data(), in.data() + K, x.data()});
+      }
+      x = RoundBf16(x);
+      std::vector<float> ref(m * N);
+      cpu::MatMulReference({m, N, K, K, K, N, x.data(), w.data(), ref.data()});
+      for (int64_t i = 0; i < m * N; ++i) ref[i] += y0[i];  // accumulate: y += x W^T
+      DeviceBuffer<float> din(in), dgate(gate), dweight(weight), dy(y0);
+      DeviceBuffer<bf16> dw(ToBf16(w));
+      cuda::FusedGemv({m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(), dweight.get(),
+                       dw.get(), dy.get(), true}, nullptr);
+      ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
+    }
+  }
+}
+
+TEST(OpsCuda, AddRmsNormMatchesRmsNormReference) {
+  const int64_t rows = 5, d = 300;
+  const float eps = 1e-5f;
+  std::vector<float> x = Random(rows * d, 3), delta = Random(rows * d, 4), weight = Random(d, 5, 0.5f, 1.5f);
+  std::vector<float> sum(rows * d), ref(rows * d);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
+  cpu::RmsNormReference({rows, d, eps, d, d, sum.data(), weight.data(), ref.data()});
+  DeviceBuffer<float> dx(x), ddelta(delta), dweight(weight);
+  DeviceBuffer<bf16> dy(rows * d);
+  cuda::AddRmsNorm({rows, d, eps, dx.get(), ddelta.get(), dweight.get(), nullptr, dy.get()}, nullptr);
+  ExpectClose(dx.Host(), sum, 1e-7, "residual x + delta");
+  ExpectBf16Close(ToFloat(dy.Host()), ref, "AddRmsNorm");
+  // Selected rows (the final norm of logit rows), no delta: rows 4 and 1 of the updated x, written densely.
+  std::vector<int32_t> pick = {4, 1};
+  DeviceBuffer<int32_t> dpick(pick);
+  DeviceBuffer<bf16> dz(2 * d);
+  cuda::AddRmsNorm({2, d, eps, dx.get(), nullptr, dweight.get(), dpick.get(), dz.get()}, nullptr);
+  const std::vector<float> z = ToFloat(dz.Host());
+  ExpectBf16Close(std::vector<float>(z.begin(), z.begin() + d), std::vector<float>(ref.begin() + 4 * d, ref.begin() + 5 * d),
+                  "row 4");
+  ExpectBf16Close(std::vector<float>(z.begin() + d, z.end()), std::vector<float>(ref.begin() + d, ref.begin() + 2 * d),
+                  "row 1");
+}
+
+TEST(OpsCuda, GatedNormAndSwiGluMatchTheirReferences) {
+  for (int64_t dh : {5, 64, 128}) {
+    const int64_t rows = 3, H = 3, HD = H * dh, gate_stride = 2 * HD;
+    const std::vector<float> o = Random(rows * HD, 6), gate = Random(rows * gate_stride, 7, -3, 3),
+                             w = Random(dh, 8, 0.5f, 1.5f);
+    std::vector<float> ref(rows * HD);
+    cpu::GatedRmsNormReference({rows, H, dh, 1e-6f, HD, gate_stride, HD, o.data(), gate.data(), w.data(), ref.data()});
+    DeviceBuffer<float> d_o(o), d_gate(gate), d_w(w);
+    DeviceBuffer<bf16> dy(rows * HD);
+    cuda::GatedNorm({rows, H, dh, 1e-6f, gate_stride, d_o.get(), d_gate.get(), d_w.get(), dy.get()}, nullptr);
+    ExpectBf16Close(ToFloat(dy.Host()), ref, "GatedNorm dh=" + std::to_string(dh));
+  }
+  const int64_t rows = 4, F = 333;
+  const std::vector<float> in = Random(rows * 2 * F, 9, -4, 4);
+  std::vector<float> ref(rows * F);
+  cpu::SwiGluReference({rows, F, 2 * F, 2 * F, F, in.data(), in.data() + F, ref.data()});
+  DeviceBuffer<float> din(in);
+  DeviceBuffer<bf16> dy(rows * F);
+  cuda::SwiGlu({rows, F, din.get(), dy.get()}, nullptr);
+  ExpectBf16Close(ToFloat(dy.Host()), ref, "SwiGlu");
+}
+
+TEST(OpsCuda, EmbedGathersRowsAndArgmaxTakesTheLowestIndexOfATie) {
+  const int64_t V = 50, D = 24;
+  const std::vector<float> table = RoundBf16(Random(V * D, 10));
+  const std::vector<int32_t> tokens = {3, 49, 0, 3};
+  DeviceBuffer<bf16> dtable(ToBf16(table));
+  DeviceBuffer<int32_t> dtok(tokens);
+  DeviceBuffer<float> dx(tokens.size() * D);
+  cuda::Embed({static_cast<int64_t>(tokens.size()), D, dtok.get(), dtable.get(), dx.get()}, nullptr);
+  const std::vector<float> x = dx.Host();
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    for (int64_t c = 0; c < D; ++c) ASSERT_EQ(x[r * D + c], table[tokens[r] * D + c]);
+  }
+  const int64_t vocab = 1000;
+  std::vector<float> logits = Random(3 * vocab, 11);
+  logits[0 * vocab + 700] = logits[0 * vocab + 30] = 5.f;  // a tie: 30 wins
+  logits[1 * vocab + 999] = 7.f;
+  DeviceBuffer<float> dl(logits);
+  DeviceBuffer<int32_t> dt(3);
+  cuda::Argmax({3, vocab, dl.get(), dt.get()}, nullptr);
+  const std::vector<int32_t> got = dt.Host();
+  for (int r = 0; r < 3; ++r) {
+    int64_t want = -1;
+    cpu::SampleGreedyReference({vocab, 0.f, 0, 1.f, 0.f, logits.data() + r * vocab, &want});
+    EXPECT_EQ(got[r], want) << "row " << r;
+  }
+  EXPECT_EQ(got[0], 30);
+}
+
+// Two sequences of a batch for the ops that take descriptors: spans of `len0` and `len1` tokens at
+// positions pos0 and pos1, with their device states.
+struct Batch {
+  cuda::ModelDims dims{};
+  int64_t H, dh, HD, P, W, L = 2, layer = 1, cap;
+  std::vector<int> len, pos;
+  std::vector<uint8_t> modes;    // [N]
+  std::vector<int32_t> row_seq;  // [N]
+  int64_t N = 0;
+};
+
+Batch MakeBatch(int64_t H, int64_t dh, bool gdn, std::vector<int> len, std::vector<int> pos, uint32_t seed) {
+  Batch b;
+  b.H = H, b.dh = dh, b.HD = H * dh, b.W = 3;
+  b.P = 4 * b.HD + (gdn ? 2 * H : H) + b.HD;
+  b.len = len, b.pos = pos;
+  b.cap = 0;
+  for (size_t s = 0; s < len.size(); ++s) {
+    b.cap = std::max<int64_t>(b.cap, pos[s] + len[s]);
+    for (int t = 0; t < len[s]; ++t) {
+      b.row_seq.push_back(static_cast<int32_t>(s));
+      b.modes.push_back((t + s + seed) % 3 == 0);  // a mix of attention and linear rows
+    }
+  }
+  b.N = static_cast<int64_t>(b.row_seq.size());
+  b.dims = {static_cast<int32_t>(H * dh), static_cast<int32_t>(H), static_cast<int32_t>(dh), 4, 8, 10,
+            static_cast<int32_t>(b.P), gdn, gdn, 1e-6f, 10000.0};
+  return b;
+}
+
+TEST(OpsCuda, ConvRopeAppendAndWindowUpdateMatchCausalConvAndRopeReferences) {
+  for (int variant = 0; variant < 4; ++variant) {
+    // SiLU or identity; RoPE frequencies from a table or computed per element.
+    const bool silu = variant & 1, table = variant & 2;
+    SCOPED_TRACE("silu " + std::to_string(silu) + ", frequency table " + std::to_string(table));
+    Batch b = MakeBatch(2, 64, silu, {6, 1}, {9, 3}, 1);
+    std::vector<double> freq(32);
+    for (int i = 0; i < 32; ++i) freq[i] = std::pow(10000.0, -2.0 * i / 64);
+    DeviceBuffer<double> dfreq(freq);
+    const int64_t C = 2 * b.HD, w = 4, W = b.W, L = b.L, layer = b.layer;
+    const std::vector<float> proj = Random(b.N * b.P, 20), weight = Random(C * w, 21), bias = Random(C, 22);
+    std::vector<float> windows[2] = {Random(L * W * C, 23), Random(L * W * C, 24)};
+    DeviceBuffer<float> dproj(proj), dweight(weight), dbias(bias), dkv(b.N * 2 * b.HD), dqa(b.N * b.HD);
+    DeviceBuffer<float> dwin0(windows[0]), dwin1(windows[1]), dstate(1), dhist(L * (W + 6) * C);
+    DeviceBuffer<bf16> dk0(L * b.cap * b.HD), dv0(L * b.cap * b.HD), dk1(L * b.cap * b.HD), dv1(L * b.cap * b.HD);
+    std::vector<cuda::SeqDesc> seqs = {
+        {0, 6, 9, b.cap, dstate.get(), dwin0.get(), dk0.get(), dv0.get(), nullptr, dhist.get()},
+        {6, 1, 3, b.cap, dstate.get(), dwin1.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
+    DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+    DeviceBuffer<int32_t> drow(b.row_seq);
+    DeviceBuffer<uint8_t> dmode(b.modes);
+    b.dims.conv_silu = silu;
+    cuda::ConvRopeAppend({b.dims, static_cast<int32_t>(layer), b.N, drow.get(), dmode.get(), dseqs.get(), dproj.get(),
+                          dweight.get(), dbias.get(), dkv.get(), dqa.get(), table ? dfreq.get() : nullptr}, nullptr);
+    cuda::ConvWindowUpdate({b.dims, static_cast<int32_t>(layer), 2, dseqs.get(), dproj.get()}, nullptr);
+    const std::vector<float> kv = dkv.Host(), qa = dqa.Host();
+    const std::vector<float> win_after[2] = {dwin0.Host(), dwin1.Host()}, hist = dhist.Host();
+    const std::vector<float> caches[2][2] = {{ToFloat(dk0.Host()), ToFloat(dv0.Host())}, {ToFloat(dk1.Host()), ToFloat(dv1.Host())}};
+    int64_t row = 0;
+    for (int s = 0; s < 2; ++s) {
+      const int64_t T = b.len[s], pos = b.pos[s];
+      std::vector<float> window(windows[s].begin() + layer * W * C, windows[s].begin() + (layer + 1) * W * C);
+      const std::vector<float> window_before = window;
+      std::vector<float> out(T * C);
+      cpu::CausalConvReference({T, C, w, silu, b.P, C, weight.data(), bias.data(), window.data(), proj.data() + row * b.P,
+                                out.data()});
+      std::vector<float> got(kv.begin() + row * C, kv.begin() + (row + T) * C);
+      ExpectClose(got, out, kFp32Tol, "conv outputs, sequence " + std::to_string(s));
+      EXPECT_EQ(std::vector<float>(win_after[s].begin() + layer * W * C, win_after[s].begin() + (layer + 1) * W * C), window)
+          << "window after, sequence " << s;
+      if (s == 0) {  // the span history: the window before, then the raw inputs
+        const float* h = hist.data() + layer * (W + T) * C;
+        for (int64_t m = 0; m < W + T; ++m) {
+          for (int64_t c = 0; c < C; ++c) {
+            const float want = m < W ? window_before[m * C + c] : proj[(row + m - W) * b.P + c];
+            ASSERT_EQ(h[m * C + c], want) << "history row " << m;
+          }
+        }
+      }
+      // The caches hold RoPE(k) and v at the span's positions (layer 1 of 2).
+      std::vector<float> k_rot(T * b.HD), v(T * b.HD);
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy(out.begin() + t * C, out.begin() + t * C + b.HD, k_rot.begin() + t * b.HD);
+        std::copy(out.begin() + t * C + b.HD, out.begin() + (t + 1) * C, v.begin() + t * b.HD);
+      }
+      cpu::RopeReference({T, b.H, b.dh, pos, 10000.0, b.HD, k_rot.data()});
+      const int64_t at = (layer * b.cap + pos) * b.HD;
+      ExpectBf16Close(std::vector<float>(caches[s][0].begin() + at, caches[s][0].begin() + at + T * b.HD), k_rot,
+                      "k cache, sequence " + std::to_string(s));
+      ExpectBf16Close(std::vector<float>(caches[s][1].begin() + at, caches[s][1].begin() + at + T * b.HD), v,
+                      "v cache, sequence " + std::to_string(s));
+      // Attention rows: RoPE of the q_attn columns.
+      for (int64_t t = 0; t < T; ++t) {
+        if (!b.modes[row + t]) continue;
+        std::vector<float> q(proj.begin() + (row + t) * b.P + b.P - b.HD, proj.begin() + (row + t + 1) * b.P);
+        cpu::RopeReference({1, b.H, b.dh, pos + t, 10000.0, b.HD, q.data()});
+        ExpectClose(std::vector<float>(qa.begin() + (row + t) * b.HD, qa.begin() + (row + t + 1) * b.HD), q, kFp32Tol,
+                    "rotated q_attn");
+      }
+      row += T;
+    }
+  }
+}
+
+TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
+  for (bool gdn : {false, true}) {
+    for (int64_t dh : {5, 64, 128}) {
+      SCOPED_TRACE((gdn ? "gdn dh=" : "mamba2 dh=") + std::to_string(dh));
+      Batch b = MakeBatch(3, dh, gdn, {7, 1}, {0, 0}, 2);
+      const int64_t H = b.H, HD = b.HD, dd = dh * dh, L = b.L, layer = b.layer, P = b.P;
+      const std::vector<float> proj = Random(b.N * P, 30), kv = Random(b.N * 2 * HD, 31);
+      const std::vector<float> dt_bias = Random(H, 32, -1, 0), a_log = Random(H, 33, -1, 1), d_skip = Random(H, 34);
+      std::vector<float> states[2] = {Random(L * H * dd, 35, -0.5, 0.5), Random(L * H * dd, 36, -0.5, 0.5)};
+      DeviceBuffer<float> dproj(proj), dkv(kv), ddt(dt_bias), dalog(a_log), dd_skip(d_skip), dout(b.N * HD);
+      DeviceBuffer<float> ds0(states[0]), ds1(states[1]), dsaved(L * H * 8 * dd), dconv(1);
+      std::vector<cuda::SeqDesc> seqs = {{0, 7, 0, 0, ds0.get(), dconv.get(), nullptr, nullptr, dsaved.get(), nullptr},
+                                         {7, 1, 0, 0, ds1.get(), dconv.get(), nullptr, nullptr, nullptr, nullptr}};
+      DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+      DeviceBuffer<uint8_t> dmode(b.modes);
+      cuda::Recurrent({b.dims, static_cast<int32_t>(layer), 2, dseqs.get(), dmode.get(), dproj.get(), dkv.get(),
+                       ddt.get(), dalog.get(), gdn ? nullptr : dd_skip.get(), dout.get()}, nullptr);
+      const std::vector<float> out = dout.Host(), saved = dsaved.Host();
+      const std::vector<float> after[2] = {ds0.Host(), ds1.Host()};
+      int64_t row = 0;
+      for (int s = 0; s < 2; ++s) {
+        const int64_t T = b.len[s];
+        // The gates as the backend defines them, then the reference recurrence.
+        std::vector<float> ga(T * H), gb(T * H);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* g = proj.data() + (row + t) * P + 4 * HD;
+          for (int64_t h = 0; h < H; ++h) {
+            auto softplus = [](double x) { return x > 20 ? x : std::log1p(std::exp(x)); };
+            if (!gdn) {
+              const double dt = softplus(g[h] + dt_bias[h]);
+              ga[t * H + h] = static_cast<float>(dt);
+              gb[t * H + h] = static_cast<float>(-dt * std::exp(a_log[h]));
+            } else {
+              ga[t * H + h] = static_cast<float>(1 / (1 + std::exp(-double(g[h]))));
+              gb[t * H + h] = static_cast<float>(-std::exp(a_log[h]) * softplus(g[H + h] + dt_bias[h]));
+            }
+          }
+        }
+        std::vector<float> state(states[s].begin() + layer * H * dd, states[s].begin() + (layer + 1) * H * dd);
+        std::vector<float> ref_out(T * HD), ref_states(T * H * dd);
+        const float* q = proj.data() + row * P + 2 * HD;
+        const float* k = kv.data() + row * 2 * HD;
+        // q (from proj) and k, v (from the conv outputs) next to each other, as the references take them.
+        std::vector<float> qkv(T * 3 * HD);
+        for (int64_t t = 0; t < T; ++t) {
+          std::copy(q + t * P, q + t * P + HD, qkv.begin() + t * 3 * HD);
+          std::copy(k + t * 2 * HD, k + (t + 1) * 2 * HD, qkv.begin() + t * 3 * HD + HD);
+        }
+        if (!gdn) {
+          cpu::Mamba2Reference({T, H, dh, 3 * HD, HD, ga.data(), gb.data(), d_skip.data(), qkv.data(), qkv.data() + HD,
+                                qkv.data() + 2 * HD, state.data(), ref_states.data(), ref_out.data()});
+        } else {
+          cpu::GdnReference({T, H, dh, 3 * HD, HD, ga.data(), gb.data(), qkv.data(), qkv.data() + HD, qkv.data() + 2 * HD,
+                             state.data(), ref_states.data(), ref_out.data()});
+        }
+        ExpectClose(std::vector<float>(after[s].begin() + layer * H * dd, after[s].begin() + (layer + 1) * H * dd), state,
+                    kFp32Tol, "state after the span");
+        for (int64_t t = 0; t < T; ++t) {
+          if (b.modes[row + t]) continue;  // attention rows are left to Attention
+          ExpectClose(std::vector<float>(out.begin() + (row + t) * HD, out.begin() + (row + t + 1) * HD),
+                      std::vector<float>(ref_out.begin() + t * HD, ref_out.begin() + (t + 1) * HD), kFp32Tol,
+                      "output of token " + std::to_string(t));
+        }
+        if (s == 0) {  // captured states: [L, H, T+1, dd], index 0 the state before the span
+          for (int64_t h = 0; h < H; ++h) {
+            const float* base = saved.data() + (layer * H + h) * (T + 1) * dd;
+            ExpectClose(std::vector<float>(base, base + dd),
+                        std::vector<float>(states[s].begin() + (layer * H + h) * dd, states[s].begin() + (layer * H + h + 1) * dd),
+                        0, "state before the span");
+            for (int64_t t = 0; t < T; ++t) {
+              const float* want = ref_states.data() + t * H * dd + h * dd;
+              ExpectClose(std::vector<float>(base + (t + 1) * dd, base + (t + 2) * dd), std::vector<float>(want, want + dd),
+                          kFp32Tol, "state after token " + std::to_string(t));
+            }
+          }
+        }
+        row += T;
+      }
+    }
+  }
+}
+
+TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
+  for (int64_t dh : {5, 64, 128}) {
+    SCOPED_TRACE("dh=" + std::to_string(dh));
+    // Sequence 0: a verify span of 3 rows at positions 697..699 (700 keys: three 256-key chunks);
+    // sequence 1: one decode row at position 40.
+    Batch b = MakeBatch(2, dh, false, {3, 1}, {697, 40}, 0);
+    b.modes.assign(b.N, 1);
+    const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
+    const std::vector<float> caches[2][2] = {{RoundBf16(Random(L * cap * HD, 40)), RoundBf16(Random(L * cap * HD, 41))},
+                                             {RoundBf16(Random(L * cap * HD, 42)), RoundBf16(Random(L * cap * HD, 43))}};
+    const std::vector<float> qa = Random(b.N * HD, 44, -2, 2);
+    DeviceBuffer<bf16> dk0(ToBf16(caches[0][0])), dv0(ToBf16(caches[0][1])), dk1(ToBf16(caches[1][0])),
+        dv1(ToBf16(caches[1][1]));
+    DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
+    std::vector<cuda::SeqDesc> seqs = {{0, 3, 697, cap, dstate.get(), dstate.get(), dk0.get(), dv0.get(), nullptr, nullptr},
+                                       {3, 1, 40, cap, dstate.get(), dstate.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
+    DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+    DeviceBuffer<int32_t> drow(b.row_seq), dattn(std::vector<int32_t>{0, 1, 2, 3});
+    for (int64_t chunk : {int64_t{32}, int64_t{256}}) {
+      const int64_t max_chunks = (700 + chunk - 1) / chunk + 1;  // one more than needed: extra blocks exit
+      DeviceBuffer<float> dpartial(4 * H * max_chunks * (dh + 2));
+      cuda::Attention({b.dims, static_cast<int32_t>(layer), 4, chunk, max_chunks, dattn.get(), drow.get(), dseqs.get(),
+                       dqa.get(), dpartial.get(), dout.get()}, nullptr);
+      const std::vector<float> out = dout.Host();
+      int64_t row = 0;
+      for (int s = 0; s < 2; ++s) {
+        const int64_t T = b.len[s], keys = b.pos[s] + T;
+        std::vector<float> ref(T * HD), scratch(T * keys);
+        const float* kc = caches[s][0].data() + layer * cap * HD;
+        const float* vc = caches[s][1].data() + layer * cap * HD;
+        cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD, kc, vc, ref.data(), scratch.data()});
+        ExpectClose(std::vector<float>(out.begin() + row * HD, out.begin() + (row + T) * HD), ref, kFp32Tol,
+                    "sequence " + std::to_string(s) + ", chunk " + std::to_string(chunk), 1.0);
+        row += T;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace oryx::kernels
