@@ -7,6 +7,9 @@
 #include <random>
 
 #include "bench/bench_util.h"
+#ifdef ORYX_HAVE_CUDA
+#include "bench/cuda_bench.h"
+#endif
 #include "engine/checkpoint.h"
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
@@ -91,6 +94,15 @@ double ReadBandwidth(double bytes) {
 }
 
 absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
+  if (o.device == "cuda") {
+#ifdef ORYX_HAVE_CUDA
+    return RunCudaDecodeBench(o, emit);
+#else
+    return absl::UnimplementedError("bench decode: this build has no CUDA backend (configure with ORYX_CUDA=ON)");
+#endif
+  }
+  if (o.device != "cpu") return absl::InvalidArgumentError(Cat("bench decode: unknown device '", o.device, "' (cpu, cuda)"));
+  if (!o.preset.empty()) return absl::InvalidArgumentError("bench decode: --config is for --device cuda");
   int64_t max_context = 0, max_batch = 0;
   for (int64_t c : o.contexts) max_context = std::max(max_context, c);
   for (int64_t b : o.batches) max_batch = std::max(max_batch, b);

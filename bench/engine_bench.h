@@ -42,6 +42,12 @@ struct DecodeBenchOptions {
   int64_t steps = 8;  // timed decode steps per point (median reported)
   int threads = 0;
   ReferenceFactory reference;  // optional
+  std::string device = "cpu";  // cpu | cuda (bench/cuda_bench.h, in CUDA builds)
+  // cuda only: without model_dir, random weights of this preset (130m, 1.4b) and mixer; attention-mode
+  // prefill is timed up to this context.
+  std::string preset;
+  LinearMixer mixer = LinearMixer::kMamba2;
+  int64_t prefill_max_attention = 8192;
 };
 absl::Status RunDecodeBench(const DecodeBenchOptions& options, const Emit& emit);
 

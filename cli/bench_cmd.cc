@@ -77,7 +77,14 @@ int RunBench(const Args& args) {
     f.Int("steps", &o.steps, "timed decode steps per point", 2, 10000);
     f.Int("reference-max-context", &reference_max_context,
           "time LibTorch's decode only up to this context (it prefills token by token)", 0);
+    std::string mixer = "mamba2";
+    f.String("device", &o.device, "cpu | cuda (the CUDA backend, roofline against the device's copy bandwidth)");
+    f.String("config", &o.preset, "cuda without --model: random weights of 130m | 1.4b (default 130m)");
+    f.String("mixer", &mixer, "linear mixer of --config: mamba2 | gdn");
+    f.Int("prefill-max-attention", &o.prefill_max_attention, "cuda: time attention-mode prefill up to this context", 0);
     return RunWithFlags(f, rest, [&]() -> absl::Status {
+      if (mixer != "mamba2" && mixer != "gdn") return absl::InvalidArgumentError(Cat("--mixer: '", mixer, "' (mamba2, gdn)"));
+      o.mixer = mixer == "gdn" ? LinearMixer::kGdn : LinearMixer::kMamba2;
       if (!batches.empty()) {
         ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(batches, "batches"));
       }
@@ -91,6 +98,10 @@ int RunBench(const Args& args) {
       };
 #endif
       out.row = [header = true](const nlohmann::json& j) mutable {
+        if (!j.contains("decode_ms_per_step")) {  // prefill and skipped points (cuda): the line itself
+          std::printf("%s\n", j.dump().c_str());
+          return;
+        }
         if (header) {
           std::printf("%-10s %8s %6s %12s %12s %10s %10s %10s\n", "mode", "context", "batch", "decode tok/s",
                       "prefill t/s", "ms/step", "roofline", "vs torch");
@@ -101,7 +112,8 @@ int RunBench(const Args& args) {
                                    : "-";
         std::printf("%-10s %8lld %6lld %12.1f %12.1f %10.2f %9.1f%% %10s\n", j["mode"].get<std::string>().c_str(),
                     static_cast<long long>(j["context"].get<int64_t>()), static_cast<long long>(j["batch"].get<int64_t>()),
-                    j["decode_tokens_per_s"].get<double>(), j["prefill_tokens_per_s"].get<double>(),
+                    j["decode_tokens_per_s"].get<double>(),
+                    j.value("prefill_tokens_per_s", j.value("fill_tokens_per_s", 0.0)),
                     j["decode_ms_per_step"].get<double>(), 100 * j["roofline_fraction"].get<double>(), vs.c_str());
         std::fflush(stdout);
       };

@@ -1,0 +1,25 @@
+// `oryx bench decode --device cuda`: the CUDA backend's decode steps and prefill against the bandwidth
+// roofline of the device (bytes a step must move over the copy bandwidth the stream probe measures on it).
+#pragma once
+
+#include "bench/engine_bench.h"
+
+namespace oryx::bench {
+
+// The random-weight configs of the paper's scales, as bench/torch_reference.py builds them: vocab 32000,
+// SwiGLU hidden 8/3 d_model rounded to a multiple of 64, rope_theta 1e4, norm_eps 1e-6, untied LM head.
+//   130m: d 768, 24 layers, 12 heads x 64;  1.4b: d 2048, 24 layers, 16 heads x 128.
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, LinearMixer mixer, int64_t max_position);
+
+// Bytes a decode step must move at least (the roofline's numerator): every weight it uses read once (not
+// the unused query projection of the mode, only the batch's embedding rows), the KV cache read (attention)
+// and the new entries written (bf16), the recurrent state and conv window read and written (fp32), the
+// logits written (fp32). The same count as bench/torch_reference.py's step_bytes, but for the fp32 logits
+// and small fp32 vectors.
+double StepBytes(const ModelConfig& config, Mode mode, int64_t context, int64_t batch);
+
+// Decode step time by mode, context and batch (contexts filled by linear-mode prefill: every token writes
+// the KV cache whatever its mode), and prefill throughput by mode; JSON lines as RunDecodeBench's.
+absl::Status RunCudaDecodeBench(const DecodeBenchOptions& options, const Emit& emit);
+
+}  // namespace oryx::bench

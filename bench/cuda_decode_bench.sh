@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run ON THE GPU MACHINE after scripts/device-cuda: the CUDA backend's decode benchmark (random 1.4b and
+# 130m configs, models/default) and the PyTorch reference (bench/torch_reference.py) of the same configs, in
+# one run, as JSON lines under OUTDIR. Each step has its own time limit, in order of importance, so that a
+# slow step (torch.compile) cannot take the others with it.
+#
+#   bench/cuda_decode_bench.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:?usage: bench/cuda_decode_bench.sh OUTDIR}
+mkdir -p "$OUT_DIR"
+ORYX=build-gpu/bin/oryx
+run() {  # run LIMIT_S NAME CMD...: stdout (JSON lines) to OUT_DIR/NAME.jsonl, a summary on stderr
+  local limit=$1 name=$2; shift 2
+  echo "==> $name" >&2
+  timeout "$limit" "$@" > "$OUT_DIR/$name.jsonl" 2> >(grep -v "^\s*$" | tail -4 >&2) || echo "    ($name: exit $?)" >&2
+}
+run 70 cuda-1.4b $ORYX bench decode --device cuda --config 1.4b --contexts 1024,8192,32768 --batches 1,4,16 --steps 20 --json
+run 60 torch-1.4b python3 bench/torch_reference.py --config 1.4b --contexts 1024,8192,32768 --batches 1,4 --impl eager,graph --steps 20
+run 70 cuda-130m $ORYX bench decode --device cuda --config 130m --contexts 1024,8192,32768,131072 --batches 1,4,16,64 --steps 20 --json
+run 30 cuda-default $ORYX bench decode --device cuda --model models/default --contexts 1024 --batches 1,4,16,64 --steps 20 --json
+run 45 cuda-1.4b-128k $ORYX bench decode --device cuda --config 1.4b --contexts 131072 --batches 1 --steps 20 --prefill-max-attention 0 --json
+run 25 cuda-1.4b-gdn $ORYX bench decode --device cuda --config 1.4b --mixer gdn --contexts 32768 --batches 1 --steps 20 --prefill-max-attention 0 --json
+run 35 torch-130m python3 bench/torch_reference.py --config 130m --contexts 1024,32768 --batches 1,16 --impl eager,graph --steps 20
+run 80 torch-1.4b-compile python3 bench/torch_reference.py --config 1.4b --contexts 32768 --batches 1 --impl compile,compile-cg --steps 20
