@@ -409,7 +409,10 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   }
   torch::Tensor warm_x, warm_a;
   Stack(all_steps, &warm_x, &warm_a);
-  const torch::Tensor mean = warm_x.mean(0), inv_std = 1.0 / (warm_x.std(0, /*unbiased=*/false) + 1e-3);
+  // A feature (nearly) constant over the warm-start decisions keeps scale 1: dividing by its tiny spread
+  // would blow up whatever variation later episodes bring.
+  const torch::Tensor mean = warm_x.mean(0), spread = warm_x.std(0, /*unbiased=*/false);
+  const torch::Tensor inv_std = torch::where(spread > 1e-2, 1.0 / spread, torch::ones_like(spread));
 
   // 2. Per lambda: labels, warm start, REINFORCE. The state file's cursor says where a resumed run goes
   //    on: (lambda index, iteration), iteration -1 when that lambda's warm start has not run.

@@ -30,7 +30,6 @@ void Featurize(const RouterContext& c, std::span<float> out) {
       entropy_known ? static_cast<float>(c.entropy) : 0.0f,
       c.margin >= 0 ? static_cast<float>(std::min(20.0, c.margin)) : 0.0f,
       c.repeated_ngram ? 1.0f : 0.0f,
-      Log1p(c.batch),
       costs_known ? static_cast<float>(std::log(c.predicted_attention_s / c.predicted_linear_s)) : 0.0f,
       acceptance_known ? 1.0f : 0.0f,
       acceptance_known ? static_cast<float>(c.acceptance) : 0.0f,

@@ -14,8 +14,9 @@ namespace oryx::router {
 inline constexpr int kFeatureVersion = 1;
 
 // Unknown statistics (entropy, margin, acceptance before they are measured) read as 0 with their *_known
-// flag 0. Counts and lengths enter as log(1 + x).
-inline constexpr std::array<std::string_view, 17> kFeatureNames = {
+// flag 0. Counts and lengths enter as log(1 + x). The batch size is deliberately not a feature: a mode is
+// a per-sequence choice, and a policy trained at one batch size would read another as a new situation.
+inline constexpr std::array<std::string_view, 16> kFeatureNames = {
     "decode",                    // 0 prefill, 1 decode
     "log_position",              // the segment's first token
     "prompt_fraction",           // position / prompt_len, capped at 1
@@ -29,7 +30,6 @@ inline constexpr std::array<std::string_view, 17> kFeatureNames = {
     "entropy",                   // nats, of the last sampling distribution
     "margin",                    // top-1 minus top-2 logit, capped at 20
     "repeated_ngram",
-    "log_batch",
     "log_cost_ratio",            // log(predicted attention step / predicted linear step); 0 without a cost model
     "acceptance_known",
     "acceptance",                // recent speculative acceptance rate
