@@ -4,7 +4,7 @@
 # one run, as JSON lines under OUTDIR. Each step has its own time limit, in order of importance, so that a
 # slow step (torch.compile) cannot take the others with it.
 #
-#   bench/cuda_decode_bench.sh OUTDIR
+#   bench/cuda_decode_bench.sh OUTDIR        (COMPILE_S=0 skips torch.compile, which needs minutes per point)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:?usage: bench/cuda_decode_bench.sh OUTDIR}
@@ -22,4 +22,5 @@ run 30 cuda-default $ORYX bench decode --device cuda --model models/default --co
 run 45 cuda-1.4b-128k $ORYX bench decode --device cuda --config 1.4b --contexts 131072 --batches 1 --steps 20 --prefill-max-attention 0 --json
 run 25 cuda-1.4b-gdn $ORYX bench decode --device cuda --config 1.4b --mixer gdn --contexts 32768 --batches 1 --steps 20 --prefill-max-attention 0 --json
 run 35 torch-130m python3 bench/torch_reference.py --config 130m --contexts 1024,32768 --batches 1,16 --impl eager,graph --steps 20
-run 80 torch-1.4b-compile python3 bench/torch_reference.py --config 1.4b --contexts 32768 --batches 1 --impl compile,compile-cg --steps 20
+[[ ${COMPILE_S:-80} == 0 ]] && exit 0
+run "${COMPILE_S:-80}" torch-1.4b-compile python3 bench/torch_reference.py --config 1.4b --contexts 32768 --batches 1 --impl compile,compile-cg --steps 20
