@@ -14,8 +14,10 @@
 //   1. Warm start from counterfactual labels: for each warm-start example and each of two base schedules
 //      (prefill-linear: the prompt linear, its last token and the answer in attention mode; all-linear),
 //      the base episode and one episode per decision with that decision flipped. A decision is labelled
-//      attention when attention there beats linear by more than lambda times the tokens it costs.
-//      Cross-entropy on the labels, from the features the base episode saw.
+//      attention when attention there beats linear by more than lambda times the tokens it costs, and
+//      weighted by the size of that margin (cost-sensitive: the classifier follows the expected gain, not
+//      the majority of examples, where most single flips change nothing). Weighted cross-entropy on the
+//      labels, from the features the base episode saw.
 //   2. REINFORCE: batches of examples, `samples` sampled episodes each (sampled with an exploration floor:
 //      attention with probability e/2 + (1 - e) p), advantage = reward minus the mean reward of the
 //      example's other samples (leave-one-out), plus an entropy bonus.
