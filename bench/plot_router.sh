@@ -11,7 +11,10 @@ trap 'rm -rf "$TMP"' EXIT
 python3 - "$IN" "$TMP" <<'PY'
 import json, os, sys
 def label(p):
-    return "learned " + os.path.splitext(os.path.basename(p[8:]))[0] if p.startswith("learned:") else p
+    if not p.startswith("learned:"):
+        return p
+    name = os.path.splitext(os.path.basename(p[8:]))[0]
+    return name if name.startswith("learned") else "learned " + name
 rows = [json.loads(l) for l in open(sys.argv[1])]
 tasks = []
 for r in rows:

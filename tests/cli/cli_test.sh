@@ -79,7 +79,7 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   expect 1 "generate: bad top-p" -- generate --model "$M" --prompt hi --top-p 1.5
   expect 1 "generate: negative temperature" -- generate --model "$M" --prompt hi --temperature -1
   expect 1 "generate: cuda backend not built" -- generate --model "$M" --prompt hi --device cuda
-  mkdir -p "$TMP/broken" && cp "$M"/* "$TMP/broken/"
+  mkdir -p "$TMP/broken" && find "$M" -maxdepth 1 -type f -exec cp {} "$TMP/broken/" \;
   chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00002.safetensors" >"$TMP/broken/model-00001-of-00002.safetensors"
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
 fi
