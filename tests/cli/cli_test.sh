@@ -76,6 +76,7 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   expect 1 "generate: bad speculative k" -- generate --model "$M" --prompt hi --policy speculative:0
   expect 1 "generate: negative entropy threshold" -- generate --model "$M" --prompt hi --policy entropy:-1
   expect 0 "generate: budget policy" -- generate --model "$M" --prompt hi --max-tokens 4 --policy budget:0.2 --json
+  expect 0 "generate: the shipped learned policy" -- generate --model "$M" --prompt hi --max-tokens 4 --policy "learned:$M/router/learned-lambda0.5.safetensors" --json
   expect 1 "generate: bad top-p" -- generate --model "$M" --prompt hi --top-p 1.5
   expect 1 "generate: negative temperature" -- generate --model "$M" --prompt hi --temperature -1
   expect 1 "generate: cuda backend not built" -- generate --model "$M" --prompt hi --device cuda
