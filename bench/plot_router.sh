@@ -34,20 +34,17 @@ n=$(wc -l < "$TMP/tasks")
   echo "set output '$OUT'"
   echo "set multiplot layout 2,$n title 'Routing policies on held-out examples: accuracy against attention share and FLOPs'"
   echo "set yrange [0:1.05]; set grid; set ylabel 'accuracy'"
-  i=0
-  while read -r task; do
-    echo "set title '$task'; set logscale x; set xrange [0.08:150]"
-    echo "set xlabel 'tokens in attention mode (%, log scale; 0 shown at 0.1)'"
-    echo "plot '$TMP/$i.dat' using 1:2 with points pt 7 ps 1.2 notitle, '' using 1:2:3 with labels offset 0,0.8 font ',7' notitle"
-    i=$((i + 1))
-  done < "$TMP/tasks"
-  i=0
-  while read -r task; do
-    echo "set title '$task'; unset logscale x; set autoscale x"
-    echo "set xlabel 'model FLOPs (% of all-attention)'"
-    echo "plot '$TMP/$i.dat' using 4:2 with points pt 7 ps 1.2 notitle, '' using 4:2:3 with labels offset 0,0.8 font ',7' notitle"
-    i=$((i + 1))
-  done < "$TMP/tasks"
+  # One row of panels per x axis: the attention share (column 1, log scale), then FLOPs (column 4).
+  for axis in "1 set logscale x; set xrange [0.08:150]|tokens in attention mode (%, log scale; 0 shown at 0.1)" \
+              "4 unset logscale x; set autoscale x|model FLOPs (% of all-attention)"; do
+    col=${axis%% *} rest=${axis#* }
+    i=0
+    while read -r task; do
+      echo "set title '$task'; ${rest%%|*}; set xlabel '${rest#*|}'"
+      echo "plot '$TMP/$i.dat' using $col:2 with points pt 7 ps 1.2 notitle, '' using $col:2:3 with labels offset 0,0.8 font ',7' notitle"
+      i=$((i + 1))
+    done < "$TMP/tasks"
+  done
   echo "unset multiplot"
 } | gnuplot
 echo "wrote $OUT" >&2

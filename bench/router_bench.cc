@@ -64,6 +64,7 @@ absl::StatusOr<Total> ScoreByGeneration(Engine& engine, const std::vector<tasks:
   }
   ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> results, engine.Generate(requests));
   Total t;
+  std::map<std::string, std::unique_ptr<Decoder>> decoders;  // by policy name (a learned one reads a file)
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerateStats& s = results[i].stats;
     t.correct += results[i].tokens == examples[i].AnswerTokens(0);
@@ -71,7 +72,10 @@ absl::StatusOr<Total> ScoreByGeneration(Engine& engine, const std::vector<tasks:
     t.attention += s.attention_tokens;
     t.tokens += s.attention_tokens + s.linear_tokens;
     // FLOPs: the prompt's modes replayed from the decoder, the generated tokens' from the counts left over.
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> d, engine.policies().Make(requests[i].policy));
+    std::unique_ptr<Decoder>& d = decoders[requests[i].policy];
+    if (!d) {
+      ORYX_ASSIGN_OR_RETURN(d, engine.policies().Make(requests[i].policy));
+    }
     const std::vector<int32_t>& prompt = requests[i].prompt_tokens;
     std::vector<Mode> modes(prompt.size());
     d->PrefillModes(prompt, 0, modes);

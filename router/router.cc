@@ -129,17 +129,17 @@ absl::Status RouterDecoder::Step(Backend& backend, std::span<DecodeSlot* const> 
   }
   if (!plain_.empty()) ORYX_RETURN_IF_ERROR(StepwiseDecoder::Step(backend, plain_));
   if (speculating_.empty()) return absl::OkStatus();
-  std::vector<std::pair<int64_t, int64_t>> before(speculating_.size());
+  before_.resize(speculating_.size());
   for (size_t i = 0; i < speculating_.size(); ++i) {
     const auto& spec = speculating_[i]->stats->spec;
-    before[i] = spec ? std::pair(spec->drafted, spec->accepted) : std::pair<int64_t, int64_t>(0, 0);
+    before_[i] = spec ? std::pair(spec->drafted, spec->accepted) : std::pair<int64_t, int64_t>(0, 0);
   }
   ORYX_RETURN_IF_ERROR(spec_->Round(backend, speculating_, draft_lengths_));
   for (size_t i = 0; i < speculating_.size(); ++i) {
     SlotState& st = slots_[speculating_[i]->id];
     st.since_attention = 0;  // the verify span ran in attention mode
     const SpecStats& spec = *speculating_[i]->stats->spec;
-    const int64_t drafted = spec.drafted - before[i].first, accepted = spec.accepted - before[i].second;
+    const int64_t drafted = spec.drafted - before_[i].first, accepted = spec.accepted - before_[i].second;
     if (drafted > 0) {
       const double rate = static_cast<double>(accepted) / static_cast<double>(drafted);
       st.acceptance = st.acceptance < 0 ? rate : 0.7 * st.acceptance + 0.3 * rate;

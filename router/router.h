@@ -93,8 +93,10 @@ class RouterDecoder final : public StepwiseDecoder {
   RouterOptions options_;
   std::map<int64_t, SlotState> slots_;
   std::unique_ptr<speculative::SpeculativeDecoder> spec_;  // when the router may speculate
+  // Per-step buffers, reused so that a decode step allocates nothing.
   std::vector<DecodeSlot*> plain_, speculating_;
   std::vector<int64_t> draft_lengths_;
+  std::vector<std::pair<int64_t, int64_t>> before_;  // each speculating slot's (drafted, accepted) before the round
 };
 
 // FNV-1a of the prompt's ids (RouterContext::sequence_hash).
