@@ -5,12 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include "bench/bench_util.h"
 #include "engine/cuda_backend.h"
+#include "engine/engine.h"
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
+#include "speculative/speculative.h"
+#include "tasks/rng.h"
+#include "train/shards.h"
 
 namespace oryx::bench {
 
@@ -34,6 +39,195 @@ absl::StatusOr<double> Fill(CudaBackend& backend, SequenceState& seq, int64_t to
   }
   backend.Synchronize();
   return Seconds(t0);
+}
+
+double Mean(const std::vector<double>& v) {
+  double total = 0;
+  for (double x : v) total += x;
+  return v.empty() ? 0.0 : total / static_cast<double>(v.size());
+}
+
+int32_t ArgmaxOf(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());  // first maximum
+}
+
+// Positions the speculative rounds of one draft length may add to a sequence (every round may write k + 1);
+// each draft length starts from a fresh copy of the context.
+int64_t SpecGrowth(const DecodeBenchOptions& o) {
+  int64_t n = 0;
+  for (int64_t k : o.spec_ks) n = std::max(n, (o.steps + 2) * (k + 1));
+  return n;
+}
+
+// Tokens a round emits on average when each of its k drafts is accepted with probability a, independently,
+// until the first rejection: the accepted prefix and then the recovered or bonus token, 1 + a + ... + a^k.
+double ExpectedTokens(double a, int64_t k) {
+  double total = 0, reach = 1;
+  for (int64_t i = 0; i <= k; ++i, reach *= a) total += reach;
+  return total;
+}
+
+// The acceptance at which rounds of `round_s` emit tokens as fast as decode steps of `step_s` (each emits
+// one token per sequence): ExpectedTokens(a, k) = round_s / step_s; null when not even a = 1 gets there.
+nlohmann::json BreakEvenAcceptance(double round_s, double step_s, int64_t k) {
+  const double need = round_s / step_s;
+  if (ExpectedTokens(1.0, k) < need) return nullptr;
+  double lo = 0, hi = 1;
+  for (int i = 0; i < 50; ++i) (ExpectedTokens((lo + hi) / 2, k) < need ? lo : hi) = (lo + hi) / 2;
+  return hi;
+}
+
+// Prefills `tokens` in attention mode (as `oryx generate` does for the speculative policy) and returns the
+// greedy next token.
+absl::StatusOr<int32_t> PrefillWindow(CudaBackend& backend, SequenceState& seq, std::span<const int32_t> tokens) {
+  constexpr int64_t kChunk = 2048;
+  std::vector<Mode> modes(kChunk, Mode::kAttention);
+  std::vector<float> logits;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t done = 0; done < n; done += kChunk) {
+    const int64_t m = std::min(kChunk, n - done);
+    ORYX_RETURN_IF_ERROR(backend.Forward(seq, tokens.subspan(done, m), std::span(modes).first(m), done + m == n,
+                                         &logits));
+  }
+  return ArgmaxOf(logits);
+}
+
+// What the rounds of one draft length measured, pooled over the batch's sequences.
+struct RoundStats {
+  std::vector<double> round_s;  // wall time of each timed round (the whole batch)
+  SpecStats spec;               // summed over sequences (draft_s / verify_s: the batch's, once)
+};
+
+// Runs o.steps timed rounds of draft length k (after two warm-up rounds: graph capture, buffer growth) on
+// `seqs`, whose next tokens are `pending`, with speculative::SpeculativeDecoder and `accept`.
+absl::StatusOr<RoundStats> TimeRounds(CudaBackend& backend, std::vector<SequenceState>& seqs,
+                                      std::span<const int32_t> pending, int64_t k, int64_t rounds,
+                                      speculative::AcceptRule accept) {
+  const size_t batch = seqs.size();
+  speculative::SpeculativeOptions options;
+  options.k = options.max_k = k;
+  options.accept = std::move(accept);
+  speculative::SpeculativeDecoder decoder(std::make_unique<speculative::LinearProposer>(), std::move(options));
+  const std::vector<int32_t> none;
+  std::vector<Sampler> samplers(batch, Sampler(SamplingParams{}));  // greedy
+  std::vector<GenerateStats> stats(batch);
+  std::vector<DecodeSlot> slots(batch);
+  std::vector<DecodeSlot*> slot_ptrs;
+  for (size_t b = 0; b < batch; ++b) {
+    DecodeSlot& s = slots[b];
+    s.id = static_cast<int64_t>(b);
+    s.seq = &seqs[b];
+    s.pending = pending[b];
+    s.prompt = s.generated = &none;
+    s.remaining = int64_t{1} << 40;
+    s.sampler = &samplers[b];
+    s.stats = &stats[b];
+    slot_ptrs.push_back(&s);
+  }
+  const std::vector<int64_t> ks(batch, k);
+  RoundStats out;
+  for (int64_t r = 0; r < rounds + 2; ++r) {
+    if (r == 2) std::fill(stats.begin(), stats.end(), GenerateStats{});
+    const auto t0 = Clock::now();
+    ORYX_RETURN_IF_ERROR(decoder.Round(backend, slot_ptrs, ks));
+    backend.Synchronize();  // the commit's state copies
+    if (r >= 2) out.round_s.push_back(Seconds(t0));
+    for (DecodeSlot& s : slots) s.pending = s.emitted.back();
+  }
+  SpecStats& t = out.spec;
+  t.drafted_at.assign(k, 0);
+  t.accepted_at.assign(k, 0);
+  for (const GenerateStats& g : stats) {
+    const SpecStats& s = *g.spec;
+    t.rounds += s.rounds;
+    t.drafted += s.drafted;
+    t.accepted += s.accepted;
+    for (size_t j = 0; j < s.drafted_at.size() && j < t.drafted_at.size(); ++j) {
+      t.drafted_at[j] += s.drafted_at[j];
+      t.accepted_at[j] += s.accepted_at[j];
+    }
+  }
+  t.draft_s = stats[0].spec->draft_s;
+  t.verify_s = stats[0].spec->verify_s;
+  t.draft_forwards = stats[0].spec->draft_forwards;
+  t.verify_forwards = stats[0].spec->verify_forwards;
+  return out;
+}
+
+// The speculative rounds of one point (context, batch) for every k of o.spec_ks, against the attention and
+// linear decode steps measured at the same point. `first` holds the filled context (random weights);
+// `val` (a trained model) gives the contexts instead, and the acceptance is then the model's own.
+absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, const nlohmann::json& base,
+                          const SequenceState& first, const CorpusReader* val, int64_t context, int64_t batch,
+                          double attention_s, double linear_s, const Emit& emit) {
+  const bool measured = val != nullptr;
+  for (int64_t k : o.spec_ks) {
+    std::vector<SequenceState> seqs;
+    std::vector<int32_t> pending(batch, 5);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (!measured) {
+        seqs.push_back(first.Clone());
+        continue;
+      }
+      // Evenly spread validation windows, one per sequence.
+      const int64_t windows = val->NumSequences(context);
+      std::vector<int32_t> window(context + 1);
+      ORYX_RETURN_IF_ERROR(val->ReadSequence(b * windows / batch, context, window.data()));
+      window.pop_back();
+      seqs.push_back(backend.NewSequence());
+      seqs.back().Reserve(context + (o.steps + 2) * (k + 1) + 8);
+      ORYX_ASSIGN_OR_RETURN(pending[b], PrefillWindow(backend, seqs.back(), window));
+    }
+    speculative::AcceptRule accept = speculative::AcceptLossless;  // greedy: the real acceptance
+    tasks::Rng rng(0x5eed + k);
+    if (!measured) {
+      accept = [&rng, a = o.acceptance](Sampler&, std::span<const float> logits, const speculative::Proposal& d,
+                                        int64_t V, int32_t* next) {
+        const int64_t n = static_cast<int64_t>(d.tokens.size());
+        int64_t accepted = 0;
+        while (accepted < n && rng.UniformDouble() < a) ++accepted;
+        *next = ArgmaxOf(logits.subspan(accepted * V, V));
+        return accepted;
+      };
+    }
+    ORYX_ASSIGN_OR_RETURN(RoundStats rs, TimeRounds(backend, seqs, pending, k, o.steps, std::move(accept)));
+    const SpecStats& s = rs.spec;
+    // Drafts judged at each position: those drafted there whose predecessors were all accepted.
+    std::vector<double> per_position;
+    int64_t judged = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t reached = std::min(s.drafted_at[j], j == 0 ? s.drafted_at[0] : s.accepted_at[j - 1]);
+      judged += reached;
+      per_position.push_back(reached ? static_cast<double>(s.accepted_at[j]) / reached : 0.0);
+    }
+    const double judged_rate = judged ? static_cast<double>(s.accepted) / judged : 0.0;
+    const double observed_tokens = static_cast<double>(s.accepted + s.rounds) / s.rounds;
+    const double tokens = measured ? observed_tokens : ExpectedTokens(o.acceptance, k);  // per sequence and round
+    const double round_s = Median(rs.round_s);
+    nlohmann::json r = base;
+    r.update({{"bench", "speculative"}, {"proposer", "linear"}, {"k", k}, {"context", context}, {"batch", batch},
+              {"rounds", o.steps}, {"cuda_graph", backend.cuda_graphs()},
+              {"acceptance_source",
+               measured ? "measured: the model's greedy acceptance (AcceptLossless) on validation windows of the corpus"
+                        : "simulated: random weights make real acceptance meaningless, so each draft is accepted with "
+                          "probability `acceptance`, independently, until the first rejection (seeded)"},
+              {"acceptance", measured ? judged_rate : o.acceptance},
+              {"acceptance_per_judged_draft", judged_rate}, {"drafted", s.drafted}, {"judged", judged},
+              {"accepted", s.accepted},
+              {"acceptance_rate", s.drafted ? static_cast<double>(s.accepted) / s.drafted : 0.0},
+              {"per_position_acceptance", per_position},
+              {"tokens_per_round", tokens}, {"observed_tokens_per_round", observed_tokens},
+              {"round_ms", round_s * 1e3}, {"round_ms_mean", Mean(rs.round_s) * 1e3},
+              {"draft_ms_per_step", s.draft_forwards ? 1e3 * s.draft_s / s.draft_forwards : 0.0},
+              {"verify_ms", s.verify_forwards ? 1e3 * s.verify_s / s.verify_forwards : 0.0},
+              {"ms_per_token", round_s * 1e3 / (batch * tokens)}, {"tokens_per_s", batch * tokens / round_s},
+              {"attention_ms_per_step", attention_s * 1e3}, {"linear_ms_per_step", linear_s * 1e3},
+              {"speedup_over_attention", attention_s * tokens / round_s},
+              {"speedup_over_linear", linear_s * tokens / round_s},
+              {"breakeven_acceptance", BreakEvenAcceptance(round_s, attention_s, k)}});
+    emit(r);
+  }
+  return absl::OkStatus();
 }
 }  // namespace
 
@@ -80,20 +274,42 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   for (int64_t c : o.contexts) max_context = std::max(max_context, c);
   std::vector<int64_t> batches = o.batches;
   std::sort(batches.begin(), batches.end());
+  if (!o.data_dir.empty() && (o.model_dir.empty() || o.spec_ks.empty())) {
+    return absl::InvalidArgumentError("bench decode: --data is for the speculative rounds (--spec-k) of a --model");
+  }
+  if (!(o.acceptance >= 0 && o.acceptance <= 1)) {
+    return absl::InvalidArgumentError(Cat("bench decode: --acceptance must be in [0, 1], got ", o.acceptance));
+  }
+  // Positions past the context that the timed steps and rounds of one point may write.
+  const int64_t growth = std::max(kPasses * (o.steps + 2), SpecGrowth(o)) + 8;
   std::unique_ptr<CudaBackend> backend;
   std::string model = o.model_dir;
   if (o.model_dir.empty()) {
     const std::string preset = o.preset.empty() ? "130m" : o.preset;
-    ORYX_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset, o.mixer, max_context + kPasses * (o.steps + 2) + 16));
+    ORYX_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset, o.mixer, max_context + growth + 8));
     ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::CreateRandom(config, 1));
     model = Cat("random-", preset, "-", o.mixer == LinearMixer::kGdn ? "gdn" : "mamba2");
   } else {
     ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::Load(o.model_dir));
   }
   const ModelConfig& c = backend->config();
-  if (max_context + kPasses * (o.steps + 2) + 8 > c.max_position) {
-    return absl::InvalidArgumentError(Cat("context ", max_context, " + ", o.steps, " steps exceed the model's max_position ",
-                                          c.max_position));
+  if (max_context + growth > c.max_position) {
+    return absl::InvalidArgumentError(Cat("context ", max_context, " + ", growth, " positions of ", o.steps,
+                                          " timed steps", o.spec_ks.empty() ? "" : " and rounds",
+                                          " exceed the model's max_position ", c.max_position));
+  }
+  std::optional<CorpusReader> val;
+  if (!o.data_dir.empty()) {
+    ORYX_ASSIGN_OR_RETURN(val, CorpusReader::Open(o.data_dir, "val"));
+    if (val->vocab_size() != c.vocab_size) {
+      return absl::InvalidArgumentError(Cat(o.data_dir, ": corpus vocabulary ", val->vocab_size(),
+                                            " differs from the model's ", c.vocab_size));
+    }
+    for (int64_t context : o.contexts) {
+      if (val->NumSequences(context) < 1) {
+        return absl::FailedPreconditionError(Cat(o.data_dir, ": validation split shorter than ", context));
+      }
+    }
   }
   const double bandwidth = backend->MeasureCopyBandwidth();
   const double weights = static_cast<double>(backend->weight_bytes());
@@ -123,7 +339,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
     // cloned into every batch slot with room for the timed steps of its passes (attention then linear,
     // each with and without CUDA graphs, one after the other: the context grows by a few tokens).
     SequenceState first = backend->NewSequence();
-    first.Reserve(context + kPasses * (o.steps + 2) + 8);
+    first.Reserve(context + growth);
     ORYX_ASSIGN_OR_RETURN(double fill_s, Fill(*backend, first, context, Mode::kLinear, 2048));
     const int64_t per_seq = first.kv_bytes() + (int64_t{1} << 20);
     for (int64_t batch : batches) {
@@ -136,6 +352,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         continue;
       }
       for (int64_t b = 0; b < batch; ++b) seqs.push_back(first.Clone());
+      double step_s[2] = {0, 0};  // attention, linear (CUDA graphs on): what the rounds are compared with
       for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
         for (bool graphs : {true, false}) {
           backend->set_cuda_graphs(graphs);
@@ -154,6 +371,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
             if (i >= 2) steps.push_back(Seconds(s0));  // two warm-up steps (the first captures the graph)
           }
           const double step = Median(steps);
+          if (graphs) step_s[mode == Mode::kLinear] = step;
           const double bytes = StepBytes(c, mode, context, batch);
           nlohmann::json r = base;
           r.update({{"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"steps", o.steps},
@@ -163,6 +381,11 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
           emit(r);
         }
       }
+      backend->set_cuda_graphs(true);
+      if (o.spec_ks.empty()) continue;
+      seqs.clear();  // the rounds' sequences take their place in device memory
+      ORYX_RETURN_IF_ERROR(RunSpecPoint(*backend, o, base, first, val ? &*val : nullptr, context, batch, step_s[0],
+                                        step_s[1], emit));
     }
   }
   backend->set_cuda_graphs(true);

@@ -4,17 +4,45 @@
 # one run, as JSON lines under OUTDIR. Each step has its own time limit, in order of importance, so that a
 # slow step (torch.compile) cannot take the others with it.
 #
-#   bench/cuda_decode_bench.sh OUTDIR        (COMPILE_S=0 skips torch.compile, which needs minutes per point)
+# The speculative rounds come first: models/default on validation windows of CORPUS (default data/corpus;
+# only its manifest.json and val shard are read), whose measured greedy acceptance at k = 4 is then the
+# simulated acceptance of the random 1.4b config's rounds at 32K (and the flag's default 0.84 beside it).
+#
+#   bench/cuda_decode_bench.sh OUTDIR        (COMPILE_S=0 skips torch.compile, which needs minutes per point;
+#                                             SPEC_ONLY=1 runs only the speculative steps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:?usage: bench/cuda_decode_bench.sh OUTDIR}
 mkdir -p "$OUT_DIR"
 ORYX=build-gpu/bin/oryx
+CORPUS=${CORPUS:-data/corpus}
 run() {  # run LIMIT_S NAME CMD...: stdout (JSON lines) to OUT_DIR/NAME.jsonl, a summary on stderr
   local limit=$1 name=$2; shift 2
   echo "==> $name" >&2
   timeout "$limit" "$@" > "$OUT_DIR/$name.jsonl" 2> >(grep -v "^\s*$" | tail -4 >&2) || echo "    ($name: exit $?)" >&2
 }
+# Speculative rounds (k linear drafts, one attention verify, commit) against the decode steps of each point.
+ACCEPTANCE=0.84
+if [[ -f $CORPUS/manifest.json ]]; then
+  run 60 spec-default $ORYX bench decode --device cuda --model models/default --data "$CORPUS" --contexts 1024 \
+    --batches 1,8 --steps 32 --spec-k 1,2,3,4,6,8 --prefill-max-attention 0 --json
+  # The acceptance per judged draft at k = 4, pooled over the batch sizes.
+  measured=$(python3 -c 'import json,sys
+r=[json.loads(l) for l in open(sys.argv[1]) if "\"speculative\"" in l]
+r=[x for x in r if x["k"]==4]
+print(round(sum(x["accepted"] for x in r)/sum(x["judged"] for x in r),4) if r else "")' "$OUT_DIR/spec-default.jsonl")
+  [[ -n $measured ]] && ACCEPTANCE=$measured
+  echo "    measured acceptance at k=4: ${measured:-none}" >&2
+fi
+run 90 spec-1.4b $ORYX bench decode --device cuda --config 1.4b --contexts 1024,8192,32768 --batches 1,4 --steps 20 \
+  --spec-k 2,4,8 --prefill-max-attention 0 --json
+if [[ $ACCEPTANCE != 0.84 ]]; then
+  run 60 spec-1.4b-measured $ORYX bench decode --device cuda --config 1.4b --contexts 32768 --batches 1 --steps 20 \
+    --spec-k 1,2,3,4,6,8 --acceptance "$ACCEPTANCE" --prefill-max-attention 0 --json
+fi
+run 60 spec-130m $ORYX bench decode --device cuda --config 130m --contexts 1024,32768 --batches 1,16 --steps 20 \
+  --spec-k 2,4,8 --prefill-max-attention 0 --json
+[[ ${SPEC_ONLY:-0} == 1 ]] && exit 0
 run 70 cuda-1.4b $ORYX bench decode --device cuda --config 1.4b --contexts 1024,8192,32768 --batches 1,4,16 --steps 20 --json
 run 60 torch-1.4b python3 bench/torch_reference.py --config 1.4b --contexts 1024,8192,32768 --batches 1,4 --impl eager,graph --steps 20
 run 70 cuda-130m $ORYX bench decode --device cuda --config 130m --contexts 1024,8192,32768,131072 --batches 1,4,16,64 --steps 20 --json

@@ -48,6 +48,12 @@ struct DecodeBenchOptions {
   std::string preset;
   LinearMixer mixer = LinearMixer::kMamba2;
   int64_t prefill_max_attention = 8192;
+  // cuda only: speculative rounds of these draft lengths at every point (bench/cuda_bench.h); with random
+  // weights each draft is accepted with probability `acceptance`, with data_dir (a corpus, and model_dir)
+  // the contexts are its validation windows and the acceptance is the model's own (greedy).
+  std::vector<int64_t> spec_ks;
+  double acceptance = 0.84;
+  std::string data_dir;
 };
 absl::Status RunDecodeBench(const DecodeBenchOptions& options, const Emit& emit);
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Summarises one run of bench/cuda_decode_bench.sh as a Markdown table: the CUDA backend's decode step time
+"""Summarises one run of bench/cuda_decode_bench.sh as Markdown tables: the CUDA backend's decode step time
 (CUDA graphs on), its fraction of the bandwidth roofline, and PyTorch's eager / CUDA-graph / torch.compile step
-times of the same config measured in the same run, with the speedups.
+times of the same config measured in the same run, with the speedups; the speculative rounds (ms per round
+and per emitted token, against the attention / linear decode steps of the same point, and the acceptance at
+which a round breaks even with attention-mode steps).
 
 The roofline counts the bytes a step must move at least (bench/cuda_bench.h, StepBytes), recomputed here
 from the config, so that runs whose JSON carries an older count read the same:
@@ -64,6 +66,21 @@ def main(run_dir):
             print(f"| {model} | {r['mode']} | {ctx} | {batch} | {ms:.3f} | {fmt(off.get((r['mode'], ctx, batch)))} | "
                   f"{roof_ms:.3f} | {roof_ms / ms:.2f} | {fmt(t.get('eager'))} | {fmt(t.get('graph'))} | "
                   f"{fmt(t.get('compile'))} | {fmt(t.get('compile-cg'))} | {ratio(t.get('eager'))} | {ratio(t.get('graph'))} |")
+    print()
+    print("| model | k | context | batch | acceptance | tokens/round | round ms | ms/token | attention ms/step | "
+          "linear ms/step | vs attention | vs linear | break-even acceptance |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.jsonl"))):
+        for r in lines(path):
+            if r.get("bench") != "speculative":
+                continue
+            source = "measured" if r["acceptance_source"].startswith("measured") else "simulated"
+            even = r["breakeven_acceptance"]
+            print(f"| {r['model']} | {r['k']} | {r['context']} | {r['batch']} | {r['acceptance']:.3f} ({source}) | "
+                  f"{r['tokens_per_round']:.2f} | {r['round_ms']:.3f} | {r['ms_per_token']:.3f} | "
+                  f"{r['attention_ms_per_step']:.3f} | {r['linear_ms_per_step']:.3f} | "
+                  f"{r['speedup_over_attention']:.2f}x | {r['speedup_over_linear']:.2f}x | "
+                  f"{'-' if even is None else f'{even:.3f}'} |")
     print()
     print("| model | prefill mode | context | tokens/s |")
     print("|---|---|---:|---:|")

@@ -82,8 +82,35 @@ int RunBench(const Args& args) {
     f.String("config", &o.preset, "cuda without --model: random weights of 130m | 1.4b (default 130m)");
     f.String("mixer", &mixer, "linear mixer of --config: mamba2 | gdn");
     f.Int("prefill-max-attention", &o.prefill_max_attention, "cuda: time attention-mode prefill up to this context", 0);
+    std::vector<std::string> spec_ks;
+    const std::string indent = "\n                         ";  // continuation lines of a flag's help
+    f.StringList("spec-k", &spec_ks,
+                 Cat("cuda: also time speculative rounds (k linear-mode drafts, one attention-mode verify) of", indent,
+                     "these draft lengths, e.g. 2,4,8, against the decode steps of the same point"));
+    f.Double("acceptance", &o.acceptance,
+             Cat("cuda, --spec-k: the simulated probability that each draft is accepted (independently, until", indent,
+                 "the first rejection; random weights make real acceptance meaningless); the default 0.84 is the", indent,
+                 "acceptance `oryx generate --model models/default --policy speculative:4` measured"));
+    f.String("data", &o.data_dir,
+             Cat("cuda, --spec-k with --model: a corpus whose validation windows are the contexts; the", indent,
+                 "acceptance is then the model's own (greedy), measured instead of simulated"));
     return RunWithFlags(f, rest, [&]() -> absl::Status {
       if (mixer != "mamba2" && mixer != "gdn") return absl::InvalidArgumentError(Cat("--mixer: '", mixer, "' (mamba2, gdn)"));
+      if (!spec_ks.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.spec_ks, ParsePositiveInts(spec_ks, "spec-k"));
+        for (int64_t k : o.spec_ks) {
+          if (k > 64) return absl::InvalidArgumentError(Cat("--spec-k: ", k, " is more than 64 drafts"));
+        }
+      }
+      if ((!spec_ks.empty() || f.was_set("acceptance") || f.was_set("data")) && o.device != "cuda") {
+        return absl::InvalidArgumentError("--spec-k, --acceptance and --data are for --device cuda");
+      }
+      if ((f.was_set("acceptance") || f.was_set("data")) && spec_ks.empty()) {
+        return absl::InvalidArgumentError("--acceptance and --data need --spec-k");
+      }
+      if (f.was_set("acceptance") && f.was_set("data")) {
+        return absl::InvalidArgumentError("--acceptance is simulated; with --data the acceptance is measured");
+      }
       o.mixer = mixer == "gdn" ? LinearMixer::kGdn : LinearMixer::kMamba2;
       if (!batches.empty()) {
         ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(batches, "batches"));
@@ -98,6 +125,17 @@ int RunBench(const Args& args) {
       };
 #endif
       out.row = [header = true](const nlohmann::json& j) mutable {
+        if (j.value("bench", "") == "speculative") {
+          std::printf("speculative k=%lld context %lld batch %lld: acceptance %.3f (%s), %.2f tokens/round, "
+                      "%.3f ms/round, %.3f ms/token, %.2fx attention, %.2fx linear\n",
+                      static_cast<long long>(j["k"].get<int64_t>()), static_cast<long long>(j["context"].get<int64_t>()),
+                      static_cast<long long>(j["batch"].get<int64_t>()), j["acceptance"].get<double>(),
+                      j["acceptance_source"].get<std::string>().substr(0, 8).c_str(),
+                      j["tokens_per_round"].get<double>(), j["round_ms"].get<double>(), j["ms_per_token"].get<double>(),
+                      j["speedup_over_attention"].get<double>(), j["speedup_over_linear"].get<double>());
+          std::fflush(stdout);
+          return;
+        }
         if (!j.contains("decode_ms_per_step")) {  // prefill and skipped points (cuda): the line itself
           std::printf("%s\n", j.dump().c_str());
           return;
