@@ -86,8 +86,8 @@ absl::StatusOr<int32_t> PrefillWindow(CudaBackend& backend, SequenceState& seq, 
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t done = 0; done < n; done += kChunk) {
     const int64_t m = std::min(kChunk, n - done);
-    ORYX_RETURN_IF_ERROR(backend.Forward(seq, tokens.subspan(done, m), std::span(modes).first(m), done + m == n,
-                                         &logits));
+    ORYX_RETURN_IF_ERROR(backend.Forward(seq, tokens.subspan(done, m), std::span(modes).first(m),
+                                         /*all_logits=*/false, &logits));
   }
   return ArgmaxOf(logits);
 }

@@ -212,6 +212,51 @@ struct ArgmaxParams {
 };
 void Argmax(const ArgmaxParams& p, cudaStream_t stream);
 
+// Sampling as engine/sampler.cc's Sampler does it, with the uniforms drawn by the caller. A row's
+// distribution: candidates ordered by (logit descending, index ascending), the first top_k (0: all), softmax
+// of logit / temperature over them, the shortest prefix whose mass reaches top_p, renormalised; temperature
+// 0 puts all mass on the first candidate. A draw walks the probabilities in index order and takes the first
+// token whose cumulative mass exceeds uniform * total (Sampler::Draw). Sums run in another order than the
+// CPU's, so a token may differ from the CPU's only where the uniform or the top_p boundary lies within
+// rounding of a cumulative mass. Vocabularies up to 2^31.
+struct SamplingDims {
+  int64_t vocab;
+  float temperature;  // >= 0
+  int64_t top_k;      // >= 0
+  float top_p;        // in (0, 1]
+};
+// Device bytes of the workspace for `rows` rows of logits.
+int64_t SamplingWorkspaceBytes(int64_t rows);
+
+// tokens[r] = the token Sampler::Next draws from logits[r] with uniforms[r]. Two blocks per row in turn (the
+// distribution's cut, then the draw).
+struct SampleRowsParams {
+  int64_t rows;
+  SamplingDims dims;
+  const float* logits_ptr;     // [rows, V]
+  const double* uniforms_ptr;  // [rows], in [0, 1)
+  int32_t* tokens_ptr;         // [rows]
+  void* workspace_ptr;         // SamplingWorkspaceBytes(rows)
+};
+void SampleRows(const SampleRowsParams& p, cudaStream_t stream);
+
+// speculative::AcceptLossless (speculative/speculative.h) on the device: given the verify logits p_0..p_n,
+// the n drafts and their distributions q (null: point masses), accepts d_i while uniform < p_{i-1}(d_i) /
+// q_{i-1}(d_i) (greedy: while d_i is the argmax), then draws the recovered token from norm(max(0, p - q))
+// at the first rejection or the bonus token from p_n. The uniforms are consumed in the order the CPU's
+// sampler stream gives them: one per judged draft, then one for the draw (none when greedy).
+struct AcceptLosslessParams {
+  int64_t drafts;              // n
+  SamplingDims dims;
+  const float* logits_ptr;     // [n + 1, V]
+  const int32_t* drafts_ptr;   // [n]
+  const float* maybe_q_ptr;    // [n, V], or null: each draft proposed with certainty
+  const double* uniforms_ptr;  // [n + 1]
+  int32_t* result_ptr;         // [2]: the number accepted, then the recovered or bonus token
+  void* workspace_ptr;         // SamplingWorkspaceBytes(n + 1)
+};
+void AcceptLossless(const AcceptLosslessParams& p, cudaStream_t stream);
+
 // Converts fp32 to bf16 (round to nearest even), n elements.
 void FloatToBf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);
 

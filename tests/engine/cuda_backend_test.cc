@@ -22,12 +22,17 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <random>
+#include <span>
 
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
 #include "speculative/speculative.h"
 #include "tests/engine/testing_checkpoint.h"
 
@@ -378,6 +383,231 @@ TEST(CudaParity, DefaultModelLogitsMatchTheCpuBackend) {
   auto gpu = CudaBackend::Load(dir);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   CompareScenario(**cpu, **gpu, 21, 300, 130);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Sampling and the lossless acceptance on the GPU (kernels/cuda/sample.cu) against the engine's Sampler and
+// speculative::AcceptLossless with the same uniforms. The GPU sums probability mass in another order (and
+// its expf differs from the CPU's by an ulp or two), so a token may differ only where the uniform, or the
+// top_p boundary, lies within kNearTie of the total mass of a cumulative sum; every mismatch must be such a
+// near tie, and with continuous random logits there should be almost none.
+
+constexpr double kNearTie = 1e-5;
+
+// A device copy of a host vector, freed at scope exit.
+template <typename T>
+struct DeviceVector {
+  explicit DeviceVector(const std::vector<T>& host) : n(host.size()) {
+    ORYX_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)));
+    if (n > 0) ORYX_CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceVector() { cudaFree(ptr); }
+  DeviceVector(const DeviceVector&) = delete;
+  std::vector<T> Host() const {
+    std::vector<T> h(n);
+    ORYX_CUDA_CHECK(cudaDeviceSynchronize());
+    ORYX_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  T* ptr = nullptr;
+  size_t n;
+};
+
+// Whether u * total lies within kNearTie * total of a cumulative mass (index order) between tokens a and b.
+bool NearDrawBoundary(const std::vector<float>& probs, double u, int32_t a, int32_t b) {
+  double total = 0;
+  for (float p : probs) total += p;
+  const double threshold = u * total;
+  double mass = 0;
+  for (int32_t i = 0; i < static_cast<int32_t>(probs.size()); ++i) {
+    mass += probs[i];
+    if (i >= std::min(a, b) - 1 && i <= std::max(a, b) && std::abs(mass - threshold) <= kNearTie * total) return true;
+  }
+  return false;
+}
+
+// Whether the top_p boundary of the row's distribution is within kNearTie of the top_k mass (Sampler's order).
+bool NearTopPBoundary(std::span<const float> logits, const SamplingParams& params) {
+  if (params.top_p >= 1.f || params.greedy()) return false;
+  const int64_t V = static_cast<int64_t>(logits.size());
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const int64_t k = params.top_k > 0 ? std::min<int64_t>(params.top_k, V) : V;
+  std::vector<double> e(k);
+  double total = 0;
+  for (int64_t r = 0; r < k; ++r) total += e[r] = std::exp((logits[order[r]] - logits[order[0]]) / params.temperature);
+  double mass = 0;
+  for (int64_t r = 0; r < k; ++r) {
+    mass += e[r];
+    if (std::abs(mass - params.top_p * total) <= kNearTie * total) return true;
+  }
+  return false;
+}
+
+kernels::cuda::SamplingDims DimsOf(const SamplingParams& params, int64_t vocab) {
+  return {vocab, params.temperature, params.top_k, params.top_p};
+}
+
+// Rows of logits: normal with scale `scale`, or (quantized) multiples of 0.5 in [-3, 3], full of ties.
+std::vector<float> SampleLogits(std::mt19937& rng, int64_t rows, int64_t V, float scale, bool quantized) {
+  std::normal_distribution<float> normal(0.f, scale);
+  std::vector<float> x(rows * V);
+  for (float& v : x) v = quantized ? std::round(std::clamp(normal(rng), -3.f, 3.f) * 2) / 2 : normal(rng);
+  return x;
+}
+
+TEST(CudaSampling, SampleRowsMatchesTheCpuSampler) {
+  struct Setting {
+    SamplingParams params;
+    int64_t vocab, rows;
+    float scale;
+    bool quantized;
+  };
+  const std::vector<Setting> settings = {
+      {{0.f, 0, 1.f, 1}, 1000, 200, 2.f, false},       // greedy
+      {{0.f, 0, 1.f, 2}, 1000, 200, 1.f, true},        // greedy over ties: the lowest index
+      {{1.f, 0, 1.f, 3}, 1000, 400, 2.f, false},       // plain softmax
+      {{0.7f, 50, 1.f, 4}, 1000, 400, 2.f, false},     // top_k
+      {{1.f, 7, 1.f, 5}, 1000, 400, 1.f, true},        // top_k cutting through ties
+      {{1.3f, 0, 0.9f, 6}, 1000, 400, 2.f, false},     // top_p
+      {{1.f, 0, 0.5f, 7}, 1000, 400, 1.f, true},       // top_p over ties
+      {{0.8f, 40, 0.95f, 8}, 1000, 400, 3.f, false},   // both
+      {{1.f, 1, 1.f, 9}, 1000, 100, 2.f, false},       // top_k 1
+      {{1.f, 5000, 1.f, 10}, 1000, 100, 2.f, false},   // top_k > V
+      {{1.f, 0, 1e-6f, 11}, 777, 100, 2.f, false},     // top_p tiny: the first candidate only
+      {{0.9f, 0, 0.9f, 12}, 32000, 64, 3.f, false},    // a real vocabulary
+      {{1.1f, 100, 0.8f, 13}, 32003, 64, 3.f, false},  // a ragged one
+  };
+  std::mt19937 rng(7);
+  int64_t mismatches = 0, near = 0, total_rows = 0;
+  for (const Setting& st : settings) {
+    const int64_t V = st.vocab, R = st.rows;
+    const std::vector<float> logits = SampleLogits(rng, R, V, st.scale, st.quantized);
+    std::vector<double> uniforms(R);
+    std::vector<int32_t> expected(R);
+    for (int64_t r = 0; r < R; ++r) {
+      SamplingParams params = st.params;
+      params.seed = st.params.seed * 1000 + r;
+      Sampler cpu(params);
+      Sampler stream = cpu;  // the uniform cpu.Next will use
+      uniforms[r] = stream.Uniform();
+      expected[r] = cpu.Next(std::span(logits).subspan(r * V, V));
+    }
+    DeviceVector<float> d_logits(logits);
+    DeviceVector<double> d_uniforms(uniforms);
+    DeviceVector<int32_t> d_tokens(std::vector<int32_t>(R, -1));
+    DeviceVector<char> workspace(std::vector<char>(kernels::cuda::SamplingWorkspaceBytes(R)));
+    kernels::cuda::SampleRows({R, DimsOf(st.params, V), d_logits.ptr, d_uniforms.ptr, d_tokens.ptr, workspace.ptr},
+                              nullptr);
+    const std::vector<int32_t> got = d_tokens.Host();
+    for (int64_t r = 0; r < R; ++r) {
+      ++total_rows;
+      if (got[r] == expected[r]) continue;
+      ++mismatches;
+      const std::span<const float> row = std::span(logits).subspan(r * V, V);
+      Sampler cpu(st.params);
+      std::vector<float> probs;
+      cpu.Distribution(row, &probs);
+      const bool near_tie = NearDrawBoundary(probs, uniforms[r], expected[r], got[r]) || NearTopPBoundary(row, st.params);
+      near += near_tie;
+      EXPECT_TRUE(near_tie) << "seed " << st.params.seed << " row " << r << ": gpu " << got[r] << ", cpu "
+                            << expected[r] << " (p " << probs[got[r]] << " / " << probs[expected[r]] << ")";
+    }
+  }
+  std::printf("SampleRows: %lld rows, %lld tokens differ from the CPU sampler's (%lld at near ties)\n",
+              static_cast<long long>(total_rows), static_cast<long long>(mismatches), static_cast<long long>(near));
+  EXPECT_LE(mismatches, total_rows / 100);
+}
+
+TEST(CudaSampling, AcceptLosslessMatchesTheCpuRule) {
+  // Spans of n drafts whose target rows resemble the draft rows (so that some drafts are accepted), with q
+  // rows from the draft logits or point masses, greedy or sampled.
+  const std::vector<SamplingParams> settings = {
+      {0.f, 0, 1.f, 1}, {1.f, 0, 1.f, 2}, {0.8f, 20, 1.f, 3}, {1.2f, 0, 0.9f, 4}, {1.f, 30, 0.95f, 5}};
+  const int64_t V = 500, kSpans = 300;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  int64_t spans = 0, full_spans = 0, accepted_total = 0, drafted_total = 0, mismatches = 0, near = 0;
+  for (const SamplingParams& base : settings) {
+    for (int64_t sp = 0; sp < kSpans; ++sp) {
+      const int64_t n = 1 + sp % 8;
+      const bool point_masses = sp % 3 == 0;
+      SamplingParams params = base;
+      params.seed = base.seed * 100000 + sp;
+      // Draft logits, and target logits near them.
+      std::vector<float> draft_logits(n * V), logits((n + 1) * V);
+      for (float& x : draft_logits) x = 2.5f * normal(rng);
+      for (int64_t i = 0; i < (n + 1) * V; ++i) logits[i] = (i < n * V ? draft_logits[i] : 0.f) + 0.4f * normal(rng);
+      // Drafts drawn from q (their own sampler; greedy: its argmax); point-mass spans pass no q.
+      Sampler drafter({base.temperature, base.top_k, base.top_p, params.seed + 7});
+      speculative::Proposal proposal;
+      std::vector<float> q;
+      for (int64_t i = 0; i < n; ++i) {
+        const std::span<const float> row = std::span(draft_logits).subspan(i * V, V);
+        drafter.Distribution(row, &q);
+        proposal.tokens.push_back(base.greedy() ? static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin())
+                                                : drafter.Draw(q));
+        if (!point_masses) proposal.q.insert(proposal.q.end(), q.begin(), q.end());
+      }
+      Sampler cpu(params);
+      Sampler stream = cpu;
+      std::vector<double> uniforms(n + 1);
+      for (double& u : uniforms) u = stream.Uniform();
+      int32_t expected_next = -1;
+      const int64_t expected = speculative::AcceptLossless(cpu, logits, proposal, V, &expected_next);
+
+      DeviceVector<float> d_logits(logits), d_q(proposal.q);
+      DeviceVector<int32_t> d_drafts(proposal.tokens), d_result(std::vector<int32_t>{-1, -1});
+      DeviceVector<double> d_uniforms(uniforms);
+      DeviceVector<char> workspace(std::vector<char>(kernels::cuda::SamplingWorkspaceBytes(n + 1)));
+      kernels::cuda::AcceptLossless({n, DimsOf(params, V), d_logits.ptr, d_drafts.ptr,
+                                     point_masses ? nullptr : d_q.ptr, d_uniforms.ptr, d_result.ptr, workspace.ptr},
+                                    nullptr);
+      const std::vector<int32_t> got = d_result.Host();
+      ++spans;
+      full_spans += expected == n;
+      accepted_total += expected;
+      drafted_total += n;
+      if (got[0] == expected && got[1] == expected_next) continue;
+      ++mismatches;
+      // A near tie: the accept test at the first position where they part, or the final draw.
+      const int64_t at = std::min<int64_t>(got[0], expected);
+      bool near_tie = false;
+      Sampler probe(params);
+      std::vector<float> p;
+      if (at < n) {
+        probe.Distribution(std::span(logits).subspan(at * V, V), &p);
+        const int32_t d = proposal.tokens[at];
+        const double qd = point_masses ? 1.0 : proposal.q[at * V + d];
+        near_tie |= std::abs(uniforms[at] * qd - p[d]) <= kNearTie;
+        near_tie |= NearTopPBoundary(std::span(logits).subspan(at * V, V), params);
+      }
+      if (got[0] == expected) {  // the same count: the draw (residual or bonus row) differs
+        probe.Distribution(std::span(logits).subspan(expected * V, V), &p);
+        if (expected < n) {
+          for (int64_t v = 0; v < V; ++v) {
+            const float qv = point_masses ? (v == proposal.tokens[expected] ? 1.f : 0.f) : proposal.q[expected * V + v];
+            p[v] = std::max(0.f, p[v] - qv);
+          }
+        }
+        near_tie |= NearDrawBoundary(p, uniforms[expected + (expected < n)], expected_next, got[1]);
+        near_tie |= NearTopPBoundary(std::span(logits).subspan(expected * V, V), params);
+      }
+      near += near_tie;
+      EXPECT_TRUE(near_tie) << "seed " << params.seed << " (n " << n << (point_masses ? ", point masses" : "")
+                            << "): gpu " << got[0] << " accepted then " << got[1] << ", cpu " << expected
+                            << " then " << expected_next;
+    }
+  }
+  std::printf("AcceptLossless: %lld spans, %lld of %lld drafts accepted on the CPU, %lld spans differ (%lld at "
+              "near ties)\n",
+              static_cast<long long>(spans), static_cast<long long>(accepted_total),
+              static_cast<long long>(drafted_total), static_cast<long long>(mismatches), static_cast<long long>(near));
+  // The spans exercise both outcomes: a rejection (recovered token) and full acceptance (bonus token).
+  EXPECT_GT(full_spans, spans / 20);
+  EXPECT_LT(full_spans, spans - spans / 20);
+  EXPECT_LE(mismatches, spans / 100);
 }
 
 }  // namespace
