@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -63,7 +64,10 @@ void FlagSet::Bool(const std::string& name, bool* out, const std::string& help) 
 
 void FlagSet::StringList(const std::string& name, std::vector<std::string>* out, const std::string& help,
                          bool required) {
-  flags_.push_back({name, help, "", required, true, true, false, [out](const std::string& v) {
+  // The first value given replaces the list's default contents; later ones append.
+  flags_.push_back({name, help, "", required, true, true, false,
+                    [out, fresh = std::make_shared<bool>(true)](const std::string& v) {
+                      if (*fresh) out->clear(), *fresh = false;
                       out->push_back(v);
                       return absl::OkStatus();
                     }});

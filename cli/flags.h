@@ -23,7 +23,8 @@ class FlagSet {
            int64_t max = INT64_MAX);
   void Double(const std::string& name, double* out, const std::string& help);
   void Bool(const std::string& name, bool* out, const std::string& help);  // presence sets true
-  // Takes every following argument up to the next `--flag`; may also be repeated.
+  // Takes every following argument up to the next `--flag`; may also be repeated. The first value given
+  // replaces whatever the list held (its default).
   void StringList(const std::string& name, std::vector<std::string>* out, const std::string& help,
                   bool required = false);
 
