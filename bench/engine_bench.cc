@@ -294,13 +294,9 @@ absl::Status RunCostBench(const CostBenchOptions& o, const Emit& emit) {
   const int64_t max_ctx = c.max_position - 16;
   // Calibration at short, middle and long contexts; held-out shapes in between, at other batch sizes and
   // span lengths.
-  std::vector<router::SpanShape> fit_shapes, test_shapes;
+  const std::vector<router::SpanShape> fit_shapes = router::CalibrationShapes(c);
+  std::vector<router::SpanShape> test_shapes;
   for (Mode m : {Mode::kAttention, Mode::kLinear}) {
-    for (int64_t ctx : {int64_t{128}, max_ctx / 4, 3 * max_ctx / 4}) {
-      for (int64_t b : {1, 4, 16}) {
-        for (int64_t t : {1, 8}) fit_shapes.push_back({b, t, ctx, m});
-      }
-    }
     for (int64_t ctx : {max_ctx / 8, max_ctx / 2}) {
       for (int64_t b : {2, 8}) {
         for (int64_t t : {1, 4}) test_shapes.push_back({b, t, ctx, m});

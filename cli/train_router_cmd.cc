@@ -11,23 +11,31 @@ namespace oryx::cli {
 
 int RunTrainRouter(const Args& args) {
   policies::TrainRouterOptions o;
-  std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1";
+  std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1", drafts;
   int64_t seed = static_cast<int64_t>(o.seed), threads = 0;
   FlagSet f("oryx train-router --model DIR --out FILE [--data DIR | --haystack FILE...] [--lambda L1,L2...]",
-            "Trains a routing policy for learned:FILE. Episodes are retrieval tasks run through the engine:\n"
-            "needle-in-a-haystack (the prompt routed in segments, the answer generated greedily) and MQAR\n"
-            "(the sequence routed and teacher-forced; quality = queries right). Reward =\n"
-            "answer tokens right - lambda * (share of tokens in attention mode). A supervised warm start from\n"
-            "counterfactual labels (each decision of prefill-linear flipped once), then REINFORCE with a\n"
-            "leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
-            "(FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for --resume) as it goes.");
+            "Trains a routing policy for learned:FILE. Episodes run through the engine: needle-in-a-haystack\n"
+            "(the prompt routed in segments, the answer generated greedily), text (held-out text continued;\n"
+            "quality = agreement with the all-attention continuation) and MQAR (teacher-forced; quality =\n"
+            "queries right). Reward = quality - lambda * cost, the cost relative to all-attention: the share\n"
+            "of tokens in attention mode, or the time the cost model predicts (calibrated here), or the bytes\n"
+            "moved (a bandwidth-bound GPU). With --draft-lengths the policy also chooses, per decode step in\n"
+            "attention mode, whether and how far to speculate. A supervised warm start from counterfactual\n"
+            "labels (each decision of prefill-linear flipped once; each draft length tried), then REINFORCE\n"
+            "with a leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
+            "(FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for --resume) as it goes; with\n"
+            "--eval-examples, ends with a held-out comparison against the rule policies.");
   f.String("model", &o.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("out", &o.out_path, "the policy file to write (.safetensors)", true);
   f.String("data", &o.data_dir, "prepared corpus: haystacks from its train split (held out from the benchmark)");
   f.StringList("haystack", &o.haystack_files, "haystack from these text files instead of --data");
-  f.StringList("tasks", &o.tasks, "episode tasks: niah, niah-multikey, passkey, mqar");
+  f.StringList("tasks", &o.tasks, "episode tasks: niah, niah-multikey, passkey, mqar, text");
   f.String("lengths", &lengths, "prompt lengths, comma-separated");
-  f.String("lambda", &lambdas, "cost weights to sweep, comma-separated (reward = quality - lambda * attention share)");
+  f.String("lambda", &lambdas, "cost weights to sweep, comma-separated (reward = quality - lambda * cost)");
+  f.String("cost", &o.cost, "cost of an episode relative to all-attention: attention (token share), time, bytes");
+  f.String("draft-lengths", &drafts, "draft lengths the policy chooses from in decode, e.g. 0,2,4 (0: no speculation)");
+  f.Int("continuation", &o.continuation, "tokens a text episode generates", 1, 1 << 16);
+  f.Int("eval-examples", &o.eval_examples, "held-out examples per task for the final comparison (0: none)", 0, 1 << 20);
   f.Int("segment-len", &o.segment_len, "prefill tokens per routing decision", 1, 1 << 20);
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
@@ -51,6 +59,11 @@ int RunTrainRouter(const Args& args) {
     ORYX_ASSIGN_OR_RETURN(std::vector<int64_t> parsed, ParsePositiveInts({lengths}, "--lengths"));
     o.lengths.assign(parsed.begin(), parsed.end());
     ORYX_ASSIGN_OR_RETURN(o.hidden, ParsePositiveInts({hidden}, "--hidden"));
+    for (const std::string& item : SplitList({drafts})) {
+      int64_t k = 0;
+      if (!absl::SimpleAtoi(item, &k)) return absl::InvalidArgumentError("--draft-lengths: '" + item + "' is not an integer");
+      o.draft_lengths.push_back(k);
+    }
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
     o.lambdas.clear();
     for (const std::string& item : SplitList({lambdas})) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "engine/str_cat.h"
 #include "policies/learned_policy.h"
 #include "policies/task_episodes.h"
+#include "router/cost_model.h"
 #include "router/features.h"
 #include "tasks/rng.h"
 #include "tasks/task_mix.h"
@@ -35,11 +37,25 @@ constexpr int64_t F = router::kNumFeatures;
 
 // ---- Episodes ------------------------------------------------------------------------------------------
 
-// One decision of an episode: what the router saw, what it chose, and how many tokens that covered.
+// One episode's input. Generated episodes (needle tasks, text): `prompt` routed, then `answer.size()` tokens
+// generated greedily and compared with `answer` position by position (for text, the all-attention
+// continuation, filled in by EpisodeRunner::FillReferences). Teacher-forced episodes (MQAR): `task`.
+struct Example {
+  std::string name;  // the task's name
+  bool teacher_forced = false;
+  tasks::TaskExample task;
+  std::vector<int32_t> prompt, answer;
+  int64_t generate = 0;  // tokens to generate
+};
+
+// One decision of an episode: what the router saw, what it chose, how many tokens that covered and what it
+// cost (in the run's cost unit).
 struct Step {
   std::vector<float> features;
   Mode mode = Mode::kLinear;
+  int64_t draft_index = -1;  // index into the draft lengths, for decode decisions in attention mode
   int64_t tokens = 1;
+  double cost = 0;
 };
 // Decisions by (phase, position): replayed prefill decisions land on the same key.
 using StepKey = std::pair<int, int64_t>;
@@ -47,50 +63,128 @@ StepKey KeyOf(const router::RouterContext& c) { return {static_cast<int>(c.phase
 
 struct Episode {
   std::map<StepKey, Step> steps;
-  bool correct = false;  // the answer exactly
-  double quality = 0;    // the share of answer tokens right, position by position (partial credit)
+  std::vector<int32_t> output;  // generated episodes: the tokens generated
+  bool correct = false;         // the answer exactly
+  double quality = 0;           // the share of answer tokens right, position by position (partial credit)
   double attention_fraction = 0;
+  double cost = 0;              // relative to all-attention (the run's cost kind)
   int64_t tokens = 0;
-  double Reward(double lambda) const { return quality - lambda * attention_fraction; }
+  int64_t drafted = 0, accepted = 0;
+  double Reward(double lambda) const { return quality - lambda * cost; }
 };
 
 // A router whose decisions come from a function of the context.
 class FunctionRouter final : public router::Router {
  public:
   using Fn = std::function<router::Decision(const router::RouterContext&)>;
-  explicit FunctionRouter(Fn fn) : fn_(std::move(fn)) {}
+  FunctionRouter(Fn fn, int64_t max_draft) : fn_(std::move(fn)), max_draft_(max_draft) {}
   router::Decision Decide(const router::RouterContext& c) const override { return fn_(c); }
+  int64_t max_draft_length() const override { return max_draft_; }
 
  private:
   Fn fn_;
+  int64_t max_draft_;
 };
 
-// Runs episodes through the engine with a router per episode whose every decision is recorded. Needle
-// tasks: greedy generation of the answer (quality: its tokens right, position by position). MQAR (answers
-// inside the sequence): the sequence teacher-forced in the router's prompt modes (quality: queries right).
+enum class CostKind { kAttention, kTime, kBytes };
+
+// What forwards cost: a decision's own cost, and a whole episode's when run all in attention mode (the
+// normaliser). Attention cost counts attention tokens; time and bytes cost each forward's span.
+class Costs {
+ public:
+  Costs(CostKind kind, const ModelConfig& config, std::optional<router::CostModel> model, int64_t segment_len)
+      : kind_(kind), config_(config), model_(std::move(model)), segment_len_(segment_len) {}
+
+  CostKind kind() const { return kind_; }
+  // Time and bytes only (an attention-share cost is the episode's share, counted by the engine).
+  double Decision(const router::RouterContext& c, const router::Decision& d) const {
+    if (kind_ == CostKind::kAttention) return 0;
+    if (d.draft_length <= 0) return Span({1, c.segment_tokens, c.position, d.mode});
+    double s = Span({1, d.draft_length + 1, c.position, Mode::kAttention});  // the verify span
+    for (int64_t i = 0; i < d.draft_length; ++i) s += Span({1, 1, c.position + i, Mode::kLinear});
+    return s;
+  }
+  // An episode of a `prompt_len`-token prompt routed in segments, then `generated` tokens (the first
+  // predicted by the prompt's last token), all in attention mode without speculation.
+  double AllAttention(int64_t prompt_len, int64_t generated) const {
+    double s = 0;
+    for (int64_t start = 0; start < prompt_len;) {
+      const int64_t n = start == prompt_len - 1 ? 1 : std::min(segment_len_, prompt_len - 1 - start);
+      s += Span({1, n, start, Mode::kAttention});
+      start += n;
+    }
+    for (int64_t g = 1; g < generated; ++g) s += Span({1, 1, prompt_len + g - 1, Mode::kAttention});
+    return s;
+  }
+
+ private:
+  double Span(const router::SpanShape& shape) const {
+    return kind_ == CostKind::kTime ? model_->PredictSeconds(shape) : router::SpanBytes(config_, shape);
+  }
+  CostKind kind_;
+  ModelConfig config_;
+  std::optional<router::CostModel> model_;
+  int64_t segment_len_;
+};
+
+// Runs episodes through the engine with a router per episode whose every decision is recorded.
 class EpisodeRunner {
  public:
-  EpisodeRunner(Engine* engine, int64_t segment_len) : engine_(engine), segment_len_(segment_len) {}
+  EpisodeRunner(Engine* engine, int64_t segment_len, const Costs* costs, std::vector<int64_t> draft_lengths)
+      : engine_(engine), segment_len_(segment_len), costs_(costs), draft_lengths_(std::move(draft_lengths)) {}
+
+  int64_t max_draft() const {
+    return draft_lengths_.empty() ? 0 : *std::max_element(draft_lengths_.begin(), draft_lengths_.end());
+  }
+  int64_t DraftIndex(int64_t length) const {
+    const auto it = std::find(draft_lengths_.begin(), draft_lengths_.end(), length);
+    return it == draft_lengths_.end() ? -1 : it - draft_lengths_.begin();
+  }
 
   // make_router(i, trace) builds episode i's router around the trace it must call on every decision.
   using MakeRouter = std::function<std::unique_ptr<router::Router>(size_t i, LearnedRouter::Trace trace)>;
 
-  absl::StatusOr<std::vector<Episode>> Run(const std::vector<const tasks::TaskExample*>& examples,
-                                           const MakeRouter& make_router) {
+  absl::StatusOr<std::vector<Episode>> Run(const std::vector<const Example*>& examples, const MakeRouter& make_router) {
     std::vector<Episode> episodes(examples.size());
     std::vector<size_t> generated, forced;
-    for (size_t i = 0; i < examples.size(); ++i) {
-      (examples[i]->kind == tasks::TaskKind::kMqar ? forced : generated).push_back(i);
-    }
+    for (size_t i = 0; i < examples.size(); ++i) (examples[i]->teacher_forced ? forced : generated).push_back(i);
     ORYX_RETURN_IF_ERROR(RunGenerated(examples, generated, make_router, episodes));
     ORYX_RETURN_IF_ERROR(RunTeacherForced(examples, forced, make_router, episodes));
+    for (size_t i = 0; i < examples.size(); ++i) {
+      Episode& e = episodes[i];
+      const Example& x = *examples[i];
+      if (costs_->kind() == CostKind::kAttention) {
+        e.cost = e.attention_fraction;  // verify spans included
+        continue;
+      }
+      double cost = 0;
+      for (const auto& [key, s] : e.steps) cost += s.cost;
+      const int64_t prompt_len = x.teacher_forced ? static_cast<int64_t>(x.task.ids.size()) - 1
+                                                  : static_cast<int64_t>(x.prompt.size());
+      e.cost = cost / costs_->AllAttention(prompt_len, x.teacher_forced ? 0 : x.generate);
+    }
     return episodes;
   }
 
+  // Sets the answer of every text example without one: its all-attention greedy continuation.
+  absl::Status FillReferences(std::vector<Example>& examples) {
+    std::vector<const Example*> todo;
+    for (Example& x : examples) {
+      if (!x.teacher_forced && x.answer.empty()) todo.push_back(&x);
+    }
+    if (todo.empty()) return absl::OkStatus();
+    ORYX_ASSIGN_OR_RETURN(std::vector<Episode> runs, Run(todo, [](size_t, LearnedRouter::Trace) {
+      return std::make_unique<FunctionRouter>([](const router::RouterContext&) { return router::Decision{}; }, 0);
+    }));
+    for (size_t i = 0; i < todo.size(); ++i) const_cast<Example*>(todo[i])->answer = std::move(runs[i].output);
+    return absl::OkStatus();
+  }
+
  private:
-  static LearnedRouter::Trace TraceInto(Episode* e) {
-    return [e](const router::RouterContext& c, const router::Decision& d) {
-      Step s{std::vector<float>(F), d.mode, c.segment_tokens};
+  LearnedRouter::Trace TraceInto(Episode* e) const {
+    return [this, e](const router::RouterContext& c, const router::Decision& d) {
+      Step s{std::vector<float>(F), d.mode, -1, c.segment_tokens, costs_->Decision(c, d)};
+      if (c.phase == router::Phase::kDecode && d.mode == Mode::kAttention) s.draft_index = DraftIndex(d.draft_length);
       router::Featurize(c, s.features);
       e->steps[KeyOf(c)] = std::move(s);
     };
@@ -109,7 +203,7 @@ class EpisodeRunner {
     return std::make_unique<router::RouterDecoder>(std::move(f), ro);
   }
 
-  absl::Status RunGenerated(const std::vector<const tasks::TaskExample*>& examples, std::span<const size_t> which,
+  absl::Status RunGenerated(const std::vector<const Example*>& examples, std::span<const size_t> which,
                             const MakeRouter& make_router, std::vector<Episode>& episodes) {
     constexpr size_t kGroup = 64;  // requests per Generate call (bounds the KV memory)
     for (size_t begin = 0; begin < which.size(); begin += kGroup) {
@@ -118,8 +212,8 @@ class EpisodeRunner {
       for (size_t j = begin; j < end; ++j) {
         const size_t i = which[j];
         GenerateRequest& q = requests[j - begin];
-        q.prompt_tokens = examples[i]->Prompt();
-        q.max_tokens = examples[i]->answers[0].length;
+        q.prompt_tokens = examples[i]->prompt;
+        q.max_tokens = examples[i]->generate;
         q.stop_at_eos = false;
         q.policy = Cat("episode-", j - begin);
         std::shared_ptr<router::Router> r = make_router(i, TraceInto(&episodes[i]));
@@ -129,27 +223,29 @@ class EpisodeRunner {
       }
       ORYX_ASSIGN_OR_RETURN(std::vector<GenerateResult> results, engine_->Generate(requests));
       for (size_t j = begin; j < end; ++j) {
-        const GenerateResult& r = results[j - begin];
+        GenerateResult& r = results[j - begin];
         Episode& e = episodes[which[j]];
-        const std::vector<int32_t> answer = examples[which[j]]->AnswerTokens(0);
+        const std::vector<int32_t>& answer = examples[which[j]]->answer;
         e.correct = r.tokens == answer;
         int64_t right = 0;
         for (size_t t = 0; t < answer.size() && t < r.tokens.size(); ++t) right += r.tokens[t] == answer[t];
-        e.quality = static_cast<double>(right) / static_cast<double>(answer.size());
+        e.quality = answer.empty() ? 0.0 : static_cast<double>(right) / static_cast<double>(answer.size());
         e.tokens = r.stats.attention_tokens + r.stats.linear_tokens;
         e.attention_fraction = r.stats.attention_fraction();
+        if (r.stats.spec) e.drafted = r.stats.spec->drafted, e.accepted = r.stats.spec->accepted;
+        e.output = std::move(r.tokens);
       }
     }
     return absl::OkStatus();
   }
 
-  absl::Status RunTeacherForced(const std::vector<const tasks::TaskExample*>& examples, std::span<const size_t> which,
+  absl::Status RunTeacherForced(const std::vector<const Example*>& examples, std::span<const size_t> which,
                                 const MakeRouter& make_router, std::vector<Episode>& episodes) {
     std::vector<const tasks::TaskExample*> subset;
     std::vector<std::vector<Mode>> modes;
     for (size_t i : which) {
-      const std::vector<int32_t>& ids = examples[i]->ids;
-      subset.push_back(examples[i]);
+      const std::vector<int32_t>& ids = examples[i]->task.ids;
+      subset.push_back(&examples[i]->task);
       modes.emplace_back(ids.size() - 1);
       MakeDecoder(make_router(i, TraceInto(&episodes[i])))
           ->PrefillModes(std::span(ids.data(), ids.size() - 1), 0, modes.back());
@@ -168,36 +264,41 @@ class EpisodeRunner {
 
   Engine* engine_;
   int64_t segment_len_;
+  const Costs* costs_;
+  std::vector<int64_t> draft_lengths_;
 };
 
 // The counterfactual bases: prefill-linear (the prompt linear, its last token and the answer in attention
-// mode) and all-linear.
+// mode, drafting `draft` tokens per round when > 0) and all-linear.
 enum class Base { kPrefillLinear, kLinear };
-router::Decision BaseDecision(Base base, const router::RouterContext& c) {
+router::Decision BaseDecision(Base base, const router::RouterContext& c, int64_t draft = 0) {
   const bool attend = base == Base::kPrefillLinear && (c.phase == router::Phase::kDecode || c.last_prompt_token);
-  return {attend ? Mode::kAttention : Mode::kLinear};
+  return {attend ? Mode::kAttention : Mode::kLinear, attend && c.phase == router::Phase::kDecode ? draft : 0};
 }
 
 // ---- The network in LibTorch, the same function as LearnedPolicy ---------------------------------------
 
 struct NetImpl : torch::nn::Module {
-  explicit NetImpl(const std::vector<int64_t>& widths) {
+  NetImpl(const std::vector<int64_t>& widths, int64_t draft_choices) {
     int64_t in = F;
     for (size_t i = 0; i < widths.size(); ++i) {
       hidden.push_back(register_module(Cat("hidden", i), torch::nn::Linear(in, widths[i])));
       in = widths[i];
     }
     mode = register_module("mode", torch::nn::Linear(in, 2));
+    if (draft_choices >= 2) draft = register_module("draft", torch::nn::Linear(in, draft_choices));
     mean = register_buffer("mean", torch::zeros({F}));
     inv_std = register_buffer("inv_std", torch::ones({F}));
   }
-  torch::Tensor forward(torch::Tensor x) {  // [N, F] -> mode logits [N, 2] (linear, attention)
+  // [N, F] -> mode logits [N, 2] (linear, attention) and draft-length logits [N, n] (undefined without a
+  // draft head).
+  std::pair<torch::Tensor, torch::Tensor> forward(torch::Tensor x) {
     x = (x - mean) * inv_std;
     for (auto& l : hidden) x = torch::tanh(l->forward(x));
-    return mode->forward(x);
+    return {mode->forward(x), draft ? draft->forward(x) : torch::Tensor()};
   }
   std::vector<torch::nn::Linear> hidden;
-  torch::nn::Linear mode{nullptr};
+  torch::nn::Linear mode{nullptr}, draft{nullptr};
   torch::Tensor mean, inv_std;
 };
 TORCH_MODULE(Net);
@@ -207,7 +308,7 @@ std::vector<float> Floats(const torch::Tensor& t) {
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-PolicyNetwork Export(Net& net, int64_t segment_len) {
+PolicyNetwork Export(Net& net, int64_t segment_len, const std::vector<int64_t>& draft_lengths) {
   PolicyNetwork n;
   n.features.assign(router::kFeatureNames.begin(), router::kFeatureNames.end());
   n.segment_len = segment_len;
@@ -218,20 +319,34 @@ PolicyNetwork Export(Net& net, int64_t segment_len) {
   };
   for (auto& l : net->hidden) n.hidden.push_back(linear(l));
   n.mode_head = linear(net->mode);
+  if (net->draft) {
+    n.draft_lengths = draft_lengths;
+    n.draft_head = linear(net->draft);
+  }
   return n;
 }
 
-// Features [N, F] and chosen modes [N] of the steps.
-void Stack(const std::vector<const Step*>& steps, torch::Tensor* x, torch::Tensor* a) {
+// Features [N, F], chosen modes [N] and draft indices [N] (-1 where the draft head was not asked).
+void Stack(const std::vector<const Step*>& steps, torch::Tensor* x, torch::Tensor* a, torch::Tensor* k = nullptr) {
   std::vector<float> flat;
-  std::vector<int64_t> modes;
+  std::vector<int64_t> modes, drafts;
   for (const Step* s : steps) {
     flat.insert(flat.end(), s->features.begin(), s->features.end());
     modes.push_back(static_cast<int64_t>(s->mode));
+    drafts.push_back(s->draft_index);
   }
   const int64_t n = static_cast<int64_t>(steps.size());
   *x = torch::from_blob(flat.data(), {n, F}, torch::kFloat32).clone();
   *a = torch::tensor(modes, torch::kInt64);
+  if (k) *k = torch::tensor(drafts, torch::kInt64);
+}
+
+// Weighted cross-entropy sum(w * CE(logits, y)) over the rows where y >= 0 (w sums to 1 over them).
+torch::Tensor WeightedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& y, const torch::Tensor& w) {
+  const torch::Tensor valid = y >= 0;
+  const torch::Tensor ce = torch::nn::functional::cross_entropy(
+      logits, y.clamp_min(0), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return (w * ce * valid.to(torch::kFloat32)).sum();
 }
 
 // ---- Training state ------------------------------------------------------------------------------------
@@ -304,109 +419,232 @@ std::string PolicyPathFor(const TrainRouterOptions& o, size_t index) {
   return Cat(p.substr(0, cut), "-lambda", value, p.substr(cut));
 }
 
-absl::Status TrainRouter(const TrainRouterOptions& o) {
+namespace {
+
+absl::StatusOr<CostKind> ParseCost(const std::string& name) {
+  if (name == "attention") return CostKind::kAttention;
+  if (name == "time") return CostKind::kTime;
+  if (name == "bytes") return CostKind::kBytes;
+  return absl::InvalidArgumentError(Cat("--cost '", name, "': one of attention, time, bytes"));
+}
+
+absl::Status ValidateOptions(const TrainRouterOptions& o) {
   if (o.lambdas.empty()) return absl::InvalidArgumentError("--lambda: give at least one value");
   for (double l : o.lambdas) {
     if (!(l >= 0)) return absl::InvalidArgumentError(Cat("--lambda ", l, ": must be >= 0"));
   }
   if (o.samples < 2) return absl::InvalidArgumentError("--samples must be >= 2 (the leave-one-out baseline)");
   if (o.segment_len < 1) return absl::InvalidArgumentError("--segment-len must be >= 1");
+  if (o.continuation < 1) return absl::InvalidArgumentError("--continuation must be >= 1");
+  if (!o.draft_lengths.empty()) {
+    if (o.draft_lengths.size() < 2) {
+      return absl::InvalidArgumentError("--draft-lengths: give two or more choices (0 = no speculation), or none");
+    }
+    for (size_t i = 0; i < o.draft_lengths.size(); ++i) {
+      if (o.draft_lengths[i] < 0 || o.draft_lengths[i] > 32) {
+        return absl::InvalidArgumentError(Cat("--draft-lengths: ", o.draft_lengths[i], " is outside [0, 32]"));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (o.draft_lengths[j] == o.draft_lengths[i]) {
+          return absl::InvalidArgumentError(Cat("--draft-lengths: ", o.draft_lengths[i], " given twice"));
+        }
+      }
+    }
+  }
+  return ParseCost(o.cost).status();
+}
+
+// Per (task, policy) sums of the held-out evaluation.
+struct EvalTotal {
+  double n = 0, quality = 0, correct = 0, attention = 0, cost = 0, drafted = 0, accepted = 0;
+  void Add(const Episode& e) {
+    n += 1, quality += e.quality, correct += e.correct, attention += e.attention_fraction, cost += e.cost;
+    drafted += static_cast<double>(e.drafted), accepted += static_cast<double>(e.accepted);
+  }
+};
+
+}  // namespace
+
+absl::Status TrainRouter(const TrainRouterOptions& o) {
+  ORYX_RETURN_IF_ERROR(ValidateOptions(o));
+  const CostKind cost_kind = *ParseCost(o.cost);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
 
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
   if (!engine.tokenizer()) return absl::InvalidArgumentError("train-router: the model has no tokenizer");
   const ModelConfig& config = engine.backend().config();
-  for (int32_t len : o.lengths) {
-    if (len < 64 || len > config.max_position) {
-      return absl::InvalidArgumentError(Cat("--lengths: ", len, " is outside [64, max_position ", config.max_position, "]"));
-    }
-  }
-  std::vector<tasks::TaskKind> kinds;
+  const int64_t max_draft =
+      o.draft_lengths.empty() ? 0 : *std::max_element(o.draft_lengths.begin(), o.draft_lengths.end());
+  bool text = false;
+  std::vector<std::optional<tasks::TaskKind>> kinds;  // none: text continuation
   for (const std::string& t : o.tasks) {
+    if (t == "text") {
+      kinds.push_back(std::nullopt);
+      text = true;
+      continue;
+    }
     ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, train::ParseTaskName(t));
     kinds.push_back(k);
+  }
+  for (int32_t len : o.lengths) {
+    const int64_t need = len + (text ? o.continuation + max_draft + 1 : 0);
+    if (len < 64 || need > config.max_position) {
+      return absl::InvalidArgumentError(Cat("--lengths: ", len, text ? Cat(" (+ ", o.continuation, " continued tokens)") : "",
+                                            " is outside [64, max_position ", config.max_position, "]"));
+    }
   }
   ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<tasks::HaystackSource> haystack,
                         train::OpenHaystack(o.haystack_files, o.data_dir, "train", *engine.tokenizer()));
-  // Example n of a stream: task, length and depth drawn from its own seed (disjoint from the benchmark's
-  // grid, whose seeds mix base seed 7 with the grid point).
-  auto example = [&](uint64_t stream, int64_t n) -> absl::StatusOr<tasks::TaskExample> {
-    const uint64_t seed = tasks::MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
-    tasks::Rng rng(seed);
-    const tasks::TaskKind kind = kinds[rng.UniformInt(kinds.size())];
-    const int32_t len = o.lengths[rng.UniformInt(o.lengths.size())];
-    return tasks::MakeExample(kind, setup.configs, haystack.get(), len, rng.UniformDouble(), seed);
-  };
+  // Text to continue: held out from the model's training (the validation split), unless files are given.
+  std::unique_ptr<tasks::HaystackSource> text_source;
+  if (text) {
+    ORYX_ASSIGN_OR_RETURN(text_source, train::OpenHaystack(o.haystack_files, o.data_dir, "val", *engine.tokenizer()));
+  }
 
-  EpisodeRunner runner(&engine, o.segment_len);
   const std::string log_path = o.log_path.empty() ? o.out_path + ".log.jsonl" : o.log_path;
   std::ofstream log(log_path, o.resume ? std::ios::app : std::ios::trunc);
   if (!log) return absl::InvalidArgumentError(Cat("cannot write the log ", log_path));
+  auto record = [&](const nlohmann::json& r) { log << r.dump() << "\n" << std::flush; };
+
+  std::optional<router::CostModel> cost_model;
+  if (cost_kind == CostKind::kTime) {
+    const auto t0 = Clock::now();
+    ORYX_ASSIGN_OR_RETURN(std::vector<router::Measurement> ms,
+                          router::MeasureSpans(engine.backend(), router::CalibrationShapes(config), 3));
+    ORYX_ASSIGN_OR_RETURN(cost_model, router::CostModel::Fit(config, ms));
+    const nlohmann::json r = {{"phase", "cost_model"}, {"coefficients", cost_model->ToJson()}, {"seconds", Seconds(t0)}};
+    record(r);
+    std::cerr << "train-router: calibrated the cost model in " << Seconds(t0) << " s\n";
+  }
+  const Costs costs(cost_kind, config, cost_model, o.segment_len);
+  EpisodeRunner runner(&engine, o.segment_len, &costs, o.draft_lengths);
+
+  // Examples first .. first + count of a stream: task (task_index, or drawn), length and depth from each
+  // example's own seed (disjoint from the benchmark's grid, whose seeds mix base seed 7 with the grid point).
+  auto examples = [&](uint64_t stream, int64_t first, int64_t count,
+                      std::optional<size_t> task_index = {}) -> absl::StatusOr<std::vector<Example>> {
+    std::vector<Example> out;
+    for (int64_t n = first; n < first + count; ++n) {
+      const uint64_t seed = tasks::MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
+      tasks::Rng rng(seed);
+      const size_t t = task_index ? *task_index : rng.UniformInt(kinds.size());
+      const int32_t len = o.lengths[rng.UniformInt(o.lengths.size())];
+      Example x;
+      x.name = o.tasks[t];
+      if (!kinds[t]) {
+        x.prompt = {static_cast<int32_t>(config.bos_id)};
+        ORYX_ASSIGN_OR_RETURN(std::vector<int32_t> window, text_source->Tokens(len - 1, seed));
+        x.prompt.insert(x.prompt.end(), window.begin(), window.end());
+        x.generate = o.continuation;
+      } else {
+        ORYX_ASSIGN_OR_RETURN(x.task, tasks::MakeExample(*kinds[t], setup.configs, haystack.get(), len, rng.UniformDouble(), seed));
+        x.teacher_forced = *kinds[t] == tasks::TaskKind::kMqar;
+        x.prompt = x.task.Prompt();
+        x.answer = x.task.AnswerTokens(0);
+        x.generate = static_cast<int64_t>(x.answer.size());
+      }
+      out.push_back(std::move(x));
+    }
+    ORYX_RETURN_IF_ERROR(runner.FillReferences(out));
+    return out;
+  };
+  // A router from a fixed rule, recording its decisions.
+  auto rule = [&](std::function<router::Decision(const router::RouterContext&)> fn, LearnedRouter::Trace trace) {
+    return std::make_unique<FunctionRouter>(
+        [fn = std::move(fn), trace = std::move(trace)](const router::RouterContext& c) {
+          const router::Decision d = fn(c);
+          if (trace) trace(c, d);
+          return d;
+        },
+        max_draft);
+  };
 
   // 1. Counterfactual data, shared by every lambda: for each warm-start example and each base, the base
-  //    episode and one episode per decision with that decision flipped.
+  //    episode and one episode per decision with that decision flipped; and each generated example run
+  //    prefill-linear with every draft length.
   auto t0 = Clock::now();
-  std::vector<tasks::TaskExample> warm;
-  for (int64_t i = 0; i < o.warm_examples; ++i) {
-    ORYX_ASSIGN_OR_RETURN(tasks::TaskExample e, example(0, i));
-    warm.push_back(std::move(e));
-  }
-  std::vector<const tasks::TaskExample*> base_examples;
+  ORYX_ASSIGN_OR_RETURN(std::vector<Example> warm, examples(0, 0, o.warm_examples));
+  std::vector<const Example*> base_examples;
   std::vector<Base> base_kinds;
   for (Base b : {Base::kPrefillLinear, Base::kLinear}) {
     for (const auto& e : warm) base_examples.push_back(&e), base_kinds.push_back(b);
   }
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> base, runner.Run(base_examples, [&](size_t i, LearnedRouter::Trace trace) {
     const Base kind = base_kinds[i];
-    return std::make_unique<FunctionRouter>([kind, trace](const router::RouterContext& c) {
-      const router::Decision d = BaseDecision(kind, c);
-      trace(c, d);
-      return d;
-    });
+    return rule([kind](const router::RouterContext& c) { return BaseDecision(kind, c); }, std::move(trace));
   }));
   struct Flip {
     size_t base;  // index into `base`
     StepKey key;
   };
   std::vector<Flip> flips;
-  std::vector<const tasks::TaskExample*> flip_examples;
+  std::vector<const Example*> flip_examples;
   for (size_t i = 0; i < base.size(); ++i) {
     for (const auto& [key, step] : base[i].steps) {
       flips.push_back({i, key});
       flip_examples.push_back(base_examples[i]);
     }
   }
-  std::cerr << "train-router: " << warm.size() << " warm-start examples, " << base.size() + flips.size()
-            << " counterfactual episodes\n";
+  std::vector<const Example*> draft_examples;  // each generated warm example once per draft length, in order
+  for (const Example& e : warm) {
+    if (e.teacher_forced || e.generate < 2) continue;
+    for (size_t k = 0; k < o.draft_lengths.size(); ++k) draft_examples.push_back(&e);
+  }
+  std::cerr << "train-router: " << warm.size() << " warm-start examples, "
+            << base.size() + flips.size() + draft_examples.size() << " counterfactual episodes\n";
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> flipped, runner.Run(flip_examples, [&](size_t j, LearnedRouter::Trace) {
     const StepKey key = flips[j].key;
     const Base kind = base_kinds[flips[j].base];
-    return std::make_unique<FunctionRouter>([kind, key](const router::RouterContext& c) {
+    return rule([kind, key](const router::RouterContext& c) {
       router::Decision d = BaseDecision(kind, c);
       if (KeyOf(c) == key) d.mode = d.mode == Mode::kAttention ? Mode::kLinear : Mode::kAttention;
       return d;
-    });
+    }, {});
+  }));
+  const size_t n_lengths = o.draft_lengths.size();
+  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> drafted, runner.Run(draft_examples, [&](size_t j, LearnedRouter::Trace trace) {
+    const int64_t k = o.draft_lengths[j % n_lengths];
+    return rule([k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); }, std::move(trace));
   }));
   {
-    double base_quality[2] = {0, 0}, helped = 0, hurt = 0;
-    for (size_t i = 0; i < base.size(); ++i) base_quality[static_cast<int>(base_kinds[i])] += base[i].quality;
+    double base_quality[2] = {0, 0}, base_cost[2] = {0, 0}, helped = 0, hurt = 0;
+    for (size_t i = 0; i < base.size(); ++i) {
+      base_quality[static_cast<int>(base_kinds[i])] += base[i].quality;
+      base_cost[static_cast<int>(base_kinds[i])] += base[i].cost;
+    }
     for (size_t j = 0; j < flips.size(); ++j) {
       const double d = flipped[j].quality - base[flips[j].base].quality;
       helped += d > 0, hurt += d < 0;
     }
-    const double n = static_cast<double>(warm.size());
-    const nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm.size()}, {"episodes", base.size() + flips.size()},
-                              {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
-                              {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
-    log << r.dump() << "\n" << std::flush;
+    const double n = static_cast<double>(std::max<size_t>(1, warm.size()));
+    nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm.size()}, {"cost", o.cost},
+                        {"episodes", base.size() + flips.size() + drafted.size()},
+                        {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
+                        {"prefill_linear_cost", base_cost[0] / n}, {"linear_cost", base_cost[1] / n},
+                        {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
+    if (!drafted.empty()) {
+      nlohmann::json by_length = nlohmann::json::array();
+      for (size_t k = 0; k < n_lengths; ++k) {
+        double cost = 0, quality = 0, dr = 0, ac = 0, m = 0;
+        for (size_t j = k; j < drafted.size(); j += n_lengths) {
+          cost += drafted[j].cost, quality += drafted[j].quality, dr += drafted[j].drafted, ac += drafted[j].accepted, m += 1;
+        }
+        by_length.push_back({{"draft_length", o.draft_lengths[k]}, {"cost", cost / m}, {"quality", quality / m},
+                             {"acceptance", dr > 0 ? ac / dr : 0.0}});
+      }
+      r["prefill_linear_by_draft_length"] = by_length;
+    }
+    record(r);
     std::cerr << "train-router: counterfactual " << r.dump() << "\n";
   }
-  // Feature normalisation from the base episodes' decisions.
+  // Feature normalisation from the base and draft episodes' decisions.
   std::vector<const Step*> all_steps;
-  for (const Episode& e : base) {
-    for (const auto& [key, s] : e.steps) all_steps.push_back(&s);
+  for (const auto* episodes : {&base, &drafted}) {
+    for (const Episode& e : *episodes) {
+      for (const auto& [key, s] : e.steps) all_steps.push_back(&s);
+    }
   }
   torch::Tensor warm_x, warm_a;
   Stack(all_steps, &warm_x, &warm_a);
@@ -424,7 +662,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   }
   for (size_t li = static_cast<size_t>(start_lambda); li < o.lambdas.size(); ++li) {
     const double lambda = o.lambdas[li];
-    Net net(o.hidden);
+    Net net(o.hidden, static_cast<int64_t>(n_lengths));
     torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(o.learning_rate));
     int64_t first_iteration = 0;
     if (static_cast<int64_t>(li) == start_lambda && start_iteration >= 0) {
@@ -436,45 +674,73 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
         net->mean.copy_(mean);
         net->inv_std.copy_(inv_std);
       }
-      // Cost-sensitive labels: attention where attention beats linear by more than lambda times its token
-      // share, each decision weighted by how much the choice matters, |gain - lambda * share|. A decision
-      // that helps one example in five by a third of its answer then outweighs the four where it changes
-      // nothing (whose weight is only its small cost), so the classifier follows the expected gain rather
-      // than the majority of examples.
+      // Mode head, cost-sensitive labels: attention where attention beats linear by more than lambda times
+      // what it costs, each decision weighted by how much the choice matters, |gain - lambda * cost|. A
+      // decision that helps one example in five by a third of its answer then outweighs the four where it
+      // changes nothing (whose weight is only its small cost), so the classifier follows the expected gain
+      // rather than the majority of examples.
       std::vector<const Step*> steps;
       std::vector<int64_t> labels;
       std::vector<float> weights;
       for (size_t j = 0; j < flips.size(); ++j) {
         const Episode& b = base[flips[j].base];
         const Step& s = b.steps.at(flips[j].key);
-        const double attention_quality = s.mode == Mode::kAttention ? b.quality : flipped[j].quality;
-        const double linear_quality = s.mode == Mode::kAttention ? flipped[j].quality : b.quality;
-        const double margin = attention_quality - linear_quality -
-                              lambda * static_cast<double>(s.tokens) / static_cast<double>(b.tokens);
+        const Episode& with_attention = s.mode == Mode::kAttention ? b : flipped[j];
+        const Episode& with_linear = s.mode == Mode::kAttention ? flipped[j] : b;
+        const double margin = with_attention.Reward(lambda) - with_linear.Reward(lambda);
         steps.push_back(&s);
         labels.push_back(margin > 0 ? 1 : 0);
         weights.push_back(static_cast<float>(std::abs(margin)));
       }
-      torch::Tensor x, unused;
+      // Draft head: each example's decode decisions under its best draft length, labelled with it and
+      // weighted by its reward over the mean of all lengths.
+      std::vector<const Step*> draft_steps;
+      std::vector<int64_t> draft_labels;
+      std::vector<float> draft_weights;
+      for (size_t g = 0; n_lengths > 0 && g + n_lengths <= drafted.size(); g += n_lengths) {
+        size_t best = g;
+        double mean_reward = 0;
+        for (size_t j = g; j < g + n_lengths; ++j) {
+          mean_reward += drafted[j].Reward(lambda) / static_cast<double>(n_lengths);
+          if (drafted[j].Reward(lambda) > drafted[best].Reward(lambda)) best = j;
+        }
+        for (const auto& [key, s] : drafted[best].steps) {
+          if (s.draft_index < 0) continue;
+          draft_steps.push_back(&s);
+          draft_labels.push_back(s.draft_index);
+          draft_weights.push_back(static_cast<float>(drafted[best].Reward(lambda) - mean_reward));
+        }
+      }
+      auto normalised = [](const std::vector<float>& w) {
+        torch::Tensor t = torch::tensor(w);
+        return t / t.sum().clamp_min(1e-12);
+      };
+      torch::Tensor x, dx, unused;
       Stack(steps, &x, &unused);
-      const torch::Tensor y = torch::tensor(labels, torch::kInt64);
-      torch::Tensor w = torch::tensor(weights);
-      w = w / w.sum().clamp_min(1e-12);
+      const torch::Tensor y = torch::tensor(labels, torch::kInt64), w = normalised(weights);
+      const bool train_draft = net->draft && !draft_steps.empty();
+      torch::Tensor dy, dw;
+      if (train_draft) {
+        Stack(draft_steps, &dx, &unused);
+        dy = torch::tensor(draft_labels, torch::kInt64), dw = normalised(draft_weights);
+      }
       double loss_value = 0;
       for (int64_t step = 0; step < o.warm_steps; ++step) {
         opt.zero_grad();
-        torch::Tensor loss = (w * torch::nn::functional::cross_entropy(
-                                      net->forward(x), y,
-                                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone)))
-                                 .sum();
+        torch::Tensor loss = WeightedCrossEntropy(net->forward(x).first, y, w);
+        if (train_draft) loss = loss + WeightedCrossEntropy(net->forward(dx).second, dy, dw);
         loss.backward();
         opt.step();
         loss_value = loss.item<double>();
       }
-      const double attention_labels = y.to(torch::kFloat64).mean().item<double>();
-      const nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
-                                {"attention_label_share", attention_labels}, {"loss", loss_value}};
-      log << r.dump() << "\n" << std::flush;
+      nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
+                          {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()}, {"loss", loss_value}};
+      if (train_draft) {
+        std::vector<int64_t> counts(n_lengths, 0);
+        for (int64_t l : draft_labels) ++counts[l];
+        r["draft_labels_by_length"] = counts;
+      }
+      record(r);
       std::cerr << "train-router: warm start " << r.dump() << "\n";
       ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0));
     }
@@ -482,14 +748,11 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
     nlohmann::json last;
     for (int64_t it = first_iteration; it < o.iterations; ++it) {
       auto ti = Clock::now();
-      ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot, LearnedPolicy::Create(Export(net, o.segment_len)));
+      ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot,
+                            LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
       auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
-      std::vector<tasks::TaskExample> batch;
-      for (int64_t b = 0; b < o.batch; ++b) {
-        ORYX_ASSIGN_OR_RETURN(tasks::TaskExample e, example(1 + li, it * o.batch + b));
-        batch.push_back(std::move(e));
-      }
-      std::vector<const tasks::TaskExample*> ptrs;
+      ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch, examples(1 + li, it * o.batch, o.batch));
+      std::vector<const Example*> ptrs;
       for (int64_t g = 0; g < o.samples; ++g) {
         for (const auto& e : batch) ptrs.push_back(&e);
       }
@@ -501,7 +764,8 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
       const int64_t B = o.batch, G = o.samples;
       std::vector<const Step*> steps;
       std::vector<float> weights;
-      double reward_sum = 0, correct = 0, quality = 0, attention = 0;
+      EvalTotal sum;
+      double reward_sum = 0;
       for (int64_t b = 0; b < B; ++b) {
         double total = 0;
         for (int64_t g = 0; g < G; ++g) total += episodes[g * B + b].Reward(lambda);
@@ -512,40 +776,97 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
             steps.push_back(&s);
             weights.push_back(static_cast<float>(advantage / static_cast<double>(B * G)));
           }
-          reward_sum += e.Reward(lambda), correct += e.correct, quality += e.quality, attention += e.attention_fraction;
+          reward_sum += e.Reward(lambda);
+          sum.Add(e);
         }
       }
-      torch::Tensor x, a;
-      Stack(steps, &x, &a);
+      torch::Tensor x, a, k;
+      Stack(steps, &x, &a, &k);
       const torch::Tensor w = torch::tensor(weights);
       opt.zero_grad();
-      const torch::Tensor logp = torch::log_softmax(net->forward(x), 1);
-      // The episodes were sampled from the exploring mixture e/2 + (1 - e) p: its log-probabilities.
+      const auto [mode_logits, draft_logits] = net->forward(x);
+      const torch::Tensor logp = torch::log_softmax(mode_logits, 1);
+      // The modes were sampled from the exploring mixture e/2 + (1 - e) p: its log-probabilities.
       const torch::Tensor sampled = (o.exploration / 2 + (1 - o.exploration) * logp.exp()).log();
-      const torch::Tensor chosen = sampled.gather(1, a.unsqueeze(1)).squeeze(1);
-      const torch::Tensor entropy = -(logp.exp() * logp).sum(1).mean();
+      torch::Tensor chosen = sampled.gather(1, a.unsqueeze(1)).squeeze(1);
+      torch::Tensor entropy = -(logp.exp() * logp).sum(1).mean();
+      if (net->draft) {
+        // Draft lengths were sampled from the head itself, where it was asked.
+        const torch::Tensor logq = torch::log_softmax(draft_logits, 1);
+        const torch::Tensor asked = (k >= 0).to(torch::kFloat32);
+        chosen = chosen + asked * logq.gather(1, k.clamp_min(0).unsqueeze(1)).squeeze(1);
+        entropy = entropy + (asked * -(logq.exp() * logq).sum(1)).sum() / asked.sum().clamp_min(1);
+      }
       const torch::Tensor loss = -(w * chosen).sum() - o.entropy_bonus * entropy;
       loss.backward();
       opt.step();
       const double n = static_cast<double>(B * G);
       last = {{"phase", "reinforce"}, {"lambda", lambda}, {"iteration", it + 1}, {"iterations", o.iterations},
-              {"reward", reward_sum / n}, {"accuracy", correct / n}, {"quality", quality / n},
-              {"attention_fraction", attention / n},
+              {"reward", reward_sum / n}, {"accuracy", sum.correct / n}, {"quality", sum.quality / n},
+              {"attention_fraction", sum.attention / n}, {"cost", sum.cost / n},
+              {"acceptance", sum.drafted > 0 ? sum.accepted / sum.drafted : 0.0}, {"drafted", sum.drafted},
               {"entropy", entropy.item<double>()}, {"decisions", steps.size()}, {"seconds", Seconds(ti)}};
-      log << last.dump() << "\n" << std::flush;
-      std::fprintf(stderr, "train-router: lambda %g  iter %lld/%lld  reward %.3f  accuracy %.3f  attention %.3f  entropy %.3f  %.1f s\n",
+      record(last);
+      std::fprintf(stderr, "train-router: lambda %g  iter %lld/%lld  reward %.3f  quality %.3f  attention %.3f  cost %.3f  entropy %.3f  %.1f s\n",
                    lambda, static_cast<long long>(it + 1), static_cast<long long>(o.iterations), reward_sum / n,
-                   correct / n, attention / n, entropy.item<double>(), Seconds(ti));
+                   sum.quality / n, sum.attention / n, sum.cost / n, entropy.item<double>(), Seconds(ti));
       ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), it + 1));
     }
-    PolicyNetwork out = Export(net, o.segment_len);
-    out.training = {{"lambda", lambda}, {"iterations", o.iterations}, {"batch", o.batch}, {"samples", o.samples},
-                    {"warm_examples", o.warm_examples}, {"tasks", o.tasks}, {"lengths", o.lengths},
-                    {"seed", o.seed}, {"last_iteration", last}};
+    PolicyNetwork out = Export(net, o.segment_len, o.draft_lengths);
+    out.training = {{"lambda", lambda}, {"cost", o.cost}, {"iterations", o.iterations}, {"batch", o.batch},
+                    {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
+                    {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
     const std::string path = PolicyPathFor(o, li);
     ORYX_RETURN_IF_ERROR(WritePolicyFile(path, out));
     std::cerr << "train-router: wrote " << path << "\n";
     ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li) + 1, -1));
+  }
+  if (o.eval_examples == 0) return absl::OkStatus();
+
+  // 3. Held-out evaluation: every task's examples from a stream no training step drew from, run with the
+  //    rule baselines and each trained policy (greedy).
+  std::vector<std::pair<std::string, EpisodeRunner::MakeRouter>> policies;
+  auto add_rule = [&](std::string name, std::function<router::Decision(const router::RouterContext&)> fn) {
+    policies.push_back({std::move(name), [&rule, fn](size_t, LearnedRouter::Trace trace) { return rule(fn, std::move(trace)); }});
+  };
+  add_rule("attention", [](const router::RouterContext&) { return router::Decision{Mode::kAttention}; });
+  add_rule("linear", [](const router::RouterContext&) { return router::Decision{Mode::kLinear}; });
+  add_rule("prefill-linear", [](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c); });
+  for (int64_t k : o.draft_lengths) {
+    if (k == 0) continue;
+    add_rule(Cat("speculative:", k), [k](const router::RouterContext& c) {
+      return router::Decision{Mode::kAttention, c.phase == router::Phase::kDecode ? k : 0};
+    });
+  }
+  for (size_t li = 0; li < o.lambdas.size(); ++li) {
+    ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(PolicyPathFor(o, li)));
+    ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
+    auto shared = std::make_shared<const LearnedPolicy>(std::move(p));
+    char name[48];
+    std::snprintf(name, sizeof(name), "learned lambda %g", o.lambdas[li]);
+    policies.push_back({name, [shared](size_t, LearnedRouter::Trace trace) {
+                          return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));
+                        }});
+  }
+  std::fprintf(stderr, "\n%-16s %-22s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
+               "cost", "acceptance");
+  for (size_t t = 0; t < o.tasks.size(); ++t) {
+    ORYX_ASSIGN_OR_RETURN(std::vector<Example> held_out, examples(0x65766131, 0, o.eval_examples, t));
+    std::vector<const Example*> ptrs;
+    for (const Example& e : held_out) ptrs.push_back(&e);
+    for (const auto& [name, make] : policies) {
+      ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner.Run(ptrs, make));
+      EvalTotal sum;
+      for (const Episode& e : episodes) sum.Add(e);
+      const double acceptance = sum.drafted > 0 ? sum.accepted / sum.drafted : -1;
+      record({{"phase", "eval"}, {"task", o.tasks[t]}, {"policy", name}, {"examples", sum.n}, {"cost_kind", o.cost},
+              {"quality", sum.quality / sum.n}, {"accuracy", sum.correct / sum.n},
+              {"attention_fraction", sum.attention / sum.n}, {"cost", sum.cost / sum.n},
+              {"acceptance", sum.drafted > 0 ? nlohmann::json(acceptance) : nlohmann::json(nullptr)}});
+      std::fprintf(stderr, "%-16s %-22s %8.3f %9.3f %10.3f %8.3f %10s\n", o.tasks[t].c_str(), name.c_str(),
+                   sum.quality / sum.n, sum.correct / sum.n, sum.attention / sum.n, sum.cost / sum.n,
+                   acceptance < 0 ? "-" : Cat(acceptance).substr(0, 5).c_str());
+    }
   }
   return absl::OkStatus();
 }

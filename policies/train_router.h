@@ -1,28 +1,41 @@
 // `oryx train-router` (DESIGN.md §7): trains a learned routing policy (policies/learned_policy.h) by
 // running episodes through the engine.
 //
-// Episodes are retrieval tasks (needle-in-a-haystack, single and multi-key, and MQAR) built on a haystack
-// that the router benchmark does not use, with seeds disjoint from its grid. A needle episode is the task's
-// prompt routed segment by segment (segment_len tokens; the prompt's last token alone), then the answer
-// generated greedily with a decision per token; its quality is the share of the answer's tokens generated
-// right (position by position: exact match with partial credit, which gives a decision on one answer token
-// its own signal). An MQAR episode (answers inside the sequence) is the whole sequence routed as a prompt
-// and teacher-forced; its quality is the share of queries answered right. Reward = quality - lambda * cost,
-// where cost is the episode's share of tokens run in attention mode.
+// Episodes:
+//   - needle tasks (single, multi-key, passkey): the prompt routed segment by segment (segment_len tokens;
+//     the prompt's last token alone), then the answer generated greedily with a decision per token (or per
+//     speculative round). Quality: the share of the answer's tokens generated right, position by position.
+//   - text: a window of held-out text (the corpus's validation split) continued for `continuation` tokens;
+//     quality: the share of tokens equal to the all-attention greedy continuation of the same prompt. This
+//     is where speculation matters: it keeps quality (it is lossless) and changes the cost.
+//   - MQAR (answers inside the sequence): the whole sequence routed as a prompt and teacher-forced; quality:
+//     the share of queries answered right.
+// Haystacks and text come from sources the router benchmark does not use, with seeds disjoint from its grid.
+//
+// Reward = quality - lambda * cost, the cost relative to the same episode run all in attention mode:
+//   attention  the share of tokens run in attention mode;
+//   time       the seconds the router's cost model (calibrated here, on this machine's backend) predicts for
+//              the episode's forwards: prefill segments, decode steps, and speculative rounds (k linear
+//              draft steps and a verify span of k + 1 tokens);
+//   bytes      the same forwards costed by the bytes they move (router::SpanBytes): a bandwidth-bound GPU.
+// Actions: the mode of each segment and decode step; with draft lengths (two or more, 0 = no speculation),
+// also the draft length of each decode step in attention mode (a speculative round when > 0).
 //
 // Training, for each lambda of the sweep:
-//   1. Warm start from counterfactual labels: for each warm-start example and each of two base schedules
-//      (prefill-linear: the prompt linear, its last token and the answer in attention mode; all-linear),
-//      the base episode and one episode per decision with that decision flipped. A decision is labelled
-//      attention when attention there beats linear by more than lambda times the tokens it costs, and
+//   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each of two base
+//      schedules (prefill-linear: the prompt linear, its last token and the answer in attention mode;
+//      all-linear), the base episode and one episode per decision with that decision flipped; a decision is
+//      labelled attention when attention there beats linear by more than lambda times what it costs, and
 //      weighted by the size of that margin (cost-sensitive: the classifier follows the expected gain, not
-//      the majority of examples, where most single flips change nothing). Weighted cross-entropy on the
-//      labels, from the features the base episode saw.
-//   2. REINFORCE: batches of examples, `samples` sampled episodes each (sampled with an exploration floor:
-//      attention with probability e/2 + (1 - e) p), advantage = reward minus the mean reward of the
-//      example's other samples (leave-one-out), plus an entropy bonus.
+//      the majority of examples, where most single flips change nothing). Draft head: each generated
+//      warm-start example run prefill-linear with every draft length; its decode decisions are labelled with
+//      the best length's, weighted by how much better it is than the others' mean.
+//   2. REINFORCE: batches of examples, `samples` sampled episodes each (modes sampled with an exploration
+//      floor: attention with probability e/2 + (1 - e) p; draft lengths from the head), advantage = reward
+//      minus the mean reward of the example's other samples (leave-one-out), plus an entropy bonus.
 // Every iteration appends a JSON line to the log and saves the training state atomically (--resume goes on
-// from it); the policy file is written at the end of each lambda.
+// from it); the policy file is written at the end of each lambda. With eval_examples, the trained policies
+// and the rule baselines are then run on held-out examples (log lines with "phase": "eval", and a table).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +55,10 @@ struct TrainRouterOptions {
   std::vector<int32_t> lengths = {256, 512, 1024};
   int64_t segment_len = 64;
   std::vector<double> lambdas = {1.0};
+  std::string cost = "attention";           // attention | time | bytes
+  std::vector<int64_t> draft_lengths;       // the draft head's choices (empty: the router never speculates)
+  int64_t continuation = 32;                // tokens generated by a text episode
+  int64_t eval_examples = 0;                // held-out examples per task for the final evaluation
   std::vector<int64_t> hidden = {32, 32};
   int64_t warm_examples = 48;
   int64_t warm_steps = 300;

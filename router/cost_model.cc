@@ -51,6 +51,31 @@ SpanWork WorkOf(const ModelConfig& c, const SpanShape& s) {
   return w;
 }
 
+double SpanBytes(const ModelConfig& c, const SpanShape& s) {
+  const double D = c.d_model, HD = c.qk_dim(), H = c.n_heads, dh = c.head_dim, F = c.mlp_hidden, L = c.n_layers;
+  const double gates = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
+  // The matrices a token of this mode uses: k, v, g, gates, its query, o, the MLP; the LM head.
+  const double matrices = L * ((4 * HD + gates) * D + HD * D + 3 * F * D) + static_cast<double>(c.vocab_size) * D;
+  const double batch = static_cast<double>(s.batch), tokens = static_cast<double>(s.tokens);
+  const double kv_read = s.mode == Mode::kAttention ? L * (static_cast<double>(s.context) + tokens) * 2 * HD * 2 : 0.0;
+  const double kv_write = tokens * L * 2 * HD * 2;
+  const double state = L * H * dh * dh * 4 * 2;
+  return 2 * matrices + batch * (kv_read + kv_write + state);
+}
+
+std::vector<SpanShape> CalibrationShapes(const ModelConfig& c) {
+  const int64_t max_ctx = c.max_position - 16;
+  std::vector<SpanShape> shapes;
+  for (Mode m : {Mode::kAttention, Mode::kLinear}) {
+    for (int64_t ctx : {std::min<int64_t>(128, max_ctx / 8), max_ctx / 4, 3 * max_ctx / 4}) {
+      for (int64_t b : {1, 4, 16}) {
+        for (int64_t t : {1, 8}) shapes.push_back({b, t, ctx, m});
+      }
+    }
+  }
+  return shapes;
+}
+
 absl::StatusOr<CostModel> CostModel::Fit(const ModelConfig& config, std::span<const Measurement> ms) {
   if (ms.size() < 5) return absl::InvalidArgumentError(Cat("cost model: ", ms.size(), " measurements; need 5 or more"));
   const int64_t n = static_cast<int64_t>(ms.size());

@@ -41,6 +41,17 @@ struct SpanWork {
 };
 SpanWork WorkOf(const ModelConfig& config, const SpanShape& shape);
 
+// The bytes a forward of the span must move at least where decoding is bound by memory bandwidth (a GPU):
+// every weight matrix it uses once whatever its rows (bf16), the KV cache its attention tokens read and the
+// entries every token writes (bf16), each sequence's recurrent state read and written (fp32). A verify span
+// of a few tokens then costs about one decode step, as on the H200 (docs/CUDA.md). Relative costs only:
+// over a bandwidth it is a time.
+double SpanBytes(const ModelConfig& config, const SpanShape& shape);
+
+// The calibration grid of `oryx bench cost`: batch 1, 4, 16; spans of 1 and 8 tokens; contexts 128, a
+// quarter and three quarters of max_position; both modes.
+std::vector<SpanShape> CalibrationShapes(const ModelConfig& config);
+
 struct Measurement {
   SpanShape shape;
   double seconds = 0;

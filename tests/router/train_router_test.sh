@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `oryx train-router` end to end on the bundled model, at a tiny scale: a two-lambda sweep writes one
 # policy file per lambda and a log, the files load in `oryx generate --policy learned:FILE`, a resumed run
-# skips the lambdas already done and trains the rest, and bad input is one clear error.
+# skips the lambdas already done and trains the rest, a run with draft lengths trains a draft head and
+# evaluates on held-out examples, and bad input is one clear error.
 #   train_router_test.sh PATH_TO_ORYX SOURCE_DIR
 set -u
 ORYX="$1"
@@ -40,6 +41,25 @@ grep -q 'lambda 0.5  iter' "$TMP/err" && fail "the resumed run trained the first
 [[ "$(cksum <"$TMP/r-lambda0.5.safetensors")" == "$sum" ]] || fail "the first lambda's file changed"
 [[ -s "$TMP/r-lambda1.safetensors" ]] || fail "the resumed run wrote no file for the second lambda"
 
+# Speculation as an action: text episodes, a draft head over lengths 0 and 2, the bytes cost, and the
+# held-out comparison at the end (2 tasks x 5 policies: attention, linear, prefill-linear, speculative:2,
+# the learned one).
+"$ORYX" train-router --model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks text niah --lengths 128 \
+  --continuation 8 --draft-lengths 0,2 --cost bytes --lambda 1 --warm-examples 2 --warm-steps 20 --iterations 1 \
+  --batch 2 --samples 2 --eval-examples 2 --threads 2 --out "$TMP/s.safetensors" 2>"$TMP/err" ||
+  { fail "train-router with draft lengths exited $?"; cat "$TMP/err"; }
+grep -q '"prefill_linear_by_draft_length"' "$TMP/s.safetensors.log.jsonl" || fail "no draft-length counterfactuals"
+[[ $(grep -c '"phase":"eval"' "$TMP/s.safetensors.log.jsonl") -eq 10 ]] || fail "expected 10 eval log lines"
+grep -q '"task":"text","policy":"speculative:2"' <(sed 's/"acceptance":[^,]*,//' "$TMP/s.safetensors.log.jsonl" |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    r=json.loads(l)
+    if r.get("phase")=="eval": print(json.dumps({"task":r["task"],"policy":r["policy"]},separators=(",",":")))') ||
+  fail "no eval line for speculative:2 on text"
+head -c 4096 "$TMP/s.safetensors" | grep -aq '"draft.weight"' || fail "the policy file has no draft head"
+"$ORYX" generate --model "$M" --prompt "int main" --max-tokens 8 --policy "learned:$TMP/s.safetensors" >/dev/null \
+  2>"$TMP/err" || { fail "generate with the speculating policy"; cat "$TMP/err"; }
+
 # Bad input: one "oryx: error:" line and a non-zero exit.
 bad() {
   local what="$1"; shift
@@ -52,6 +72,9 @@ bad "one sample" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --samples 
 bad "length past max_position" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --lengths 4096
 bad "no haystack" train-router --model "$M" --out "$TMP/x.safetensors"
 bad "unknown task" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --tasks sudoku
+bad "one draft length" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --draft-lengths 3
+bad "a draft length twice" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --draft-lengths 0,2,2
+bad "unknown cost" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --cost money
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
 bad "truncated policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/cut.safetensors"
