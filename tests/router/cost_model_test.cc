@@ -36,6 +36,22 @@ TEST(CostModel, WorkTermsFollowTheShape) {
   EXPECT_GT(WorkOf(c, {1, 1, 1000, Mode::kAttention}).kv_bytes, one.kv_bytes);
 }
 
+TEST(CostModel, SpanBytesCountWeightsOncePerForwardAndTheKvCacheRead) {
+  const ModelConfig c = testutil::TinyConfig();
+  const double HD = static_cast<double>(c.qk_dim()), L = static_cast<double>(c.n_layers);
+  const double step = SpanBytes(c, {1, 1, 1000, Mode::kAttention});
+  // One more context token: its K and V (bf16) read in every layer.
+  EXPECT_DOUBLE_EQ(SpanBytes(c, {1, 1, 1001, Mode::kAttention}) - step, L * 2 * HD * 2);
+  // Linear mode reads no cache: the difference is the cache of 1001 positions.
+  EXPECT_DOUBLE_EQ(step - SpanBytes(c, {1, 1, 1000, Mode::kLinear}), L * 1001 * 2 * HD * 2);
+  // A verify span of 5 tokens reads the weights once: far less than 5 steps, more than one.
+  const double span = SpanBytes(c, {1, 5, 1000, Mode::kAttention});
+  EXPECT_GT(span, step);
+  EXPECT_LT(span, 2 * step);
+  // A second sequence adds its own cache and state, not the weights again.
+  EXPECT_LT(SpanBytes(c, {2, 1, 1000, Mode::kAttention}), 2 * step);
+}
+
 TEST(CostModel, FitRecoversAKnownCostLaw) {
   const ModelConfig c = testutil::TinyConfig();
   // t = 1e-4 + 1e-10 * dense + 5e-11 * kv + 2e-10 * attention (no recurrence term), with 1% noise.
