@@ -312,12 +312,18 @@ struct CudaBackend::Scratch {
   float* logits_host = nullptr;  // pinned
   // Views into meta (device) for the current forward.
   const int32_t *tokens = nullptr, *row_seq = nullptr, *attn_rows = nullptr, *logit_rows = nullptr;
+  const int32_t* attn_groups = nullptr;  // [num_groups, 2]: a sequence's attention rows, kAttentionGroupRows at most
+  int64_t num_groups = 0;
+  int32_t group_rows = 0;  // the most rows of a group
   const uint8_t* row_mode = nullptr;
   const kc::SeqDesc* seqs = nullptr;
   std::vector<void*> owned;
-  // Decode steps replayed as CUDA graphs, by shape. The graphs bake in the scratch pointers above, so any
-  // growth of the scratch drops them.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, cudaGraphExec_t> graphs;
+  // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by shape (N, B, NA, NL, NG, group_rows,
+  // chunk, max_chunks, any_attention, fused). The graphs bake in the scratch pointers above, so any growth of
+  // the scratch drops them.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int64_t, int64_t, bool, bool>,
+           cudaGraphExec_t>
+      graphs;
   void DropGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
@@ -608,7 +614,8 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   mark("conv_window");
   kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o}, s);
   mark("recurrent");
-  kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o}, s);
+  kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
+                 sc.num_groups, sc.attn_groups, sc.group_rows}, s);
   if (NA > 0) mark("attention");
 
   // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Decode steps fuse each
@@ -658,30 +665,36 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   Context& ctx = *ctx_;
 
   // Rows of the batch, attention rows and logit rows; state capacity for the spans.
-  int64_t N = 0, NA = 0, NL = 0, max_keys = 0;
+  int64_t N = 0, NA = 0, NL = 0, NG = 0, max_keys = 0;
   bool any_attention = false;
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
     if (it.seq->has_kv()) ds.EnsureCapacity(pos + T, pos);
     if (it.keep_states) ds.PrepareSpan(T);
+    int64_t item_attention = 0;
     for (int64_t t = 0; t < T; ++t) {
       if (it.modes[t] == Mode::kAttention) {
-        ++NA;
+        ++item_attention;
         any_attention = true;
         max_keys = std::max(max_keys, pos + t + 1);
       }
     }
+    NA += item_attention;
+    NG += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
     NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
     N += T;
   }
-  // A decode step (one token per sequence) runs as a CUDA graph. Its attention grid is sized for the
-  // next power of two of keys, so that a graph serves many steps (blocks past a row's keys exit at once).
-  const bool graph = use_graphs_ && !profiler_ && N == B;
+  // Decode steps and short spans (speculative verification) run as CUDA graphs, one per shape. The
+  // attention grid is sized for the next power of two of keys, so that a graph serves many steps (blocks
+  // past a row's keys exit at once).
+  constexpr int64_t kMaxGraphRows = 64;
+  const bool graph = use_graphs_ && !profiler_ && N <= kMaxGraphRows;
   if (graph && max_keys > 0) {
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }
-  const int64_t chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, NA), c.n_heads);
+  // Blocks run per group of a sequence's attention rows (kc::Attention), so the chunk is sized by groups.
+  const int64_t chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, NG), c.n_heads);
   const int64_t max_chunks = std::max<int64_t>(1, (max_keys + chunk - 1) / chunk);
 
   // Grow the scratch buffers where this batch needs more.
@@ -733,11 +746,13 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     sc.partial_cap = std::max(partial, 2 * sc.partial_cap);
   }
 
-  // Metadata: tokens [N], row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B] (aligned).
+  // Metadata: tokens [N], row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B], attention
+  // groups [NG, 2] (aligned).
   auto align = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
   const int64_t off_tokens = 0, off_row_seq = align(N * 4), off_attn = off_row_seq + align(N * 4),
                 off_logit = off_attn + align(NA * 4), off_mode = off_logit + align(NL * 4),
-                off_seqs = off_mode + align(N), meta_bytes = off_seqs + B * static_cast<int64_t>(sizeof(kc::SeqDesc));
+                off_seqs = off_mode + align(N), off_groups = off_seqs + align(B * int64_t{sizeof(kc::SeqDesc)}),
+                meta_bytes = off_groups + NG * 8;
   if (meta_bytes > sc.meta_cap) {
     sc.DropGraphs();
     const int64_t n = std::max(meta_bytes, 2 * sc.meta_cap);
@@ -757,10 +772,11 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   auto* logit_rows = reinterpret_cast<int32_t*>(m + off_logit);
   auto* row_mode = reinterpret_cast<uint8_t*>(m + off_mode);
   auto* seqs = reinterpret_cast<kc::SeqDesc*>(m + off_seqs);
-  int64_t r = 0, a = 0, lr = 0;
+  auto* groups = reinterpret_cast<int32_t*>(m + off_groups);
+  int64_t r = 0, a = 0, lr = 0, g = 0, group_rows = 0;
   for (int64_t b = 0; b < B; ++b) {
     const ForwardItem& it = batch[b];
-    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    const int64_t T = static_cast<int64_t>(it.tokens.size()), first_attention = a;
     seqs[b] = DeviceOf(*it.seq).Desc(r, T, it.seq->position(), it.keep_states);
     for (int64_t t = 0; t < T; ++t, ++r) {
       tokens[r] = it.tokens[t];
@@ -771,6 +787,11 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
         logit_rows[lr++] = static_cast<int32_t>(r);
       }
     }
+    for (int64_t a0 = first_attention; a0 < a; a0 += kc::kAttentionGroupRows, ++g) {
+      groups[2 * g] = static_cast<int32_t>(a0);
+      groups[2 * g + 1] = static_cast<int32_t>(std::min<int64_t>(kc::kAttentionGroupRows, a - a0));
+      group_rows = std::max<int64_t>(group_rows, groups[2 * g + 1]);
+    }
   }
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
   sc.tokens = reinterpret_cast<const int32_t*>(sc.meta + off_tokens);
@@ -779,6 +800,9 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   sc.logit_rows = reinterpret_cast<const int32_t*>(sc.meta + off_logit);
   sc.row_mode = reinterpret_cast<const uint8_t*>(sc.meta + off_mode);
   sc.seqs = reinterpret_cast<const kc::SeqDesc*>(sc.meta + off_seqs);
+  sc.attn_groups = reinterpret_cast<const int32_t*>(sc.meta + off_groups);
+  sc.num_groups = NG;
+  sc.group_rows = static_cast<int32_t>(group_rows);
 
   // The model.
   const float eps = ctx.dims.norm_eps;
@@ -798,7 +822,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     }
   };
   if (graph) {
-    cudaGraphExec_t& exec = sc.graphs[{B, NA, NL, chunk, max_chunks, any_attention, fused}];
+    cudaGraphExec_t& exec = sc.graphs[{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention, fused}];
     if (exec == nullptr) {
       cudaGraph_t g = nullptr;
       ORYX_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));

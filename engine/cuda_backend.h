@@ -33,7 +33,7 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Copy bandwidth of the device in bytes/s (read + write over the time of a large copy, best of 10).
   double MeasureCopyBandwidth() const;
-  // Decode steps (one token per sequence) replayed as CUDA graphs, one per batch shape (default on).
+  // Forwards of up to 64 rows (decode steps, verify spans) replayed as CUDA graphs, one per shape (default on).
   void set_cuda_graphs(bool on) { use_graphs_ = on; }
   bool cuda_graphs() const { return use_graphs_; }
   // Forwards of at most 8 rows fuse each norm / gate into the projection after it (default on).

@@ -2,7 +2,8 @@
 // (attention row, head, chunk of kAttentionChunk keys) writes the chunk's max score, its sum of
 // exponentials and its unnormalised output; a second kernel merges the chunks of each (row, head). The
 // same kernels serve decode (one row per sequence), verify spans and prefill (causal: the row at position
-// p sees keys 0..p).
+// p sees keys 0..p); when the caller groups the rows of a span, a block serves a group of them, so that a
+// verify span of k + 1 rows reads the KV cache once rather than k + 1 times.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -213,6 +214,173 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
   }
 }
 
+// The same over a group of up to kAttentionGroupRows attention rows of one sequence (a verify or prefill
+// span): each key chunk is read once for all of them. Rows see different numbers of keys (causal), the
+// group's last row the most. Scores: each lane keeps its 8 key values and takes the dot products with
+// every row's query (in shared memory), reduced over the kLanes lanes of the key; softmax per row (a warp
+// per row); output: thread (key subset, 8 features) accumulates every row's sum from one read of V.
+template <int kLanes, int G>  // G: rows per group at most (registers hold G queries and G accumulators)
+__global__ void AttentionGroupVecKernel(AttentionParams p) {
+  constexpr int kKeysPerLoad = 32 / kLanes, kSubsets = kThreads / kLanes, kDh = 8 * kLanes;
+  __shared__ float q[G][kDh];
+  __shared__ float scores[G][kAttentionChunk];
+  __shared__ float parts[kSubsets * kDh];
+  __shared__ float stats[G][2];
+  __shared__ int64_t rows[G], keys[G];
+  const int64_t HD = p.dims.heads * kDh, h = blockIdx.y, chunk = blockIdx.z;
+  const int a0 = p.groups_ptr[2 * blockIdx.x], R = p.groups_ptr[2 * blockIdx.x + 1];
+  const RowInfo last = GetRow(p, a0 + R - 1);  // the group's rows are in position order
+  const int64_t k0 = chunk * p.chunk;
+  if (k0 >= last.keys) return;
+  const int n = static_cast<int>(min(int64_t(p.chunk), last.keys - k0));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / kLanes, gl = lane % kLanes;
+  if (threadIdx.x < R) {
+    const RowInfo info = GetRow(p, a0 + threadIdx.x);
+    rows[threadIdx.x] = info.row;
+    keys[threadIdx.x] = info.keys;
+  }
+  __syncthreads();
+  const float scale = rsqrtf(static_cast<float>(kDh));
+  for (int i = threadIdx.x; i < R * kDh; i += kThreads) {
+    q[i / kDh][i % kDh] = p.qa_ptr[rows[i / kDh] * HD + h * kDh + i % kDh] * scale;
+  }
+  __syncthreads();
+  const int64_t layer_off = int64_t(p.layer) * last.s.kv_cap * HD + h * kDh;
+  const bf16* kbase = last.s.k_cache + layer_off + k0 * HD + gl * 8;
+  const bf16* vbase = last.s.v_cache + layer_off + k0 * HD;
+
+  // Scores of every row against every key of the chunk (masked below per row). Each lane holds its 8
+  // features of every row's query (rows past R are zero) and of one key; the G partial dot products are
+  // reduced over the key's kLanes lanes by halving exchanges (a lane keeps half of its sums and trades the
+  // other half with its partner, G / 2 + G / 4 + ... shuffles instead of G log2(kLanes)), so that each lane
+  // ends with the full sums of G / kLanes rows (one row when kLanes >= G).
+  float qr[G][8];
+#pragma unroll
+  for (int r = 0; r < G; ++r) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qr[r][e] = r < R ? q[r][gl * 8 + e] : 0.f;
+  }
+  constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
+  for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
+    uint4 raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kKeysPerLoad + group;
+      raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+      float kf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(k2[e]);
+        kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
+      }
+      float v[G];
+#pragma unroll
+      for (int r = 0; r < G; ++r) {
+        v[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[r] += kf[e] * qr[r][e];
+      }
+      int first_row = 0, count = G, plain_mask = 0;
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+        if (count > 1) {
+          const bool upper = (gl & offset) != 0;
+          const int half = count / 2;
+#pragma unroll
+          for (int i = 0; i < G / 2; ++i) {
+            if (i >= half) break;
+            const float send = upper ? v[i] : v[i + half], keep = upper ? v[i + half] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+          }
+          first_row += upper ? half : 0;
+          count = half;
+        } else {
+          v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+          plain_mask |= offset;
+        }
+      }
+      const int j = j0 + u * kKeysPerLoad + group;
+      if ((gl & plain_mask) == 0 && j < n) {
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          if (i < count && first_row + i < R) scores[first_row + i][j] = v[i];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // Softmax over each row's visible keys of the chunk, a warp per row; keys past a row's end weigh 0.
+  for (int r = warp; r < R; r += kWarps) {
+    const int nr = static_cast<int>(max(int64_t(0), min(int64_t(n), keys[r] - k0)));
+    float m = -INFINITY;
+    for (int j = lane; j < nr; j += 32) m = fmaxf(m, scores[r][j]);
+    m = WarpMax(m);
+    float l = 0.f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = j < nr ? __expf(scores[r][j] - m) : 0.f;
+      scores[r][j] = e;
+      l += e;
+    }
+    l = WarpSum(l);
+    if (lane == 0) stats[r][0] = m, stats[r][1] = l;
+  }
+  __syncthreads();
+
+  // kVUnroll loads of V in flight per thread before they are used.
+  constexpr int kVUnroll = 4;
+  const int sub = threadIdx.x / kLanes, f = threadIdx.x % kLanes;
+  float acc[G][8] = {};
+  const bf16* vcol = vbase + f * 8;
+  for (int j0 = sub; j0 < n; j0 += kSubsets * kVUnroll) {
+    uint4 raw[kVUnroll];
+#pragma unroll
+    for (int u = 0; u < kVUnroll; ++u) {
+      const int j = j0 + u * kSubsets;
+      raw[u] = j < n ? *reinterpret_cast<const uint4*>(vcol + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kVUnroll; ++u) {
+      const int j = j0 + u * kSubsets;
+      if (j >= n) break;
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+      float vf[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 t = __bfloat1622float2(v2[e]);
+        vf[2 * e] = t.x, vf[2 * e + 1] = t.y;
+      }
+#pragma unroll
+      for (int r = 0; r < G; ++r) {
+        if (r >= R) break;
+        const float pj = scores[r][j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] += pj * vf[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < G; ++r) {
+    if (r >= R) break;
+    if (k0 >= keys[r]) continue;  // the row sees no key of this chunk (the same for every thread)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) parts[sub * kDh + f * 8 + e] = acc[r][e];
+    __syncthreads();
+    float* out = p.partial_ptr + ((int64_t(a0 + r) * p.dims.heads + h) * p.max_chunks + chunk) * (kDh + 2);
+    if (threadIdx.x == 0) out[0] = stats[r][0], out[1] = stats[r][1];
+    for (int d = threadIdx.x; d < kDh; d += kThreads) {
+      float sum = 0.f;
+#pragma unroll 8
+      for (int s2 = 0; s2 < kSubsets; ++s2) sum += parts[s2 * kDh + d];
+      out[2 + d] = sum;
+    }
+    __syncthreads();
+  }
+}
+
 // One block per (row, head): the chunks' weights exp(m_c - m) first (shared memory), then groups of dh
 // threads sum every groups-th chunk's outputs, and the groups add up.
 constexpr int kCombineThreads = 512, kMaxCombineChunks = 4096;
@@ -267,6 +435,32 @@ void Attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.attn_rows == 0) return;
   const dim3 grid(static_cast<unsigned>(p.attn_rows), static_cast<unsigned>(p.dims.heads),
                   static_cast<unsigned>(p.max_chunks));
+  if (p.groups_ptr != nullptr && p.attn_groups < p.attn_rows) {
+    // Some sequence has several attention rows: a block per (group, head, chunk) reads each chunk once.
+    const dim3 groups(static_cast<unsigned>(p.attn_groups), grid.y, grid.z);
+    const int g = p.group_rows <= 2 ? 2 : p.group_rows <= 4 ? 4 : 8;
+    bool launched = true;
+    auto launch = [&](auto kernel2, auto kernel4, auto kernel8) {
+      (g == 2 ? kernel2 : g == 4 ? kernel4 : kernel8)<<<groups, kThreads, 0, stream>>>(p);
+    };
+    switch (p.dims.head_dim) {
+      case 32: launch(AttentionGroupVecKernel<4, 2>, AttentionGroupVecKernel<4, 4>, AttentionGroupVecKernel<4, 8>); break;
+      case 64: launch(AttentionGroupVecKernel<8, 2>, AttentionGroupVecKernel<8, 4>, AttentionGroupVecKernel<8, 8>); break;
+      case 128:
+        launch(AttentionGroupVecKernel<16, 2>, AttentionGroupVecKernel<16, 4>, AttentionGroupVecKernel<16, 8>);
+        break;
+      case 256:
+        launch(AttentionGroupVecKernel<32, 2>, AttentionGroupVecKernel<32, 4>, AttentionGroupVecKernel<32, 8>);
+        break;
+      default: launched = false; break;  // the row kernels below
+    }
+    if (launched) {
+      ORYX_CUDA_CHECK(cudaGetLastError());
+      AttentionCombineKernel<<<dim3(grid.x, grid.y), kCombineThreads, 0, stream>>>(p);
+      ORYX_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   switch (p.dims.head_dim) {
     case 32: AttentionChunkVecKernel<4><<<grid, kThreads, 0, stream>>>(p); break;
     case 64: AttentionChunkVecKernel<8><<<grid, kThreads, 0, stream>>>(p); break;

@@ -165,8 +165,8 @@ void Recurrent(const RecurrentParams& p, cudaStream_t stream);
 // Softmax attention of each attention-mode row over its sequence's cache, causal (row at position p sees
 // keys 0..p), scale 1/sqrt(dh), split over chunks of `chunk` keys (flash-decoding): the first kernel
 // writes each chunk's (max, sum, unnormalised output) into `partial`, the second combines them.
-// Grid: (attention row, head, chunk). AttentionChunkFor picks the chunk so that short contexts still
-// spread over the whole GPU.
+// Grid: (attention row or group of rows, head, chunk). AttentionChunkFor picks the chunk so that short
+// contexts still spread over the whole GPU (attn_rows: the rows or row groups that get blocks).
 inline constexpr int kAttentionChunk = 256;  // the longest chunk
 int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads);
 struct AttentionParams {
@@ -181,7 +181,14 @@ struct AttentionParams {
   const float* qa_ptr;             // [N, HD] rotated queries
   float* partial_ptr;              // [NA, H, max_chunks, dh + 2]
   float* out_ptr;                  // [N, HD] written at attention rows
+  // Optional: the attention rows in groups of up to kAttentionGroupRows consecutive entries of attn_rows of
+  // one sequence, in position order, each group's key chunks read once for all its rows (head_dim 32, 64,
+  // 128 or 256; otherwise, or when null, a block per row).
+  int64_t attn_groups = 0;               // NG
+  const int32_t* groups_ptr = nullptr;   // [NG, 2]: first index into attn_rows, rows
+  int32_t group_rows = 0;                // the most rows of a group
 };
+inline constexpr int kAttentionGroupRows = 8;
 void Attention(const AttentionParams& p, cudaStream_t stream);
 
 // y = bf16(RMSNormPerHead(o) * weight * SiLU(g)), g the gate columns [3HD, 4HD) of proj. One block per row.

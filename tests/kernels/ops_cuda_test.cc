@@ -424,39 +424,56 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
 }
 
 TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
-  for (int64_t dh : {5, 64, 128}) {
-    SCOPED_TRACE("dh=" + std::to_string(dh));
-    // Sequence 0: a verify span of 3 rows at positions 697..699 (700 keys: three 256-key chunks);
-    // sequence 1: one decode row at position 40.
-    Batch b = MakeBatch(2, dh, false, {3, 1}, {697, 40}, 0);
-    b.modes.assign(b.N, 1);
-    const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
-    const std::vector<float> caches[2][2] = {{RoundBf16(Random(L * cap * HD, 40)), RoundBf16(Random(L * cap * HD, 41))},
-                                             {RoundBf16(Random(L * cap * HD, 42)), RoundBf16(Random(L * cap * HD, 43))}};
-    const std::vector<float> qa = Random(b.N * HD, 44, -2, 2);
-    DeviceBuffer<bf16> dk0(ToBf16(caches[0][0])), dv0(ToBf16(caches[0][1])), dk1(ToBf16(caches[1][0])),
-        dv1(ToBf16(caches[1][1]));
-    DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
-    std::vector<cuda::SeqDesc> seqs = {{0, 3, 697, cap, dstate.get(), dstate.get(), dk0.get(), dv0.get(), nullptr, nullptr},
-                                       {3, 1, 40, cap, dstate.get(), dstate.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
-    DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
-    DeviceBuffer<int32_t> drow(b.row_seq), dattn(std::vector<int32_t>{0, 1, 2, 3});
-    for (int64_t chunk : {int64_t{32}, int64_t{256}}) {
-      const int64_t max_chunks = (700 + chunk - 1) / chunk + 1;  // one more than needed: extra blocks exit
-      DeviceBuffer<float> dpartial(4 * H * max_chunks * (dh + 2));
-      cuda::Attention({b.dims, static_cast<int32_t>(layer), 4, chunk, max_chunks, dattn.get(), drow.get(), dseqs.get(),
-                       dqa.get(), dpartial.get(), dout.get()}, nullptr);
-      const std::vector<float> out = dout.Host();
-      int64_t row = 0;
-      for (int s = 0; s < 2; ++s) {
-        const int64_t T = b.len[s], keys = b.pos[s] + T;
-        std::vector<float> ref(T * HD), scratch(T * keys);
-        const float* kc = caches[s][0].data() + layer * cap * HD;
-        const float* vc = caches[s][1].data() + layer * cap * HD;
-        cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD, kc, vc, ref.data(), scratch.data()});
-        ExpectClose(std::vector<float>(out.begin() + row * HD, out.begin() + (row + T) * HD), ref, kFp32Tol,
-                    "sequence " + std::to_string(s) + ", chunk " + std::to_string(chunk), 1.0);
-        row += T;
+  for (int64_t dh : {5, 32, 64, 128, 256}) {
+    // Sequence 0: a verify span of `span` rows ending at position 699 (700 keys: three 256-key chunks);
+    // sequence 1: one decode row at position 40. With `grouped`, sequence 0's rows go in groups of
+    // kAttentionGroupRows (one block reads a chunk for all of them; dh 5 has no group kernel and ignores them).
+    for (int span : {2, 3, 11}) {
+      for (bool grouped : {false, true}) {
+        SCOPED_TRACE("dh=" + std::to_string(dh) + ", span " + std::to_string(span) + (grouped ? ", grouped" : ""));
+        const int NA = span + 1;
+        Batch b = MakeBatch(2, dh, false, {span, 1}, {700 - span, 40}, 0);
+        b.modes.assign(b.N, 1);
+        const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
+        const std::vector<float> caches[2][2] = {
+            {RoundBf16(Random(L * cap * HD, 40)), RoundBf16(Random(L * cap * HD, 41))},
+            {RoundBf16(Random(L * cap * HD, 42)), RoundBf16(Random(L * cap * HD, 43))}};
+        const std::vector<float> qa = Random(b.N * HD, 44, -2, 2);
+        DeviceBuffer<bf16> dk0(ToBf16(caches[0][0])), dv0(ToBf16(caches[0][1])), dk1(ToBf16(caches[1][0])),
+            dv1(ToBf16(caches[1][1]));
+        DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
+        std::vector<cuda::SeqDesc> seqs = {
+            {0, span, 700 - span, cap, dstate.get(), dstate.get(), dk0.get(), dv0.get(), nullptr, nullptr},
+            {span, 1, 40, cap, dstate.get(), dstate.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
+        DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+        std::vector<int32_t> attn(NA), groups;
+        for (int i = 0; i < NA; ++i) attn[i] = i;
+        for (int a0 = 0; a0 < span; a0 += cuda::kAttentionGroupRows) {
+          groups.insert(groups.end(), {a0, std::min(cuda::kAttentionGroupRows, span - a0)});
+        }
+        groups.insert(groups.end(), {span, 1});
+        DeviceBuffer<int32_t> drow(b.row_seq), dattn(attn), dgroups(groups);
+        for (int64_t chunk : {int64_t{32}, int64_t{256}}) {
+          const int64_t max_chunks = (700 + chunk - 1) / chunk + 1;  // one more than needed: extra blocks exit
+          DeviceBuffer<float> dpartial(NA * H * max_chunks * (dh + 2));
+          cuda::Attention({b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(),
+                           dseqs.get(), dqa.get(), dpartial.get(), dout.get(),
+                           grouped ? static_cast<int64_t>(groups.size() / 2) : 0, grouped ? dgroups.get() : nullptr,
+                           std::min(cuda::kAttentionGroupRows, span)},
+                          nullptr);
+          const std::vector<float> out = dout.Host();
+          int64_t row = 0;
+          for (int s = 0; s < 2; ++s) {
+            const int64_t T = b.len[s], keys = b.pos[s] + T;
+            std::vector<float> ref(T * HD), scratch(T * keys);
+            const float* kc = caches[s][0].data() + layer * cap * HD;
+            const float* vc = caches[s][1].data() + layer * cap * HD;
+            cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD, kc, vc, ref.data(), scratch.data()});
+            ExpectClose(std::vector<float>(out.begin() + row * HD, out.begin() + (row + T) * HD), ref, kFp32Tol,
+                        "sequence " + std::to_string(s) + ", chunk " + std::to_string(chunk), 1.0);
+            row += T;
+          }
+        }
       }
     }
   }
