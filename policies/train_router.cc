@@ -38,11 +38,14 @@ constexpr int64_t F = router::kNumFeatures;
 // ---- Episodes ------------------------------------------------------------------------------------------
 
 // One episode's input. Generated episodes (needle tasks, text): `prompt` routed, then `answer.size()` tokens
-// generated greedily and compared with `answer` position by position (for text, the all-attention
-// continuation, filled in by EpisodeRunner::FillReferences). Teacher-forced episodes (MQAR): `task`.
+// generated greedily and compared with `answer`: position by position for a needle's answer; for text
+// (whose answer is the all-attention continuation, filled in by EpisodeRunner::FillReferences) the share
+// that agrees before the first difference, since after it a continuation is a different text and a
+// position-by-position match would be noise. Teacher-forced episodes (MQAR): `task`.
 struct Example {
   std::string name;  // the task's name
   bool teacher_forced = false;
+  bool prefix_quality = false;
   tasks::TaskExample task;
   std::vector<int32_t> prompt, answer;
   int64_t generate = 0;  // tokens to generate
@@ -65,7 +68,7 @@ struct Episode {
   std::map<StepKey, Step> steps;
   std::vector<int32_t> output;  // generated episodes: the tokens generated
   bool correct = false;         // the answer exactly
-  double quality = 0;           // the share of answer tokens right, position by position (partial credit)
+  double quality = 0;           // the share of answer tokens right (partial credit; see Example)
   double attention_fraction = 0;
   double cost = 0;              // relative to all-attention (the run's cost kind)
   int64_t tokens = 0;
@@ -228,7 +231,11 @@ class EpisodeRunner {
         const std::vector<int32_t>& answer = examples[which[j]]->answer;
         e.correct = r.tokens == answer;
         int64_t right = 0;
-        for (size_t t = 0; t < answer.size() && t < r.tokens.size(); ++t) right += r.tokens[t] == answer[t];
+        if (examples[which[j]]->prefix_quality) {
+          while (right < static_cast<int64_t>(std::min(answer.size(), r.tokens.size())) && r.tokens[right] == answer[right]) ++right;
+        } else {
+          for (size_t t = 0; t < answer.size() && t < r.tokens.size(); ++t) right += r.tokens[t] == answer[t];
+        }
         e.quality = answer.empty() ? 0.0 : static_cast<double>(right) / static_cast<double>(answer.size());
         e.tokens = r.stats.attention_tokens + r.stats.linear_tokens;
         e.attention_fraction = r.stats.attention_fraction();
@@ -538,6 +545,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
         ORYX_ASSIGN_OR_RETURN(std::vector<int32_t> window, text_source->Tokens(len - 1, seed));
         x.prompt.insert(x.prompt.end(), window.begin(), window.end());
         x.generate = o.continuation;
+        x.prefix_quality = true;
       } else {
         ORYX_ASSIGN_OR_RETURN(x.task, tasks::MakeExample(*kinds[t], setup.configs, haystack.get(), len, rng.UniformDouble(), seed));
         x.teacher_forced = *kinds[t] == tasks::TaskKind::kMqar;
@@ -587,21 +595,33 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
       flip_examples.push_back(base_examples[i]);
     }
   }
+  // The decode phase flipped as one segment: prefill-linear with linear decoding. One decode step rarely
+  // changes a continuation alone, while all of them do.
+  std::vector<size_t> decode_flip_of;  // warm example index of each
+  std::vector<const Example*> decode_flip_examples;
+  for (size_t i = 0; i < warm.size(); ++i) {
+    if (!warm[i].teacher_forced && warm[i].generate >= 2) decode_flip_of.push_back(i), decode_flip_examples.push_back(&warm[i]);
+  }
   std::vector<const Example*> draft_examples;  // each generated warm example once per draft length, in order
   for (const Example& e : warm) {
     if (e.teacher_forced || e.generate < 2) continue;
     for (size_t k = 0; k < o.draft_lengths.size(); ++k) draft_examples.push_back(&e);
   }
   std::cerr << "train-router: " << warm.size() << " warm-start examples, "
-            << base.size() + flips.size() + draft_examples.size() << " counterfactual episodes\n";
-  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> flipped, runner.Run(flip_examples, [&](size_t j, LearnedRouter::Trace) {
+            << base.size() + flips.size() + decode_flip_of.size() + draft_examples.size() << " counterfactual episodes\n";
+  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> flipped, runner.Run(flip_examples, [&](size_t j, LearnedRouter::Trace trace) {
     const StepKey key = flips[j].key;
     const Base kind = base_kinds[flips[j].base];
     return rule([kind, key](const router::RouterContext& c) {
       router::Decision d = BaseDecision(kind, c);
       if (KeyOf(c) == key) d.mode = d.mode == Mode::kAttention ? Mode::kLinear : Mode::kAttention;
       return d;
-    }, {});
+    }, std::move(trace));  // (the trace also costs the decisions)
+  }));
+  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> decode_flipped, runner.Run(decode_flip_examples, [&](size_t, LearnedRouter::Trace trace) {
+    return rule([](const router::RouterContext& c) {
+      return router::Decision{c.last_prompt_token ? Mode::kAttention : Mode::kLinear};
+    }, std::move(trace));
   }));
   const size_t n_lengths = o.draft_lengths.size();
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> drafted, runner.Run(draft_examples, [&](size_t j, LearnedRouter::Trace trace) {
@@ -620,7 +640,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
     }
     const double n = static_cast<double>(std::max<size_t>(1, warm.size()));
     nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm.size()}, {"cost", o.cost},
-                        {"episodes", base.size() + flips.size() + drafted.size()},
+                        {"episodes", base.size() + flips.size() + decode_flipped.size() + drafted.size()},
                         {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
                         {"prefill_linear_cost", base_cost[0] / n}, {"linear_cost", base_cost[1] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
@@ -691,6 +711,20 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
         steps.push_back(&s);
         labels.push_back(margin > 0 ? 1 : 0);
         weights.push_back(static_cast<float>(std::abs(margin)));
+      }
+      // The decode phase as one segment: prefill-linear's decode decisions labelled by whether attention
+      // decoding beats linear decoding on that example, the margin shared among them.
+      for (size_t j = 0; j < decode_flip_of.size(); ++j) {
+        const Episode& b = base[decode_flip_of[j]];  // the prefill-linear base of that example
+        const double margin = b.Reward(lambda) - decode_flipped[j].Reward(lambda);
+        int64_t n_decode = 0;
+        for (const auto& [key, s] : b.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
+        for (const auto& [key, s] : b.steps) {
+          if (key.first != static_cast<int>(router::Phase::kDecode)) continue;
+          steps.push_back(&s);
+          labels.push_back(margin > 0 ? 1 : 0);
+          weights.push_back(static_cast<float>(std::abs(margin) / static_cast<double>(n_decode)));
+        }
       }
       // Draft head: each example's decode decisions under its best draft length, labelled with it and
       // weighted by its reward over the mean of all lengths.

@@ -6,8 +6,9 @@
 //     the prompt's last token alone), then the answer generated greedily with a decision per token (or per
 //     speculative round). Quality: the share of the answer's tokens generated right, position by position.
 //   - text: a window of held-out text (the corpus's validation split) continued for `continuation` tokens;
-//     quality: the share of tokens equal to the all-attention greedy continuation of the same prompt. This
-//     is where speculation matters: it keeps quality (it is lossless) and changes the cost.
+//     quality: the share of tokens that agree with the all-attention greedy continuation of the prompt. This
+//     is where speculation matters: it keeps quality (it is lossless) and changes the cost. The share is
+//     of the tokens before the first difference: after it the texts differ and a match is noise.
 //   - MQAR (answers inside the sequence): the whole sequence routed as a prompt and teacher-forced; quality:
 //     the share of queries answered right.
 // Haystacks and text come from sources the router benchmark does not use, with seeds disjoint from its grid.
