@@ -30,6 +30,7 @@ __device__ __forceinline__ RowInfo GetRow(const AttentionParams& p, int64_t a) {
 // kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
 template <int kVec>
 __global__ void AttentionChunkKernel(AttentionParams p) {
+  AfterPrevious();
   __shared__ float q[kMaxHeadDimCuda];
   __shared__ float scores[kAttentionChunk];
   __shared__ float scratch[32];
@@ -131,6 +132,7 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
 // the keys t / kLanes, t / kLanes + kThreads / kLanes, ..., and the key subsets are summed in shared memory.
 template <int kLanes>
 __global__ void AttentionChunkVecKernel(AttentionParams p) {
+  AfterPrevious();
   constexpr int kKeysPerLoad = 32 / kLanes, kSubsets = kThreads / kLanes, kDh = 8 * kLanes;
   __shared__ float scores[kAttentionChunk];
   __shared__ float scratch[32];
@@ -221,6 +223,7 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
 // per row); output: thread (key subset, 8 features) accumulates every row's sum from one read of V.
 template <int kLanes, int G>  // G: rows per group at most (registers hold G queries and G accumulators)
 __global__ void AttentionGroupVecKernel(AttentionParams p) {
+  AfterPrevious();
   constexpr int kKeysPerLoad = 32 / kLanes, kSubsets = kThreads / kLanes, kDh = 8 * kLanes;
   __shared__ float q[G][kDh];
   __shared__ float scores[G][kAttentionChunk];
@@ -385,6 +388,7 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
 // threads sum every groups-th chunk's outputs, and the groups add up.
 constexpr int kCombineThreads = 512, kMaxCombineChunks = 4096;
 __global__ void AttentionCombineKernel(AttentionParams p) {
+  AfterPrevious();
   __shared__ float weights[kMaxCombineChunks];
   __shared__ float sums[kCombineThreads];
   __shared__ float scratch[32];
@@ -441,7 +445,7 @@ void Attention(const AttentionParams& p, cudaStream_t stream) {
     const int g = p.group_rows <= 2 ? 2 : p.group_rows <= 4 ? 4 : 8;
     bool launched = true;
     auto launch = [&](auto kernel2, auto kernel4, auto kernel8) {
-      (g == 2 ? kernel2 : g == 4 ? kernel4 : kernel8)<<<groups, kThreads, 0, stream>>>(p);
+      LaunchAfterPrevious(g == 2 ? kernel2 : g == 4 ? kernel4 : kernel8, groups, kThreads, 0, stream, p);
     };
     switch (p.dims.head_dim) {
       case 32: launch(AttentionGroupVecKernel<4, 2>, AttentionGroupVecKernel<4, 4>, AttentionGroupVecKernel<4, 8>); break;
@@ -456,29 +460,26 @@ void Attention(const AttentionParams& p, cudaStream_t stream) {
     }
     if (launched) {
       ORYX_CUDA_CHECK(cudaGetLastError());
-      AttentionCombineKernel<<<dim3(grid.x, grid.y), kCombineThreads, 0, stream>>>(p);
-      ORYX_CUDA_CHECK(cudaGetLastError());
+      LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
       return;
     }
   }
   switch (p.dims.head_dim) {
-    case 32: AttentionChunkVecKernel<4><<<grid, kThreads, 0, stream>>>(p); break;
-    case 64: AttentionChunkVecKernel<8><<<grid, kThreads, 0, stream>>>(p); break;
-    case 128: AttentionChunkVecKernel<16><<<grid, kThreads, 0, stream>>>(p); break;
-    case 256: AttentionChunkVecKernel<32><<<grid, kThreads, 0, stream>>>(p); break;
+    case 32: LaunchAfterPrevious(AttentionChunkVecKernel<4>, grid, kThreads, 0, stream, p); break;
+    case 64: LaunchAfterPrevious(AttentionChunkVecKernel<8>, grid, kThreads, 0, stream, p); break;
+    case 128: LaunchAfterPrevious(AttentionChunkVecKernel<16>, grid, kThreads, 0, stream, p); break;
+    case 256: LaunchAfterPrevious(AttentionChunkVecKernel<32>, grid, kThreads, 0, stream, p); break;
     default: break;
   }
   const bool vectorised = p.dims.head_dim == 32 || p.dims.head_dim == 64 || p.dims.head_dim == 128 ||
                           p.dims.head_dim == 256;
   if (vectorised) {
   } else if (p.dims.head_dim % 2 == 0) {
-    AttentionChunkKernel<2><<<grid, kThreads, 0, stream>>>(p);
+    LaunchAfterPrevious(AttentionChunkKernel<2>, grid, kThreads, 0, stream, p);
   } else {
-    AttentionChunkKernel<1><<<grid, kThreads, 0, stream>>>(p);
+    LaunchAfterPrevious(AttentionChunkKernel<1>, grid, kThreads, 0, stream, p);
   }
-  ORYX_CUDA_CHECK(cudaGetLastError());
-  AttentionCombineKernel<<<dim3(grid.x, grid.y), kCombineThreads, 0, stream>>>(p);
-  ORYX_CUDA_CHECK(cudaGetLastError());
+  LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
 }
 
 }  // namespace oryx::kernels::cuda

@@ -36,6 +36,7 @@ __device__ __forceinline__ float Rotate(float self, float other, int64_t i, int6
 }
 
 __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
+  AfterPrevious();
   const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh, P = p.dims.proj_width;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= p.rows * HD) return;
@@ -61,6 +62,7 @@ __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
 
 __global__ void ConvWindowUpdateKernel(ConvWindowUpdateParams p) {
   constexpr int kMaxWindow = 16;
+  AfterPrevious();
   const int64_t C = 2LL * p.dims.heads * p.dims.head_dim, W = p.dims.conv_width - 1, P = p.dims.proj_width;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= p.seqs * C) return;
@@ -83,14 +85,14 @@ __global__ void ConvWindowUpdateKernel(ConvWindowUpdateParams p) {
 void ConvRopeAppend(const ConvRopeAppendParams& p, cudaStream_t stream) {
   const int64_t n = p.rows * p.dims.heads * p.dims.head_dim;
   if (n == 0) return;
-  ConvRopeAppendKernel<<<static_cast<unsigned>(CeilDiv(n, kThreads)), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(ConvRopeAppendKernel, static_cast<unsigned>(CeilDiv(n, kThreads)), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream) {
   const int64_t n = p.seqs * 2 * p.dims.heads * p.dims.head_dim;
   if (n == 0 || p.dims.conv_width == 1) return;
-  ConvWindowUpdateKernel<<<static_cast<unsigned>(CeilDiv(n, kThreads)), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(ConvWindowUpdateKernel, static_cast<unsigned>(CeilDiv(n, kThreads)), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,6 +14,7 @@ constexpr int kThreads = 256;
 int Blocks(int64_t n) { return static_cast<int>(CeilDiv(n, kThreads)); }
 
 __global__ void EmbedKernel(EmbedParams p) {
+  AfterPrevious();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.rows * p.d) return;
   const int64_t r = i / p.d, c = i % p.d;
@@ -21,6 +22,7 @@ __global__ void EmbedKernel(EmbedParams p) {
 }
 
 __global__ void SwiGluKernel(SwiGluParams p) {
+  AfterPrevious();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.rows * p.d) return;
   const int64_t r = i / p.d, c = i % p.d;
@@ -72,12 +74,12 @@ void FillUniform(bf16* y, int64_t n, uint32_t seed, float lo, float hi, cudaStre
 }
 
 void Embed(const EmbedParams& p, cudaStream_t stream) {
-  EmbedKernel<<<Blocks(p.rows * p.d), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(EmbedKernel, Blocks(p.rows * p.d), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 void SwiGlu(const SwiGluParams& p, cudaStream_t stream) {
-  SwiGluKernel<<<Blocks(p.rows * p.d), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(SwiGluKernel, Blocks(p.rows * p.d), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

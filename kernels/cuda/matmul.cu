@@ -38,6 +38,7 @@ __global__ void GemvKernel(GemmParams p) {
   const bool active = n < p.n;
   const uint4* w = reinterpret_cast<const uint4*>(p.w_ptr + (active ? n : 0) * p.k);
   const int64_t pieces = active ? p.k / 8 : 0;
+  AfterPrevious();
   float acc[kM] = {};
 #pragma unroll 4
   for (int64_t i = part * 32 + lane; i < pieces; i += 32 * kSplit) {
@@ -80,11 +81,12 @@ template <int kM>
 void LaunchGemv(const GemmParams& p, cudaStream_t stream) {
   // Features per block: 8 when N fills the GPU with N / 8 blocks, else 2 (4 warps per feature).
   if (p.n >= 8192) {
-    GemvKernel<kM, 1><<<static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, 0, stream>>>(p);
+    LaunchAfterPrevious(GemvKernel<kM, 1>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, 0,
+                        stream, p);
   } else {
-    GemvKernel<kM, 4><<<static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / 4)), 32 * kGemvWarps, 0, stream>>>(p);
+    LaunchAfterPrevious(GemvKernel<kM, 4>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / 4)), 32 * kGemvWarps, 0,
+                        stream, p);
   }
-  ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 bool GemvApplies(const GemmParams& p) {
@@ -103,6 +105,7 @@ __global__ void FusedGemvKernel(FusedGemvParams p) {
   __shared__ float scratch[32];
   const int64_t K = p.k;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  AfterPrevious();
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
     switch (p.input) {
@@ -173,8 +176,8 @@ void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  FusedGemvKernel<kM><<<static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, smem, stream>>>(p);
-  ORYX_CUDA_CHECK(cudaGetLastError());
+  LaunchAfterPrevious(FusedGemvKernel<kM>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, smem,
+                      stream, p);
 }
 
 }  // namespace

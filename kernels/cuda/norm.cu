@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 
 __global__ void AddRmsNormKernel(AddRmsNormParams p) {
   __shared__ float scratch[32];
+  AfterPrevious();
   const int64_t src = p.maybe_rows_ptr != nullptr ? p.maybe_rows_ptr[blockIdx.x] : blockIdx.x;
   float* x = p.x_ptr + src * p.d;
   const float* delta = p.maybe_delta_ptr != nullptr ? p.maybe_delta_ptr + src * p.d : nullptr;
@@ -30,6 +31,7 @@ __global__ void AddRmsNormKernel(AddRmsNormParams p) {
 
 // One warp per head, lanes over the head's features.
 __global__ void GatedNormKernel(GatedNormParams p) {
+  AfterPrevious();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int64_t r = blockIdx.x, hd = p.heads * p.head_dim;
   for (int64_t h = warp; h < p.heads; h += warps) {
@@ -47,13 +49,13 @@ __global__ void GatedNormKernel(GatedNormParams p) {
 
 void AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  AddRmsNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(AddRmsNormKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 void GatedNorm(const GatedNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  GatedNormKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  LaunchAfterPrevious(GatedNormKernel, static_cast<unsigned>(p.rows), kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -25,6 +25,7 @@ __device__ __forceinline__ float ColumnSum(float v, float* red) {
 
 __global__ void RecurrentKernel(RecurrentParams p) {
   extern __shared__ float smem[];
+  AfterPrevious();
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, P = p.dims.proj_width, dd = dh * dh;
   const int64_t b = blockIdx.x, h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
   const bool col = j < dh;
@@ -115,7 +116,7 @@ void Recurrent(const RecurrentParams& p, cudaStream_t stream) {
   const size_t smem = (dh * kLanes + 2 * dh + kGroups * kLanes + 2) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads),
                   static_cast<unsigned>(CeilDiv(dh, kLanes)));
-  RecurrentKernel<<<grid, dim3(kLanes, kGroups), smem, stream>>>(p);
+  LaunchAfterPrevious(RecurrentKernel, grid, dim3(kLanes, kGroups), smem, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
