@@ -28,6 +28,17 @@ __device__ __forceinline__ RowInfo GetRow(const AttentionParams& p, int64_t a) {
 }
 
 // kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
+// Loads, for one thread, 8 bf16 of kUnroll keys kKeysPerLoad apart from key j0 + group (zeros past n).
+template <int kKeysPerLoad>
+__device__ __forceinline__ void LoadKeys(uint4 (&raw)[kUnroll], const bf16* kbase, int j0, int group, int n,
+                                         int64_t HD) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int j = j0 + u * kKeysPerLoad + group;
+    raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <int kVec>
 __global__ void AttentionChunkKernel(AttentionParams p) {
   AfterPrevious();
@@ -156,11 +167,7 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
   constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
   for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
     uint4 raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kKeysPerLoad + group;
-      raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
-    }
+    LoadKeys<kKeysPerLoad>(raw, kbase, j0, group, n, HD);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
@@ -266,11 +273,7 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
   constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
   for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
     uint4 raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kKeysPerLoad + group;
-      raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
-    }
+    LoadKeys<kKeysPerLoad>(raw, kbase, j0, group, n, HD);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
