@@ -276,10 +276,14 @@ class EpisodeRunner {
 };
 
 // The counterfactual bases: prefill-linear (the prompt linear, its last token and the answer in attention
-// mode, drafting `draft` tokens per round when > 0) and all-linear.
-enum class Base { kPrefillLinear, kLinear };
+// mode, drafting `draft` tokens per round when > 0), all-linear and all-attention. Each finds what one
+// flipped decision is worth next to it: a text continuation agrees with the all-attention one only when
+// most of the prompt ran in attention, which no single flip away from the first two shows.
+enum class Base { kPrefillLinear, kLinear, kAttention };
+constexpr int kBases = 3;
 router::Decision BaseDecision(Base base, const router::RouterContext& c, int64_t draft = 0) {
-  const bool attend = base == Base::kPrefillLinear && (c.phase == router::Phase::kDecode || c.last_prompt_token);
+  const bool attend = base == Base::kAttention ||
+                      (base == Base::kPrefillLinear && (c.phase == router::Phase::kDecode || c.last_prompt_token));
   return {attend ? Mode::kAttention : Mode::kLinear, attend && c.phase == router::Phase::kDecode ? draft : 0};
 }
 
@@ -576,7 +580,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   ORYX_ASSIGN_OR_RETURN(std::vector<Example> warm, examples(0, 0, o.warm_examples));
   std::vector<const Example*> base_examples;
   std::vector<Base> base_kinds;
-  for (Base b : {Base::kPrefillLinear, Base::kLinear}) {
+  for (Base b : {Base::kPrefillLinear, Base::kLinear, Base::kAttention}) {
     for (const auto& e : warm) base_examples.push_back(&e), base_kinds.push_back(b);
   }
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> base, runner.Run(base_examples, [&](size_t i, LearnedRouter::Trace trace) {
@@ -629,7 +633,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
     return rule([k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); }, std::move(trace));
   }));
   {
-    double base_quality[2] = {0, 0}, base_cost[2] = {0, 0}, helped = 0, hurt = 0;
+    double base_quality[kBases] = {}, base_cost[kBases] = {}, helped = 0, hurt = 0;
     for (size_t i = 0; i < base.size(); ++i) {
       base_quality[static_cast<int>(base_kinds[i])] += base[i].quality;
       base_cost[static_cast<int>(base_kinds[i])] += base[i].cost;
@@ -642,7 +646,8 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
     nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm.size()}, {"cost", o.cost},
                         {"episodes", base.size() + flips.size() + decode_flipped.size() + drafted.size()},
                         {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
-                        {"prefill_linear_cost", base_cost[0] / n}, {"linear_cost", base_cost[1] / n},
+                        {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
+                        {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
     if (!drafted.empty()) {
       nlohmann::json by_length = nlohmann::json::array();

@@ -23,9 +23,10 @@
 // also the draft length of each decode step in attention mode (a speculative round when > 0).
 //
 // Training, for each lambda of the sweep:
-//   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each of two base
+//   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each of three base
 //      schedules (prefill-linear: the prompt linear, its last token and the answer in attention mode;
-//      all-linear), the base episode and one episode per decision with that decision flipped; a decision is
+//      all-linear; all-attention), the base episode and one episode per decision with that decision
+//      flipped, and prefill-linear with its whole decode phase flipped to linear; a decision is
 //      labelled attention when attention there beats linear by more than lambda times what it costs, and
 //      weighted by the size of that margin (cost-sensitive: the classifier follows the expected gain, not
 //      the majority of examples, where most single flips change nothing). Draft head: each generated
