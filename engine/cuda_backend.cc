@@ -100,6 +100,9 @@ struct CudaBackend::Context {
   DevicePool pool;
   kc::ModelDims dims{};
   int64_t L = 0, H = 0, dh = 0, HD = 0, W = 0;
+  // This forward runs kc::Recurrent's chunked scan for mamba2 spans of at least kc::kChunkedScanMinLen tokens
+  // that keep no states (set per forward; never inside a graph). ORYX_CUDA_CHUNKED_SCAN=0 turns it off.
+  bool chunked_scan = false;
   ~Context() {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
@@ -612,7 +615,8 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   mark("conv_rope_append");
   kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
   mark("conv_window");
-  kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o}, s);
+  kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
+                 ctx.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
   mark("recurrent");
   kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
                  sc.num_groups, sc.attn_groups, sc.group_rows}, s);
@@ -690,6 +694,18 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   // past a row's keys exit at once).
   constexpr int64_t kMaxGraphRows = 64;
   const bool graph = use_graphs_ && !profiler_ && N <= kMaxGraphRows;
+  // A graph bakes in its launches, so the chunked scan must never be wanted by a graph's shape.
+  static_assert(kc::kChunkedScanMinLen > kMaxGraphRows);
+  static const bool chunked_scan_on = [] {
+    const char* env = std::getenv("ORYX_CUDA_CHUNKED_SCAN");
+    return env == nullptr || env[0] != '0';
+  }();
+  ctx.chunked_scan = false;
+  if (chunked_scan_on && !ctx.dims.gdn) {
+    for (const ForwardItem& it : batch) {
+      if (!it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen) ctx.chunked_scan = true;
+    }
+  }
   if (graph && max_keys > 0) {
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }

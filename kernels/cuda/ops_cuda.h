@@ -147,6 +147,11 @@ void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream);
 // with g the gate columns of proj. Writes out for linear-mode rows only (attention rows take Attention's
 // output); records the state after each token where the sequence keeps its span. One block per
 // (sequence, head, 32 value features): that slice of S stays in shared memory over the whole span.
+// Chunked scan: with chunked_min_len > 0, a mamba2 sequence whose span has at least that many tokens and
+// keeps no states runs in chunks of 64 tokens instead (SSD form: per chunk the decay-masked 64 x 64 scores
+// q_t . k_s, the contribution of the state entering the chunk, then the chunk's state update; chunks in
+// order), the same fp32 math regrouped. gdn and state-capturing spans always run token by token.
+inline constexpr int32_t kChunkedScanMinLen = 128;  // the backend's threshold (> its 64-row graph limit)
 struct RecurrentParams {
   ModelDims dims;
   int32_t layer;
@@ -159,6 +164,7 @@ struct RecurrentParams {
   const float* a_log_ptr;       // [H]
   const float* maybe_d_skip_ptr;  // [H] mamba2
   float* out_ptr;               // [N, HD]
+  int32_t chunked_min_len = 0;  // 0: every span token by token
 };
 void Recurrent(const RecurrentParams& p, cudaStream_t stream);
 

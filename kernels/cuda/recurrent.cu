@@ -23,6 +23,11 @@ __device__ __forceinline__ float ColumnSum(float v, float* red) {
   return s;
 }
 
+// Whether ChunkedScanKernel (not RecurrentKernel) runs this sequence's span.
+__device__ __forceinline__ bool TakesChunkedScan(const RecurrentParams& p, const SeqDesc& s) {
+  return p.chunked_min_len > 0 && !p.dims.gdn && s.maybe_span_states == nullptr && s.len >= p.chunked_min_len;
+}
+
 __global__ void RecurrentKernel(RecurrentParams p) {
   extern __shared__ float smem[];
   AfterPrevious();
@@ -36,6 +41,7 @@ __global__ void RecurrentKernel(RecurrentParams p) {
   float* red = ks + dh;             // [8, 32]
   float* norms = red + kGroups * kLanes;  // [2]: 1/|k|, 1/|q|/sqrt(dh) (gdn)
   const SeqDesc s = p.seqs_ptr[b];
+  if (TakesChunkedScan(p, s)) return;
   float* state = s.state + (int64_t(p.layer) * H + h) * dd;
   float* saved = s.maybe_span_states != nullptr
                      ? s.maybe_span_states + (int64_t(p.layer) * H + h) * (s.len + 1) * dd
@@ -108,15 +114,182 @@ __global__ void RecurrentKernel(RecurrentParams p) {
   }
 }
 
+
+// The mamba2 recurrence of a long span in chunks of kChunk tokens (SSD form). With la_t = -dt_t exp(A_log)
+// (log a_t) and cum_t its running sum within the chunk (in double, so that differences of nearby cum_t lose
+// nothing to cancellation), a chunk starting from state S0 gives, for its tokens t and s <= t,
+//   out_t = exp(cum_t) S0^T q_t + sum_{s<=t} exp(cum_t - cum_s) dt_s (q_t . k_s) v_s + D v_t
+//   S_end = exp(cum_last) S0 + sum_s exp(cum_last - cum_s) dt_s k_s v_s^T
+// which is the token-by-token recurrence S_t = a_t S_{t-1} + dt_t k_t v_t^T, out_t = S_t^T q_t + D v_t,
+// regrouped. Chunks run in order; one block per (sequence, head, 32 value features j) as in
+// RecurrentKernel, the state slice S[:, j-slice] in shared memory. Threads (32 x 8) = (x: value feature,
+// y: group). Per chunk: (1) stage k, q (rows padded to dh+1 floats against bank conflicts), v's slice, dt
+// and cum; (2) the decay-masked scores W[t][s] in 4x4 register tiles; (3) the outputs from S0 and W;
+// (4) the state update.
+constexpr int kChunk = 64;
+
+size_t ChunkedScanSmem(int64_t dh) {
+  return (dh * kLanes + 2 * kChunk * (dh + 1) + kChunk * kLanes + kChunk * (kChunk + 1) + 2 * kChunk) * sizeof(float) +
+         kChunk * sizeof(double);
+}
+
+__global__ void ChunkedScanKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  const SeqDesc s = p.seqs_ptr[blockIdx.x];
+  if (!TakesChunkedScan(p, s)) return;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, P = p.dims.proj_width, dd = dh * dh;
+  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x;
+  const bool col = j < dh;
+  const int ld = static_cast<int>(dh) + 1;
+  double* cum = smem_d;                                  // [C] cumulative log-decay within the chunk
+  float* S = reinterpret_cast<float*>(cum + kChunk);     // [dh, 32]
+  float* Ks = S + dh * kLanes;                           // [C, dh+1]
+  float* Qs = Ks + kChunk * ld;                          // [C, dh+1]
+  float* Vs = Qs + kChunk * ld;                          // [C, 32]
+  float* Wm = Vs + kChunk * kLanes;                      // [C, C+1] decay-masked scores
+  float* dts = Wm + kChunk * (kChunk + 1);               // [C] dt
+  float* ucoef = dts + kChunk;                           // [C] exp(cum_last - cum_s) dt_s
+  float* state = s.state + (int64_t(p.layer) * H + h) * dd;
+  for (int64_t i = y; i < dh; i += kGroups) S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
+  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h], d_skip = p.maybe_d_skip_ptr[h];
+  for (int64_t c0 = 0; c0 < s.len; c0 += kChunk) {
+    const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
+    const int64_t r0 = s.row + c0;
+    // (1) Stage the chunk.
+    for (int64_t e = tid; e < n * dh; e += kLanes * kGroups) {
+      const int64_t t = e / dh, d = e - t * dh, r = r0 + t;
+      Ks[t * ld + d] = p.kv_ptr[r * 2 * HD + h * dh + d];
+      Qs[t * ld + d] = p.proj_ptr[r * P + 2 * HD + h * dh + d];
+    }
+    for (int t = y; t < n; t += kGroups) Vs[t * kLanes + x] = col ? p.kv_ptr[(r0 + t) * 2 * HD + HD + h * dh + j] : 0.f;
+    if (tid < kLanes) {  // warp 0: dt and the inclusive scan of la over the chunk
+      double carry = 0;
+      for (int base = 0; base < n; base += kLanes) {
+        const int t = base + x;
+        float dt = 0.f;
+        double la = 0;
+        if (t < n) {
+          dt = Softplus(p.proj_ptr[(r0 + t) * P + 4 * HD + h] + dt_bias);
+          la = static_cast<double>(-dt * a_exp);  // the float product RecurrentKernel takes expf of
+        }
+        for (int off = 1; off < kLanes; off *= 2) {
+          const double up = __shfl_up_sync(0xffffffffu, la, off);
+          if (x >= off) la += up;
+        }
+        la += carry;
+        if (t < n) dts[t] = dt, cum[t] = la;
+        carry = __shfl_sync(0xffffffffu, la, kLanes - 1);
+      }
+    }
+    __syncthreads();
+    // (2) W[t][s] = exp(cum_t - cum_s) dt_s (q_t . k_s) for s <= t, 0 above the diagonal. Thread tile:
+    // t = tr + 16a, s = tc + 16b.
+    {
+      const int tr = tid / 16, tc = tid % 16;
+      float acc[4][4] = {};
+      for (int d = 0; d < dh; ++d) {
+        float qv[4], kv[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) qv[a] = Qs[(tr + 16 * a) * ld + d], kv[a] = Ks[(tc + 16 * a) * ld + d];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) acc[a][b] += qv[a] * kv[b];
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        const int t = tr + 16 * a;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const int u = tc + 16 * b;
+          if (t < n && u < n) {
+            Wm[t * (kChunk + 1) + u] = u <= t ? expf(static_cast<float>(cum[t] - cum[u])) * dts[u] * acc[a][b] : 0.f;
+          }
+        }
+      }
+      if (tid < n) ucoef[tid] = expf(static_cast<float>(cum[n - 1] - cum[tid])) * dts[tid];
+    }
+    __syncthreads();
+    // (3) Outputs of tokens t = y + 8k from S0 and W.
+    {
+      constexpr int kPer = kChunk / kGroups;
+      float from_state[kPer] = {}, from_chunk[kPer] = {};
+      for (int64_t i = 0; i < dh; ++i) {
+        const float sv = S[i * kLanes + x];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) from_state[k] += Qs[(y + kGroups * k) * ld + i] * sv;
+      }
+      for (int u = 0; u < n; ++u) {
+        const float vv = Vs[u * kLanes + x];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) from_chunk[k] += Wm[(y + kGroups * k) * (kChunk + 1) + u] * vv;
+      }
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int t = y + kGroups * k;
+        if (t < n && col && p.row_mode_ptr[r0 + t] == 0) {
+          p.out_ptr[(r0 + t) * HD + h * dh + j] =
+              expf(static_cast<float>(cum[t])) * from_state[k] + from_chunk[k] + d_skip * Vs[t * kLanes + x];
+        }
+      }
+    }
+    __syncthreads();
+    // (4) S[i][x] = exp(cum_last) S0[i][x] + sum_s ucoef_s k_s[i] v_s[x], i = y + 8m, 8 rows at a time.
+    {
+      const float decay = expf(static_cast<float>(cum[n - 1]));
+      for (int64_t i0 = y; i0 < dh; i0 += kGroups * 8) {
+        float acc[8];
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          const int64_t i = i0 + kGroups * m;
+          acc[m] = i < dh ? decay * S[i * kLanes + x] : 0.f;
+        }
+        for (int u = 0; u < n; ++u) {
+          const float w = ucoef[u] * Vs[u * kLanes + x];
+#pragma unroll
+          for (int m = 0; m < 8; ++m) {
+            const int64_t i = i0 + kGroups * m;
+            if (i < dh) acc[m] += Ks[u * ld + i] * w;
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          const int64_t i = i0 + kGroups * m;
+          if (i < dh) S[i * kLanes + x] = acc[m];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (col) {
+    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = S[i * kLanes + x];
+  }
+}
+
 }  // namespace
 
-void Recurrent(const RecurrentParams& p, cudaStream_t stream) {
-  if (p.seqs == 0) return;
+void Recurrent(const RecurrentParams& params, cudaStream_t stream) {
+  if (params.seqs == 0) return;
+  RecurrentParams p = params;
+  if (p.dims.gdn) p.chunked_min_len = 0;
   const int64_t dh = p.dims.head_dim;
   const size_t smem = (dh * kLanes + 2 * dh + kGroups * kLanes + 2) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads),
                   static_cast<unsigned>(CeilDiv(dh, kLanes)));
   LaunchAfterPrevious(RecurrentKernel, grid, dim3(kLanes, kGroups), smem, stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+  if (p.chunked_min_len <= 0) return;
+  // Up to the shared memory of head_dim kMaxHeadDimCuda (190 KiB), configured once.
+  static const bool configured = [] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(ChunkedScanKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(ChunkedScanSmem(kMaxHeadDimCuda))));
+    return true;
+  }();
+  (void)configured;
+  LaunchAfterPrevious(ChunkedScanKernel, grid, dim3(kLanes, kGroups), ChunkedScanSmem(dh), stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

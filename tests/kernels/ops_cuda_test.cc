@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -419,6 +420,84 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
         }
         row += T;
       }
+    }
+  }
+}
+
+// The chunked mamba2 scan against the token-by-token kernel, on one batch run both ways (chunked_min_len 0,
+// then kChunkedScanMinLen): spans of 200 and 128 tokens (3.1 and exactly 2 chunks of 64) take the chunked
+// scan from non-zero states; a 150-token span that captures its states and a 5-token span stay token by
+// token, so theirs must come out bit for bit the same. Two gate regimes: fast decay (a_t in 0.03..0.95,
+// the state entering a chunk mostly forgotten within it) and slow decay (a_t in 0.93..0.998, the state
+// carried over the whole span). Tolerance kFp32Tol (1e-4 of the scale): both sides are fp32; the chunked
+// scan regroups the sums (over up to dh + 64 terms per output) and takes a decay product over a chunk as
+// one expf of a log-decay sum kept in double, where the token kernel multiplies up to 64 expf values: each
+// a relative error of at most ~64 ulp (4e-6), 25x inside the tolerance.
+TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
+  for (bool slow : {false, true}) {
+    for (int64_t dh : {5, 64, 128, 256}) {
+      SCOPED_TRACE((slow ? "slow decay dh=" : "fast decay dh=") + std::to_string(dh));
+      const std::vector<int> lens = {200, 128, 150, 5};
+      Batch b = MakeBatch(2, dh, /*gdn=*/false, lens, {0, 0, 0, 0}, 3);
+      const int64_t H = b.H, HD = b.HD, dd = dh * dh, L = b.L, layer = b.layer, P = b.P;
+      const std::vector<float> proj = Random(b.N * P, 40), kv = Random(b.N * 2 * HD, 41);
+      const std::vector<float> dt_bias = Random(H, 42, -1, 0), d_skip = Random(H, 44);
+      const std::vector<float> a_log = slow ? Random(H, 43, -5, -3) : Random(H, 43, -1, 1);
+      const std::vector<float> out_init = Random(b.N * HD, 45);  // attention rows keep these
+      std::vector<std::vector<float>> states;
+      for (size_t q = 0; q < lens.size(); ++q) states.push_back(Random(L * H * dd, 50 + q, -0.5, 0.5));
+      DeviceBuffer<float> dproj(proj), dkv(kv), ddt(dt_bias), dalog(a_log), dd_skip(d_skip), dconv(1);
+      DeviceBuffer<uint8_t> dmode(b.modes);
+      struct Run {
+        std::vector<float> out, saved;
+        std::vector<std::vector<float>> after;
+      };
+      auto run = [&](int32_t chunked_min_len) {
+        std::vector<std::unique_ptr<DeviceBuffer<float>>> ds;
+        for (const auto& st : states) ds.push_back(std::make_unique<DeviceBuffer<float>>(st));
+        DeviceBuffer<float> dout(out_init), dsaved(L * H * (lens[2] + 1) * dd);
+        std::vector<cuda::SeqDesc> seqs;
+        int32_t row = 0;
+        for (size_t q = 0; q < lens.size(); ++q) {
+          seqs.push_back({row, lens[q], 0, 0, ds[q]->get(), dconv.get(), nullptr, nullptr, q == 2 ? dsaved.get() : nullptr,
+                          nullptr});
+          row += lens[q];
+        }
+        DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+        cuda::Recurrent({b.dims, static_cast<int32_t>(layer), static_cast<int64_t>(lens.size()), dseqs.get(), dmode.get(),
+                         dproj.get(), dkv.get(), ddt.get(), dalog.get(), dd_skip.get(), dout.get(), chunked_min_len},
+                        nullptr);
+        Run r{dout.Host(), dsaved.Host(), {}};
+        for (auto& d : ds) r.after.push_back(d->Host());
+        return r;
+      };
+      const Run token = run(0), chunked = run(cuda::kChunkedScanMinLen);
+      int64_t row = 0;
+      for (size_t q = 0; q < lens.size(); ++q) {
+        const int64_t T = lens[q];
+        const std::string what = "sequence " + std::to_string(q) + " (" + std::to_string(T) + " tokens)";
+        const std::vector<float> out_c(chunked.out.begin() + row * HD, chunked.out.begin() + (row + T) * HD);
+        const std::vector<float> out_t(token.out.begin() + row * HD, token.out.begin() + (row + T) * HD);
+        if (q < 2) {
+          ExpectClose(out_c, out_t, kFp32Tol, what + ": outputs");
+          ExpectClose(chunked.after[q], token.after[q], kFp32Tol, what + ": state after the span");
+          // Attention rows are left alone.
+          for (int64_t t = 0; t < T; ++t) {
+            if (!b.modes[row + t]) continue;
+            for (int64_t e = 0; e < HD; ++e) ASSERT_EQ(out_c[t * HD + e], out_init[(row + t) * HD + e]) << what;
+          }
+        } else {
+          EXPECT_EQ(out_c, out_t) << what << ": outputs";
+          EXPECT_EQ(chunked.after[q], token.after[q]) << what << ": state after the span";
+        }
+        // The other layer's state is untouched.
+        for (int64_t e = 0; e < L * H * dd; ++e) {
+          if (e / (H * dd) == layer) continue;
+          ASSERT_EQ(chunked.after[q][e], states[q][e]) << what << ": layer 0 state";
+        }
+        row += T;
+      }
+      EXPECT_EQ(chunked.saved, token.saved) << "captured states";
     }
   }
 }
