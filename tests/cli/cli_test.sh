@@ -64,6 +64,9 @@ expect 1 "eval: depth out of range" -- eval niah --model x --data y --depths 1.5
 expect 1 "eval: neither data nor haystack" -- eval niah --model x
 expect 1 "eval: unknown backend" -- eval ppl --model x --data y --backend abacus
 expect 1 "bench decode: bad batch list" -- bench decode --batches 1,zero
+expect 1 "bench decode: speculative rounds on the CPU" -- bench decode --spec-k 2
+expect 1 "bench decode: a zero draft length" -- bench decode --device cuda --spec-k 0
+expect 1 "bench decode: acceptance without rounds" -- bench decode --device cuda --acceptance 0.9
 expect 1 "bench spec: missing model" -- bench spec --model "$TMP/no-model" --data "$TMP"
 if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   M="$SRC/models/default"
