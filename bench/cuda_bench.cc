@@ -175,7 +175,7 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
       ORYX_RETURN_IF_ERROR(val->ReadSequence(b * windows / batch, context, window.data()));
       window.pop_back();
       seqs.push_back(backend.NewSequence());
-      seqs.back().Reserve(context + (o.steps + 2) * (k + 1) + 8);
+      ORYX_RETURN_IF_ERROR(seqs.back().Reserve(context + (o.steps + 2) * (k + 1) + 8));
       ORYX_ASSIGN_OR_RETURN(pending[b], PrefillWindow(backend, seqs.back(), window));
     }
     speculative::AcceptRule accept = speculative::AcceptLossless;  // greedy: the real acceptance
@@ -325,7 +325,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
     for (int64_t context : o.contexts) {
       if (mode == Mode::kAttention && context > o.prefill_max_attention) continue;
       SequenceState seq = backend->NewSequence();
-      seq.Reserve(context);
+      ORYX_RETURN_IF_ERROR(seq.Reserve(context));
       ORYX_ASSIGN_OR_RETURN(double s, Fill(*backend, seq, context, mode, 2048));
       nlohmann::json r = base;
       r.update({{"bench", "prefill"}, {"mode", ModeName(mode)}, {"context", context}, {"chunk", 2048},
@@ -339,7 +339,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
     // cloned into every batch slot with room for the timed steps of its passes (attention then linear,
     // each with and without CUDA graphs, one after the other: the context grows by a few tokens).
     SequenceState first = backend->NewSequence();
-    first.Reserve(context + growth);
+    ORYX_RETURN_IF_ERROR(first.Reserve(context + growth));
     ORYX_ASSIGN_OR_RETURN(double fill_s, Fill(*backend, first, context, Mode::kLinear, 2048));
     const int64_t per_seq = first.kv_bytes() + (int64_t{1} << 20);
     for (int64_t batch : batches) {

@@ -137,7 +137,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
       std::vector<int32_t> ctx(context);
       for (int64_t t = 0; t < context; ++t) ctx[t] = static_cast<int32_t>(4 + (t * 7919) % (c.vocab_size - 4));
       SequenceState first = backend.NewSequence();
-      first.Reserve(context + o.steps + 1);
+      ORYX_RETURN_IF_ERROR(first.Reserve(context + o.steps + 1));
       std::vector<Mode> modes(512, mode);
       std::vector<float> logits;
       const auto t0 = Clock::now();
@@ -150,7 +150,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         std::vector<SequenceState> seqs;
         for (int64_t b = 0; b < batch; ++b) {
           seqs.push_back(first.Clone());
-          seqs.back().Reserve(context + o.steps + 1);
+          ORYX_RETURN_IF_ERROR(seqs.back().Reserve(context + o.steps + 1));
         }
         std::vector<int32_t> tokens(batch, 5);
         std::vector<Mode> step_modes(batch, mode);

@@ -30,7 +30,8 @@ class DeviceSequence {
   // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state.
   virtual std::unique_ptr<DeviceSequence> Clone(bool with_kv, int64_t position) const = 0;
   virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
-  virtual void Reserve(int64_t tokens, int64_t position) = 0;
+  // ResourceExhausted, the state unchanged, when the device has no room for it.
+  virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
   virtual int64_t kv_bytes() const = 0;
   // Brings the recurrent state and conv window back to after `keep` tokens of the last keep_states span.
   virtual void RestoreSpan(int64_t keep) = 0;
@@ -68,8 +69,9 @@ class SequenceState {
   void CopyRecurrentFrom(const SequenceState& other);
 
   // Makes room for `tokens` positions in all, so forwards up to there allocate nothing. The KV cache then
-  // holds exactly tokens * 2 * HD floats per layer.
-  void Reserve(int64_t tokens);
+  // holds exactly tokens * 2 * HD floats per layer. ResourceExhausted, the sequence unchanged, when the
+  // memory (host or device) is not there.
+  absl::Status Reserve(int64_t tokens);
   // Bytes held by the KV cache (allocated capacity, all layers).
   int64_t kv_bytes() const;
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
+#include <stdexcept>
 
 #include "engine/checkpoint.h"
 #ifdef ORYX_HAVE_CUDA
@@ -104,14 +106,23 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
   span_len_ = 0;
 }
 
-void SequenceState::Reserve(int64_t tokens) {
-  if (!has_kv_) return;
+absl::Status SequenceState::Reserve(int64_t tokens) {
+  if (!has_kv_) return absl::OkStatus();
   if (device_) return device_->Reserve(tokens, position_);
   const int64_t hd = heads_ * head_dim_;
-  for (Layer& l : layers_) {
-    l.k.reserve(tokens * hd);
-    l.v.reserve(tokens * hd);
+  try {
+    for (Layer& l : layers_) {
+      l.k.reserve(tokens * hd);
+      l.v.reserve(tokens * hd);
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions needs ",
+                                            static_cast<double>(tokens * hd) * 8.0 * layers_.size() / (1 << 30),
+                                            " GiB"));
+  } catch (const std::length_error&) {
+    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions is too large"));
   }
+  return absl::OkStatus();
 }
 
 int64_t SequenceState::kv_bytes() const {

@@ -60,9 +60,18 @@ class DevicePool {
       }
       free_.clear();
       cached_ = 0;
-      ORYX_CUDA_CHECK(cudaMalloc(&p, bytes));
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
     }
     sizes_[p] = bytes;
+    return p;
+  }
+  // Alloc, aborting with file and line when the device is out of memory (for the small fixed buffers).
+  void* AllocOrDie(int64_t bytes) {
+    void* p = Alloc(bytes);
+    if (p == nullptr) ORYX_CUDA_CHECK(cudaErrorMemoryAllocation);
     return p;
   }
   void Free(void* p) {
@@ -151,8 +160,9 @@ class CudaSequence final : public DeviceSequence {
                                     ctx_->stream));
   }
 
-  void Reserve(int64_t tokens, int64_t position) override {
-    if (tokens > cap_) Grow(tokens, position);
+  absl::Status Reserve(int64_t tokens, int64_t position) override {
+    if (tokens > cap_ && !Grow(tokens, position)) return OutOfMemory("a KV cache of", tokens, kv_elements(tokens) * 2);
+    return absl::OkStatus();
   }
 
   int64_t kv_bytes() const override { return kv_elements(cap_) * static_cast<int64_t>(sizeof(bf16)); }
@@ -170,26 +180,38 @@ class CudaSequence final : public DeviceSequence {
     }
   }
 
-  // Makes room for `tokens` positions (growing geometrically past a reservation).
-  void EnsureCapacity(int64_t tokens, int64_t position) {
-    if (tokens > cap_) Grow(std::max({tokens, 2 * cap_, int64_t{64}}), position);
+  // Makes room for `tokens` positions (growing geometrically past a reservation, or exactly when that
+  // does not fit).
+  absl::Status EnsureCapacity(int64_t tokens, int64_t position) {
+    if (tokens <= cap_) return absl::OkStatus();
+    if (Grow(std::max({tokens, 2 * cap_, int64_t{64}}), position) || Grow(tokens, position)) return absl::OkStatus();
+    return OutOfMemory("a KV cache of", tokens, kv_elements(tokens) * 2);
   }
 
   // Sizes the keep_states history for a span of T tokens and remembers T.
-  void PrepareSpan(int64_t T) {
+  absl::Status PrepareSpan(int64_t T) {
     const Context& c = *ctx_;
     const int64_t states = c.L * c.H * (T + 1) * c.dh * c.dh, inputs = c.L * (c.W + T) * 2 * c.HD;
-    if (states > span_states_floats_) {
-      ctx_->pool.Free(span_states_);
-      span_states_ = Alloc<float>(states);
-      span_states_floats_ = states;
-    }
-    if (inputs > span_inputs_floats_) {
-      ctx_->pool.Free(span_inputs_);
-      span_inputs_ = Alloc<float>(inputs);
-      span_inputs_floats_ = inputs;
+    for (auto [buffer, floats, need] : {std::tuple{&span_states_, &span_states_floats_, states},
+                                        std::tuple{&span_inputs_, &span_inputs_floats_, inputs}}) {
+      if (need <= *floats) continue;
+      float* grown = TryAlloc<float>(need);
+      if (grown == nullptr) return OutOfMemory("the rollback history of a span of", T, (states + inputs) * 4);
+      ctx_->pool.Free(*buffer);
+      *buffer = grown;
+      *floats = need;
     }
     span_len_ = T;
+    return absl::OkStatus();
+  }
+
+  static absl::Status OutOfMemory(std::string_view what, int64_t tokens, int64_t bytes) {
+    size_t free = 0, total = 0;
+    (void)cudaMemGetInfo(&free, &total);
+    return absl::ResourceExhaustedError(Cat("out of GPU memory: ", what, " ", tokens, " positions needs ",
+                                            static_cast<double>(bytes) / (1 << 30), " GiB; ",
+                                            static_cast<double>(free) / (1 << 30), " GiB free of ",
+                                            static_cast<double>(total) / (1 << 30)));
   }
 
   kc::SeqDesc Desc(int64_t row, int64_t len, int64_t pos, bool keep) const {
@@ -211,6 +233,10 @@ class CudaSequence final : public DeviceSequence {
  private:
   template <typename T>
   T* Alloc(int64_t n) const {
+    return static_cast<T*>(ctx_->pool.AllocOrDie(n * static_cast<int64_t>(sizeof(T))));
+  }
+  template <typename T>
+  T* TryAlloc(int64_t n) const {  // null when the device is out of memory
     return static_cast<T*>(ctx_->pool.Alloc(n * static_cast<int64_t>(sizeof(T))));
   }
   int64_t state_floats() const { return ctx_->L * ctx_->H * ctx_->dh * ctx_->dh; }
@@ -225,12 +251,15 @@ class CudaSequence final : public DeviceSequence {
                                       2 * ctx_->L, cudaMemcpyDeviceToDevice, ctx_->stream));
   }
 
-  void Grow(int64_t cap, int64_t position) {
-    bf16* grown = Alloc<bf16>(kv_elements(cap));
+  // False, the cache unchanged, when the device has no room for `cap` positions.
+  [[nodiscard]] bool Grow(int64_t cap, int64_t position) {
+    bf16* grown = TryAlloc<bf16>(kv_elements(cap));
+    if (grown == nullptr) return false;
     if (kv_ != nullptr) CopyRows(kv_, cap_, grown, cap, position);
     ctx_->pool.Free(kv_);
     kv_ = grown;
     cap_ = cap;
+    return true;
   }
 
   std::shared_ptr<Context> ctx_;
@@ -674,8 +703,9 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
-    if (it.seq->has_kv()) ds.EnsureCapacity(pos + T, pos);
-    if (it.keep_states) ds.PrepareSpan(T);
+    // (Growing keeps every state's contents: a batch that fails here leaves its sequences as they were.)
+    if (it.seq->has_kv()) ORYX_RETURN_IF_ERROR(ds.EnsureCapacity(pos + T, pos));
+    if (it.keep_states) ORYX_RETURN_IF_ERROR(ds.PrepareSpan(T));
     int64_t item_attention = 0;
     for (int64_t t = 0; t < T; ++t) {
       if (it.modes[t] == Mode::kAttention) {

@@ -233,7 +233,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
     }
     r.decoder = it->second.get();
     r.seq.emplace(backend_->NewSequence());
-    r.seq->Reserve(std::min(c.max_position, n + q.max_tokens + r.decoder->Lookahead()));
+    ORYX_RETURN_IF_ERROR(r.seq->Reserve(std::min(c.max_position, n + q.max_tokens + r.decoder->Lookahead())));
     r.sampler.emplace(q.sampling);
     r.result.policy = q.policy;
     r.result.stats.prompt_tokens = n;

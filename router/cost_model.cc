@@ -165,7 +165,7 @@ absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::spa
       std::vector<ForwardItem> items;
       for (int64_t b = 0; b < s.batch; ++b) {
         seqs.push_back(it->second.Clone());
-        seqs.back().Reserve(s.context + s.tokens);
+        ORYX_RETURN_IF_ERROR(seqs.back().Reserve(s.context + s.tokens));
       }
       for (int64_t b = 0; b < s.batch; ++b) {
         items.push_back({&seqs[b], ids, modes, LogitsRows::kAll, &logits[b], false});

@@ -166,7 +166,7 @@ TEST_P(BackendTest, ReservedDecodeLoopAllocatesNothingAndKvHoldsExactlyItsBytes)
   const ModelConfig& c = backend_->config();
   SequenceState seq = backend_->NewSequence();
   const int64_t total = 40;
-  seq.Reserve(total);
+  ASSERT_TRUE(seq.Reserve(total).ok());
   EXPECT_EQ(seq.kv_bytes(), total * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
   std::vector<float> logits;
   std::vector<int32_t> prompt(8, 3);

@@ -369,6 +369,30 @@ TEST_P(CudaParityTest, BadInputIsRejectedBeforeAnyStateChanges) {
   EXPECT_EQ((*gpu)->Forward(draft, good, modes, false, &logits).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A KV cache larger than the device is a ResourceExhausted status, not an abort, and leaves the sequence as
+// it was: it still runs forwards.
+TEST(CudaBackend, OutOfDeviceMemoryIsAStatus) {
+  ModelConfig config = HeadDim64Config(LinearMixer::kMamba2);
+  config.max_position = int64_t{1} << 30;  // 1.5 TiB of KV cache at 1536 bytes per position
+  auto gpu = CudaBackend::CreateRandom(config, 3);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SequenceState seq = (*gpu)->NewSequence();
+  std::vector<float> logits;
+  std::vector<int32_t> tokens = {1, 2, 3};
+  std::vector<Mode> modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
+  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
+  const absl::Status s = seq.Reserve(config.max_position);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "out of GPU memory");
+  EXPECT_EQ(seq.position(), 3);
+  std::vector<float> again;
+  SequenceState twin = (*gpu)->NewSequence();
+  ASSERT_TRUE((*gpu)->Forward(twin, tokens, modes, false, &again).ok());
+  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
+  ASSERT_TRUE((*gpu)->Forward(twin, tokens, modes, false, &again).ok());
+  EXPECT_EQ(logits, again);  // the failed reservation changed nothing the model reads
+}
+
 INSTANTIATE_TEST_SUITE_P(Mixers, CudaParityTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
                          [](const auto& info) { return info.param == LinearMixer::kGdn ? "gdn" : "mamba2"; });
 
