@@ -1,12 +1,14 @@
 // Machine description, git revision and timestamps for benchmark JSON.
 #include "bench/bench_util.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -30,7 +32,10 @@ nlohmann::json MachineInfo() {
   return info;
 }
 
+// The commit measured: ORYX_GIT_REVISION when set (for a copy of the tree whose git metadata is not its own),
+// else HEAD, with "-modified" when tracked files differ from it.
 std::string GitRevision() {
+  if (const char* env = std::getenv("ORYX_GIT_REVISION"); env != nullptr && *env != '\0') return env;
   std::array<char, 64> buf{};
   FILE* pipe = popen("git rev-parse --short HEAD 2>/dev/null", "r");
   if (pipe == nullptr) return "unknown";
@@ -38,7 +43,11 @@ std::string GitRevision() {
   if (fgets(buf.data(), buf.size(), pipe) != nullptr) rev = buf.data();
   pclose(pipe);
   while (!rev.empty() && (rev.back() == '\n' || rev.back() == '\r')) rev.pop_back();
-  return rev.empty() ? "unknown" : rev;
+  if (rev.empty()) return "unknown";
+  // `git diff --quiet HEAD` exits 1 when tracked files differ from HEAD.
+  const int diff = std::system("git diff --quiet HEAD -- 2>/dev/null");
+  if (diff != -1 && WIFEXITED(diff) && WEXITSTATUS(diff) == 1) rev += "-modified";
+  return rev;
 }
 
 std::string UtcTimestamp() {
