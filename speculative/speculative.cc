@@ -58,8 +58,12 @@ absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* con
     for (size_t i : who) {
       Sampler& sampler = *slots[i]->sampler;
       ++slots[i]->stats->linear_tokens;
+      if (sampler.params().greedy()) {  // a point mass: no q rows (greedy acceptance compares argmaxes)
+        out[i].tokens.push_back(Argmax(logits[i]));
+        continue;
+      }
       sampler.Distribution(logits[i], &q);
-      out[i].tokens.push_back(sampler.params().greedy() ? Argmax(logits[i]) : sampler.Draw(q));
+      out[i].tokens.push_back(sampler.Draw(q));
       out[i].q.insert(out[i].q.end(), q.begin(), q.end());
     }
   }

@@ -51,7 +51,8 @@ class Proposer {
 };
 
 // Drafts in linear mode on a KV-less copy of each sequence's recurrent state (no attention reads, no KV
-// writes): k batched linear decode steps from the pending token.
+// writes): k batched linear decode steps from the pending token. Greedy slots get the argmax and no q rows
+// (a point mass: greedy acceptance needs none).
 class LinearProposer final : public Proposer {
  public:
   std::string_view name() const override { return "linear"; }
