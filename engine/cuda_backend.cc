@@ -623,7 +623,7 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
   const kc::ModelDims& dims = ctx.dims;
   const int32_t layer = static_cast<int32_t>(il);
-  const int64_t P_used = any_attention ? P : P - HD;  // q_attn only when some token attends
+  const int64_t P_used = any_attention ? P : P - HD;  // q_attn only when some token attends (q_linear: below)
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
@@ -631,8 +631,15 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
   if (fused) {
-    kc::FusedGemv({N, P_used, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, P, sc.x, nullptr, w.attn_norm,
-                   w.in_proj, sc.proj, false}, s);
+    kc::FusedGemvParams in{N, P_used, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, P, sc.x, nullptr,
+                           w.attn_norm, w.in_proj, sc.proj, false};
+    // Every token attends: no q_linear rows (ORYX_CUDA_SKIP_Q_LINEAR=0 computes them anyway, to measure).
+    static const bool skip_q_linear = [] {
+      const char* env = std::getenv("ORYX_CUDA_SKIP_Q_LINEAR");
+      return env == nullptr || std::string(env) != "0";
+    }();
+    if (NA == N && skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
+    kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
   } else {
     // u = RMSNorm(x) was written by the previous step.

@@ -139,8 +139,9 @@ __global__ void FusedGemvKernel(FusedGemvParams p) {
     }
   }
   __syncthreads();
-  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + warp;
-  if (n >= p.n) return;
+  const int64_t i_row = int64_t(blockIdx.x) * kGemvWarps + warp;
+  if (i_row >= p.n) return;
+  const int64_t n = p.skip_rows > 0 && i_row >= p.skip_begin ? i_row + p.skip_rows : i_row;
   const uint4* w = reinterpret_cast<const uint4*>(p.w_ptr + n * K);
   const int64_t pieces = K / 8;
   float acc[kM] = {};

@@ -80,6 +80,9 @@ struct FusedGemvParams {
   const bf16* w_ptr;         // [N, K]
   float* y_ptr;              // [M, N]
   bool accumulate;
+  // Rows [skip_begin, skip_begin + skip_rows) of the weight are skipped: the kernel computes n rows, row i
+  // from weight row i (i < skip_begin) or i + skip_rows, written to the same column of y.
+  int64_t skip_begin = 0, skip_rows = 0;
 };
 bool FusedGemvApplies(int64_t m, int64_t k);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);

@@ -160,6 +160,17 @@ TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
       cuda::FusedGemv({m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(), dweight.get(),
                        dw.get(), dy.get(), true}, nullptr);
       ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
+      // Skipping weight rows [24, 40): those columns of y keep their old values, the others are as above.
+      DeviceBuffer<float> dskip(y0);
+      cuda::FusedGemvParams skip{m, N - 16, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(),
+                                 dweight.get(), dw.get(), dskip.get(), true};
+      skip.skip_begin = 24, skip.skip_rows = 16;
+      cuda::FusedGemv(skip, nullptr);
+      std::vector<float> skip_ref = ref;
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t n = 24; n < 40; ++n) skip_ref[r * N + n] = y0[r * N + n];
+      }
+      ExpectClose(dskip.Host(), skip_ref, 10 * kFp32Tol, "FusedGemv with skipped rows", std::sqrt(double(K)));
     }
   }
 }
