@@ -27,6 +27,22 @@ __device__ __forceinline__ RowInfo GetRow(const AttentionParams& p, int64_t a) {
   return info;
 }
 
+// scores[0, n) <- exp(scores - max) over the block; *m = the max, *l = the sum of the exponentials. Ends with
+// a block synchronisation, so the exponentials are visible to every thread after it.
+__device__ __forceinline__ void BlockSoftmaxInPlace(float* scores, int64_t n, float* scratch, float* m, float* l) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) mx = fmaxf(mx, scores[j]);
+  mx = BlockMax(mx, scratch);
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const float e = __expf(scores[j] - mx);
+    scores[j] = e;
+    sum += e;
+  }
+  *m = mx;
+  *l = BlockSum(sum, scratch);
+}
+
 // kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
 // Loads, for one thread, 8 bf16 of kUnroll keys kKeysPerLoad apart from key j0 + group (zeros past n).
 template <int kKeysPerLoad>
@@ -85,16 +101,8 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
     }
   }
   __syncthreads();
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, scores[j]);
-  m = BlockMax(m, scratch);
-  float l = 0.f;
-  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const float e = __expf(scores[j] - m);
-    scores[j] = e;
-    l += e;
-  }
-  l = BlockSum(l, scratch);  // synchronises: the exponentials are visible below
+  float m, l;
+  BlockSoftmaxInPlace(scores, n, scratch, &m, &l);  // synchronises: the exponentials are visible below
 
   // Output: thread = (unit e, key subset); subsets stride over the chunk's keys. A unit is kVec features;
   // when dh / kVec > kThreads (odd dh > 128) a thread also takes unit e + kThreads.
@@ -184,16 +192,8 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
     }
   }
   __syncthreads();
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, scores[j]);
-  m = BlockMax(m, scratch);
-  float l = 0.f;
-  for (int j = threadIdx.x; j < n; j += kThreads) {
-    const float e = __expf(scores[j] - m);
-    scores[j] = e;
-    l += e;
-  }
-  l = BlockSum(l, scratch);
+  float m, l;
+  BlockSoftmaxInPlace(scores, n, scratch, &m, &l);  // synchronises: the exponentials are visible below
 
   const int sub = threadIdx.x / kLanes, f = threadIdx.x % kLanes;
   float acc[8] = {};

@@ -4,6 +4,8 @@
 // (row-major y = x W^T is column-major y^T = W x^T, hence (T, N) below).
 #include <cublas_v2.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -74,6 +76,22 @@ __global__ void GemvKernel(GemmParams p) {
         *y = p.accumulate ? *y + sum : sum;
       }
     }
+  }
+}
+
+// Calls f(std::integral_constant<int, M>{}) with M = m for m in 1..7 and M = 8 otherwise: the row counts the
+// GEMV kernels are instantiated for (callers split larger m).
+template <typename F>
+void WithRowCount(int64_t m, F&& f) {
+  switch (m) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
   }
 }
 
@@ -190,20 +208,8 @@ bool FusedGemvApplies(int64_t m, int64_t k) {
 }
 
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
-  switch (p.m) {
-    case 1: return LaunchFusedGemv<1>(p, stream);
-    case 2: return LaunchFusedGemv<2>(p, stream);
-    case 3: return LaunchFusedGemv<3>(p, stream);
-    case 4: return LaunchFusedGemv<4>(p, stream);
-    case 5: return LaunchFusedGemv<5>(p, stream);
-    case 6: return LaunchFusedGemv<6>(p, stream);
-    case 7: return LaunchFusedGemv<7>(p, stream);
-    default: return LaunchFusedGemv<8>(p, stream);
-  }
+  WithRowCount(p.m, [&](auto rows) { LaunchFusedGemv<rows.value>(p, stream); });
 }
-
-namespace {
-}  // namespace
 
 void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.m == 0 || p.n == 0) return;
@@ -211,16 +217,7 @@ void Gemm(const GemmParams& p, void* cublas_handle) {
   if (GemvApplies(p)) {
     cudaStream_t stream = nullptr;
     ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));
-    switch (p.m) {
-      case 1: return LaunchGemv<1>(p, stream);
-      case 2: return LaunchGemv<2>(p, stream);
-      case 3: return LaunchGemv<3>(p, stream);
-      case 4: return LaunchGemv<4>(p, stream);
-      case 5: return LaunchGemv<5>(p, stream);
-      case 6: return LaunchGemv<6>(p, stream);
-      case 7: return LaunchGemv<7>(p, stream);
-      default: return LaunchGemv<8>(p, stream);
-    }
+    return WithRowCount(p.m, [&](auto rows) { LaunchGemv<rows.value>(p, stream); });
   }
   GemmCublas(p, cublas_handle);
 }
