@@ -230,6 +230,13 @@ ModelConfig HeadDim128Config(LinearMixer mixer) {
   return c;
 }
 
+// A CUDA backend of ScaledTensors(config, seed), loaded from a checkpoint written for it.
+absl::StatusOr<std::unique_ptr<CudaBackend>> LoadScaled(const ModelConfig& config, uint32_t seed) {
+  testutil::ScratchDir scratch;
+  testutil::WriteTinyCheckpoint(scratch.path(), config, ScaledTensors(config, seed));
+  return CudaBackend::Load(scratch.path());
+}
+
 struct Case {
   const char* name;
   ModelConfig config;
@@ -272,10 +279,8 @@ TEST_P(CudaParityTest, LogitsMatchTheCpuBackendOnRandomModels) {
 // On the device alone: a 400-token span gives the logits that the same tokens give one decode step at a
 // time (same bf16 roundings; only the products' shapes, hence fp32 summation orders, differ).
 TEST_P(CudaParityTest, SpanEqualsTokenByTokenOnTheGpu) {
-  testutil::ScratchDir scratch;
   const ModelConfig config = HeadDim64Config(GetParam());
-  testutil::WriteTinyCheckpoint(scratch.path(), config, ScaledTensors(config, 7));
-  auto gpu = CudaBackend::Load(scratch.path());
+  auto gpu = LoadScaled(config, 7);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   std::mt19937 rng(3);
   const std::vector<int32_t> tokens = Tokens(rng, 400, config.vocab_size);
@@ -293,10 +298,8 @@ TEST_P(CudaParityTest, SpanEqualsTokenByTokenOnTheGpu) {
 }
 
 TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
-  testutil::ScratchDir scratch;
   const ModelConfig config = HeadDim64Config(GetParam());
-  testutil::WriteTinyCheckpoint(scratch.path(), config, ScaledTensors(config, 3));
-  auto gpu = CudaBackend::Load(scratch.path());
+  auto gpu = LoadScaled(config, 3);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   Engine engine(std::move(*gpu), std::nullopt);
   speculative::RegisterPolicies(engine.policies());
