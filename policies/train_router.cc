@@ -51,13 +51,11 @@ struct Example {
   int64_t generate = 0;  // tokens to generate
 };
 
-// One decision of an episode: what the router saw, what it chose, how many tokens that covered and what it
-// cost (in the run's cost unit).
+// One decision of an episode: what the router saw, what it chose and what it cost (in the run's cost unit).
 struct Step {
   std::vector<float> features;
   Mode mode = Mode::kLinear;
   int64_t draft_index = -1;  // index into the draft lengths, for decode decisions in attention mode
-  int64_t tokens = 1;
   double cost = 0;
 };
 // Decisions by (phase, position): replayed prefill decisions land on the same key.
@@ -71,7 +69,6 @@ struct Episode {
   double quality = 0;           // the share of answer tokens right (partial credit; see Example)
   double attention_fraction = 0;
   double cost = 0;              // relative to all-attention (the run's cost kind)
-  int64_t tokens = 0;
   int64_t drafted = 0, accepted = 0;
   double Reward(double lambda) const { return quality - lambda * cost; }
 };
@@ -112,7 +109,7 @@ class Costs {
   double AllAttention(int64_t prompt_len, int64_t generated) const {
     double s = 0;
     for (int64_t start = 0; start < prompt_len;) {
-      const int64_t n = start == prompt_len - 1 ? 1 : std::min(segment_len_, prompt_len - 1 - start);
+      const int64_t n = router::PrefillSegmentTokens(start, prompt_len, segment_len_);
       s += Span({1, n, start, Mode::kAttention});
       start += n;
     }
@@ -171,22 +168,22 @@ class EpisodeRunner {
 
   // Sets the answer of every text example without one: its all-attention greedy continuation.
   absl::Status FillReferences(std::vector<Example>& examples) {
-    std::vector<const Example*> todo;
+    std::vector<Example*> todo;
     for (Example& x : examples) {
       if (!x.teacher_forced && x.answer.empty()) todo.push_back(&x);
     }
     if (todo.empty()) return absl::OkStatus();
-    ORYX_ASSIGN_OR_RETURN(std::vector<Episode> runs, Run(todo, [](size_t, LearnedRouter::Trace) {
+    ORYX_ASSIGN_OR_RETURN(std::vector<Episode> runs, Run({todo.begin(), todo.end()}, [](size_t, LearnedRouter::Trace) {
       return std::make_unique<FunctionRouter>([](const router::RouterContext&) { return router::Decision{}; }, 0);
     }));
-    for (size_t i = 0; i < todo.size(); ++i) const_cast<Example*>(todo[i])->answer = std::move(runs[i].output);
+    for (size_t i = 0; i < todo.size(); ++i) todo[i]->answer = std::move(runs[i].output);
     return absl::OkStatus();
   }
 
  private:
   LearnedRouter::Trace TraceInto(Episode* e) const {
     return [this, e](const router::RouterContext& c, const router::Decision& d) {
-      Step s{std::vector<float>(F), d.mode, -1, c.segment_tokens, costs_->Decision(c, d)};
+      Step s{std::vector<float>(F), d.mode, -1, costs_->Decision(c, d)};
       if (c.phase == router::Phase::kDecode && d.mode == Mode::kAttention) s.draft_index = DraftIndex(d.draft_length);
       router::Featurize(c, s.features);
       e->steps[KeyOf(c)] = std::move(s);
@@ -237,7 +234,6 @@ class EpisodeRunner {
           for (size_t t = 0; t < answer.size() && t < r.tokens.size(); ++t) right += r.tokens[t] == answer[t];
         }
         e.quality = answer.empty() ? 0.0 : static_cast<double>(right) / static_cast<double>(answer.size());
-        e.tokens = r.stats.attention_tokens + r.stats.linear_tokens;
         e.attention_fraction = r.stats.attention_fraction();
         if (r.stats.spec) e.drafted = r.stats.spec->drafted, e.accepted = r.stats.spec->accepted;
         e.output = std::move(r.tokens);
@@ -262,9 +258,8 @@ class EpisodeRunner {
       Episode& e = episodes[which[j]];
       e.correct = scores[j].right == scores[j].asked;
       e.quality = static_cast<double>(scores[j].right) / static_cast<double>(scores[j].asked);
-      e.tokens = static_cast<int64_t>(modes[j].size());
       e.attention_fraction = static_cast<double>(std::count(modes[j].begin(), modes[j].end(), Mode::kAttention)) /
-                             static_cast<double>(e.tokens);
+                             static_cast<double>(modes[j].size());
     }
     return absl::OkStatus();
   }

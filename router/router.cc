@@ -44,6 +44,10 @@ RouterDecoder::~RouterDecoder() = default;
 
 int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
 
+int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len) {
+  return start == prompt_len - 1 ? 1 : std::min(std::max<int64_t>(1, segment_len), prompt_len - 1 - start);
+}
+
 uint64_t PromptHash(std::span<const int32_t> prompt) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the ids
   for (int32_t id : prompt) h = (h ^ static_cast<uint32_t>(id)) * 0x100000001b3ull;
@@ -57,11 +61,10 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   RouterContext c;
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
-  const int64_t seg = std::max<int64_t>(1, options_.segment_len);
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
-    c.segment_tokens = c.last_prompt_token ? 1 : std::min(seg, prompt_len - 1 - start);
+    c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len);
     if (options_.cost_model) {
       c.predicted_attention_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kAttention});
       c.predicted_linear_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kLinear});

@@ -99,6 +99,10 @@ class RouterDecoder final : public StepwiseDecoder {
   std::vector<std::pair<int64_t, int64_t>> before_;  // each speculating slot's (drafted, accepted) before the round
 };
 
+// The tokens of the prefill segment that starts at `start`: segment_len (at least 1) of the prompt's first
+// prompt_len - 1 tokens, the prompt's last token alone.
+int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len);
+
 // FNV-1a of the prompt's ids (RouterContext::sequence_hash).
 uint64_t PromptHash(std::span<const int32_t> prompt);
 
