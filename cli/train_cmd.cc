@@ -63,6 +63,9 @@ int RunTrain(const Args& args) {
   flags.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
   flags.String("export-dtype", &export_dtype, "dtype of OUT/model weights: f32 | bf16");
   flags.Bool("resume", &o.resume, "continue from OUT/checkpoint");
+  bool no_cuda_graph = false;
+  flags.Bool("no-cuda-graph", &no_cuda_graph,
+             "on CUDA, run every micro-batch eagerly instead of replaying a recorded CUDA graph");
   bool no_save = false;
   flags.Bool("no-save", &no_save, "write no checkpoint or model (throughput measurements)");
   return RunWithFlags(flags, args, [&]() -> absl::Status {
@@ -87,6 +90,7 @@ int RunTrain(const Args& args) {
     o.export_dtype = export_dtype == "bf16" ? DType::kBF16 : DType::kF32;
     o.seed = static_cast<uint64_t>(seed);
     o.save = !no_save;
+    o.cuda_graph = !no_cuda_graph;
     o.threads = static_cast<int>(threads);
     return train::Train(o);
   });

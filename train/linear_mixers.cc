@@ -4,9 +4,25 @@
 // s_t = scale_t, and M_t = I (mamba2) or I - s_t k_t k_t^T (gdn); the output is S_t^T q_t.
 #include "train/linear_mixers.h"
 
+#include <ATen/autocast_mode.h>
+
 namespace oryx::train {
 
 namespace {
+
+class AutocastOff {
+ public:
+  explicit AutocastOff(at::DeviceType device) : device_(device), was_(at::autocast::is_autocast_enabled(device)) {
+    at::autocast::set_autocast_enabled(device_, false);
+  }
+  ~AutocastOff() { at::autocast::set_autocast_enabled(device_, was_); }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool was_;
+};
 
 // Within a chunk: decay[t, s] = exp(G_t - G_s) for s <= t (else 0), with G the inclusive cumulative log
 // decay. Masked before exp so that nothing overflows. g: [..., C] -> [..., C, C].
@@ -15,6 +31,28 @@ torch::Tensor CausalDecay(const torch::Tensor& g, bool strict) {
   auto diff = g.unsqueeze(-1) - g.unsqueeze(-2);  // [.., t, s] = G_t - G_s
   auto keep = torch::ones({c, c}, torch::dtype(torch::kBool).device(g.device())).tril(strict ? -1 : 0);
   return torch::where(keep, diff, torch::full({}, -INFINITY, diff.options())).exp();
+}
+
+// Mamba-2's state passing in closed form: with chunk decays a_n = exp(log_a_n) and contributions C_n,
+// the state entering chunk n is S_n = exp(sum_{j<n} log_a_j) S_0 + sum_{m<n} exp(sum_{m<j<n} log_a_j) C_m.
+// One batched product over all chunks instead of a sequential loop; each exponent is summed over its own
+// span (not a difference of two long prefix sums), so long sequences lose no precision.
+// log_a [B,H,N], contribution [B,H,N,dh,dh], initial [B,H,dh,dh] -> (starts [B,H,N,dh,dh], final state).
+std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& log_a, const torch::Tensor& contribution,
+                                                         const torch::Tensor& initial) {
+  const int64_t N = log_a.size(-1), dh = contribution.size(-1);
+  auto opts = torch::TensorOptions().dtype(torch::kBool).device(log_a.device());
+  // span[n, m] = sum_{m<j<n} log_a_j for n in 0..N, m < n: the inclusive cumsum over j of log_a_j [j > m].
+  auto after = torch::ones({N, N}, opts).tril(-1);                          // [j, m]: j > m
+  auto z = torch::where(after, log_a.unsqueeze(-1), torch::zeros({}, log_a.options()));  // [B,H,j,m]
+  auto span = torch::cat({torch::zeros_like(z.narrow(-2, 0, 1)), z.cumsum(-2)}, -2);     // [B,H,N+1,m]
+  auto before = torch::ones({N + 1, N}, opts).tril(-1);                     // [n, m]: m < n
+  auto weights = torch::where(before, span, torch::full({}, -INFINITY, span.options())).exp();
+  auto prefix = torch::cat({torch::zeros_like(log_a.narrow(-1, 0, 1)), log_a.cumsum(-1)}, -1);  // [B,H,N+1]
+  auto flat = contribution.flatten(-2);                                   // [B,H,N,dh*dh]
+  auto states = torch::matmul(weights, flat) + prefix.exp().unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
+  states = states.unflatten(-1, {dh, dh});                               // [B,H,N+1,dh,dh]
+  return {states.narrow(2, 0, N), states.select(2, N)};
 }
 
 }  // namespace
@@ -51,6 +89,9 @@ ScanResult ScanRecurrent(ScanKind kind, const ScanInputs& in, const torch::Tenso
 }
 
 ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor& state, int64_t chunk) {
+  // Under CUDA autocast every product here would first copy its fp32 operands to bf16 (measured: a tenth
+  // of a training step's kernel time with the copies' backward); they run in fp32 (TF32 where allowed).
+  AutocastOff autocast_off(at::kCUDA);
   // Work head-major in fp32 (fp64 when given fp64, for gradient checks), every chunk at once:
   // [B, H, N, C, dh] and [B, H, N, C] with N chunks of C tokens. Only the passing of the state from chunk
   // to chunk is sequential (a few small ops per chunk).
@@ -73,7 +114,6 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   auto gamma = g.exp();                      // decay from chunk start to t
   auto g_last = g.narrow(-1, C - 1, 1);      // [B,H,N,1]
   auto to_end = (g_last - g).exp();          // decay from t to chunk end
-  auto chunk_decay = g_last.squeeze(-1).exp().unsqueeze(-1).unsqueeze(-1);  // [B,H,N,1,1]
   auto qk = torch::matmul(q, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/false);  // [B,H,N,C,C]
 
   // u, the values that enter the state, is U0 - W S0 with S0 the state at the chunk's start (W = 0 for
@@ -93,24 +133,26 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   // State entering each chunk: S_n+1 = a_n S_n + K_n^T diag(to_end) (U0_n - W_n S_n).
   auto kt_end = (to_end.unsqueeze(-1) * k).transpose(-1, -2);  // [B,H,N,dh,C]
   auto contribution = torch::matmul(kt_end, u0);               // [B,H,N,dh,dh]
-  // unbind() once rather than select() per chunk: each select's backward would allocate a full-size
-  // zero tensor, unbind's backward stacks all the slices' gradients in one go.
-  const auto decay_n = chunk_decay.unbind(2), contribution_n = contribution.unbind(2);
-  std::vector<torch::Tensor> kt_end_n, w_n;
-  if (kind == ScanKind::kGdn) {
-    kt_end_n = kt_end.unbind(2);
-    w_n = w.unbind(2);
+  torch::Tensor s0;                                             // [B,H,N,dh,dh]
+  torch::Tensor s;                                              // the final state
+  if (kind == ScanKind::kMamba2) {
+    std::tie(s0, s) = PassStatesLinear(g_last.squeeze(-1), contribution, state.to(dtype));
+  } else {
+    // GDN's passing is not linear in the state (the W_n S_n term): chunk by chunk. unbind() once rather
+    // than select() per chunk: each select's backward would allocate a full-size zero tensor, unbind's
+    // backward stacks all the slices' gradients in one go.
+    auto chunk_decay = g_last.exp().unsqueeze(-1);  // [B,H,N,1,1]
+    const auto decay_n = chunk_decay.unbind(2), contribution_n = contribution.unbind(2);
+    const auto kt_end_n = kt_end.unbind(2), w_n = w.unbind(2);
+    s = state.to(dtype);
+    std::vector<torch::Tensor> starts;
+    starts.reserve(N);
+    for (int64_t n = 0; n < N; ++n) {
+      starts.push_back(s);
+      s = decay_n[n] * s + contribution_n[n] - torch::matmul(kt_end_n[n], torch::matmul(w_n[n], s));
+    }
+    s0 = torch::stack(starts, 2);
   }
-  torch::Tensor s = state.to(dtype);
-  std::vector<torch::Tensor> starts;
-  starts.reserve(N);
-  for (int64_t n = 0; n < N; ++n) {
-    starts.push_back(s);
-    auto next = decay_n[n] * s + contribution_n[n];
-    if (kind == ScanKind::kGdn) next = next - torch::matmul(kt_end_n[n], torch::matmul(w_n[n], s));
-    s = next;
-  }
-  auto s0 = torch::stack(starts, 2);  // [B,H,N,dh,dh]
   auto u = kind == ScanKind::kGdn ? u0 - torch::matmul(w, s0) : u0;
   // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s
   auto out = gamma.unsqueeze(-1) * torch::matmul(q, s0) + torch::matmul(qk, u);  // [B,H,N,C,dh]

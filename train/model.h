@@ -42,6 +42,7 @@ class OryxLayerImpl : public torch::nn::Module {
 
  private:
   torch::Tensor Mix(const torch::Tensor& u, const torch::Tensor& o);  // gated norm, W_O
+  torch::Tensor MixerProjection() const;  // mamba2: dt_proj [H, D]; gdn: beta_proj, alpha_proj [2H, D]
   torch::Tensor Mlp(const torch::Tensor& h);
 
   ModelConfig config_;
@@ -62,7 +63,16 @@ class OryxModelImpl : public torch::nn::Module {
   OryxModelImpl(const ModelConfig& config, uint64_t seed);
 
   // tokens [B,T] int64, is_attn [B,T] bool -> logits [B,T,V] (fp32 unless autocast says otherwise).
+  // Reads is_attn back to the host to learn which modes occur (one sync).
   torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& is_attn);
+  // The same with the modes that occur given by the caller (no host sync; what a CUDA graph needs).
+  // Computing a mode that does not occur changes no output, but its only parameters then get a zero
+  // gradient instead of none.
+  struct Modes {
+    bool any_attn = true, any_lin = true;
+    bool operator==(const Modes&) const = default;
+  };
+  torch::Tensor Forward(const torch::Tensor& tokens, const torch::Tensor& is_attn, Modes modes);
 
   struct State {
     std::vector<OryxLayerImpl::State> layers;
@@ -91,6 +101,7 @@ class OryxModelImpl : public torch::nn::Module {
   torch::Tensor final_norm_;  // [D]
   torch::Tensor lm_head_;     // [V, D], undefined when tied
   std::vector<OryxLayer> layers_;
+  torch::Tensor rope_cos_, rope_sin_;  // Forward's RoPE tables on the device, [positions, dh/2]
 };
 TORCH_MODULE(OryxModel);
 

@@ -3,14 +3,16 @@
 #include "train/trainer.h"
 
 #include <ATen/autocast_mode.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "tasks/rng.h"
 #include "tasks/task_mix.h"
+#include "train/cuda_step.h"
 #include "train/model.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -58,6 +61,7 @@ struct Batch {
   torch::Tensor inputs;   // [B, T] int64
   torch::Tensor targets;  // [B, T] int64, kIgnore where no loss
   torch::Tensor is_attn;  // [B, T] bool
+  OryxModelImpl::Modes modes;  // which modes occur in is_attn
   int64_t task_sequences = 0;
 };
 
@@ -101,6 +105,8 @@ class BatchMaker {
     batch.inputs = torch::from_blob(inputs.data(), {count, T}, opts).clone().to(device);
     batch.targets = torch::from_blob(targets.data(), {count, T}, opts).clone().to(device);
     batch.is_attn = torch::from_blob(modes.data(), {count, T}, torch::kUInt8).to(torch::kBool).to(device);
+    const int64_t n_attn = std::count(modes.begin(), modes.end(), 1);
+    batch.modes = {.any_attn = n_attn > 0, .any_lin = n_attn < count * T};
     batch.task_sequences = tasks;
     return batch;
   }
@@ -133,7 +139,7 @@ double LearningRate(const TrainOptions& o, int64_t step) {
 
 torch::Tensor Loss(OryxModel& model, const Batch& b, bool autocast) {
   AutocastGuard guard(autocast);
-  auto logits = model->Forward(b.inputs, b.is_attn);
+  auto logits = model->Forward(b.inputs, b.is_attn, b.modes);
   return torch::nn::functional::cross_entropy(
       logits.view({-1, logits.size(-1)}).to(torch::kFloat32), b.targets.view({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnore));
@@ -159,8 +165,10 @@ absl::StatusOr<double> ValidationLoss(OryxModel& model, const CorpusReader& val,
       std::vector<uint8_t> m =
           SampleModes(o.seed ^ 0x76616c, i, T, o.model.fragment_len, o.model.attn_fraction, ModeMixing::kFragment);
       b.is_attn = torch::from_blob(m.data(), {1, T}, torch::kUInt8).to(torch::kBool).to(device);
+      b.modes = {.any_attn = std::count(m.begin(), m.end(), 1) > 0, .any_lin = std::count(m.begin(), m.end(), 0) > 0};
     } else {
       b.is_attn = torch::full({1, T}, pattern == "attention", torch::dtype(torch::kBool).device(device));
+      b.modes = {.any_attn = pattern == "attention", .any_lin = pattern != "attention"};
     }
     total += Loss(model, b, autocast).item<double>();
   }
@@ -191,6 +199,42 @@ Json TrainingIdentity(const TrainOptions& o) {
           {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss}};
 }
 
+// A Kineto profile of the host ops and, with cuda, the device's kernels, from construction to Save.
+class TraceRecording {
+ public:
+  explicit TraceRecording(bool cuda) {
+    namespace prof = torch::profiler::impl;
+    std::set<prof::ActivityType> activities = {prof::ActivityType::CPU};
+    if (cuda) activities.insert(prof::ActivityType::CUDA);
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO, /*report_input_shapes=*/true);
+    torch::autograd::profiler::prepareProfiler(config, activities);
+    torch::autograd::profiler::enableProfiler(config, activities);
+  }
+  ~TraceRecording() {
+    if (saved_) return;
+    try {
+      torch::autograd::profiler::disableProfiler();  // a run that ended before the third step
+    } catch (const c10::Error&) {
+    }
+  }
+  TraceRecording(const TraceRecording&) = delete;
+  TraceRecording& operator=(const TraceRecording&) = delete;
+
+  absl::Status Save(const std::string& path) {
+    saved_ = true;
+    try {
+      torch::autograd::profiler::disableProfiler()->save(path);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("ORYX_PROFILE_TRACE ", path, ": ", e.what_without_backtrace()));
+    }
+    std::fprintf(stderr, "profile of 3 steps written to %s\n", path.c_str());
+    return absl::OkStatus();
+  }
+
+ private:
+  bool saved_ = false;
+};
+
 class Trainer {
  public:
   explicit Trainer(const TrainOptions& o) : o_(o), out_(o.out_dir) {}
@@ -213,6 +257,10 @@ class Trainer {
   std::optional<tasks::TaskMixer> mixer_;
   std::optional<OryxModel> model_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  // CUDA only: the fused optimizer over optimizer_'s state, and the graphed micro-batch.
+  std::unique_ptr<FusedAdamW> fused_;
+  std::unique_ptr<GraphedBackward> graphed_;
+  OryxModelImpl::Modes graph_modes_;
   int64_t start_step_ = 0;
   Clock::time_point start_ = Clock::now();
   double elapsed_before_ = 0;  // wall seconds of earlier runs (resume)
@@ -222,6 +270,9 @@ class Trainer {
 absl::Status Trainer::Setup() {
   ORYX_ASSIGN_OR_RETURN(device_, ParseDevice(o_.device));
   autocast_ = device_.is_cuda();
+  // The chunked scans' products run in fp32 outside autocast: let cuBLAS use TF32 for them (10 mantissa
+  // bits, more than the bf16 they had under autocast).
+  if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");
   if (o_.threads > 0) torch::set_num_threads(o_.threads);
   ORYX_ASSIGN_OR_RETURN(CorpusReader train, CorpusReader::Open(o_.data_dir, "train"));
   ORYX_ASSIGN_OR_RETURN(CorpusReader val, CorpusReader::Open(o_.data_dir, "val"));
@@ -376,16 +427,43 @@ void Trainer::Log(const Json& line) {
 
 absl::Status Trainer::Run() {
   ORYX_RETURN_IF_ERROR(Setup());
-  const int64_t params = ParameterCount(*model_);
-  const double flops_per_token = FlopsPerToken(o_.model, params, o_.seq_len);
+  // On CUDA the run goes to one side stream (a CUDA graph is recorded on one), the gradients are allocated
+  // once and zeroed in place (the graph adds into them), and the optimizer and clipping are multi-tensor
+  // kernels.
+  TrainingStream stream(device_);
+  const bool cuda = device_.is_cuda();
+  const std::vector<torch::Tensor> params = (*model_)->parameters();
+  std::vector<torch::Tensor> grads;
+  std::unordered_set<const void*> attention_only, linear_only;
+  for (const auto& p : (*model_)->AttentionOnlyParameters()) attention_only.insert(p.unsafeGetTensorImpl());
+  for (const auto& p : (*model_)->LinearOnlyParameters()) linear_only.insert(p.unsafeGetTensorImpl());
+  if (cuda) {
+    torch::NoGradGuard no_grad;
+    for (auto p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    fused_ = std::make_unique<FusedAdamW>(*optimizer_);
+    if (o_.cuda_graph && o_.mixing == ModeMixing::kFragment) {
+      graph_modes_ = {.any_attn = o_.model.attn_fraction > 0, .any_lin = o_.model.attn_fraction < 1};
+      graphed_ = std::make_unique<GraphedBackward>(
+          [this](const torch::Tensor& inputs, const torch::Tensor& targets, const torch::Tensor& is_attn) {
+            Batch b{.inputs = inputs, .targets = targets, .is_attn = is_attn, .modes = graph_modes_};
+            return Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
+          },
+          /*warmup=*/2);
+    }
+  }
+  const int64_t n_params = ParameterCount(*model_);
+  const double flops_per_token = FlopsPerToken(o_.model, n_params, o_.seq_len);
   double peak = o_.peak_tflops * 1e12;
   std::string device_name = device_.is_cuda() ? "cuda" : "cpu";
   if (peak == 0 && device_.is_cuda()) peak = 989.4e12;  // H100/H200 SXM bf16 dense
-  std::fprintf(stderr, "training %lld parameters on %s: %lld steps of %lld x %lld x %lld tokens, from step %lld\n",
-               static_cast<long long>(params), device_name.c_str(), static_cast<long long>(o_.steps),
+  std::fprintf(stderr, "training %lld parameters on %s%s: %lld steps of %lld x %lld x %lld tokens, from step %lld\n",
+               static_cast<long long>(n_params), device_name.c_str(), graphed_ ? " (CUDA graph)" : "", static_cast<long long>(o_.steps),
                static_cast<long long>(o_.batch_size), static_cast<long long>(o_.grad_accum),
                static_cast<long long>(o_.seq_len), static_cast<long long>(start_step_));
-  Log({{"event", "start"}, {"params", params}, {"config", Json::parse(ToJson(o_.model))},
+  Log({{"event", "start"}, {"params", n_params}, {"config", Json::parse(ToJson(o_.model))},
        {"identity", TrainingIdentity(o_)}, {"device", device_name}, {"start_step", start_step_}});
 
   BatchMaker batches(o_, *train_, mixer_ ? &*mixer_ : nullptr);
@@ -394,37 +472,74 @@ absl::Status Trainer::Run() {
   auto window_start = Clock::now();
   int64_t window_steps = 0;
   int64_t last_good = start_step_;
-  // ORYX_PROFILE_TRACE=FILE records steps 4..6 of this run as a Chrome trace (op times are launch times
-  // unless CUDA_LAUNCH_BLOCKING=1, which makes them include the kernels).
+  // ORYX_PROFILE_TRACE=FILE records steps 4..6 of this run as a Chrome trace: host ops and, on CUDA, the
+  // kernels with their GPU times (bench/summarize_trace.py sums them by op).
   const char* trace_path = std::getenv("ORYX_PROFILE_TRACE");
-  std::unique_ptr<torch::autograd::profiler::RecordProfile> profile;
+  std::optional<TraceRecording> profile;
   for (int64_t step = start_step_; step < o_.steps; ++step) {
-    if (trace_path != nullptr && step == start_step_ + 3) {
-      profile = std::make_unique<torch::autograd::profiler::RecordProfile>(std::string(trace_path));
+    if (trace_path != nullptr && step == start_step_ + 3) profile.emplace(cuda);
+    if (profile && step == start_step_ + 6) {
+      ORYX_RETURN_IF_ERROR(profile->Save(trace_path));
+      profile.reset();
     }
-    if (step == start_step_ + 6) profile.reset();
     const double lr = LearningRate(o_, step);
     for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-    optimizer_->zero_grad();
+    if (cuda) {
+      at::_foreach_zero_(grads);
+    } else {
+      optimizer_->zero_grad();
+    }
     double loss_sum = 0;
+    torch::Tensor device_loss;  // CUDA: summed on the device, read once per step
+    OryxModelImpl::Modes step_modes{.any_attn = false, .any_lin = false};
     for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
       ORYX_ASSIGN_OR_RETURN(Batch b, batches.Make((step * o_.grad_accum + micro) * o_.batch_size, o_.batch_size, device_));
-      auto loss = Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
-      loss.backward();
-      loss_sum += loss.item<double>();
+      step_modes.any_attn |= b.modes.any_attn;
+      step_modes.any_lin |= b.modes.any_lin;
+      torch::Tensor loss;
+      if (graphed_ && b.modes == graph_modes_) {
+        try {
+          loss = graphed_->Run(b.inputs, b.targets, b.is_attn);
+        } catch (const c10::Error& e) {
+          return absl::InternalError(absl::StrCat("the CUDA graph of a micro-batch failed at step ", step,
+                                                  " (--no-cuda-graph trains without): ", e.what_without_backtrace()));
+        }
+      } else {
+        loss = Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
+        loss.backward();
+        loss = loss.detach();
+      }
+      if (cuda) {
+        device_loss = device_loss.defined() ? device_loss + loss : loss;
+      } else {
+        loss_sum += loss.item<double>();
+      }
     }
+    if (cuda) loss_sum = device_loss.item<double>();
     if (!std::isfinite(loss_sum)) {
       return absl::InternalError(absl::StrCat("loss is ", loss_sum, " at step ", step,
                                               "; stopped without saving. Last good checkpoint: ",
                                               (out_ / "checkpoint").string(), " (step ", last_good, ")"));
     }
-    const double grad_norm = torch::nn::utils::clip_grad_norm_((*model_)->parameters(), o_.grad_clip);
-    optimizer_->step();
+    double grad_norm = 0;
+    torch::Tensor device_grad_norm;
+    if (cuda) {
+      device_grad_norm = ClipGradNormFused(params, o_.grad_clip);
+      // Parameters of a mode no micro-batch of this step ran have a zero gradient here, and none on the
+      // CPU path: skip them, as torch::optim::AdamW skips those without a gradient.
+      fused_->Step(lr, [&](const torch::Tensor& p) {
+        const void* key = p.unsafeGetTensorImpl();
+        return !(attention_only.contains(key) && !step_modes.any_attn) && !(linear_only.contains(key) && !step_modes.any_lin);
+      });
+    } else {
+      grad_norm = torch::nn::utils::clip_grad_norm_(params, o_.grad_clip);
+      optimizer_->step();
+    }
     ++window_steps;
     const int64_t done = step + 1;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
     if (done % o_.log_every == 0 || done == o_.steps) {
-      if (device_.is_cuda()) torch::cuda::synchronize();
+      if (cuda) grad_norm = device_grad_norm.item<double>();
       const double window_s = std::chrono::duration<double>(Clock::now() - window_start).count();
       const double tok_s = window_steps * tokens_per_step / window_s;
       const double eta = (o_.steps - done) * window_s / window_steps;

@@ -54,6 +54,10 @@ struct TrainOptions {
   bool resume = false;           // continue from OUT/checkpoint (same config and data required)
   double peak_tflops = 0;        // for model FLOPs utilisation; 0 = the device's bf16 dense peak if known
   DType export_dtype = DType::kF32;
+  // CUDA: record a micro-batch's forward + backward as a CUDA graph and replay it (fragment mixing only;
+  // a micro-batch whose modes differ from the recorded ones, which only a run of single-mode fragments
+  // can give, runs eagerly).
+  bool cuda_graph = true;
   int threads = 0;  // CPU intra-op threads (0: LibTorch's default)
 };
 

@@ -1,0 +1,277 @@
+// The CUDA side of a training step (label gpu): a graphed micro-batch gives the eager gradients, for new
+// batches too; the fused AdamW and clipping match LibTorch's torch::optim::AdamW and clip_grad_norm_.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/train/testing_models.h"
+#include "train/cuda_ops.h"
+#include "train/cuda_step.h"
+#include "train/model.h"
+
+namespace oryx::train {
+namespace {
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+struct MicroBatch {
+  torch::Tensor inputs, targets, is_attn;
+};
+
+MicroBatch RandomBatch(int64_t vocab, int64_t batch, int64_t len, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  MicroBatch b;
+  b.inputs = torch::randint(vocab, {batch, len}, opts).to(kCuda);
+  b.targets = torch::randint(vocab, {batch, len}, opts).to(kCuda);
+  // Fragments of 8 tokens in random modes, with both modes present.
+  auto frag = torch::rand({batch, len / 8}) < 0.4;
+  frag.index_put_({0, 0}, true);
+  frag.index_put_({0, 1}, false);
+  b.is_attn = frag.repeat_interleave(8, 1).to(kCuda);
+  return b;
+}
+
+torch::Tensor LossOf(OryxModel& model, const torch::Tensor& inputs, const torch::Tensor& targets,
+                     const torch::Tensor& is_attn) {
+  auto logits = model->Forward(inputs, is_attn, {.any_attn = true, .any_lin = true});
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.view({-1}));
+}
+
+std::vector<torch::Tensor> GradsCopy(OryxModel& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.grad().clone());
+  return out;
+}
+
+void ZeroGrads(OryxModel& model) {
+  for (auto& p : model->parameters()) p.mutable_grad().zero_();
+}
+
+// Each tensor within rtol of its own largest entry, or with global_scale, of the largest entry of all: the
+// rounding of sums in a different order (another device's kernels) is relative to the sums' terms, and the
+// gradients of some tensors are far smaller than the terms that produce them.
+void ExpectClose(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, double rtol,
+                 bool global_scale = false) {
+  ASSERT_EQ(got.size(), want.size());
+  double largest = 0;
+  for (const auto& w : want) largest = std::max(largest, w.abs().max().item<double>());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double scale = (global_scale ? largest : want[i].abs().max().item<double>()) + 1e-12;
+    const double err = (got[i] - want[i]).abs().max().item<double>();
+    EXPECT_LE(err, rtol * scale) << "tensor " << i << " of " << got.size();
+  }
+}
+
+class GraphedBackwardTest : public ::testing::TestWithParam<LinearMixer> {};
+
+TEST_P(GraphedBackwardTest, ReplaysGiveTheEagerGradientsOfEachNewBatch) {
+  const ModelConfig c = SmallModel(GetParam());
+  OryxModel model(c, 5);
+  model->to(kCuda, torch::kFloat64);  // fp64: replays and eager runs agree to rounding, not bf16 noise
+  model->scan_chunk = 16;
+  TrainingStream stream(kCuda);
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  const MicroBatch b1 = RandomBatch(c.vocab_size, 2, 48, 1), b2 = RandomBatch(c.vocab_size, 2, 48, 2);
+
+  // Eager references.
+  LossOf(model, b1.inputs, b1.targets, b1.is_attn).backward();
+  const auto want1 = GradsCopy(model);
+  ZeroGrads(model);
+  LossOf(model, b2.inputs, b2.targets, b2.is_attn).backward();
+  const auto want2 = GradsCopy(model);
+  const double loss2 = LossOf(model, b2.inputs, b2.targets, b2.is_attn).item<double>();
+  ZeroGrads(model);
+
+  GraphedBackward graphed(
+      [&](const torch::Tensor& in, const torch::Tensor& tg, const torch::Tensor& m) { return LossOf(model, in, tg, m); },
+      /*warmup=*/1);
+  graphed.Run(b1.inputs, b1.targets, b1.is_attn);  // eager warm-up
+  EXPECT_FALSE(graphed.recorded());
+  ExpectClose(GradsCopy(model), want1, 1e-9);
+  ZeroGrads(model);
+  auto loss = graphed.Run(b2.inputs, b2.targets, b2.is_attn);  // records, then replays
+  EXPECT_TRUE(graphed.recorded());
+  EXPECT_NEAR(loss.item<double>(), loss2, 1e-9 * std::abs(loss2));
+  ExpectClose(GradsCopy(model), want2, 1e-9);
+  ZeroGrads(model);
+  graphed.Run(b1.inputs, b1.targets, b1.is_attn);  // a replay on the other batch's data
+  ExpectClose(GradsCopy(model), want1, 1e-9);
+  // Without zeroing, a replay adds to the gradients, as eager backward does.
+  graphed.Run(b2.inputs, b2.targets, b2.is_attn);
+  std::vector<torch::Tensor> sum;
+  for (size_t i = 0; i < want1.size(); ++i) sum.push_back(want1[i] + want2[i]);
+  ExpectClose(GradsCopy(model), sum, 1e-9);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothMixers, GraphedBackwardTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
+                         [](const auto& info) { return info.param == LinearMixer::kGdn ? "gdn" : "mamba2"; });
+
+// The training forward on the GPU (the fused conv kernel, the graph-safe RoPE tables) against the same
+// model on the CPU (LibTorch's conv1d), in fp64: logits and every gradient.
+TEST_P(GraphedBackwardTest, CudaForwardAndGradientsEqualTheCpuOnes) {
+  const ModelConfig c = SmallModel(GetParam());
+  OryxModel cpu(c, 9), gpu(c, 9);
+  cpu->to(torch::kFloat64);
+  gpu->to(kCuda, torch::kFloat64);
+  cpu->scan_chunk = gpu->scan_chunk = 16;
+  const MicroBatch b = RandomBatch(c.vocab_size, 2, 40, 4);
+  auto loss_gpu = LossOf(gpu, b.inputs, b.targets, b.is_attn);
+  auto loss_cpu = LossOf(cpu, b.inputs.cpu(), b.targets.cpu(), b.is_attn.cpu());
+  EXPECT_NEAR(loss_gpu.item<double>(), loss_cpu.item<double>(), 1e-10);
+  loss_gpu.backward();
+  loss_cpu.backward();
+  std::vector<torch::Tensor> got, want;
+  for (const auto& p : gpu->parameters()) got.push_back(p.grad().cpu());
+  for (const auto& p : cpu->parameters()) want.push_back(p.grad());
+  // Measured on the H200: errors up to 2e-12 absolute, in tensors whose largest gradient is about 6e-5,
+  // which is 3e-8 of their own scale. A wrong gradient would be off by its own size.
+  ExpectClose(got, want, 1e-9, /*global_scale=*/true);
+}
+
+TEST(CausalDepthwiseConv, EqualsConv1dForwardAndBackward) {
+  torch::manual_seed(21);
+  const int64_t B = 3, T = 37, C = 20, W = 4;
+  for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
+    const auto wtype = dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    // x is a column slice of a wider tensor, as the projections' k, v are.
+    auto wide = torch::randn({B, T, C + 7}, torch::dtype(dtype).device(kCuda));
+    auto x = wide.narrow(-1, 2, C).detach().requires_grad_(true);
+    auto w = torch::randn({C, W}, torch::dtype(wtype).device(kCuda)).requires_grad_(true);
+    auto bias = torch::randn({C}, torch::dtype(wtype).device(kCuda)).requires_grad_(true);
+    auto out = CausalDepthwiseConv(x, w, bias);
+    auto dout = torch::randn_like(out);
+    auto grads = torch::autograd::grad({out}, {x, w, bias}, {dout});
+
+    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
+    auto w64 = w.detach().to(torch::kFloat64).requires_grad_(true);
+    auto b64 = bias.detach().to(torch::kFloat64).requires_grad_(true);
+    auto ref = torch::conv1d(torch::constant_pad_nd(x64.transpose(1, 2), {W - 1, 0}), w64.unsqueeze(1), b64,
+                             at::IntArrayRef{1}, at::IntArrayRef{0}, at::IntArrayRef{1}, C)
+                   .transpose(1, 2);
+    auto ref_grads = torch::autograd::grad({ref}, {x64, w64, b64}, {dout.to(torch::kFloat64).contiguous()});
+    // fp64 to rounding; fp32 to its rounding over a few terms; bf16: inputs exact, sums in fp32, output
+    // rounded to bf16 (2^-8 relative), and the weight gradient summed over B*T bf16 products.
+    const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a.to(torch::kFloat64) - b).abs().max() / (b.abs().max() + 1e-12)).item<double>();
+    };
+    EXPECT_LE(rel(out, ref), tol) << dtype;
+    EXPECT_LE(rel(grads[0], ref_grads[0]), tol) << "dx " << dtype;
+    EXPECT_LE(rel(grads[1], ref_grads[1]), tol) << "dw " << dtype;
+    EXPECT_LE(rel(grads[2], ref_grads[2]), tol) << "dbias " << dtype;
+  }
+}
+
+TEST(FusedRmsNorm, EqualsTheLibTorchFormulaForwardAndBackward) {
+  torch::manual_seed(22);
+  struct Case {
+    torch::Dtype dtype;
+    bool bf16_out;
+    int64_t cols;
+    double tol;  // relative to the largest entry: fp64 rounding; fp32 over a few hundred terms; bf16 output
+  };
+  for (const Case& c : {Case{torch::kFloat64, false, 768, 1e-12}, Case{torch::kFloat32, false, 768, 1e-5},
+                        Case{torch::kFloat32, true, 768, 1e-2}, Case{torch::kFloat32, false, 64, 1e-5},
+                        Case{torch::kFloat32, false, 3000, 1e-5}, Case{torch::kFloat64, false, 5, 1e-12}}) {
+    auto x = torch::randn({3, 7, c.cols}, torch::dtype(c.dtype).device(kCuda)).requires_grad_(true);
+    auto w = (1 + 0.1 * torch::randn({c.cols}, torch::dtype(c.dtype).device(kCuda))).requires_grad_(true);
+    auto y = FusedRmsNorm(x, w, 1e-6, c.bf16_out);
+    EXPECT_EQ(y.scalar_type(), c.bf16_out ? torch::kBFloat16 : c.dtype);
+    auto dy = torch::randn(y.sizes(), y.options());
+    auto grads = torch::autograd::grad({y}, {x, w}, {dy});
+
+    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
+    auto w64 = w.detach().to(torch::kFloat64).requires_grad_(true);
+    auto ref = x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + 1e-6) * w64;
+    auto ref_grads = torch::autograd::grad({ref}, {x64, w64}, {dy.to(torch::kFloat64)});
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return ((a.to(torch::kFloat64) - b).abs().max() / b.abs().max()).item<double>();
+    };
+    EXPECT_LE(rel(y, ref), c.tol) << c.dtype << " cols " << c.cols;
+    EXPECT_LE(rel(grads[0], ref_grads[0]), c.tol) << "dx " << c.dtype << " cols " << c.cols;
+    EXPECT_LE(rel(grads[1], ref_grads[1]), c.tol) << "dw " << c.dtype << " cols " << c.cols;
+  }
+}
+
+// Two copies of the same parameters, one for each optimizer.
+std::vector<torch::Tensor> RandomParams(uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> ps = {torch::randn({37, 19}), torch::randn({5}), torch::randn({64, 3}), torch::randn({7})};
+  for (auto& p : ps) p = p.to(kCuda).requires_grad_(true);
+  return ps;
+}
+
+std::unique_ptr<torch::optim::AdamW> MakeAdamW(const std::vector<torch::Tensor>& ps) {
+  auto opts = [](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(wd).eps(1e-8));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{ps[0], ps[2]}, opts(0.1));
+  groups.emplace_back(std::vector<torch::Tensor>{ps[1], ps[3]}, opts(0.0));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+}
+
+TEST(FusedAdamW, MatchesTorchAdamWAndSkipsWhatItIsTold) {
+  auto ref = RandomParams(3), fused = RandomParams(3);
+  auto ref_opt = MakeAdamW(ref), fused_opt = MakeAdamW(fused);
+  FusedAdamW fused_step(*fused_opt);
+  const auto skipped = fused[3].unsafeGetTensorImpl();
+  for (int step = 0; step < 5; ++step) {
+    torch::manual_seed(100 + step);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      auto g = torch::randn(ref[i].sizes()).to(kCuda);
+      // The reference skips parameter 3 because it has no gradient; the fused one because it is told to.
+      if (i == 3) {
+        ref[i].mutable_grad() = torch::Tensor();
+        fused[i].mutable_grad() = torch::zeros_like(fused[i]);
+      } else {
+        ref[i].mutable_grad() = g.clone();
+        fused[i].mutable_grad() = g.clone();
+      }
+    }
+    const double lr = 1e-2 * (step + 1);
+    for (auto& g : ref_opt->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    ref_opt->step();
+    fused_step.Step(lr, [&](const torch::Tensor& p) { return p.unsafeGetTensorImpl() != skipped; });
+  }
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = (ref[i] - fused[i]).abs().max().item<double>();
+    EXPECT_LE(err, 1e-5 * (ref[i].abs().max().item<double>() + 1)) << "parameter " << i;
+    const auto it = fused_opt->state().find(fused[i].unsafeGetTensorImpl());
+    if (i == 3) {
+      EXPECT_EQ(it, fused_opt->state().end()) << "a skipped parameter got optimizer state";
+      continue;
+    }
+    ASSERT_NE(it, fused_opt->state().end());
+    EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*it->second).step(), 5);
+    const auto& want = static_cast<torch::optim::AdamWParamState&>(*ref_opt->state()[ref[i].unsafeGetTensorImpl()]);
+    const auto& got = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    EXPECT_LE((want.exp_avg_sq() - got.exp_avg_sq()).abs().max().item<double>(),
+              1e-5 * want.exp_avg_sq().abs().max().item<double>());
+  }
+}
+
+TEST(ClipGradNormFused, MatchesClipGradNorm) {
+  for (double max_norm : {0.5, 1e6}) {  // clipping, and a bound the gradients are inside of
+    auto ref = RandomParams(7), fused = RandomParams(7);
+    torch::manual_seed(8);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      auto g = torch::randn(ref[i].sizes()).to(kCuda);
+      ref[i].mutable_grad() = g.clone();
+      fused[i].mutable_grad() = g.clone();
+    }
+    const double want = torch::nn::utils::clip_grad_norm_(ref, max_norm);
+    const double got = ClipGradNormFused(fused, max_norm).item<double>();
+    EXPECT_NEAR(got, want, 1e-5 * want);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_LE((ref[i].grad() - fused[i].grad()).abs().max().item<double>(), 1e-6) << "max_norm " << max_norm;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace oryx::train

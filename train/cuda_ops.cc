@@ -1,0 +1,155 @@
+// Autograd wrappers of the trainer's CUDA kernels.
+#include "train/cuda_ops.h"
+
+#if defined(ORYX_TRAIN_CUDA_KERNELS)
+#include <c10/cuda/CUDAStream.h>
+
+#include "train/cuda_train_kernels.h"
+#endif
+
+namespace oryx::train {
+
+#if defined(ORYX_TRAIN_CUDA_KERNELS)
+
+bool HaveCudaTrainOps() { return true; }
+
+namespace {
+
+cuda::ConvDType DTypeOf(const torch::Tensor& x) {
+  switch (x.scalar_type()) {
+    case torch::kBFloat16:
+      return cuda::ConvDType::kBF16;
+    case torch::kFloat32:
+      return cuda::ConvDType::kF32;
+    case torch::kFloat64:
+      return cuda::ConvDType::kF64;
+    default:
+      TORCH_CHECK(false, "CausalDepthwiseConv: x must be bf16, fp32 or fp64, got ", x.scalar_type());
+  }
+}
+
+void Check(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
+}
+
+// x as [rows, C] with unit column stride and one row stride; copied when its layout is not that.
+torch::Tensor Rows(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const bool rows_ok = x.stride(2) == 1 && (T == 1 || B == 1 || x.stride(0) == T * x.stride(1));
+  return rows_ok ? x : x.contiguous();
+}
+
+cuda::ConvShape ShapeOf(const torch::Tensor& x, const torch::Tensor& weight) {
+  cuda::ConvShape s;
+  s.rows = x.size(0) * x.size(1);
+  s.time = static_cast<int>(x.size(1));
+  s.channels = static_cast<int>(x.size(2));
+  s.width = static_cast<int>(weight.size(1));
+  s.ld_x = x.stride(1);
+  return s;
+}
+
+class CausalConvFunction : public torch::autograd::Function<CausalConvFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& weight, const torch::Tensor& bias) {
+    auto x = Rows(x_in);
+    auto out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+    Check(cuda::CausalConvForward(DTypeOf(x), ShapeOf(x, weight), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+                                  out.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index())),
+          "causal conv forward");
+    ctx->save_for_backward({x, weight});
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& weight = saved[1];
+    auto dout = grads[0].to(x.scalar_type()).contiguous();
+    auto dx = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+    auto dw = torch::zeros_like(weight);
+    auto db = torch::zeros({weight.size(0)}, weight.options());
+    Check(cuda::CausalConvBackward(DTypeOf(x), ShapeOf(x, weight), x.data_ptr(), weight.data_ptr(), dout.data_ptr(),
+                                   dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
+                                   c10::cuda::getCurrentCUDAStream(x.device().index())),
+          "causal conv backward");
+    return {dx, dw, db};
+  }
+};
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
+                               const torch::Tensor& weight, double eps, bool bf16_out) {
+    auto x = x_in.contiguous();
+    const auto types = x.scalar_type() == torch::kFloat64 ? cuda::NormTypes::kF64
+                       : bf16_out                         ? cuda::NormTypes::kF32ToBF16
+                                                          : cuda::NormTypes::kF32ToF32;
+    auto y = torch::empty(x.sizes(), x.options().dtype(bf16_out ? torch::kBFloat16 : x.scalar_type()));
+    auto rstd = torch::empty({x.numel() / x.size(-1)}, x.options());
+    const cuda::NormShape shape{.rows = rstd.numel(), .cols = static_cast<int>(x.size(-1)), .eps = eps};
+    Check(cuda::RmsNormForward(types, shape, x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd.data_ptr(),
+                               c10::cuda::getCurrentCUDAStream(x.device().index())),
+          "rms norm forward");
+    ctx->save_for_backward({x, weight, rstd});
+    ctx->saved_data["types"] = static_cast<int64_t>(types);
+    ctx->saved_data["y_dtype"] = y.scalar_type();
+    return y;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const auto types = static_cast<cuda::NormTypes>(ctx->saved_data["types"].toInt());
+    auto dy = grads[0].to(ctx->saved_data["y_dtype"].toScalarType()).contiguous();
+    auto dx = torch::empty_like(x);
+    auto dw = torch::zeros_like(weight);
+    const cuda::NormShape shape{.rows = rstd.numel(), .cols = static_cast<int>(x.size(-1)), .eps = 0};
+    Check(cuda::RmsNormBackward(types, shape, x.data_ptr(), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
+                                dx.data_ptr(), dw.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index())),
+          "rms norm backward");
+    return {dx, dw, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool bf16_out) {
+  const bool f64 = x.scalar_type() == torch::kFloat64;
+  TORCH_CHECK(x.is_cuda() && (f64 || x.scalar_type() == torch::kFloat32) && !(f64 && bf16_out),
+              "FusedRmsNorm: x must be an fp32 or fp64 CUDA tensor (bf16 output only from fp32), got ",
+              x.scalar_type());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && weight.scalar_type() == x.scalar_type() &&
+                  weight.is_contiguous() && cuda::NormColsSupported(static_cast<int>(x.size(-1))),
+              "FusedRmsNorm: weight must be [", x.size(-1), "] of x's dtype, and at most 16384 wide");
+  return RmsNormFunction::apply(x, weight, eps, bf16_out);
+}
+
+torch::Tensor CausalDepthwiseConv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 3, "CausalDepthwiseConv: x must be a [B, T, C] CUDA tensor");
+  const auto wtype = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == x.size(2) && weight.scalar_type() == wtype &&
+                  weight.is_contiguous() && bias.dim() == 1 && bias.size(0) == x.size(2) &&
+                  bias.scalar_type() == wtype && cuda::ConvWidthSupported(static_cast<int>(weight.size(1))),
+              "CausalDepthwiseConv: weight must be [C, 1..8] and bias [C], ", wtype, ", for x of ", x.sizes());
+  return CausalConvFunction::apply(x, weight, bias);
+}
+
+#else
+
+bool HaveCudaTrainOps() { return false; }
+
+torch::Tensor FusedRmsNorm(const torch::Tensor&, const torch::Tensor&, double, bool) {
+  TORCH_CHECK(false, "FusedRmsNorm: this build has no CUDA kernels for the trainer");
+}
+
+torch::Tensor CausalDepthwiseConv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "CausalDepthwiseConv: this build has no CUDA kernels for the trainer");
+}
+
+#endif
+
+}  // namespace oryx::train

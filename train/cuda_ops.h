@@ -1,0 +1,23 @@
+// The trainer's fused CUDA ops as autograd functions (kernels in train/cuda_train_kernels.cu).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace oryx::train {
+
+// Whether this build has them (LibTorch with CUDA and the project's CUDA kernels).
+bool HaveCudaTrainOps();
+
+// The shared k/v causal depthwise convolution, in the [B, T, C] layout of the projections (no transposes,
+// no padded copy): out[b, t, c] = bias[c] + sum_j weight[c, j] x[b, t - (w-1) + j, c]. x on the GPU in bf16,
+// fp32 or fp64, its last dimension contiguous; weight [C, w] and bias [C] fp32 (fp64 for fp64 x).
+// Differentiable in all three. Equal to torch::conv1d on the left-padded, transposed input.
+torch::Tensor CausalDepthwiseConv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// RMSNorm over the last dimension, x * rsqrt(mean(x^2) + eps) * weight, in one kernel each way (LibTorch's
+// ops take five forward and as many backward). x fp32 (or fp64) on the GPU, weight of x's dtype; the output
+// in x's dtype, or bf16 with bf16_out (what autocast would cast it to for a product). Differentiable in x
+// and weight.
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool bf16_out);
+
+}  // namespace oryx::train

@@ -1,0 +1,49 @@
+// Launchers of the trainer's CUDA kernels (train/cuda_train_kernels.cu), on raw device pointers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace oryx::train::cuda {
+
+enum class ConvDType { kBF16, kF32, kF64 };  // activations; weights are fp32 (fp64 with kF64)
+
+// A causal depthwise convolution over time: x and out are [rows = batch * time, channels], row r holding
+// time step r % time of sequence r / time; x's rows are ld_x elements apart, out's are packed. The weight
+// is [channels, width] (tap width-1 multiplies the current step), the bias [channels].
+struct ConvShape {
+  int64_t rows = 0;
+  int time = 0;
+  int channels = 0;
+  int width = 0;
+  int64_t ld_x = 0;
+};
+
+bool ConvWidthSupported(int width);  // 1..8
+
+cudaError_t CausalConvForward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
+                              void* out, cudaStream_t stream);
+// dx (packed like out) is written; dw and dbias are added to (zero them first).
+cudaError_t CausalConvBackward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
+                               void* dx, void* dw, void* dbias, cudaStream_t stream);
+
+// RMSNorm over the last dimension: x [rows, cols] packed, weight [cols], y [rows, cols] packed, and the
+// per-row 1/rms saved for the backward (fp32; fp64 with kF64). kF32ToBF16 writes y in bf16, ready for a
+// bf16 product.
+enum class NormTypes { kF32ToF32, kF32ToBF16, kF64 };  // x -> y; weights as x
+struct NormShape {
+  int64_t rows = 0;
+  int cols = 0;
+  double eps = 0;
+};
+
+bool NormColsSupported(int cols);  // 1..16384
+
+cudaError_t RmsNormForward(NormTypes t, const NormShape& s, const void* x, const void* w, void* y, void* rstd,
+                           cudaStream_t stream);
+// dy has y's dtype, dx x's; dw is added to (zero it first).
+cudaError_t RmsNormBackward(NormTypes t, const NormShape& s, const void* x, const void* w, const void* dy,
+                            const void* rstd, void* dx, void* dw, cudaStream_t stream);
+
+}  // namespace oryx::train::cuda
