@@ -69,13 +69,15 @@ class CausalConvFunction : public torch::autograd::Function<CausalConvFunction> 
     const auto& weight = saved[1];
     auto dout = grads[0].to(x.scalar_type()).contiguous();
     auto dx = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
-    auto dw = torch::zeros_like(weight);
-    auto db = torch::zeros({weight.size(0)}, weight.options());
-    Check(cuda::CausalConvBackward(DTypeOf(x), ShapeOf(x, weight), x.data_ptr(), weight.data_ptr(), dout.data_ptr(),
-                                   dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
+    const int64_t C = weight.size(0), W = weight.size(1);
+    auto dw_and_bias = torch::empty({C, W + 1}, weight.options());
+    const auto shape = ShapeOf(x, weight);
+    auto workspace = torch::empty({cuda::ConvWorkspaceBytes(DTypeOf(x), shape)}, x.options().dtype(torch::kUInt8));
+    Check(cuda::CausalConvBackward(DTypeOf(x), shape, x.data_ptr(), weight.data_ptr(), dout.data_ptr(), dx.data_ptr(),
+                                   dw_and_bias.data_ptr(), workspace.data_ptr(),
                                    c10::cuda::getCurrentCUDAStream(x.device().index())),
           "causal conv backward");
-    return {dx, dw, db};
+    return {dx, dw_and_bias.narrow(1, 0, W).contiguous(), dw_and_bias.select(1, W).contiguous()};
   }
 };
 
@@ -106,16 +108,53 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const auto types = static_cast<cuda::NormTypes>(ctx->saved_data["types"].toInt());
     auto dy = grads[0].to(ctx->saved_data["y_dtype"].toScalarType()).contiguous();
     auto dx = torch::empty_like(x);
-    auto dw = torch::zeros_like(weight);
+    auto dw = torch::empty_like(weight);
     const cuda::NormShape shape{.rows = rstd.numel(), .cols = static_cast<int>(x.size(-1)), .eps = 0};
+    auto workspace = torch::empty({cuda::NormWorkspaceBytes(types, shape)}, x.options().dtype(torch::kUInt8));
     Check(cuda::RmsNormBackward(types, shape, x.data_ptr(), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
-                                dx.data_ptr(), dw.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index())),
+                                dx.data_ptr(), dw.data_ptr(), workspace.data_ptr(),
+                                c10::cuda::getCurrentCUDAStream(x.device().index())),
           "rms norm backward");
     return {dx, dw, torch::Tensor(), torch::Tensor()};
   }
 };
 
+torch::Tensor RopeCall(const torch::Tensor& x_in, const torch::Tensor& cos, const torch::Tensor& sin, bool inverse) {
+  auto x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
+  auto out = torch::empty(x.sizes(), x.options());
+  const cuda::RopeShape r{.batch = x.size(0), .time = static_cast<int>(x.size(1)), .heads = static_cast<int>(x.size(2)),
+                          .half = static_cast<int>(x.size(3) / 2), .sb = x.stride(0), .st = x.stride(1),
+                          .sh = x.stride(2)};
+  Check(cuda::ApplyRope(DTypeOf(x), r, x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(),
+                        inverse, c10::cuda::getCurrentCUDAStream(x.device().index())),
+        "rope");
+  return out;
+}
+
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return RopeCall(x, cos, sin, /*inverse=*/false);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {RopeCall(grads[0], saved[0], saved[1], /*inverse=*/true), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 4 && x.size(3) % 2 == 0, "FusedRope: x must be [B, T, H, dh] on the GPU");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) / 2 &&
+                  sin.sizes() == cos.sizes(),
+              "FusedRope: cos and sin must be packed fp32 [T, dh/2]");
+  return RopeFunction::apply(x, cos, sin);
+}
 
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool bf16_out) {
   const bool f64 = x.scalar_type() == torch::kFloat64;
@@ -144,6 +183,10 @@ bool HaveCudaTrainOps() { return false; }
 
 torch::Tensor FusedRmsNorm(const torch::Tensor&, const torch::Tensor&, double, bool) {
   TORCH_CHECK(false, "FusedRmsNorm: this build has no CUDA kernels for the trainer");
+}
+
+torch::Tensor FusedRope(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "FusedRope: this build has no CUDA kernels for the trainer");
 }
 
 torch::Tensor CausalDepthwiseConv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {

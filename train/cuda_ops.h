@@ -20,4 +20,9 @@ torch::Tensor CausalDepthwiseConv(const torch::Tensor& x, const torch::Tensor& w
 // and weight.
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool bf16_out);
 
+// RoPE of x [B, T, H, dh] (bf16, fp32 or fp64 on the GPU, last dimension contiguous) with cos, sin
+// [T, dh/2] fp32: the first and second halves of each head rotated as pairs, as ApplyRope in train/model.cc.
+// Returns a packed tensor. Differentiable in x (the backward rotates back).
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 }  // namespace oryx::train

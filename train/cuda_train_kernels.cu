@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "train/cuda_train_kernels.h"
 
 namespace oryx::train::cuda {
@@ -17,110 +19,18 @@ struct Acc<double> {
   using type = double;
 };
 
-// out[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - (W-1) + j, c]. One thread per output: a block per row
-// r = b * time + t (grid.x) and tile of channels (grid.y), consecutive threads along c.
-template <typename T, typename W>
-__global__ void CausalConvForwardKernel(const T* x, int64_t ld_x, const W* w, const W* bias, T* out, int64_t rows,
-                                        int time, int channels, int width) {
-  using A = typename Acc<T>::type;
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  const int64_t r = blockIdx.x;
-  if (c >= channels) return;
-  const int t = static_cast<int>(blockIdx.x % static_cast<unsigned>(time));
-  A acc = static_cast<A>(bias[c]);
-  for (int j = 0; j < width; ++j) {
-    const int tt = t - (width - 1) + j;
-    if (tt >= 0) acc += static_cast<A>(w[c * width + j]) * static_cast<A>(x[(r - t + tt) * ld_x + c]);
-  }
-  out[r * channels + c] = static_cast<T>(acc);
+// ---- Column sums of per-tile partials: out[j] = sum_i partial[i][j] -------------------------------------
+// One block per column; the kernels above write partials instead of adding atomically, so every sum is
+// taken in the same order and the gradients do not depend on scheduling.
+template <typename A>
+__device__ A WarpSum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
-
-// dx[b, t, c] = sum_j w[c, j] dout[b, t + (W-1) - j, c].
-template <typename T, typename W>
-__global__ void CausalConvInputGradKernel(const T* dout, const W* w, T* dx, int64_t rows, int time, int channels,
-                                          int width) {
-  using A = typename Acc<T>::type;
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  const int64_t r = blockIdx.x;
-  if (c >= channels) return;
-  const int t = static_cast<int>(blockIdx.x % static_cast<unsigned>(time));
-  A acc = 0;
-  for (int j = 0; j < width; ++j) {
-    const int tt = t + (width - 1) - j;
-    if (tt < time) acc += static_cast<A>(w[c * width + j]) * static_cast<A>(dout[(r - t + tt) * channels + c]);
-  }
-  dx[r * channels + c] = static_cast<T>(acc);
-}
-
-// dw[c, j] += sum over a strip of rows of dout[r, c] x[r - (W-1) + j, c]; dbias[c] += sum of dout[r, c].
-// Blocks tile (channels, strips of rows); each thread sums one channel over its strip, then adds atomically.
-constexpr int kMaxWidth = 8;
-template <typename T, typename W>
-__global__ void CausalConvWeightGradKernel(const T* x, int64_t ld_x, const T* dout, W* dw, W* dbias, int64_t rows,
-                                           int time, int channels, int width, int64_t strip) {
-  using A = typename Acc<T>::type;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const int64_t begin = blockIdx.y * strip;
-  const int64_t end = begin + strip < rows ? begin + strip : rows;
-  A acc[kMaxWidth] = {};
-  A acc_bias = 0;
-  int t = static_cast<int>(begin % time);  // advanced with r, no division per row
-  for (int64_t r = begin; r < end; ++r, t = t + 1 == time ? 0 : t + 1) {
-    const A d = static_cast<A>(dout[r * channels + c]);
-    acc_bias += d;
-#pragma unroll
-    for (int j = 0; j < kMaxWidth; ++j) {
-      const int tt = t - (width - 1) + j;
-      if (j < width && tt >= 0) acc[j] += d * static_cast<A>(x[(r - t + tt) * ld_x + c]);
-    }
-  }
-  for (int j = 0; j < width; ++j) atomicAdd(&dw[c * width + j], static_cast<W>(acc[j]));
-  atomicAdd(&dbias[c], static_cast<W>(acc_bias));
-}
-
-constexpr int kThreads = 128;
-
-// grid.x: rows (up to 2^31 - 1), grid.y: channel tiles.
-dim3 Grid(int channels, int64_t rows) {
-  return dim3(static_cast<unsigned>(rows), static_cast<unsigned>((channels + kThreads - 1) / kThreads));
-}
-
-template <typename T, typename W>
-cudaError_t Forward(const ConvShape& s, const void* x, const void* w, const void* bias, void* out,
-                    cudaStream_t stream) {
-  CausalConvForwardKernel<T, W><<<Grid(s.channels, s.rows), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), s.ld_x, static_cast<const W*>(w), static_cast<const W*>(bias), static_cast<T*>(out),
-      s.rows, s.time, s.channels, s.width);
-  return cudaGetLastError();
-}
-
-template <typename T, typename W>
-cudaError_t Backward(const ConvShape& s, const void* x, const void* w, const void* dout, void* dx, void* dw,
-                     void* dbias, cudaStream_t stream) {
-  CausalConvInputGradKernel<T, W><<<Grid(s.channels, s.rows), kThreads, 0, stream>>>(
-      static_cast<const T*>(dout), static_cast<const W*>(w), static_cast<T*>(dx), s.rows, s.time, s.channels,
-      s.width);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const int64_t strip = s.rows / 128 > 65535 ? (s.rows + 65534) / 65535 : 128;  // grid.y <= 65535
-  const dim3 grid(static_cast<unsigned>((s.channels + kThreads - 1) / kThreads),
-                  static_cast<unsigned>((s.rows + strip - 1) / strip));
-  CausalConvWeightGradKernel<T, W><<<grid, kThreads, 0, stream>>>(
-      static_cast<const T*>(x), s.ld_x, static_cast<const T*>(dout), static_cast<W*>(dw), static_cast<W*>(dbias),
-      s.rows, s.time, s.channels, s.width, strip);
-  return cudaGetLastError();
-}
-
-// ---- RMSNorm: y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) over each row of `cols` ----------
-// A block normalises kRowsPerBlock rows one after another; its threads stride over the columns. The
-// backward's weight gradient is summed over the block's rows in registers, then added atomically.
-
-constexpr int kRowsPerBlock = 16;
-constexpr int kMaxColsPerThread = 16;
 
 template <typename A>
 __device__ A BlockSum(A v, A* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = WarpSum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   __syncthreads();  // shared is reused from the previous call
   if (lane == 0) shared[warp] = v;
@@ -130,102 +40,346 @@ __device__ A BlockSum(A v, A* shared) {
   return total;
 }
 
-template <typename TX, typename TY, typename TW>
+template <typename A, typename W>
+__global__ void ReduceColumnsKernel(const A* partial, int64_t n, int64_t cols, W* out) {
+  __shared__ A shared[32];
+  const int64_t j = blockIdx.x;
+  A sum = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i * cols + j];
+  sum = BlockSum(sum, shared);
+  if (threadIdx.x == 0) out[j] = static_cast<W>(sum);
+}
+
+template <typename A, typename W>
+cudaError_t ReduceColumns(const A* partial, int64_t n, int64_t cols, W* out, cudaStream_t stream) {
+  ReduceColumnsKernel<A, W><<<static_cast<unsigned>(cols), 128, 0, stream>>>(partial, n, cols, out);
+  return cudaGetLastError();
+}
+
+// The causal conv works on tiles of kTimeTile steps of one sequence and kThreads channels (one channel per
+// thread, consecutive threads on consecutive channels), sliding a window of the last `width` inputs (or
+// the next `width` output gradients) through registers, so each element is loaded once.
+constexpr int kMaxWidth = 8;
+constexpr int kTimeTile = 32;
+constexpr int kThreads = 128;
+
+// out[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - (W-1) + j, c]. Grid: (channel tiles, time tiles, batch).
+template <typename T, typename W>
+__global__ void CausalConvForwardKernel(const T* x, int64_t ld_x, const W* w, const W* bias, T* out, int time,
+                                        int channels, int width) {
+  using A = typename Acc<T>::type;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int t0 = blockIdx.y * kTimeTile, t1 = min(t0 + kTimeTile, time);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.z) * time;
+  // wr[k]: the tap of x[t-k]; hist[kMaxWidth-1-k] = x[t-k] once the step's input is shifted in.
+  A wr[kMaxWidth], hist[kMaxWidth];
+#pragma unroll
+  for (int k = 0; k < kMaxWidth; ++k) {
+    wr[k] = k < width ? static_cast<A>(w[c * width + width - 1 - k]) : static_cast<A>(0);
+    // Before the loop (which first shifts left) slot k holds x[t0 - kMaxWidth + k]; only the last width-1
+    // slots matter.
+    const int tt = t0 - kMaxWidth + k;
+    hist[k] = k > kMaxWidth - width && tt >= 0 ? static_cast<A>(x[(row0 + tt) * ld_x + c]) : static_cast<A>(0);
+  }
+  const A b = static_cast<A>(bias[c]);
+  for (int t = t0; t < t1; ++t) {
+#pragma unroll
+    for (int k = 0; k < kMaxWidth - 1; ++k) hist[k] = hist[k + 1];
+    hist[kMaxWidth - 1] = static_cast<A>(x[(row0 + t) * ld_x + c]);
+    A acc = b;
+#pragma unroll
+    for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * hist[kMaxWidth - 1 - k];
+    out[(row0 + t) * channels + c] = static_cast<T>(acc);
+  }
+}
+
+// One pass over a tile, from its last step to its first:
+//   dx[t] = sum_k w[c, W-1-k] dout[t+k]                  (next[k] = dout[t+k])
+//   partial dw for the tap of x[t-k] += dout[t] x[t-k]   (prev[k] = x[t-k]), partial dbias += dout[t]
+// Partials go to partial[tile][c][0..W] (tile = b * time tiles + time tile); ReduceColumns sums them.
+template <typename T, typename W>
+__global__ void CausalConvBackwardKernel(const T* x, int64_t ld_x, const W* w, const T* dout, T* dx,
+                                         typename Acc<T>::type* partial, int time, int channels, int width) {
+  using A = typename Acc<T>::type;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int t0 = blockIdx.y * kTimeTile, t1 = min(t0 + kTimeTile, time);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.z) * time;
+  A wr[kMaxWidth], next[kMaxWidth], prev[kMaxWidth], dw[kMaxWidth];
+  // Before the loop, which first shifts next right (then loads next[0] = dout[t]) and prev left (then
+  // loads prev[width-1] = x[t-(width-1)]): next[k] = dout[t1 + k] for k < width-1, prev[k] = x[t1 - k] for
+  // 1 <= k < width.
+#pragma unroll
+  for (int k = 0; k < kMaxWidth; ++k) {
+    wr[k] = k < width ? static_cast<A>(w[c * width + width - 1 - k]) : static_cast<A>(0);
+    const int tn = t1 + k;
+    next[k] = k < width - 1 && tn < time ? static_cast<A>(dout[(row0 + tn) * channels + c]) : static_cast<A>(0);
+    const int tp = t1 - k;
+    prev[k] = k >= 1 && k < width && tp >= 0 ? static_cast<A>(x[(row0 + tp) * ld_x + c]) : static_cast<A>(0);
+    dw[k] = 0;
+  }
+  A db = 0;
+  for (int t = t1 - 1; t >= t0; --t) {
+    // next: [dout[t], dout[t+1], ...]
+#pragma unroll
+    for (int k = kMaxWidth - 1; k > 0; --k) next[k] = next[k - 1];
+    next[0] = static_cast<A>(dout[(row0 + t) * channels + c]);
+    // prev: [x[t], x[t-1], ..., x[t-(width-1)]]: drop x[t+1], load x[t-(width-1)]
+#pragma unroll
+    for (int k = 0; k < kMaxWidth - 1; ++k) prev[k] = prev[k + 1];
+    const int tp = t - (width - 1);
+    const A incoming = tp >= 0 ? static_cast<A>(x[(row0 + tp) * ld_x + c]) : static_cast<A>(0);
+#pragma unroll
+    for (int k = 0; k < kMaxWidth; ++k) {
+      if (k == width - 1) prev[k] = incoming;
+    }
+    A acc = 0;
+#pragma unroll
+    for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * next[k];
+    dx[(row0 + t) * channels + c] = static_cast<T>(acc);
+    const A d = next[0];
+    db += d;
+#pragma unroll
+    for (int k = 0; k < kMaxWidth; ++k) dw[k] += d * prev[k];
+  }
+  A* out = partial + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * channels * (width + 1);
+#pragma unroll
+  for (int k = 0; k < kMaxWidth; ++k) {
+    if (k < width) out[c * (width + 1) + (width - 1 - k)] = dw[k];
+  }
+  out[c * (width + 1) + width] = db;
+}
+
+dim3 ConvGrid(const ConvShape& s) {
+  return dim3(static_cast<unsigned>((s.channels + kThreads - 1) / kThreads),
+              static_cast<unsigned>((s.time + kTimeTile - 1) / kTimeTile), static_cast<unsigned>(s.rows / s.time));
+}
+
+template <typename T, typename W>
+cudaError_t Forward(const ConvShape& s, const void* x, const void* w, const void* bias, void* out,
+                    cudaStream_t stream) {
+  CausalConvForwardKernel<T, W><<<ConvGrid(s), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), s.ld_x, static_cast<const W*>(w), static_cast<const W*>(bias), static_cast<T*>(out),
+      s.time, s.channels, s.width);
+  return cudaGetLastError();
+}
+
+template <typename T, typename W>
+cudaError_t Backward(const ConvShape& s, const void* x, const void* w, const void* dout, void* dx, void* dw_and_bias,
+                     void* workspace, cudaStream_t stream) {
+  using A = typename Acc<T>::type;
+  const dim3 grid = ConvGrid(s);
+  CausalConvBackwardKernel<T, W><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(x), s.ld_x, static_cast<const W*>(w), static_cast<const T*>(dout), static_cast<T*>(dx),
+      static_cast<A*>(workspace), s.time, s.channels, s.width);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return ReduceColumns(static_cast<const A*>(workspace), static_cast<int64_t>(grid.y) * grid.z,
+                       static_cast<int64_t>(s.channels) * (s.width + 1), static_cast<W*>(dw_and_bias), stream);
+}
+
+// ---- RMSNorm: y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) over each row of `cols` ----------
+// Rows of up to 1024 columns: one warp per row, kRowsPerUnit rows per warp in turn. Wider rows: one block
+// per row (up to 1024 threads, 16 columns each). A thread keeps its columns in registers (fixed-index
+// unrolled loops). The backward's weight gradient is summed over a warp's (block's) rows in registers and
+// written as a partial, summed by ReduceColumns.
+
+constexpr int kRowsPerUnit = 16;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kMaxColsPerThread = 16;  // block kernel
+
+// Threads that share a row: a warp (kWide = false) or the block.
+template <bool kWide, typename A>
+__device__ A RowSum(A v, A* shared) {
+  if constexpr (kWide) {
+    return BlockSum(v, shared);
+  } else {
+    return WarpSum(v);
+  }
+}
+
+template <bool kWide>
+struct RowLayout {
+  int64_t unit;  // which warp (block) of the grid: the partial's row
+  int lane;      // thread within the row's group
+  int stride;    // threads per row
+  __device__ RowLayout() {
+    if constexpr (kWide) {
+      unit = blockIdx.x;
+      lane = threadIdx.x;
+      stride = blockDim.x;
+    } else {
+      unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+      lane = threadIdx.x % 32;
+      stride = 32;
+    }
+  }
+};
+
+template <typename TX, typename TY, typename TW, bool kWide, int kPer>
 __global__ void RmsNormForwardKernel(const TX* x, const TW* w, TY* y, typename Acc<TX>::type* rstd, int64_t rows,
                                      int cols, double eps) {
   using A = typename Acc<TX>::type;
   __shared__ A shared[32];
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, end = r + kRowsPerBlock; r < end && r < rows;
-       ++r) {
-    const TX* xr = x + r * cols;
-    A v[kMaxColsPerThread];  // unrolled loops with fixed indices keep these in registers
+  const RowLayout<kWide> at;
+  const int64_t first = at.unit * kRowsPerUnit;
+  for (int64_t r = first; r < first + kRowsPerUnit && r < rows; ++r) {
+    A v[kPer];
     A ss = 0;
 #pragma unroll
-    for (int n = 0; n < kMaxColsPerThread; ++n) {
-      const int c = threadIdx.x + n * blockDim.x;
-      v[n] = c < cols ? static_cast<A>(xr[c]) : static_cast<A>(0);
+    for (int n = 0; n < kPer; ++n) {
+      const int c = at.lane + n * at.stride;
+      v[n] = c < cols ? static_cast<A>(x[r * cols + c]) : static_cast<A>(0);
       ss += v[n] * v[n];
     }
-    const A inv = static_cast<A>(1) / sqrt(BlockSum(ss, shared) / static_cast<A>(cols) + static_cast<A>(eps));
+    const A inv = static_cast<A>(1) / sqrt(RowSum<kWide>(ss, shared) / static_cast<A>(cols) + static_cast<A>(eps));
 #pragma unroll
-    for (int n = 0; n < kMaxColsPerThread; ++n) {
-      const int c = threadIdx.x + n * blockDim.x;
+    for (int n = 0; n < kPer; ++n) {
+      const int c = at.lane + n * at.stride;
       if (c < cols) y[r * cols + c] = static_cast<TY>(v[n] * inv * static_cast<A>(w[c]));
     }
-    if (threadIdx.x == 0) rstd[r] = inv;
+    if (at.lane == 0) rstd[r] = inv;
   }
 }
 
-// dx = rstd * (dy*w - xhat * mean(dy*w * xhat)), dw += sum over rows of dy * xhat, with xhat = x * rstd.
-template <typename TX, typename TY, typename TW>
+// dx = rstd * (dy*w - xhat * mean(dy*w * xhat)); partial[unit][c] = sum over the unit's rows of dy * xhat.
+template <typename TX, typename TY, typename TW, bool kWide, int kPer>
 __global__ void RmsNormBackwardKernel(const TX* x, const TW* w, const TY* dy, const typename Acc<TX>::type* rstd,
-                                      TX* dx, TW* dw, int64_t rows, int cols) {
+                                      TX* dx, typename Acc<TX>::type* partial, int64_t rows, int cols) {
   using A = typename Acc<TX>::type;
   __shared__ A shared[32];
-  A dw_acc[kMaxColsPerThread] = {};
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock, end = r + kRowsPerBlock; r < end && r < rows;
-       ++r) {
+  const RowLayout<kWide> at;
+  const int64_t first = at.unit * kRowsPerUnit;
+  if (first >= rows) return;  // a whole warp (never a partial one) beyond the last row
+  A dw[kPer];
+#pragma unroll
+  for (int n = 0; n < kPer; ++n) dw[n] = 0;
+  for (int64_t r = first; r < first + kRowsPerUnit && r < rows; ++r) {
     const A inv = rstd[r];
-    A xh[kMaxColsPerThread], g[kMaxColsPerThread];
+    A xh[kPer], g[kPer];
     A dot = 0;
 #pragma unroll
-    for (int n = 0; n < kMaxColsPerThread; ++n) {
-      const int c = threadIdx.x + n * blockDim.x;
+    for (int n = 0; n < kPer; ++n) {
+      const int c = at.lane + n * at.stride;
       xh[n] = g[n] = 0;
       if (c < cols) {
         xh[n] = static_cast<A>(x[r * cols + c]) * inv;
         const A d = static_cast<A>(dy[r * cols + c]);
         g[n] = d * static_cast<A>(w[c]);
-        dw_acc[n] += d * xh[n];
+        dw[n] += d * xh[n];
       }
       dot += g[n] * xh[n];
     }
-    const A mean = BlockSum(dot, shared) / static_cast<A>(cols);
+    const A mean = RowSum<kWide>(dot, shared) / static_cast<A>(cols);
 #pragma unroll
-    for (int n = 0; n < kMaxColsPerThread; ++n) {
-      const int c = threadIdx.x + n * blockDim.x;
+    for (int n = 0; n < kPer; ++n) {
+      const int c = at.lane + n * at.stride;
       if (c < cols) dx[r * cols + c] = static_cast<TX>(inv * (g[n] - xh[n] * mean));
     }
   }
 #pragma unroll
-  for (int n = 0; n < kMaxColsPerThread; ++n) {
-    const int c = threadIdx.x + n * blockDim.x;
-    if (c < cols) atomicAdd(&dw[c], static_cast<TW>(dw_acc[n]));
+  for (int n = 0; n < kPer; ++n) {
+    const int c = at.lane + n * at.stride;
+    if (c < cols) partial[at.unit * cols + c] = dw[n];
   }
 }
 
-int NormThreads(int cols) {
-  // Enough warps that no thread holds more than kMaxColsPerThread columns, at most 1024.
-  int threads = 32;
-  while (threads < 1024 && (threads < cols / kMaxColsPerThread + (cols % kMaxColsPerThread != 0) || threads < 128) &&
-         threads < cols) {
-    threads *= 2;
-  }
+int NormBlockThreads(int cols) {  // the wide kernel: enough threads for kMaxColsPerThread columns each
+  int threads = 128;
+  while (threads < 1024 && threads * kMaxColsPerThread < cols) threads *= 2;
   return threads;
+}
+
+int64_t NormUnits(const NormShape& s) { return (s.rows + kRowsPerUnit - 1) / kRowsPerUnit; }
+
+// Launches kernel K<kWide, kPer> for the row width: warps for up to 1024 columns, blocks beyond.
+template <typename Launch>
+cudaError_t ForNormWidth(const NormShape& s, Launch launch) {
+  const int64_t units = NormUnits(s);
+  const unsigned warp_blocks = static_cast<unsigned>((units + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (s.cols <= 64) return launch(std::integral_constant<bool, false>(), std::integral_constant<int, 2>(), warp_blocks, 32 * kWarpsPerBlock);
+  if (s.cols <= 256) return launch(std::integral_constant<bool, false>(), std::integral_constant<int, 8>(), warp_blocks, 32 * kWarpsPerBlock);
+  if (s.cols <= 1024) return launch(std::integral_constant<bool, false>(), std::integral_constant<int, 32>(), warp_blocks, 32 * kWarpsPerBlock);
+  return launch(std::integral_constant<bool, true>(), std::integral_constant<int, kMaxColsPerThread>(),
+                static_cast<unsigned>(units), NormBlockThreads(s.cols));
 }
 
 template <typename TX, typename TY, typename TW>
 cudaError_t NormForward(const NormShape& s, const void* x, const void* w, void* y, void* rstd, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((s.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  RmsNormForwardKernel<TX, TY, TW><<<blocks, NormThreads(s.cols), 0, stream>>>(
-      static_cast<const TX*>(x), static_cast<const TW*>(w), static_cast<TY*>(y),
-      static_cast<typename Acc<TX>::type*>(rstd), s.rows, s.cols, s.eps);
-  return cudaGetLastError();
+  using A = typename Acc<TX>::type;
+  return ForNormWidth(s, [&](auto wide, auto per, unsigned blocks, int threads) {
+    RmsNormForwardKernel<TX, TY, TW, decltype(wide)::value, decltype(per)::value><<<blocks, threads, 0, stream>>>(
+        static_cast<const TX*>(x), static_cast<const TW*>(w), static_cast<TY*>(y), static_cast<A*>(rstd), s.rows,
+        s.cols, s.eps);
+    return cudaGetLastError();
+  });
 }
 
 template <typename TX, typename TY, typename TW>
 cudaError_t NormBackward(const NormShape& s, const void* x, const void* w, const void* dy, const void* rstd, void* dx,
-                         void* dw, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((s.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  RmsNormBackwardKernel<TX, TY, TW><<<blocks, NormThreads(s.cols), 0, stream>>>(
-      static_cast<const TX*>(x), static_cast<const TW*>(w), static_cast<const TY*>(dy),
-      static_cast<const typename Acc<TX>::type*>(rstd), static_cast<TX*>(dx), static_cast<TW*>(dw), s.rows, s.cols);
+                         void* dw, void* workspace, cudaStream_t stream) {
+  using A = typename Acc<TX>::type;
+  const cudaError_t e = ForNormWidth(s, [&](auto wide, auto per, unsigned blocks, int threads) {
+    RmsNormBackwardKernel<TX, TY, TW, decltype(wide)::value, decltype(per)::value><<<blocks, threads, 0, stream>>>(
+        static_cast<const TX*>(x), static_cast<const TW*>(w), static_cast<const TY*>(dy), static_cast<const A*>(rstd),
+        static_cast<TX*>(dx), static_cast<A*>(workspace), s.rows, s.cols);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  return ReduceColumns(static_cast<const A*>(workspace), NormUnits(s), s.cols, static_cast<TW*>(dw), stream);
+}
+
+// ---- RoPE: out[.., i] = x_i c - x_{i+h} s, out[.., i+h] = x_{i+h} c + x_i s (h = dh/2, s negated for the
+// backward). One block per (b, t); its threads cover (head, i) pairs.
+template <typename T>
+__global__ void RopeKernel(const T* x, int64_t sb, int64_t st, int64_t sh, const float* cos, const float* sin,
+                           T* out, int time, int heads, int half, float sign) {
+  using A = typename Acc<T>::type;
+  const int64_t bt = blockIdx.x;
+  const int64_t b = bt / time;
+  const int t = static_cast<int>(bt - b * time);
+  const T* xr = x + b * sb + t * st;
+  T* o = out + bt * heads * 2 * half;
+  for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
+    const int h = j / half, i = j - h * half;
+    const A c = static_cast<A>(cos[t * half + i]), s = sign * static_cast<A>(sin[t * half + i]);
+    const A x1 = static_cast<A>(xr[h * sh + i]), x2 = static_cast<A>(xr[h * sh + half + i]);
+    o[h * 2 * half + i] = static_cast<T>(x1 * c - x2 * s);
+    o[h * 2 * half + half + i] = static_cast<T>(x2 * c + x1 * s);
+  }
+}
+
+template <typename T>
+cudaError_t Rope(const RopeShape& r, const void* x, const float* cos, const float* sin, void* out, bool inverse,
+                 cudaStream_t stream) {
+  const int pairs = r.heads * r.half;
+  const int threads = pairs < 1024 ? (pairs + 31) / 32 * 32 : 1024;
+  RopeKernel<T><<<static_cast<unsigned>(r.batch * r.time), threads, 0, stream>>>(
+      static_cast<const T*>(x), r.sb, r.st, r.sh, cos, sin, static_cast<T*>(out), r.time, r.heads, r.half,
+      inverse ? -1.0f : 1.0f);
   return cudaGetLastError();
 }
 
 }  // namespace
 
+cudaError_t ApplyRope(ConvDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
+                      void* out, bool inverse, cudaStream_t stream) {
+  switch (dtype) {
+    case ConvDType::kBF16:
+      return Rope<__nv_bfloat16>(r, x, cos, sin, out, inverse, stream);
+    case ConvDType::kF32:
+      return Rope<float>(r, x, cos, sin, out, inverse, stream);
+    case ConvDType::kF64:
+      return Rope<double>(r, x, cos, sin, out, inverse, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 bool NormColsSupported(int cols) { return cols >= 1 && cols <= 1024 * kMaxColsPerThread; }
+
+int64_t NormWorkspaceBytes(NormTypes t, const NormShape& s) {
+  return NormUnits(s) * s.cols * (t == NormTypes::kF64 ? 8 : 4);
+}
 
 cudaError_t RmsNormForward(NormTypes t, const NormShape& s, const void* x, const void* w, void* y, void* rstd,
                            cudaStream_t stream) {
@@ -241,14 +395,14 @@ cudaError_t RmsNormForward(NormTypes t, const NormShape& s, const void* x, const
 }
 
 cudaError_t RmsNormBackward(NormTypes t, const NormShape& s, const void* x, const void* w, const void* dy,
-                            const void* rstd, void* dx, void* dw, cudaStream_t stream) {
+                            const void* rstd, void* dx, void* dw, void* workspace, cudaStream_t stream) {
   switch (t) {
     case NormTypes::kF32ToF32:
-      return NormBackward<float, float, float>(s, x, w, dy, rstd, dx, dw, stream);
+      return NormBackward<float, float, float>(s, x, w, dy, rstd, dx, dw, workspace, stream);
     case NormTypes::kF32ToBF16:
-      return NormBackward<float, __nv_bfloat16, float>(s, x, w, dy, rstd, dx, dw, stream);
+      return NormBackward<float, __nv_bfloat16, float>(s, x, w, dy, rstd, dx, dw, workspace, stream);
     case NormTypes::kF64:
-      return NormBackward<double, double, double>(s, x, w, dy, rstd, dx, dw, stream);
+      return NormBackward<double, double, double>(s, x, w, dy, rstd, dx, dw, workspace, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -268,15 +422,20 @@ cudaError_t CausalConvForward(ConvDType dtype, const ConvShape& s, const void* x
   return cudaErrorInvalidValue;
 }
 
+int64_t ConvWorkspaceBytes(ConvDType dtype, const ConvShape& s) {
+  const int64_t tiles = (s.rows / s.time) * ((s.time + kTimeTile - 1) / kTimeTile);
+  return tiles * s.channels * (s.width + 1) * (dtype == ConvDType::kF64 ? 8 : 4);
+}
+
 cudaError_t CausalConvBackward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
-                               void* dx, void* dw, void* dbias, cudaStream_t stream) {
+                               void* dx, void* dw_and_bias, void* workspace, cudaStream_t stream) {
   switch (dtype) {
     case ConvDType::kBF16:
-      return Backward<__nv_bfloat16, float>(s, x, w, dout, dx, dw, dbias, stream);
+      return Backward<__nv_bfloat16, float>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
     case ConvDType::kF32:
-      return Backward<float, float>(s, x, w, dout, dx, dw, dbias, stream);
+      return Backward<float, float>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
     case ConvDType::kF64:
-      return Backward<double, double>(s, x, w, dout, dx, dw, dbias, stream);
+      return Backward<double, double>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -24,9 +24,12 @@ bool ConvWidthSupported(int width);  // 1..8
 
 cudaError_t CausalConvForward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
                               void* out, cudaStream_t stream);
-// dx (packed like out) is written; dw and dbias are added to (zero them first).
+// Device scratch the backward needs (per-tile partial sums of the weight and bias gradients).
+int64_t ConvWorkspaceBytes(ConvDType dtype, const ConvShape& s);
+// Writes dx (packed like out) and dw_and_bias [channels, width + 1]: the weight gradient, then the bias's.
+// No atomics: the result does not depend on scheduling.
 cudaError_t CausalConvBackward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
-                               void* dx, void* dw, void* dbias, cudaStream_t stream);
+                               void* dx, void* dw_and_bias, void* workspace, cudaStream_t stream);
 
 // RMSNorm over the last dimension: x [rows, cols] packed, weight [cols], y [rows, cols] packed, and the
 // per-row 1/rms saved for the backward (fp32; fp64 with kF64). kF32ToBF16 writes y in bf16, ready for a
@@ -42,8 +45,22 @@ bool NormColsSupported(int cols);  // 1..16384
 
 cudaError_t RmsNormForward(NormTypes t, const NormShape& s, const void* x, const void* w, void* y, void* rstd,
                            cudaStream_t stream);
-// dy has y's dtype, dx x's; dw is added to (zero it first).
+// Device scratch the backward needs (partial sums of the weight gradient).
+int64_t NormWorkspaceBytes(NormTypes t, const NormShape& s);
+// dy has y's dtype, dx x's; dx and dw are written.
 cudaError_t RmsNormBackward(NormTypes t, const NormShape& s, const void* x, const void* w, const void* dy,
-                            const void* rstd, void* dx, void* dw, cudaStream_t stream);
+                            const void* rstd, void* dx, void* dw, void* workspace, cudaStream_t stream);
+
+// RoPE over x [batch, time, heads, 2 * half] (element strides sb, st, sh; the last dimension packed) into
+// a packed out, with cos, sin [time, half] fp32; `inverse` rotates back (the backward). x's dtype as ConvDType.
+struct RopeShape {
+  int64_t batch = 0;
+  int time = 0;
+  int heads = 0;
+  int half = 0;
+  int64_t sb = 0, st = 0, sh = 0;
+};
+cudaError_t ApplyRope(ConvDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
+                      void* out, bool inverse, cudaStream_t stream);
 
 }  // namespace oryx::train::cuda

@@ -31,6 +31,10 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 }
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  if (x.is_cuda() && HaveCudaTrainOps() && x.dim() == 4 && cos.scalar_type() == torch::kFloat32 &&
+      cos.is_contiguous() && sin.is_contiguous()) {
+    return FusedRope(x, cos, sin);
+  }
   const int64_t half = x.size(-1) / 2;
   auto c = cos.unsqueeze(-2).to(x.scalar_type());  // [T, 1, dh/2] broadcasts over heads
   auto s = sin.unsqueeze(-2).to(x.scalar_type());
