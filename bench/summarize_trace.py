@@ -29,10 +29,10 @@ def main():
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     if not kernels:
         sys.exit(f"summarize_trace: {args.trace}: no GPU kernels (profile a CUDA run)")
-    # Launch (runtime) events carry the correlation id that links them to their kernel.
+    # Launch events (runtime API, or driver API as cuBLAS uses) carry the correlation id of their kernel.
     launch_ts = {}
     for e in events:
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
             launch_ts[e["args"]["correlation"]] = (e.get("tid"), e["ts"])
     # Host ops per thread, sorted by start, for "outermost op that contains this launch".
     ops = collections.defaultdict(list)
