@@ -63,6 +63,7 @@ int RunTrain(const Args& args) {
   flags.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
   flags.String("export-dtype", &export_dtype, "dtype of OUT/model weights: f32 | bf16");
   flags.Bool("resume", &o.resume, "continue from OUT/checkpoint");
+  flags.Int("scan-chunk", &o.scan_chunk, "tokens per chunk of the chunked linear scans (speed only)", 1);
   bool no_cuda_graph = false;
   flags.Bool("no-cuda-graph", &no_cuda_graph,
              "on CUDA, run every micro-batch eagerly instead of replaying a recorded CUDA graph");

@@ -93,14 +93,15 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   // of a training step's kernel time with the copies' backward); they run in fp32 (TF32 where allowed).
   AutocastOff autocast_off(at::kCUDA);
   // Work head-major in fp32 (fp64 when given fp64, for gradient checks), every chunk at once:
-  // [B, H, N, C, dh] and [B, H, N, C] with N chunks of C tokens. Only the passing of the state from chunk
+  // [B, H, N, C, dh] and [B, H, N, C] with N chunks of C tokens. Only GDN's passing of the state from chunk
   // to chunk is sequential (a few small ops per chunk).
   const auto dtype = in.q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const int64_t B = in.q.size(0), T = in.q.size(1), H = in.q.size(2), dh = in.q.size(3);
   const int64_t C = std::min(chunk, T), N = (T + C - 1) / C, pad = N * C - T;
   // Padding tokens decay nothing (log a = 0) and write nothing (scale = 0): the state passes unchanged.
   auto chunks = [&](const torch::Tensor& x) {  // [B,T,H,...] -> [B,H,N,C,...]
-    auto t = x.to(dtype).transpose(1, 2);
+    // One copy that converts and transposes (to(), then reshape() of the transposed view, made two).
+    auto t = x.transpose(1, 2).to(dtype, /*non_blocking=*/false, /*copy=*/false, torch::MemoryFormat::Contiguous);
     if (pad > 0) {
       std::vector<int64_t> padding = x.dim() == 4 ? std::vector<int64_t>{0, 0, 0, pad} : std::vector<int64_t>{0, pad};
       t = torch::constant_pad_nd(t, padding, 0);

@@ -309,6 +309,7 @@ absl::Status Trainer::Setup() {
   }
 
   model_.emplace(OryxModel(c, o_.seed));
+  (*model_)->scan_chunk = o_.scan_chunk;
   (*model_)->to(device_);
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : (*model_)->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -580,10 +581,10 @@ absl::Status Train(const TrainOptions& options) {
     return absl::InvalidArgumentError("--data and --out are required");
   }
   if (options.batch_size < 1 || options.grad_accum < 1 || options.steps < 1 || options.warmup_steps < 0 ||
-      options.log_every < 1 || !(options.lr > 0) || options.min_lr < 0 || !(options.grad_clip > 0) ||
-      options.task_fraction < 0 || options.task_fraction > 1) {
+      options.log_every < 1 || options.scan_chunk < 1 || !(options.lr > 0) || options.min_lr < 0 ||
+      !(options.grad_clip > 0) || options.task_fraction < 0 || options.task_fraction > 1) {
     return absl::InvalidArgumentError(
-        "training options out of range: need batch, accumulation, steps, log interval >= 1, lr > 0, "
+        "training options out of range: need batch, accumulation, steps, log interval, scan chunk >= 1, lr > 0, "
         "min lr >= 0, grad clip > 0, task fraction in [0, 1]");
   }
   try {

@@ -58,6 +58,7 @@ struct TrainOptions {
   // a micro-batch whose modes differ from the recorded ones, which only a run of single-mode fragments
   // can give, runs eagerly).
   bool cuda_graph = true;
+  int64_t scan_chunk = 64;  // tokens per chunk of the chunked linear scans (a speed knob; same model)
   int threads = 0;  // CPU intra-op threads (0: LibTorch's default)
 };
 
