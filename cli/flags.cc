@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/numbers.h"
@@ -34,8 +35,10 @@ void FlagSet::Int(const std::string& name, int64_t* out, const std::string& help
                             absl::StrCat("--", name, " expects an integer, got '", v, "'"));
                       }
                       if (x < min || x > max) {
-                        return absl::InvalidArgumentError(absl::StrCat(
-                            "--", name, " must be in [", min, ", ", max, "], got ", x));
+                        const std::string range = max == std::numeric_limits<int64_t>::max()
+                                                      ? absl::StrCat("at least ", min)
+                                                      : absl::StrCat("in [", min, ", ", max, "]");
+                        return absl::InvalidArgumentError(absl::StrCat("--", name, " must be ", range, ", got ", x));
                       }
                       *out = x;
                       return absl::OkStatus();

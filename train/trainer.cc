@@ -165,7 +165,8 @@ absl::StatusOr<double> ValidationLoss(OryxModel& model, const CorpusReader& val,
       std::vector<uint8_t> m =
           SampleModes(o.seed ^ 0x76616c, i, T, o.model.fragment_len, o.model.attn_fraction, ModeMixing::kFragment);
       b.is_attn = torch::from_blob(m.data(), {1, T}, torch::kUInt8).to(torch::kBool).to(device);
-      b.modes = {.any_attn = std::count(m.begin(), m.end(), 1) > 0, .any_lin = std::count(m.begin(), m.end(), 0) > 0};
+      b.modes = {.any_attn = std::count(m.begin(), m.end(), 1) > 0,
+                 .any_lin = std::count(m.begin(), m.end(), 0) > 0};
     } else {
       b.is_attn = torch::full({1, T}, pattern == "attention", torch::dtype(torch::kBool).device(device));
       b.modes = {.any_attn = pattern == "attention", .any_lin = pattern != "attention"};
@@ -461,9 +462,10 @@ absl::Status Trainer::Run() {
   std::string device_name = device_.is_cuda() ? "cuda" : "cpu";
   if (peak == 0 && device_.is_cuda()) peak = 989.4e12;  // H100/H200 SXM bf16 dense
   std::fprintf(stderr, "training %lld parameters on %s%s: %lld steps of %lld x %lld x %lld tokens, from step %lld\n",
-               static_cast<long long>(n_params), device_name.c_str(), graphed_ ? " (CUDA graph)" : "", static_cast<long long>(o_.steps),
-               static_cast<long long>(o_.batch_size), static_cast<long long>(o_.grad_accum),
-               static_cast<long long>(o_.seq_len), static_cast<long long>(start_step_));
+               static_cast<long long>(n_params), device_name.c_str(), graphed_ ? " (CUDA graph)" : "",
+               static_cast<long long>(o_.steps), static_cast<long long>(o_.batch_size),
+               static_cast<long long>(o_.grad_accum), static_cast<long long>(o_.seq_len),
+               static_cast<long long>(start_step_));
   Log({{"event", "start"}, {"params", n_params}, {"config", Json::parse(ToJson(o_.model))},
        {"identity", TrainingIdentity(o_)}, {"device", device_name}, {"start_step", start_step_}});
 
@@ -501,6 +503,8 @@ absl::Status Trainer::Run() {
       if (graphed_ && b.modes == graph_modes_) {
         try {
           loss = graphed_->Run(b.inputs, b.targets, b.is_attn);
+        } catch (const c10::OutOfMemoryError&) {
+          throw;  // not the graph's fault: Train() says what to change
         } catch (const c10::Error& e) {
           return absl::InternalError(absl::StrCat("the CUDA graph of a micro-batch failed at step ", step,
                                                   " (--no-cuda-graph trains without): ", e.what_without_backtrace()));
@@ -530,7 +534,8 @@ absl::Status Trainer::Run() {
       // CPU path: skip them, as torch::optim::AdamW skips those without a gradient.
       fused_->Step(lr, [&](const torch::Tensor& p) {
         const void* key = p.unsafeGetTensorImpl();
-        return !(attention_only.contains(key) && !step_modes.any_attn) && !(linear_only.contains(key) && !step_modes.any_lin);
+        return !(attention_only.contains(key) && !step_modes.any_attn) &&
+               !(linear_only.contains(key) && !step_modes.any_lin);
       });
     } else {
       grad_norm = torch::nn::utils::clip_grad_norm_(params, o_.grad_clip);
@@ -590,6 +595,11 @@ absl::Status Train(const TrainOptions& options) {
   try {
     Trainer trainer(options);
     return trainer.Run();
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of device memory at --batch ", options.batch_size,
+                                                     ": lower --batch (and raise --accum to keep the tokens per "
+                                                     "step). LibTorch: ",
+                                                     e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
   }
