@@ -109,15 +109,18 @@ torch::Tensor GraphedBackward::Run(const torch::Tensor& inputs, const torch::Ten
     // The warm-up's activations sit in the allocator's cache, which the graph's private pool cannot use.
     c10::cuda::CUDACachingAllocator::emptyCache();
     // Autocast caches the bf16 copies of the weights; cached inside the capture they would outlive it.
-    const bool cache = at::autocast::is_autocast_cache_enabled();
-    at::autocast::set_autocast_cache_enabled(false);
-    g.graph = std::make_unique<at::cuda::CUDAGraph>();
-    g.graph->capture_begin();
+    struct CacheOff {
+      bool was = at::autocast::is_autocast_cache_enabled();
+      CacheOff() { at::autocast::set_autocast_cache_enabled(false); }
+      ~CacheOff() { at::autocast::set_autocast_cache_enabled(was); }
+    } cache_off;
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    graph->capture_begin();
     auto l = g.loss(g.inputs, g.targets, g.is_attn);
     l.backward();
     g.out = l.detach();
-    g.graph->capture_end();
-    at::autocast::set_autocast_cache_enabled(cache);
+    graph->capture_end();
+    g.graph = std::move(graph);  // only a complete recording is kept
   } else {
     g.inputs.copy_(inputs, /*non_blocking=*/true);
     g.targets.copy_(targets, /*non_blocking=*/true);

@@ -20,8 +20,8 @@ struct Acc<double> {
 };
 
 // ---- Column sums of per-tile partials: out[j] = sum_i partial[i][j] -------------------------------------
-// One block per column; the kernels above write partials instead of adding atomically, so every sum is
-// taken in the same order and the gradients do not depend on scheduling.
+// One block per column. The conv and RMSNorm backward kernels below write partials instead of adding
+// atomically, so every sum is taken in the same order and the gradients do not depend on scheduling.
 template <typename A>
 __device__ A WarpSum(A v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
