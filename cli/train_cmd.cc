@@ -63,6 +63,9 @@ int RunTrain(const Args& args) {
   flags.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
   flags.String("export-dtype", &export_dtype, "dtype of OUT/model weights: f32 | bf16");
   flags.Bool("resume", &o.resume, "continue from OUT/checkpoint");
+  flags.Double("peak-tflops", &o.peak_tflops,
+               "the device's peak TFLOP/s, for the MFU in progress lines (0: 989.4, the H100/H200 bf16 dense "
+               "peak, on CUDA; no MFU on the CPU)");
   flags.Int("scan-chunk", &o.scan_chunk, "tokens per chunk of the chunked linear scans (speed only)", 1);
   bool no_cuda_graph = false;
   flags.Bool("no-cuda-graph", &no_cuda_graph,
@@ -84,6 +87,7 @@ int RunTrain(const Args& args) {
     if (export_dtype != "f32" && export_dtype != "bf16") {
       return absl::InvalidArgumentError(absl::StrCat("--export-dtype must be f32 or bf16, got '", export_dtype, "'"));
     }
+    if (!(o.peak_tflops >= 0)) return absl::InvalidArgumentError("--peak-tflops must be >= 0");
     if (o.model.attn_fraction < 0 || o.model.attn_fraction > 1) {
       return absl::InvalidArgumentError("--attn-fraction must be in [0, 1]");
     }
