@@ -93,6 +93,7 @@ if [[ " ${commands[*]} " == *" train "* ]]; then
   expect 1 "train: data directory without a corpus" -- train --data "$TMP" --out "$TMP/run"
   expect 1 "train: bad mixer" -- train --data "$TMP" --out "$TMP/run" --mixer lstm
   expect 2 "train: scan chunk 0" -- train --data "$TMP" --out "$TMP/run" --scan-chunk 0
+  expect 1 "train: negative peak" -- train --data "$TMP" --out "$TMP/run" --peak-tflops -1
 fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
