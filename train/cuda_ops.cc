@@ -24,7 +24,7 @@ cuda::ConvDType DTypeOf(const torch::Tensor& x) {
     case torch::kFloat64:
       return cuda::ConvDType::kF64;
     default:
-      TORCH_CHECK(false, "CausalDepthwiseConv: x must be bf16, fp32 or fp64, got ", x.scalar_type());
+      TORCH_CHECK(false, "trainer CUDA op: x must be bf16, fp32 or fp64, got ", x.scalar_type());
   }
 }
 
@@ -32,10 +32,11 @@ void Check(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
 }
 
-// x as [rows, C] with unit column stride and one row stride; copied when its layout is not that.
+// x [B, T, C] as rows r = b * T + t, ld_x = stride(1) elements apart, with unit column stride; copied when
+// its layout is not that.
 torch::Tensor Rows(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  const bool rows_ok = x.stride(2) == 1 && (T == 1 || B == 1 || x.stride(0) == T * x.stride(1));
+  const bool rows_ok = x.stride(2) == 1 && (B == 1 || x.stride(0) == T * x.stride(1));
   return rows_ok ? x : x.contiguous();
 }
 
