@@ -129,6 +129,30 @@ TEST(Trainer, ResumedRunReproducesUninterruptedLossesBitForBit) {
   }
 }
 
+// ORYX_PROFILE_TRACE records steps 4..6 as a Chrome trace of the host ops (and on CUDA, the kernels).
+TEST(Trainer, ProfileTraceIsAChromeTraceOfTheTrainingOps) {
+  TrainOptions o = Tiny(Root() + "/trace");
+  o.steps = 7;
+  o.save = false;
+  const std::string trace = Root() + "/trace.json";
+  ASSERT_EQ(setenv("ORYX_PROFILE_TRACE", trace.c_str(), 1), 0);
+  const absl::Status status = Train(o);
+  unsetenv("ORYX_PROFILE_TRACE");
+  ASSERT_TRUE(status.ok()) << status;
+  std::ifstream in(trace);
+  ASSERT_TRUE(in.good()) << trace;
+  const auto json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(json.is_discarded()) << trace << " is not JSON";
+  int ops = 0, backward = 0;
+  for (const auto& e : json["traceEvents"]) {
+    if (e.value("cat", "") != "cpu_op") continue;
+    ++ops;
+    if (e.value("name", "").find("evaluate_function") != std::string::npos) ++backward;
+  }
+  EXPECT_GT(ops, 1000) << "too few host ops for three training steps";
+  EXPECT_GT(backward, 100) << "no autograd backward in the trace";
+}
+
 TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
   TrainOptions o = Tiny(Root() + "/other_config");
   o.steps = 2;
