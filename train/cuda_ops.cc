@@ -15,14 +15,14 @@ bool HaveCudaTrainOps() { return true; }
 
 namespace {
 
-cuda::ConvDType DTypeOf(const torch::Tensor& x) {
+cuda::ActDType DTypeOf(const torch::Tensor& x) {
   switch (x.scalar_type()) {
     case torch::kBFloat16:
-      return cuda::ConvDType::kBF16;
+      return cuda::ActDType::kBF16;
     case torch::kFloat32:
-      return cuda::ConvDType::kF32;
+      return cuda::ActDType::kF32;
     case torch::kFloat64:
-      return cuda::ConvDType::kF64;
+      return cuda::ActDType::kF64;
     default:
       TORCH_CHECK(false, "trainer CUDA op: x must be bf16, fp32 or fp64, got ", x.scalar_type());
   }

@@ -362,14 +362,14 @@ cudaError_t Rope(const RopeShape& r, const void* x, const float* cos, const floa
 
 }  // namespace
 
-cudaError_t ApplyRope(ConvDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
+cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
                       void* out, bool inverse, cudaStream_t stream) {
   switch (dtype) {
-    case ConvDType::kBF16:
+    case ActDType::kBF16:
       return Rope<__nv_bfloat16>(r, x, cos, sin, out, inverse, stream);
-    case ConvDType::kF32:
+    case ActDType::kF32:
       return Rope<float>(r, x, cos, sin, out, inverse, stream);
-    case ConvDType::kF64:
+    case ActDType::kF64:
       return Rope<double>(r, x, cos, sin, out, inverse, stream);
   }
   return cudaErrorInvalidValue;
@@ -409,32 +409,32 @@ cudaError_t RmsNormBackward(NormTypes t, const NormShape& s, const void* x, cons
 
 bool ConvWidthSupported(int width) { return width >= 1 && width <= kMaxWidth; }
 
-cudaError_t CausalConvForward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
+cudaError_t CausalConvForward(ActDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
                               void* out, cudaStream_t stream) {
   switch (dtype) {
-    case ConvDType::kBF16:
+    case ActDType::kBF16:
       return Forward<__nv_bfloat16, float>(s, x, w, bias, out, stream);
-    case ConvDType::kF32:
+    case ActDType::kF32:
       return Forward<float, float>(s, x, w, bias, out, stream);
-    case ConvDType::kF64:
+    case ActDType::kF64:
       return Forward<double, double>(s, x, w, bias, out, stream);
   }
   return cudaErrorInvalidValue;
 }
 
-int64_t ConvWorkspaceBytes(ConvDType dtype, const ConvShape& s) {
+int64_t ConvWorkspaceBytes(ActDType dtype, const ConvShape& s) {
   const int64_t tiles = (s.rows / s.time) * ((s.time + kTimeTile - 1) / kTimeTile);
-  return tiles * s.channels * (s.width + 1) * (dtype == ConvDType::kF64 ? 8 : 4);
+  return tiles * s.channels * (s.width + 1) * (dtype == ActDType::kF64 ? 8 : 4);
 }
 
-cudaError_t CausalConvBackward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
+cudaError_t CausalConvBackward(ActDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
                                void* dx, void* dw_and_bias, void* workspace, cudaStream_t stream) {
   switch (dtype) {
-    case ConvDType::kBF16:
+    case ActDType::kBF16:
       return Backward<__nv_bfloat16, float>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
-    case ConvDType::kF32:
+    case ActDType::kF32:
       return Backward<float, float>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
-    case ConvDType::kF64:
+    case ActDType::kF64:
       return Backward<double, double>(s, x, w, dout, dx, dw_and_bias, workspace, stream);
   }
   return cudaErrorInvalidValue;

@@ -7,7 +7,8 @@
 
 namespace oryx::train::cuda {
 
-enum class ConvDType { kBF16, kF32, kF64 };  // activations; weights are fp32 (fp64 with kF64)
+// The activations' dtype of the conv and RoPE kernels; their weights are fp32 (fp64 with kF64).
+enum class ActDType { kBF16, kF32, kF64 };
 
 // A causal depthwise convolution over time: x and out are [rows = batch * time, channels], row r holding
 // time step r % time of sequence r / time; x's rows are ld_x elements apart, out's are packed. The weight
@@ -22,13 +23,13 @@ struct ConvShape {
 
 bool ConvWidthSupported(int width);  // 1..8
 
-cudaError_t CausalConvForward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
+cudaError_t CausalConvForward(ActDType dtype, const ConvShape& s, const void* x, const void* w, const void* bias,
                               void* out, cudaStream_t stream);
 // Device scratch the backward needs (per-tile partial sums of the weight and bias gradients).
-int64_t ConvWorkspaceBytes(ConvDType dtype, const ConvShape& s);
+int64_t ConvWorkspaceBytes(ActDType dtype, const ConvShape& s);
 // Writes dx (packed like out) and dw_and_bias [channels, width + 1]: the weight gradient, then the bias's.
 // No atomics: the result does not depend on scheduling.
-cudaError_t CausalConvBackward(ConvDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
+cudaError_t CausalConvBackward(ActDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
                                void* dx, void* dw_and_bias, void* workspace, cudaStream_t stream);
 
 // RMSNorm over the last dimension: x [rows, cols] packed, weight [cols], y [rows, cols] packed, and the
@@ -52,7 +53,7 @@ cudaError_t RmsNormBackward(NormTypes t, const NormShape& s, const void* x, cons
                             const void* rstd, void* dx, void* dw, void* workspace, cudaStream_t stream);
 
 // RoPE over x [batch, time, heads, 2 * half] (element strides sb, st, sh; the last dimension packed) into
-// a packed out, with cos, sin [time, half] fp32; `inverse` rotates back (the backward). x's dtype as ConvDType.
+// a packed out, with cos, sin [time, half] fp32; `inverse` rotates back (the backward). x's dtype as ActDType.
 struct RopeShape {
   int64_t batch = 0;
   int time = 0;
@@ -60,7 +61,7 @@ struct RopeShape {
   int half = 0;
   int64_t sb = 0, st = 0, sh = 0;
 };
-cudaError_t ApplyRope(ConvDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
+cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
                       void* out, bool inverse, cudaStream_t stream);
 
 }  // namespace oryx::train::cuda

@@ -66,6 +66,11 @@ void ExpectClose(const std::vector<torch::Tensor>& got, const std::vector<torch:
   }
 }
 
+// Largest difference of a from the fp64 reference b, relative to b's largest entry.
+double RelativeError(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kFloat64) - b).abs().max() / b.abs().max()).item<double>();
+}
+
 class GraphedBackwardTest : public ::testing::TestWithParam<LinearMixer> {};
 
 TEST_P(GraphedBackwardTest, ReplaysGiveTheEagerGradientsOfEachNewBatch) {
@@ -156,13 +161,10 @@ TEST(CausalDepthwiseConv, EqualsConv1dForwardAndBackward) {
     // fp64 to rounding; fp32 to its rounding over a few terms; bf16: inputs exact, sums in fp32, output
     // rounded to bf16 (2^-8 relative), and the weight gradient summed over B*T bf16 products.
     const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-5 : 1e-2;
-    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
-      return ((a.to(torch::kFloat64) - b).abs().max() / (b.abs().max() + 1e-12)).item<double>();
-    };
-    EXPECT_LE(rel(out, ref), tol) << dtype;
-    EXPECT_LE(rel(grads[0], ref_grads[0]), tol) << "dx " << dtype;
-    EXPECT_LE(rel(grads[1], ref_grads[1]), tol) << "dw " << dtype;
-    EXPECT_LE(rel(grads[2], ref_grads[2]), tol) << "dbias " << dtype;
+    EXPECT_LE(RelativeError(out, ref), tol) << dtype;
+    EXPECT_LE(RelativeError(grads[0], ref_grads[0]), tol) << "dx " << dtype;
+    EXPECT_LE(RelativeError(grads[1], ref_grads[1]), tol) << "dw " << dtype;
+    EXPECT_LE(RelativeError(grads[2], ref_grads[2]), tol) << "dbias " << dtype;
   }
 }
 
@@ -188,12 +190,9 @@ TEST(FusedRmsNorm, EqualsTheLibTorchFormulaForwardAndBackward) {
     auto w64 = w.detach().to(torch::kFloat64).requires_grad_(true);
     auto ref = x64 * torch::rsqrt(x64.pow(2).mean(-1, true) + 1e-6) * w64;
     auto ref_grads = torch::autograd::grad({ref}, {x64, w64}, {dy.to(torch::kFloat64)});
-    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
-      return ((a.to(torch::kFloat64) - b).abs().max() / b.abs().max()).item<double>();
-    };
-    EXPECT_LE(rel(y, ref), c.tol) << c.dtype << " cols " << c.cols;
-    EXPECT_LE(rel(grads[0], ref_grads[0]), c.tol) << "dx " << c.dtype << " cols " << c.cols;
-    EXPECT_LE(rel(grads[1], ref_grads[1]), c.tol) << "dw " << c.dtype << " cols " << c.cols;
+    EXPECT_LE(RelativeError(y, ref), c.tol) << c.dtype << " cols " << c.cols;
+    EXPECT_LE(RelativeError(grads[0], ref_grads[0]), c.tol) << "dx " << c.dtype << " cols " << c.cols;
+    EXPECT_LE(RelativeError(grads[1], ref_grads[1]), c.tol) << "dw " << c.dtype << " cols " << c.cols;
   }
 }
 
@@ -216,11 +215,8 @@ TEST(FusedRope, EqualsTheLibTorchRotationForwardAndBackward) {
     auto ref = torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
     auto ref_dx = torch::autograd::grad({ref}, {x64}, {dy.to(torch::kFloat64)})[0];
     const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-6 : 1e-2;
-    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
-      return ((a.to(torch::kFloat64) - b).abs().max() / b.abs().max()).item<double>();
-    };
-    EXPECT_LE(rel(y, ref), tol) << dtype;
-    EXPECT_LE(rel(dx, ref_dx), tol) << "dx " << dtype;
+    EXPECT_LE(RelativeError(y, ref), tol) << dtype;
+    EXPECT_LE(RelativeError(dx, ref_dx), tol) << "dx " << dtype;
   }
 }
 
