@@ -351,9 +351,9 @@ struct CudaBackend::Scratch {
   const kc::SeqDesc* seqs = nullptr;
   std::vector<void*> owned;
   // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by shape (N, B, NA, NL, NG, group_rows,
-  // chunk, max_chunks, any_attention, fused). The graphs bake in the scratch pointers above, so any growth of
+  // chunk, max_chunks, any_attention, fused, decode_mixer). The graphs bake in the scratch pointers above, so any growth of
   // the scratch drops them.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int64_t, int64_t, bool, bool>,
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int64_t, int64_t, bool, bool, bool>,
            cudaGraphExec_t>
       graphs;
   void DropGraphs() {
@@ -431,6 +431,8 @@ absl::Status CudaBackend::Init(const ModelConfig& c) {
     ORYX_CUDA_CHECK(cudaMemcpy(rope_freq_, freq.data(), freq.size() * sizeof(double), cudaMemcpyHostToDevice));
   }
   if (const char* env = std::getenv("ORYX_CUDA_FUSED"); env != nullptr && env[0] == '0') fused_gemv_ = false;
+  if (const char* env = std::getenv("ORYX_CUDA_DECODE_MIXER"); env != nullptr && env[0] == '0') decode_mixer_ = false;
+  if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) gemv_rows_per_warp_ = std::atoi(env);
   if (const char* env = std::getenv("ORYX_CUDA_PROFILE"); env != nullptr && env[0] == '1') {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;
@@ -614,7 +616,7 @@ double CudaBackend::MeasureCopyBandwidth() const {
 }
 
 void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int64_t chunk, int64_t max_chunks,
-                               bool any_attention, bool fused) {
+                               bool any_attention, bool fused, bool decode_mixer) {
   const ModelConfig& c = config_;
   const Layer& w = layers_[il];
   Scratch& sc = *scratch_;
@@ -639,6 +641,7 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
       return env == nullptr || std::string(env) != "0";
     }();
     if (NA == N && skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
+    in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
   } else {
@@ -646,33 +649,42 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
     kc::Gemm({N, P_used, D, D, P, sc.u, w.in_proj, sc.proj}, ctx.cublas);
     mark("in_proj");
   }
-  kc::ConvRopeAppend({dims, layer, N, sc.row_seq, sc.row_mode, sc.seqs, sc.proj, w.conv_weight, w.conv_bias, sc.kv,
-                      sc.qa, rope_freq_}, s);
-  mark("conv_rope_append");
-  kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
-  mark("conv_window");
-  kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
-                 ctx.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
-  mark("recurrent");
+  if (decode_mixer) {
+    kc::DecodeMixer({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, w.conv_weight, w.conv_bias, w.dt_bias, w.a_log,
+                     w.d_skip, sc.qa, sc.o, rope_freq_}, s);
+    mark("conv+recurrent");
+  } else {
+    kc::ConvRopeAppend({dims, layer, N, sc.row_seq, sc.row_mode, sc.seqs, sc.proj, w.conv_weight, w.conv_bias, sc.kv,
+                        sc.qa, rope_freq_}, s);
+    mark("conv_rope_append");
+    kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
+    mark("conv_window");
+    kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
+                   ctx.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
+    mark("recurrent");
+  }
   kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
                  sc.num_groups, sc.attn_groups, sc.group_rows}, s);
   if (NA > 0) mark("attention");
 
-  // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Decode steps fuse each
-  // norm / gate into the product after it and add the residual in the product's epilogue (4 kernels);
+  // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Single rows fuse each
+  // norm / gate into the product after it, the SwiGLU and the residual adds into epilogues (3 kernels);
   // longer spans run them apart, the MLP's residual add fused into the next norm (the next layer's, or the
   // final norm of the logit rows in Forward).
   if (fused) {
-    kc::FusedGemv({N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o, sc.proj + 3 * HD,
-                   w.gate_norm, w.o_proj, sc.x, true}, s);
+    kc::FusedGemvParams o_proj{N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o,
+                               sc.proj + 3 * HD, w.gate_norm, w.o_proj, sc.x, true};
+    o_proj.rows_per_warp = gemv_rows_per_warp_;
+    kc::FusedGemv(o_proj, s);
     mark("o_proj (gated norm fused)");
-    kc::FusedGemv({N, 2 * F, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, 2 * F, sc.x, nullptr, w.mlp_norm,
-                   w.mlp_in, sc.mlp, false}, s);
-    mark("mlp_in (norm fused)");
-    // The down projection's input is F wide: recomputing SwiGLU in each of its blocks costs more than
-    // writing it once (measured), so it runs apart, and the product adds into the residual.
-    kc::SwiGlu({N, F, sc.mlp, sc.act}, s);
-    mark("swiglu");
+    // SwiGLU in the up projection's epilogue (each warp takes a gate row and its up row); the down
+    // product adds into the residual.
+    kc::FusedGemvParams mlp_in{N, 2 * F, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, F, sc.x, nullptr,
+                               w.mlp_norm, w.mlp_in, nullptr, false};
+    mlp_in.maybe_swiglu_ptr = sc.act;
+    mlp_in.rows_per_warp = gemv_rows_per_warp_;
+    kc::FusedGemv(mlp_in, s);
+    mark("mlp_in+swiglu (norm fused)");
     kc::Gemm({N, D, F, F, D, sc.act, w.mlp_down, sc.x, /*accumulate=*/true}, ctx.cublas);
     mark("mlp_down (residual fused)");
     return;
@@ -861,12 +873,17 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   const float eps = ctx.dims.norm_eps;
   const bool fused = fused_gemv_ && kc::FusedGemvApplies(N, D) && kc::FusedGemvApplies(N, HD) &&
                      kc::FusedGemvApplies(N, F);
+  // Every span one token, none kept for rollback: the conv, window and recurrence in one kernel.
+  const bool decode_mixer = decode_mixer_ && N == B && kc::DecodeMixerApplies(ctx.dims) &&
+                            std::none_of(batch.begin(), batch.end(), [](const ForwardItem& it) { return it.keep_states; });
   auto model = [&] {
     if (profiler_) profiler_->Mark("start", ctx.stream);
     kc::Embed({N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x}, ctx.stream);
     if (!fused) kc::AddRmsNorm({N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
     if (profiler_) profiler_->Mark("embed", ctx.stream);
-    for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, N, B, NA, chunk, max_chunks, any_attention, fused);
+    for (int64_t il = 0; il < c.n_layers; ++il) {
+      LayerForward(il, N, B, NA, chunk, max_chunks, any_attention, fused, decode_mixer);
+    }
     if (NL > 0) {
       // The unfused path still owes the last MLP's residual (in tmp).
       kc::AddRmsNorm({NL, D, eps, sc.x, fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head}, ctx.stream);
@@ -875,7 +892,8 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     }
   };
   if (graph) {
-    cudaGraphExec_t& exec = sc.graphs[{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention, fused}];
+    cudaGraphExec_t& exec =
+        sc.graphs[{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention, fused, decode_mixer}];
     if (exec == nullptr) {
       cudaGraph_t g = nullptr;
       ORYX_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));

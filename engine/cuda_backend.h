@@ -38,6 +38,9 @@ class CudaBackend final : public Backend {
   bool cuda_graphs() const { return use_graphs_; }
   // Forwards of at most 8 rows fuse each norm / gate into the projection after it (default on).
   void set_fused_gemv(bool on) { fused_gemv_ = on; }
+  // Decode steps (every span one token, none kept for rollback) run the conv, conv window and recurrence of
+  // a layer as one kernel (default on; off: the three kernels of longer spans, for tests and comparisons).
+  void set_decode_mixer(bool on) { decode_mixer_ = on; }
   // Free device memory plus what the state pool holds for reuse.
   int64_t AvailableDeviceBytes() const;
   std::string DeviceName() const;
@@ -53,7 +56,7 @@ class CudaBackend final : public Backend {
   CudaBackend();
   absl::Status Init(const ModelConfig& config);
   void LayerForward(int64_t il, int64_t rows, int64_t seqs, int64_t attn_rows, int64_t chunk, int64_t max_chunks,
-                    bool any_attention, bool fused);
+                    bool any_attention, bool fused, bool decode_mixer);
 
   ModelConfig config_;
   int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
@@ -68,6 +71,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
+  bool decode_mixer_ = true;
+  int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   std::mutex forward_mu_;
 };
 

@@ -51,6 +51,18 @@ __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1p
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float Silu(float x) { return x / (1.f + expf(-x)); }
 
+// Half-split RoPE of element i of a head whose pair partner is `other` (angles as kernels/cpu/rope.cc:
+// double pos * theta^(-2i/dh), cast to float, then float cos/sin).
+__device__ __forceinline__ float Rotate(float self, float other, int64_t i, int64_t dh, int64_t pos, double theta,
+                                        const double* freq) {
+  const int64_t half = dh / 2, f = i < half ? i : i - half;
+  const double inv_freq = freq != nullptr ? freq[f] : pow(theta, -2.0 * static_cast<double>(f) / dh);
+  const float a = static_cast<float>(static_cast<double>(pos) * inv_freq);
+  float s, c;
+  sincosf(a, &s, &c);
+  return i < half ? self * c - other * s : self * c + other * s;
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched by LaunchAfterPrevious may be scheduled while the
 // kernel before it in the stream is still running its last blocks, so that its launch overlaps that kernel's
 // tail. Every such kernel calls AfterPrevious() first in every block, before it reads anything an earlier
@@ -85,16 +97,28 @@ inline bool ProgrammaticLaunch() {
 template <typename... Params, typename... Args>
 void LaunchAfterPrevious(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                          Args&&... args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = ProgrammaticLaunch() ? 1 : 0;
+  LaunchAfterPrevious(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
+}
+
+// The same in thread-block clusters of `cluster` blocks (compute capability 9; (1, 1, 1): no clusters).
+template <typename... Params, typename... Args>
+void LaunchAfterPrevious(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         dim3 cluster, Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = ProgrammaticLaunch() ? 1 : 0;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster.x;
+  attributes[1].val.clusterDim.y = cluster.y;
+  attributes[1].val.clusterDim.z = cluster.z;
+  const bool clustered = cluster.x * cluster.y * cluster.z > 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = clustered ? 2 : 1;
   ORYX_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

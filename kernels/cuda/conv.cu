@@ -23,18 +23,6 @@ __device__ __forceinline__ float ConvAt(const ConvRopeAppendParams& p, const Seq
   return p.dims.conv_silu ? Silu(acc) : acc;
 }
 
-// Half-split RoPE of element i of a head whose pair partner is `other` (angles as kernels/cpu/rope.cc:
-// double pos * theta^(-2i/dh), cast to float, then float cos/sin).
-__device__ __forceinline__ float Rotate(float self, float other, int64_t i, int64_t dh, int64_t pos, double theta,
-                                        const double* freq) {
-  const int64_t half = dh / 2, f = i < half ? i : i - half;
-  const double inv_freq = freq != nullptr ? freq[f] : pow(theta, -2.0 * static_cast<double>(f) / dh);
-  const float a = static_cast<float>(static_cast<double>(pos) * inv_freq);
-  float s, c;
-  sincosf(a, &s, &c);
-  return i < half ? self * c - other * s : self * c + other * s;
-}
-
 __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
   AfterPrevious();
   const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh, P = p.dims.proj_width;

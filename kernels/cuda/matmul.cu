@@ -4,6 +4,7 @@
 // (row-major y = x W^T is column-major y^T = W x^T, hence (T, N) below).
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -15,6 +16,9 @@ namespace oryx::kernels::cuda {
 namespace {
 
 constexpr int kMaxGemvRows = 8, kGemvWarps = 8;
+// Resident blocks of FusedGemvKernel per SM that its register use must allow (at most 64 registers), so
+// that a decode-sized product runs in one wave (DefaultRowsPerWarp).
+constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 
 __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
@@ -115,14 +119,36 @@ bool GemvApplies(const GemmParams& p) {
 
 // The decode-step GEMV with its input computed in the block's prologue (see ops_cuda.h): the M input rows
 // are normalised / gated into shared memory as bf16 (what the separate kernels would have written), then
-// every warp streams one weight row against them.
-template <int kM>
-__global__ void FusedGemvKernel(FusedGemvParams p) {
+// each warp streams kRows weight rows against them, their loads in flight together. More rows per warp
+// spread the prologue over more weight bytes; fewer give more blocks to fill the GPU (DefaultRowsPerWarp).
+// kSwiGluOut: the warp's rows are kRows / 2 pairs (gate row j, up row j + n/2) and it writes
+// bf16(SiLU(gate) * up) for feature j instead of the two products.
+template <int kM, int kRows, bool kSwiGluOut>
+__global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedGemvKernel(FusedGemvParams p) {
+  static_assert(!kSwiGluOut || kRows % 2 == 0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [kM, K]
   __shared__ float scratch[32];
-  const int64_t K = p.k;
+  const int64_t K = p.k, pieces = K / 8;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // This warp's weight rows (an index past the product's rows reads row 0 and is not written).
+  const int64_t unit = int64_t(blockIdx.x) * kGemvWarps + warp, features = kSwiGluOut ? p.n / 2 : p.n;
+  int64_t out[kRows];
+  const uint4* w[kRows];
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    int64_t row;
+    if constexpr (kSwiGluOut) {
+      out[k] = unit * (kRows / 2) + k / 2;
+      row = out[k] < features ? out[k] + (k % 2) * features : 0;
+    } else {
+      const int64_t i = unit * kRows + k;
+      out[k] = p.skip_rows > 0 && i >= p.skip_begin ? i + p.skip_rows : i;
+      row = i < features ? out[k] : 0;
+      if (i >= features) out[k] = -1;
+    }
+    w[k] = reinterpret_cast<const uint4*>(p.w_ptr + row * K);
+  }
   AfterPrevious();
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
@@ -157,46 +183,102 @@ __global__ void FusedGemvKernel(FusedGemvParams p) {
     }
   }
   __syncthreads();
-  const int64_t i_row = int64_t(blockIdx.x) * kGemvWarps + warp;
-  if (i_row >= p.n) return;
-  const int64_t n = p.skip_rows > 0 && i_row >= p.skip_begin ? i_row + p.skip_rows : i_row;
-  const uint4* w = reinterpret_cast<const uint4*>(p.w_ptr + n * K);
-  const int64_t pieces = K / 8;
-  float acc[kM] = {};
-#pragma unroll 4
+  float acc[kRows][kM] = {};
+#pragma unroll 2
   for (int64_t i = lane; i < pieces; i += 32) {
-    float wf[8];
-    Unpack8(__ldg(w + i), wf);
+    uint4 raw[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) raw[k] = __ldg(w[k] + i);
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       float xf[8];
       Unpack8(reinterpret_cast<const uint4*>(xs + m * K)[i], xf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[m] += wf[e] * xf[e];
+      for (int k = 0; k < kRows; ++k) {
+        float wf[8];
+        Unpack8(raw[k], wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[k][m] += wf[e] * xf[e];
+      }
     }
   }
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    const float sum = WarpSum(acc[m]);
-    if (lane == 0) {
-      float* y = p.y_ptr + m * p.y_row_stride + n;
-      *y = p.accumulate ? *y + sum : sum;
+  for (int k = 0; k < kRows; ++k) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) acc[k][m] = WarpSum(acc[k][m]);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int k = 0; k < kRows; ++k) {
+    if constexpr (kSwiGluOut) {
+      if (k % 2 == 1 && out[k] < features) {
+        for (int m = 0; m < kM; ++m) {
+          p.maybe_swiglu_ptr[m * p.y_row_stride + out[k]] = __float2bfloat16(Silu(acc[k - 1][m]) * acc[k][m]);
+        }
+      }
+    } else if (out[k] >= 0) {
+      for (int m = 0; m < kM; ++m) {
+        float* y = p.y_ptr + m * p.y_row_stride + out[k];
+        *y = p.accumulate ? *y + acc[k][m] : acc[k][m];
+      }
     }
   }
 }
 
-template <int kM>
-void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
-  const size_t smem = kM * p.k * sizeof(bf16);
+// Weight rows per warp for a product of n rows: the fewest (most blocks) that still run in one wave of
+// kFusedGemvBlocksPerSm blocks per SM. (A second, partial wave cost more than the extra rows per warp: on
+// the H200 the up projection of 1.4b with 2 blocks per SM resident took 24 us for 45 MB.)
+int DefaultRowsPerWarp(int64_t n) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    ORYX_CUDA_CHECK(cudaGetDevice(&device));
+    ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  for (int rows : {1, 2, 4}) {
+    if (CeilDiv(n, kGemvWarps * rows) <= int64_t{kFusedGemvBlocksPerSm} * sms) return rows;
+  }
+  return 8;
+}
+
+template <int kM, int kRows, bool kSwiGluOut>
+void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
+  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut>;
   // Up to kMaxFusedInputBytes of staged input (more than the default 48 KiB), configured once.
-  static const bool configured = [] {
-    ORYX_CUDA_CHECK(cudaFuncSetAttribute(FusedGemvKernel<kM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static const bool configured = [&] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxFusedInputBytes)));
     return true;
   }();
   (void)configured;
-  LaunchAfterPrevious(FusedGemvKernel<kM>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, smem,
-                      stream, p);
+  const int64_t units = kSwiGluOut ? CeilDiv(p.n / 2, kRows / 2) : CeilDiv(p.n, kRows);
+  LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(units, kGemvWarps)), 32 * kGemvWarps,
+                      kM * p.k * sizeof(bf16), stream, p);
+}
+
+// Single rows (the decode steps) take 1, 2, 4 or 8 weight rows per warp; the kernel's other row counts (in
+// tests) one row, or one pair with the SwiGLU output.
+template <int kM>
+void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
+  const bool swiglu = p.maybe_swiglu_ptr != nullptr;
+  int rows = p.rows_per_warp > 0 ? p.rows_per_warp : DefaultRowsPerWarp(p.n);
+  if (swiglu) rows = std::max(rows, 2);
+  if constexpr (kM == 1) {
+    auto launch = [&](auto kRows) {
+      if (swiglu) {
+        LaunchFusedGemvAs<kM, kRows.value, true>(p, stream);
+      } else {
+        LaunchFusedGemvAs<kM, kRows.value, false>(p, stream);
+      }
+    };
+    if (rows >= 8) return launch(std::integral_constant<int, 8>{});
+    if (rows >= 4) return launch(std::integral_constant<int, 4>{});
+    if (rows >= 2) return launch(std::integral_constant<int, 2>{});
+    return LaunchFusedGemvAs<kM, 1, false>(p, stream);  // (swiglu has rows >= 2)
+  } else {
+    if (swiglu) return LaunchFusedGemvAs<kM, 2, true>(p, stream);
+    LaunchFusedGemvAs<kM, 1, false>(p, stream);
+  }
 }
 
 }  // namespace

@@ -83,6 +83,10 @@ struct FusedGemvParams {
   // Rows [skip_begin, skip_begin + skip_rows) of the weight are skipped: the kernel computes n rows, row i
   // from weight row i (i < skip_begin) or i + skip_rows, written to the same column of y.
   int64_t skip_begin = 0, skip_rows = 0;
+  // When set, the SwiGLU of the product is written instead of y: rows come in pairs (gate row j, up row
+  // j + n/2), and y'[m, j] = bf16(SiLU(gate) * up), [M, n/2] at y_row_stride (accumulate and skip unused).
+  bf16* maybe_swiglu_ptr = nullptr;
+  int rows_per_warp = 0;  // weight rows each warp streams: 1, 2, 4 or 8 (0: chosen by n)
 };
 bool FusedGemvApplies(int64_t m, int64_t k);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
@@ -170,6 +174,30 @@ struct RecurrentParams {
   int32_t chunked_min_len = 0;  // 0: every span token by token
 };
 void Recurrent(const RecurrentParams& p, cudaStream_t stream);
+
+// A decode step's ConvRopeAppend + ConvWindowUpdate + Recurrent in one kernel, for batches whose every
+// sequence's span is one token and keeps nothing for rollback (no maybe_span_states / maybe_span_inputs):
+// the same outputs (qa at attention rows, out at linear rows, the caches, windows and states), except that
+// the fp32 conv outputs (kv) are not written. One block per (sequence, head); head_dim 32, 64 or 128
+// (DecodeMixerApplies).
+struct DecodeMixerParams {
+  ModelDims dims;
+  int32_t layer;
+  int64_t seqs;                  // B (= N)
+  const SeqDesc* seqs_ptr;       // [B], each with len 1
+  const uint8_t* row_mode_ptr;   // [N] 1: attention
+  const float* proj_ptr;         // [N, P]
+  const float* conv_weight_ptr;  // [2HD, w]
+  const float* conv_bias_ptr;    // [2HD]
+  const float* dt_bias_ptr;      // [H]
+  const float* a_log_ptr;        // [H]
+  const float* maybe_d_skip_ptr; // [H] mamba2
+  float* qa_ptr;                 // [N, HD]
+  float* out_ptr;                // [N, HD]
+  const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
+};
+bool DecodeMixerApplies(const ModelDims& dims);
+void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
 
 // Softmax attention of each attention-mode row over its sequence's cache, causal (row at position p sees
 // keys 0..p), scale 1/sqrt(dh), split over chunks of `chunk` keys (flash-decoding): the first kernel

@@ -155,22 +155,47 @@ TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
       std::vector<float> ref(m * N);
       cpu::MatMulReference({m, N, K, K, K, N, x.data(), w.data(), ref.data()});
       for (int64_t i = 0; i < m * N; ++i) ref[i] += y0[i];  // accumulate: y += x W^T
-      DeviceBuffer<float> din(in), dgate(gate), dweight(weight), dy(y0);
+      DeviceBuffer<float> din(in), dgate(gate), dweight(weight);
       DeviceBuffer<bf16> dw(ToBf16(w));
-      cuda::FusedGemv({m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(), dweight.get(),
-                       dw.get(), dy.get(), true}, nullptr);
-      ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
-      // Skipping weight rows [24, 40): those columns of y keep their old values, the others are as above.
-      DeviceBuffer<float> dskip(y0);
-      cuda::FusedGemvParams skip{m, N - 16, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(),
-                                 dweight.get(), dw.get(), dskip.get(), true};
-      skip.skip_begin = 24, skip.skip_rows = 16;
-      cuda::FusedGemv(skip, nullptr);
-      std::vector<float> skip_ref = ref;
-      for (int64_t r = 0; r < m; ++r) {
-        for (int64_t n = 24; n < 40; ++n) skip_ref[r * N + n] = y0[r * N + n];
+      std::vector<float> product(m * N);  // without the accumulated y0
+      for (int64_t i = 0; i < m * N; ++i) product[i] = ref[i] - y0[i];
+      // Every count of weight rows per warp (single rows take 1, 2, 4, 8; 0 lets the kernel choose; 72 rows
+      // leave the last block partly empty at 4 and 8).
+      for (int rows : m == 1 ? std::vector<int>{0, 1, 2, 4, 8} : std::vector<int>{0}) {
+        SCOPED_TRACE("rows per warp " + std::to_string(rows));
+        DeviceBuffer<float> dy(y0);
+        cuda::FusedGemvParams plain{m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(),
+                                    dweight.get(), dw.get(), dy.get(), true};
+        plain.rows_per_warp = rows;
+        cuda::FusedGemv(plain, nullptr);
+        ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
+        // Skipping weight rows [24, 40): those columns of y keep their old values, the others are as above.
+        DeviceBuffer<float> dskip(y0);
+        cuda::FusedGemvParams skip = plain;
+        skip.n = N - 16, skip.y_ptr = dskip.get(), skip.skip_begin = 24, skip.skip_rows = 16;
+        cuda::FusedGemv(skip, nullptr);
+        std::vector<float> skip_ref = ref;
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t n = 24; n < 40; ++n) skip_ref[r * N + n] = y0[r * N + n];
+        }
+        ExpectClose(dskip.Host(), skip_ref, 10 * kFp32Tol, "FusedGemv with skipped rows", std::sqrt(double(K)));
+        // The SwiGLU epilogue: rows j and j + N/2 are feature j's gate and up products. bf16 output: one
+        // rounding (2^-9 of the value) on top of the products' fp32 differences.
+        DeviceBuffer<bf16> dact(m * (N / 2 + 5));
+        cuda::FusedGemvParams swiglu = plain;
+        swiglu.accumulate = false, swiglu.y_row_stride = N / 2 + 5, swiglu.maybe_swiglu_ptr = dact.get();
+        cuda::FusedGemv(swiglu, nullptr);
+        const std::vector<float> act = ToFloat(dact.Host());
+        std::vector<float> got(m * N / 2), want(m * N / 2);
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t j = 0; j < N / 2; ++j) {
+            const float g = product[r * N + j], u = product[r * N + N / 2 + j];
+            want[r * N / 2 + j] = g / (1 + std::exp(-g)) * u;
+            got[r * N / 2 + j] = act[r * (N / 2 + 5) + j];
+          }
+        }
+        ExpectClose(got, want, kBf16Tol, "FusedGemv with the SwiGLU epilogue");
       }
-      ExpectClose(dskip.Host(), skip_ref, 10 * kFp32Tol, "FusedGemv with skipped rows", std::sqrt(double(K)));
     }
   }
 }
@@ -430,6 +455,88 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
           }
         }
         row += T;
+      }
+    }
+  }
+}
+
+// The fused decode-step mixer against the three kernels it replaces, on a batch of three one-token spans
+// (an attention row, a linear row, and a draft without a KV cache), both mixers, SiLU or identity conv,
+// RoPE from the table, computed, or off, every head_dim it takes. Both sides run the same fp32 math in the
+// same order, up to the compiler's contractions: kFp32Tol; the moved windows must be equal.
+TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
+  int major = 0;
+  ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major < 9) GTEST_SKIP() << "the fused decode mixer needs thread-block clusters (compute capability 9)";
+  for (bool gdn : {false, true}) {
+    for (int64_t dh : {32, 64, 128}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        SCOPED_TRACE(std::string(gdn ? "gdn" : "mamba2") + " dh=" + std::to_string(dh) + " variant " +
+                     std::to_string(variant));
+        Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
+        b.dims.conv_silu = variant == 1;
+        if (variant == 2) b.dims.rope_theta = 0;
+        ASSERT_TRUE(cuda::DecodeMixerApplies(b.dims));
+        ASSERT_EQ(b.modes, (std::vector<uint8_t>{1, 0, 0}));
+        const int64_t H = b.H, HD = b.HD, C = 2 * HD, w = 4, W = b.W, L = b.L, dd = dh * dh, P = b.P;
+        std::vector<double> freq(dh / 2);
+        for (int64_t i = 0; i < dh / 2; ++i) freq[i] = std::pow(10000.0, -2.0 * i / dh);
+        const std::vector<float> proj = Random(b.N * P, 60), weight = Random(C * w, 61), bias = Random(C, 62);
+        const std::vector<float> dt_bias = Random(H, 63, -1, 0), a_log = Random(H, 64, -1, 1), d_skip = Random(H, 65);
+        DeviceBuffer<double> dfreq(freq);
+        DeviceBuffer<float> dproj(proj), dweight(weight), dbias(bias), ddt(dt_bias), dalog(a_log), dskip(d_skip);
+        DeviceBuffer<int32_t> drow(b.row_seq);
+        DeviceBuffer<uint8_t> dmode(b.modes);
+        // Each side's own copy of every state it changes.
+        struct Side {
+          std::vector<std::unique_ptr<DeviceBuffer<float>>> windows, states;
+          std::vector<std::unique_ptr<DeviceBuffer<bf16>>> k, v;
+          std::unique_ptr<DeviceBuffer<float>> qa, out, kv;
+          std::unique_ptr<DeviceBuffer<cuda::SeqDesc>> seqs;
+        } sides[2];
+        for (Side& side : sides) {
+          std::vector<cuda::SeqDesc> seqs;
+          for (int s = 0; s < 3; ++s) {
+            side.windows.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * W * C, 70 + s)));
+            side.states.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * H * dd, 80 + s, -0.5, 0.5)));
+            side.k.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(Random(L * b.cap * HD, 90 + s))));
+            side.v.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(Random(L * b.cap * HD, 95 + s))));
+            const bool draft = s == 2;
+            seqs.push_back({s, 1, b.pos[s], draft ? 0 : b.cap, side.states[s]->get(), side.windows[s]->get(),
+                            draft ? nullptr : side.k[s]->get(), draft ? nullptr : side.v[s]->get(), nullptr, nullptr});
+          }
+          side.seqs = std::make_unique<DeviceBuffer<cuda::SeqDesc>>(seqs);
+          side.qa = std::make_unique<DeviceBuffer<float>>(b.N * HD);
+          side.out = std::make_unique<DeviceBuffer<float>>(b.N * HD);
+          side.kv = std::make_unique<DeviceBuffer<float>>(b.N * C);
+        }
+        const double* table = variant == 0 ? dfreq.get() : nullptr;
+        const int32_t layer = static_cast<int32_t>(b.layer);
+        Side& three = sides[0];
+        cuda::ConvRopeAppend({b.dims, layer, b.N, drow.get(), dmode.get(), three.seqs->get(), dproj.get(), dweight.get(),
+                              dbias.get(), three.kv->get(), three.qa->get(), table}, nullptr);
+        cuda::ConvWindowUpdate({b.dims, layer, 3, three.seqs->get(), dproj.get()}, nullptr);
+        cuda::Recurrent({b.dims, layer, 3, three.seqs->get(), dmode.get(), dproj.get(), three.kv->get(), ddt.get(),
+                         dalog.get(), gdn ? nullptr : dskip.get(), three.out->get()}, nullptr);
+        Side& fused = sides[1];
+        cuda::DecodeMixer({b.dims, layer, 3, fused.seqs->get(), dmode.get(), dproj.get(), dweight.get(), dbias.get(),
+                           ddt.get(), dalog.get(), gdn ? nullptr : dskip.get(), fused.qa->get(), fused.out->get(), table},
+                          nullptr);
+        const std::vector<float> qa[2] = {three.qa->Host(), fused.qa->Host()}, out[2] = {three.out->Host(), fused.out->Host()};
+        auto row = [&](const std::vector<float>& v, int64_t r) {
+          return std::vector<float>(v.begin() + r * HD, v.begin() + (r + 1) * HD);
+        };
+        ExpectClose(row(qa[1], 0), row(qa[0], 0), kFp32Tol, "rotated attention query");
+        for (int64_t r : {1, 2}) ExpectClose(row(out[1], r), row(out[0], r), kFp32Tol, "output of linear row " + std::to_string(r));
+        for (int s = 0; s < 3; ++s) {
+          const std::string what = " of sequence " + std::to_string(s);
+          EXPECT_EQ(fused.windows[s]->Host(), three.windows[s]->Host()) << "window" << what;
+          ExpectClose(fused.states[s]->Host(), three.states[s]->Host(), kFp32Tol, "state" + what);
+          ExpectBf16Close(ToFloat(fused.k[s]->Host()), ToFloat(three.k[s]->Host()), "k cache" + what);
+          ExpectBf16Close(ToFloat(fused.v[s]->Host()), ToFloat(three.v[s]->Host()), "v cache" + what);
+        }
+        // The step did something: the states moved and the window took the token's inputs.
+        EXPECT_NE(fused.states[0]->Host(), Random(L * H * dd, 80, -0.5, 0.5));
       }
     }
   }

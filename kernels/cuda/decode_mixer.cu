@@ -1,0 +1,167 @@
+// A decode step's mixer in one kernel: ConvRopeAppend, ConvWindowUpdate and Recurrent (conv.cu,
+// recurrent.cu) fused for sequences whose span is a single token. One block per (sequence, head, 32 value
+// features), the dh/32 blocks of a head forming a thread-block cluster. Every block of a head convolves the
+// head's k channels (the recurrence needs all of k) and its own slice of v; once the whole cluster has
+// read the windows, each block moves its slice of them past the token, appends its slice of RoPE(k) and v
+// to the cache, rotates its slice of an attention row's query, and advances its slice of the state, a
+// column per thread-x as RecurrentKernel does. The math is the three kernels', term for term.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace oryx::kernels::cuda {
+
+namespace {
+
+constexpr int kLanes = 32, kGroups = 8;
+
+// Waits until every thread of every block of the cluster has arrived (release / acquire at cluster scope).
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+template <int kDh>
+__global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
+  constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j
+  __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2];
+  AfterPrevious();
+  const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
+  const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
+  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
+  const int64_t w = p.dims.conv_width, W = w - 1;
+  const SeqDesc s = p.seqs_ptr[blockIdx.x];
+  const int64_t r = s.row, pos = s.pos;
+  const float* proj = p.proj_ptr + r * P;
+  float* window = s.conv + int64_t(p.layer) * W * C;
+
+  // The state slice first, so that its loads are in flight during the conv.
+  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
+  float S[kKeys];
+#pragma unroll
+  for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
+
+  // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
+  if (tid < kDh + kLanes) {
+    const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
+    const float* weight = p.conv_weight_ptr + ch * w;
+    float acc = p.conv_bias_ptr[ch];
+    for (int64_t t = 0; t < W; ++t) acc += weight[t] * window[t * C + ch];
+    acc += weight[W] * proj[ch];
+    const float out = p.dims.conv_silu ? Silu(acc) : acc;
+    if (tid < kDh) {
+      ks[tid] = out;
+    } else {
+      vs[tid - kDh] = out;
+    }
+  }
+  if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
+  // Every block of the head has read the windows (and this block's ks, vs, qs are in place): each moves
+  // its own slice, k channels j0.. (threads 0..31) and v channels j0.. (32..63), past the token.
+  ClusterSync();
+  __syncthreads();
+  if (tid < 2 * kLanes && W > 0) {
+    const int64_t ch = (tid < kLanes ? 0 : HD) + h * kDh + j0 + tid % kLanes;
+    for (int64_t t = 0; t + 1 < W; ++t) window[t * C + ch] = window[(t + 1) * C + ch];
+    window[(W - 1) * C + ch] = proj[ch];
+  }
+
+  // This slice of RoPE(k) and v into the cache; of the rotated attention query.
+  const bool rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
+  if (y == 0) {
+    const int64_t partner = j < kDh / 2 ? j + kDh / 2 : j - kDh / 2;
+    if (s.kv_cap > 0) {
+      const float k = rope ? Rotate(ks[j], ks[partner], j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : ks[j];
+      const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD + h * kDh + j;
+      s.k_cache[at] = __float2bfloat16(k);
+      s.v_cache[at] = __float2bfloat16(vs[x]);
+    }
+    if (attention_row) {
+      const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns
+      p.qa_ptr[r * HD + h * kDh + j] =
+          rope ? Rotate(q[j], q[partner], j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : q[j];
+    }
+  }
+
+  // The recurrence of column j; sums over the 8 key groups through shared memory.
+  auto column_sum = [&](float partial) {
+    red[y][x] = partial;
+    __syncthreads();
+    float sum = 0.f;
+    for (int g = 0; g < kGroups; ++g) sum += red[g][x];
+    __syncthreads();
+    return sum;
+  };
+  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h], v = vs[x];
+  float out = 0.f;
+  if (!p.dims.gdn) {
+    const float dt = Softplus(proj[4 * HD + h] + dt_bias), a = expf(-dt * a_exp);
+#pragma unroll
+    for (int k = 0; k < kKeys; ++k) {
+      const int i = y + kGroups * k;
+      S[k] = a * S[k] + dt * ks[i] * v;
+      out += S[k] * qs[i];
+    }
+    out = column_sum(out) + p.maybe_d_skip_ptr[h] * v;
+  } else {
+    if (tid < kLanes) {
+      float kk = 0.f, qq = 0.f;
+      for (int d = tid; d < kDh; d += kLanes) kk += ks[d] * ks[d], qq += qs[d] * qs[d];
+      kk = WarpSum(kk);
+      qq = WarpSum(qq);
+      if (tid == 0) {
+        norms[0] = 1.f / sqrtf(kk + 1e-6f);
+        norms[1] = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(kDh));
+      }
+    }
+    __syncthreads();
+    const float kn_scale = norms[0], qn_scale = norms[1];
+    const float beta = Sigmoid(proj[4 * HD + h]);
+    const float alpha = expf(-a_exp * Softplus(proj[4 * HD + H + h] + dt_bias));
+    float kts = 0.f;  // (kn^T S)[j]
+#pragma unroll
+    for (int k = 0; k < kKeys; ++k) kts += ks[y + kGroups * k] * kn_scale * S[k];
+    kts = column_sum(kts);
+#pragma unroll
+    for (int k = 0; k < kKeys; ++k) {
+      const int i = y + kGroups * k;
+      const float kn = ks[i] * kn_scale;
+      S[k] = alpha * (S[k] - beta * kn * kts) + beta * kn * v;
+      out += S[k] * qs[i] * qn_scale;
+    }
+    out = column_sum(out);
+  }
+  if (y == 0 && !attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
+#pragma unroll
+  for (int k = 0; k < kKeys; ++k) state[(y + kGroups * k) * kDh + j] = S[k];
+}
+
+}  // namespace
+
+bool DecodeMixerApplies(const ModelDims& dims) {
+  // Thread-block clusters need compute capability 9.
+  static const bool clusters = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return clusters && (dims.head_dim == 32 || dims.head_dim == 64 || dims.head_dim == 128) && dims.conv_width >= 1;
+}
+
+void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream) {
+  if (p.seqs == 0) return;
+  const unsigned slices = static_cast<unsigned>(p.dims.head_dim / kLanes);
+  const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads), slices), block(kLanes, kGroups);
+  const dim3 cluster(1, 1, slices);
+  switch (p.dims.head_dim) {
+    case 32: LaunchAfterPrevious(DecodeMixerKernel<32>, grid, block, 0, stream, cluster, p); break;
+    case 64: LaunchAfterPrevious(DecodeMixerKernel<64>, grid, block, 0, stream, cluster, p); break;
+    case 128: LaunchAfterPrevious(DecodeMixerKernel<128>, grid, block, 0, stream, cluster, p); break;
+    default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check DecodeMixerApplies
+  }
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace oryx::kernels::cuda
