@@ -51,6 +51,23 @@ __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1p
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float Silu(float x) { return x / (1.f + expf(-x)); }
 
+// GDN's per-token normalisers (DESIGN.md §2): norms[0] = 1/|k|, norms[1] = 1/|q|/sqrt(dh), from k and q in
+// shared memory, computed by the block's first warp (tid: the thread's index in the block). Ends with a
+// block synchronisation, after which every thread may read norms.
+__device__ __forceinline__ void GdnNorms(const float* ks, const float* qs, int64_t dh, int tid, float* norms) {
+  if (tid < 32) {
+    float kk = 0.f, qq = 0.f;
+    for (int64_t d = tid; d < dh; d += 32) kk += ks[d] * ks[d], qq += qs[d] * qs[d];
+    kk = WarpSum(kk);
+    qq = WarpSum(qq);
+    if (tid == 0) {
+      norms[0] = 1.f / sqrtf(kk + 1e-6f);
+      norms[1] = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
+    }
+  }
+  __syncthreads();
+}
+
 // Half-split RoPE of element i of a head whose pair partner is `other` (angles as kernels/cpu/rope.cc:
 // double pos * theta^(-2i/dh), cast to float, then float cos/sin).
 __device__ __forceinline__ float Rotate(float self, float other, int64_t i, int64_t dh, int64_t pos, double theta,

@@ -105,17 +105,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
     out = column_sum(out) + p.maybe_d_skip_ptr[h] * v;
   } else {
-    if (tid < kLanes) {
-      float kk = 0.f, qq = 0.f;
-      for (int d = tid; d < kDh; d += kLanes) kk += ks[d] * ks[d], qq += qs[d] * qs[d];
-      kk = WarpSum(kk);
-      qq = WarpSum(qq);
-      if (tid == 0) {
-        norms[0] = 1.f / sqrtf(kk + 1e-6f);
-        norms[1] = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(kDh));
-      }
-    }
-    __syncthreads();
+    GdnNorms(ks, qs, kDh, tid, norms);
     const float kn_scale = norms[0], qn_scale = norms[1];
     const float beta = Sigmoid(proj[4 * HD + h]);
     const float alpha = expf(-a_exp * Softplus(proj[4 * HD + H + h] + dt_bias));
