@@ -109,9 +109,6 @@ struct CudaBackend::Context {
   DevicePool pool;
   kc::ModelDims dims{};
   int64_t L = 0, H = 0, dh = 0, HD = 0, W = 0;
-  // This forward runs kc::Recurrent's chunked scan for mamba2 spans of at least kc::kChunkedScanMinLen tokens
-  // that keep no states (set per forward; never inside a graph). ORYX_CUDA_CHUNKED_SCAN=0 turns it off.
-  bool chunked_scan = false;
   ~Context() {
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
@@ -332,6 +329,25 @@ struct CudaBackend::Layer {
   float* d_skip = nullptr;                              // [H] (mamba2)
 };
 
+// What one forward runs, fixed before its launches: the batch's shape and the paths its layers take. A
+// forward replayed as a CUDA graph has one graph per distinct plan.
+struct CudaBackend::Plan {
+  int64_t N, B, NA, NL, NG;  // rows, sequences, attention rows, logit rows, attention row groups
+  int32_t group_rows;        // the most rows of an attention group
+  int64_t chunk, max_chunks;  // the attention's keys per block and blocks per row
+  bool any_attention;              // some row attends: the q_attn rows of the input projection are computed
+  bool skip_q_linear = false;      // every row attends: the q_linear rows are not
+  bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
+  bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
+  bool chunked_scan = false;       // kc::Recurrent's chunked scan for long mamba2 spans (never in a graph)
+
+  auto Key() const {
+    return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
+                    decode_mixer, chunked_scan);
+  }
+  bool operator<(const Plan& o) const { return Key() < o.Key(); }
+};
+
 // Per-forward buffers, grown to the largest batch seen (allocation only on growth).
 struct CudaBackend::Scratch {
   int64_t rows_cap = 0, logit_rows_cap = 0, partial_cap = 0, meta_cap = 0;
@@ -350,12 +366,9 @@ struct CudaBackend::Scratch {
   const uint8_t* row_mode = nullptr;
   const kc::SeqDesc* seqs = nullptr;
   std::vector<void*> owned;
-  // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by shape (N, B, NA, NL, NG, group_rows,
-  // chunk, max_chunks, any_attention, fused, decode_mixer). The graphs bake in the scratch pointers above, so any growth of
-  // the scratch drops them.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int32_t, int64_t, int64_t, bool, bool, bool>,
-           cudaGraphExec_t>
-      graphs;
+  // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by plan. The graphs bake in the scratch
+  // pointers above, so any growth of the scratch drops them.
+  std::map<Plan, cudaGraphExec_t> graphs;
   void DropGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
@@ -430,8 +443,15 @@ absl::Status CudaBackend::Init(const ModelConfig& c) {
     ORYX_CUDA_CHECK(cudaMalloc(&rope_freq_, std::max<size_t>(1, freq.size()) * sizeof(double)));
     ORYX_CUDA_CHECK(cudaMemcpy(rope_freq_, freq.data(), freq.size() * sizeof(double), cudaMemcpyHostToDevice));
   }
-  if (const char* env = std::getenv("ORYX_CUDA_FUSED"); env != nullptr && env[0] == '0') fused_gemv_ = false;
-  if (const char* env = std::getenv("ORYX_CUDA_DECODE_MIXER"); env != nullptr && env[0] == '0') decode_mixer_ = false;
+  // Paths that can be turned off, to measure them.
+  auto off = [](const char* name) {
+    const char* env = std::getenv(name);
+    return env != nullptr && env[0] == '0';
+  };
+  fused_gemv_ = !off("ORYX_CUDA_FUSED");
+  decode_mixer_ = !off("ORYX_CUDA_DECODE_MIXER");
+  skip_q_linear_ = !off("ORYX_CUDA_SKIP_Q_LINEAR");
+  chunked_scan_ = !off("ORYX_CUDA_CHUNKED_SCAN");
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) gemv_rows_per_warp_ = std::atoi(env);
   if (const char* env = std::getenv("ORYX_CUDA_PROFILE"); env != nullptr && env[0] == '1') {
     profiler_ = std::make_unique<Profiler>();
@@ -615,8 +635,7 @@ double CudaBackend::MeasureCopyBandwidth() const {
   return 2.0 * n * sizeof(float) / (best_ms * 1e-3);
 }
 
-void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int64_t chunk, int64_t max_chunks,
-                               bool any_attention, bool fused, bool decode_mixer) {
+void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const ModelConfig& c = config_;
   const Layer& w = layers_[il];
   Scratch& sc = *scratch_;
@@ -625,22 +644,18 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
   const kc::ModelDims& dims = ctx.dims;
   const int32_t layer = static_cast<int32_t>(il);
-  const int64_t P_used = any_attention ? P : P - HD;  // q_attn only when some token attends (q_linear: below)
+  const int64_t N = plan.N, B = plan.B, NA = plan.NA;
+  const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
 
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
-  if (fused) {
+  if (plan.fused) {
     kc::FusedGemvParams in{N, P_used, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, P, sc.x, nullptr,
                            w.attn_norm, w.in_proj, sc.proj, false};
-    // Every token attends: no q_linear rows (ORYX_CUDA_SKIP_Q_LINEAR=0 computes them anyway, to measure).
-    static const bool skip_q_linear = [] {
-      const char* env = std::getenv("ORYX_CUDA_SKIP_Q_LINEAR");
-      return env == nullptr || std::string(env) != "0";
-    }();
-    if (NA == N && skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
+    if (plan.skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
     in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
@@ -649,7 +664,7 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
     kc::Gemm({N, P_used, D, D, P, sc.u, w.in_proj, sc.proj}, ctx.cublas);
     mark("in_proj");
   }
-  if (decode_mixer) {
+  if (plan.decode_mixer) {
     kc::DecodeMixer({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, w.conv_weight, w.conv_bias, w.dt_bias, w.a_log,
                      w.d_skip, sc.qa, sc.o, rope_freq_}, s);
     mark("conv+recurrent");
@@ -660,10 +675,10 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
     kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
     mark("conv_window");
     kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
-                   ctx.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
+                   plan.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
     mark("recurrent");
   }
-  kc::Attention({dims, layer, NA, chunk, max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
+  kc::Attention({dims, layer, NA, plan.chunk, plan.max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
                  sc.num_groups, sc.attn_groups, sc.group_rows}, s);
   if (NA > 0) mark("attention");
 
@@ -671,7 +686,7 @@ void CudaBackend::LayerForward(int64_t il, int64_t N, int64_t B, int64_t NA, int
   // norm / gate into the product after it, the SwiGLU and the residual adds into epilogues (3 kernels);
   // longer spans run them apart, the MLP's residual add fused into the next norm (the next layer's, or the
   // final norm of the logit rows in Forward).
-  if (fused) {
+  if (plan.fused) {
     kc::FusedGemvParams o_proj{N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o,
                                sc.proj + 3 * HD, w.gate_norm, w.o_proj, sc.x, true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
@@ -745,16 +760,6 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   const bool graph = use_graphs_ && !profiler_ && N <= kMaxGraphRows;
   // A graph bakes in its launches, so the chunked scan must never be wanted by a graph's shape.
   static_assert(kc::kChunkedScanMinLen > kMaxGraphRows);
-  static const bool chunked_scan_on = [] {
-    const char* env = std::getenv("ORYX_CUDA_CHUNKED_SCAN");
-    return env == nullptr || env[0] != '0';
-  }();
-  ctx.chunked_scan = false;
-  if (chunked_scan_on && !ctx.dims.gdn) {
-    for (const ForwardItem& it : batch) {
-      if (!it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen) ctx.chunked_scan = true;
-    }
-  }
   if (graph && max_keys > 0) {
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }
@@ -871,19 +876,22 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
 
   // The model.
   const float eps = ctx.dims.norm_eps;
-  const bool fused = fused_gemv_ && kc::FusedGemvApplies(N, D) && kc::FusedGemvApplies(N, HD) &&
-                     kc::FusedGemvApplies(N, F);
-  // Every span one token, none kept for rollback: the conv, window and recurrence in one kernel.
-  const bool decode_mixer = decode_mixer_ && N == B && kc::DecodeMixerApplies(ctx.dims) &&
-                            std::none_of(batch.begin(), batch.end(), [](const ForwardItem& it) { return it.keep_states; });
+  const bool any_keeps = std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) { return it.keep_states; });
+  Plan plan{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention};
+  plan.skip_q_linear = skip_q_linear_ && NA == N;
+  plan.fused = fused_gemv_ && kc::FusedGemvApplies(N, D) && kc::FusedGemvApplies(N, HD) && kc::FusedGemvApplies(N, F);
+  plan.decode_mixer = decode_mixer_ && N == B && !any_keeps && kc::DecodeMixerApplies(ctx.dims);
+  plan.chunked_scan =
+      chunked_scan_ && !ctx.dims.gdn && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
+        return !it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen;
+      });
+  const bool fused = plan.fused;
   auto model = [&] {
     if (profiler_) profiler_->Mark("start", ctx.stream);
     kc::Embed({N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x}, ctx.stream);
     if (!fused) kc::AddRmsNorm({N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
     if (profiler_) profiler_->Mark("embed", ctx.stream);
-    for (int64_t il = 0; il < c.n_layers; ++il) {
-      LayerForward(il, N, B, NA, chunk, max_chunks, any_attention, fused, decode_mixer);
-    }
+    for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
     if (NL > 0) {
       // The unfused path still owes the last MLP's residual (in tmp).
       kc::AddRmsNorm({NL, D, eps, sc.x, fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head}, ctx.stream);
@@ -892,8 +900,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     }
   };
   if (graph) {
-    cudaGraphExec_t& exec =
-        sc.graphs[{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention, fused, decode_mixer}];
+    cudaGraphExec_t& exec = sc.graphs[plan];
     if (exec == nullptr) {
       cudaGraph_t g = nullptr;
       ORYX_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));

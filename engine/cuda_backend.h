@@ -55,8 +55,8 @@ class CudaBackend final : public Backend {
   struct Profiler;
   CudaBackend();
   absl::Status Init(const ModelConfig& config);
-  void LayerForward(int64_t il, int64_t rows, int64_t seqs, int64_t attn_rows, int64_t chunk, int64_t max_chunks,
-                    bool any_attention, bool fused, bool decode_mixer);
+  struct Plan;
+  void LayerForward(int64_t il, const Plan& plan);
 
   ModelConfig config_;
   int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
@@ -71,7 +71,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
-  bool decode_mixer_ = true;
+  // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
+  bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
+  bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends
+  bool chunked_scan_ = true;   // CHUNKED_SCAN: long mamba2 spans in chunks
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   std::mutex forward_mu_;
 };

@@ -95,16 +95,34 @@ __device__ __forceinline__ void AfterPrevious() {
 #endif
 }
 
-// Whether launches use programmatic dependent launch: a device of compute capability 9 or more, and
-// ORYX_CUDA_PDL not "0".
+// An attribute of the current device (0 when there is none to ask).
+inline int CurrentDeviceAttribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return value;
+}
+
+// Whether the device is a Hopper or later (compute capability 9): programmatic dependent launch and
+// thread-block clusters. Asked once.
+inline bool HopperOrLater() {
+  static const bool hopper = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  return hopper;
+}
+
+// The device's SMs, asked once.
+inline int MultiprocessorCount() {
+  static const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);
+  return sms;
+}
+
+// Whether launches use programmatic dependent launch: a Hopper or later, and ORYX_CUDA_PDL not "0".
 inline bool ProgrammaticLaunch() {
   static const bool on = [] {
     const char* env = std::getenv("ORYX_CUDA_PDL");
-    if (env != nullptr && env[0] == '0') return false;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    return major >= 9;
+    return (env == nullptr || env[0] != '0') && HopperOrLater();
   }();
   return on;
 }

@@ -130,14 +130,8 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
 }  // namespace
 
 bool DecodeMixerApplies(const ModelDims& dims) {
-  // Thread-block clusters need compute capability 9.
-  static const bool clusters = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    return major >= 9;
-  }();
-  return clusters && (dims.head_dim == 32 || dims.head_dim == 64 || dims.head_dim == 128) && dims.conv_width >= 1;
+  return HopperOrLater() && (dims.head_dim == 32 || dims.head_dim == 64 || dims.head_dim == 128) &&
+         dims.conv_width >= 1;
 }
 
 void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream) {

@@ -175,11 +175,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
         }
         break;
       }
-      case GemvInput::kSwiGlu: {
-        const float* in = p.in_ptr + m * p.in_row_stride;
-        for (int64_t c = threadIdx.x; c < K; c += blockDim.x) row[c] = __float2bfloat16(Silu(in[c]) * in[K + c]);
-        break;
-      }
     }
   }
   __syncthreads();
@@ -229,14 +224,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
 // kFusedGemvBlocksPerSm blocks per SM. (A second, partial wave cost more than the extra rows per warp: on
 // the H200 the up projection of 1.4b with 2 blocks per SM resident took 24 us for 45 MB.)
 int DefaultRowsPerWarp(int64_t n) {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    ORYX_CUDA_CHECK(cudaGetDevice(&device));
-    ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
   for (int rows : {1, 2, 4}) {
-    if (CeilDiv(n, kGemvWarps * rows) <= int64_t{kFusedGemvBlocksPerSm} * sms) return rows;
+    if (CeilDiv(n, kGemvWarps * rows) <= int64_t{kFusedGemvBlocksPerSm} * MultiprocessorCount()) return rows;
   }
   return 8;
 }

@@ -63,18 +63,17 @@ void GemmCublas(const GemmParams& p, void* cublas_handle);
 //   y[m, n] (+)= sum_k in'[m, k] W[n, k],  in' = bf16 of
 //     kRmsNorm:   RMSNorm(x) * weight                        (in: x [M, K] fp32, weight [K])
 //     kGatedNorm: RMSNormPerHead(o) * weight * SiLU(gate)    (in: o [M, K = H*dh], gate, weight [dh])
-//     kSwiGlu:    SiLU(in[:, :K]) * in[:, K:]                (in: [M, 2K], the fused gate/up product)
-// exactly what AddRmsNorm / GatedNorm / SwiGlu write, so the result is the unfused path's up to summation
-// order. accumulate: y += (the residual add). Taken for single rows with K a multiple of 8 (FusedGemvApplies);
-// the kernel itself takes 1 <= M <= 8.
-enum class GemvInput : uint8_t { kRmsNorm, kGatedNorm, kSwiGlu };
+// exactly what AddRmsNorm / GatedNorm write, so the result is the unfused path's up to summation order.
+// accumulate: y += (the residual add). Taken for single rows with K a multiple of 8 (FusedGemvApplies); the
+// kernel itself takes 1 <= M <= 8. (The SwiGLU goes in the up projection's epilogue: maybe_swiglu_ptr.)
+enum class GemvInput : uint8_t { kRmsNorm, kGatedNorm };
 struct FusedGemvParams {
   int64_t m, n, k;
   GemvInput input;
   float eps;
   int64_t head_dim;          // kGatedNorm
   int64_t in_row_stride, gate_row_stride, y_row_stride;
-  const float* in_ptr;       // [M, K] (kSwiGlu: [M, 2K])
+  const float* in_ptr;       // [M, K]
   const float* gate_ptr;     // kGatedNorm: [M, K] at gate_row_stride
   const float* weight_ptr;   // kRmsNorm: [K]; kGatedNorm: [dh]
   const bf16* w_ptr;         // [N, K]
@@ -178,8 +177,8 @@ void Recurrent(const RecurrentParams& p, cudaStream_t stream);
 // A decode step's ConvRopeAppend + ConvWindowUpdate + Recurrent in one kernel, for batches whose every
 // sequence's span is one token and keeps nothing for rollback (no maybe_span_states / maybe_span_inputs):
 // the same outputs (qa at attention rows, out at linear rows, the caches, windows and states), except that
-// the fp32 conv outputs (kv) are not written. One block per (sequence, head); head_dim 32, 64 or 128
-// (DecodeMixerApplies).
+// the fp32 conv outputs (kv) are not written. One block per (sequence, head, 32 value features), the blocks
+// of a head a thread-block cluster; a Hopper or later and head_dim 32, 64 or 128 (DecodeMixerApplies).
 struct DecodeMixerParams {
   ModelDims dims;
   int32_t layer;

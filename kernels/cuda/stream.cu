@@ -1,4 +1,5 @@
 // CUDA bandwidth probes: a grid-stride float4 copy and a block-reduced sum. Parallel over elements.
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/stream.h"
 
@@ -32,12 +33,7 @@ __global__ void SumKernel(int64_t n, const float* __restrict__ x, float* __restr
   }
 }
 
-int GridSize() {
-  int device = 0, sms = 0;
-  ORYX_CUDA_CHECK(cudaGetDevice(&device));
-  ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms * 8;
-}
+int GridSize() { return MultiprocessorCount() * 8; }
 
 }  // namespace
 
