@@ -28,6 +28,8 @@ cuda::ActDType DTypeOf(const torch::Tensor& x) {
   }
 }
 
+cudaStream_t StreamOf(const torch::Tensor& x) { return c10::cuda::getCurrentCUDAStream(x.device().index()); }
+
 void Check(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, what, ": ", cudaGetErrorString(e));
 }
@@ -57,7 +59,7 @@ class CausalConvFunction : public torch::autograd::Function<CausalConvFunction> 
     auto x = Rows(x_in);
     auto out = torch::empty({x.size(0), x.size(1), x.size(2)}, x.options());
     Check(cuda::CausalConvForward(DTypeOf(x), ShapeOf(x, weight), x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
-                                  out.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index())),
+                                  out.data_ptr(), StreamOf(x)),
           "causal conv forward");
     ctx->save_for_backward({x, weight});
     return out;
@@ -76,7 +78,7 @@ class CausalConvFunction : public torch::autograd::Function<CausalConvFunction> 
     auto workspace = torch::empty({cuda::ConvWorkspaceBytes(DTypeOf(x), shape)}, x.options().dtype(torch::kUInt8));
     Check(cuda::CausalConvBackward(DTypeOf(x), shape, x.data_ptr(), weight.data_ptr(), dout.data_ptr(), dx.data_ptr(),
                                    dw_and_bias.data_ptr(), workspace.data_ptr(),
-                                   c10::cuda::getCurrentCUDAStream(x.device().index())),
+                                   StreamOf(x)),
           "causal conv backward");
     return {dx, dw_and_bias.narrow(1, 0, W).contiguous(), dw_and_bias.select(1, W).contiguous()};
   }
@@ -94,7 +96,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     auto rstd = torch::empty({x.numel() / x.size(-1)}, x.options());
     const cuda::NormShape shape{.rows = rstd.numel(), .cols = static_cast<int>(x.size(-1)), .eps = eps};
     Check(cuda::RmsNormForward(types, shape, x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd.data_ptr(),
-                               c10::cuda::getCurrentCUDAStream(x.device().index())),
+                               StreamOf(x)),
           "rms norm forward");
     ctx->save_for_backward({x, weight, rstd});
     ctx->saved_data["types"] = static_cast<int64_t>(types);
@@ -114,7 +116,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     auto workspace = torch::empty({cuda::NormWorkspaceBytes(types, shape)}, x.options().dtype(torch::kUInt8));
     Check(cuda::RmsNormBackward(types, shape, x.data_ptr(), weight.data_ptr(), dy.data_ptr(), rstd.data_ptr(),
                                 dx.data_ptr(), dw.data_ptr(), workspace.data_ptr(),
-                                c10::cuda::getCurrentCUDAStream(x.device().index())),
+                                StreamOf(x)),
           "rms norm backward");
     return {dx, dw, torch::Tensor(), torch::Tensor()};
   }
@@ -127,7 +129,7 @@ torch::Tensor RopeCall(const torch::Tensor& x_in, const torch::Tensor& cos, cons
                           .half = static_cast<int>(x.size(3) / 2), .sb = x.stride(0), .st = x.stride(1),
                           .sh = x.stride(2)};
   Check(cuda::ApplyRope(DTypeOf(x), r, x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(),
-                        inverse, c10::cuda::getCurrentCUDAStream(x.device().index())),
+                        inverse, StreamOf(x)),
         "rope");
   return out;
 }

@@ -64,6 +64,18 @@ torch::Tensor ClipGradNormFused(const std::vector<torch::Tensor>& params, double
   return total;
 }
 
+namespace {
+
+// The loss's forward and backward (run, or recorded into a graph under capture); the loss, detached.
+torch::Tensor ForwardBackward(const GraphedBackward::LossFn& loss, const torch::Tensor& inputs,
+                            const torch::Tensor& targets, const torch::Tensor& is_attn) {
+  auto l = loss(inputs, targets, is_attn);
+  l.backward();
+  return l.detach();
+}
+
+}  // namespace
+
 #if defined(ORYX_TORCH_CUDA)
 
 struct TrainingStream::Impl {
@@ -97,11 +109,7 @@ struct GraphedBackward::Impl {
 torch::Tensor GraphedBackward::Run(const torch::Tensor& inputs, const torch::Tensor& targets,
                                    const torch::Tensor& is_attn) {
   Impl& g = *impl_;
-  if (g.calls++ < g.warmup) {
-    auto l = g.loss(inputs, targets, is_attn);
-    l.backward();
-    return l.detach();
-  }
+  if (g.calls++ < g.warmup) return ForwardBackward(g.loss, inputs, targets, is_attn);
   if (g.graph == nullptr) {
     g.inputs = inputs.clone();
     g.targets = targets.clone();
@@ -116,9 +124,7 @@ torch::Tensor GraphedBackward::Run(const torch::Tensor& inputs, const torch::Ten
     } cache_off;
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     graph->capture_begin();
-    auto l = g.loss(g.inputs, g.targets, g.is_attn);
-    l.backward();
-    g.out = l.detach();
+    g.out = ForwardBackward(g.loss, g.inputs, g.targets, g.is_attn);  // recorded, not run
     graph->capture_end();
     g.graph = std::move(graph);  // only a complete recording is kept
   } else {
@@ -145,9 +151,7 @@ struct GraphedBackward::Impl {
 
 torch::Tensor GraphedBackward::Run(const torch::Tensor& inputs, const torch::Tensor& targets,
                                    const torch::Tensor& is_attn) {
-  auto l = impl_->loss(inputs, targets, is_attn);
-  l.backward();
-  return l.detach();
+  return ForwardBackward(impl_->loss, inputs, targets, is_attn);
 }
 
 #endif

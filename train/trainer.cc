@@ -65,6 +65,12 @@ struct Batch {
   int64_t task_sequences = 0;
 };
 
+// Which modes a host copy of a batch's modes (1: attention) holds.
+OryxModelImpl::Modes ModesOf(const std::vector<uint8_t>& modes) {
+  return {.any_attn = std::find(modes.begin(), modes.end(), 1) != modes.end(),
+          .any_lin = std::find(modes.begin(), modes.end(), 0) != modes.end()};
+}
+
 // Builds micro-batches: sample n reads a corpus window in shuffled order, or a task sequence when the mixer
 // says so. Not thread-safe (it caches the current epoch's order).
 class BatchMaker {
@@ -105,8 +111,7 @@ class BatchMaker {
     batch.inputs = torch::from_blob(inputs.data(), {count, T}, opts).clone().to(device);
     batch.targets = torch::from_blob(targets.data(), {count, T}, opts).clone().to(device);
     batch.is_attn = torch::from_blob(modes.data(), {count, T}, torch::kUInt8).to(torch::kBool).to(device);
-    const int64_t n_attn = std::count(modes.begin(), modes.end(), 1);
-    batch.modes = {.any_attn = n_attn > 0, .any_lin = n_attn < count * T};
+    batch.modes = ModesOf(modes);
     batch.task_sequences = tasks;
     return batch;
   }
@@ -165,8 +170,7 @@ absl::StatusOr<double> ValidationLoss(OryxModel& model, const CorpusReader& val,
       std::vector<uint8_t> m =
           SampleModes(o.seed ^ 0x76616c, i, T, o.model.fragment_len, o.model.attn_fraction, ModeMixing::kFragment);
       b.is_attn = torch::from_blob(m.data(), {1, T}, torch::kUInt8).to(torch::kBool).to(device);
-      b.modes = {.any_attn = std::count(m.begin(), m.end(), 1) > 0,
-                 .any_lin = std::count(m.begin(), m.end(), 0) > 0};
+      b.modes = ModesOf(m);
     } else {
       b.is_attn = torch::full({1, T}, pattern == "attention", torch::dtype(torch::kBool).device(device));
       b.modes = {.any_attn = pattern == "attention", .any_lin = pattern != "attention"};
