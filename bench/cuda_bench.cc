@@ -151,6 +151,7 @@ absl::StatusOr<RoundStats> TimeRounds(CudaBackend& backend, std::vector<Sequence
   t.verify_s = stats[0].spec->verify_s;
   t.draft_forwards = stats[0].spec->draft_forwards;
   t.verify_forwards = stats[0].spec->verify_forwards;
+  t.backend_rounds = stats[0].spec->backend_rounds;
   return out;
 }
 
@@ -161,7 +162,11 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
                           const SequenceState& first, const CorpusReader* val, int64_t context, int64_t batch,
                           double attention_s, double linear_s, const Emit& emit) {
   const bool measured = val != nullptr;
-  for (int64_t k : o.spec_ks) {
+  const bool greedy_rounds = backend.greedy_rounds();
+  // Each draft length with rounds run forward by forward from the host, then whole by the backend (one
+  // CUDA graph and one synchronisation per round).
+  for (int64_t k : o.spec_ks) for (const bool on_device : {false, true}) {
+    backend.set_greedy_rounds(on_device);
     std::vector<SequenceState> seqs;
     std::vector<int32_t> pending(batch, 5);
     for (int64_t b = 0; b < batch; ++b) {
@@ -180,7 +185,10 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
     }
     speculative::AcceptRule accept = speculative::AcceptLossless;  // greedy: the real acceptance
     tasks::Rng rng(0x5eed + k);
-    if (!measured) {
+    // (A backend round judges its drafts itself, by the model's greedy acceptance; with random weights its
+    // time is measured so, and its tokens per round are the simulated acceptance's: a round does the same
+    // work whatever it accepts.)
+    if (!measured && !on_device) {
       accept = [&rng, a = o.acceptance](Sampler&, std::span<const float> logits, const speculative::Proposal& d,
                                         int64_t V, int32_t* next) {
         const int64_t n = static_cast<int64_t>(d.tokens.size());
@@ -207,10 +215,14 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
     nlohmann::json r = base;
     r.update({{"bench", "speculative"}, {"proposer", "linear"}, {"k", k}, {"context", context}, {"batch", batch},
               {"rounds", o.steps}, {"cuda_graph", backend.cuda_graphs()},
+              {"rounds_run_by", on_device ? "backend" : "decoder"}, {"backend_rounds", s.backend_rounds},
               {"acceptance_source",
                measured ? "measured: the model's greedy acceptance (AcceptLossless) on validation windows of the corpus"
-                        : "simulated: random weights make real acceptance meaningless, so each draft is accepted with "
-                          "probability `acceptance`, independently, until the first rejection (seeded)"},
+               : on_device
+                   ? "simulated for the tokens per round (each draft accepted with probability `acceptance` until the "
+                     "first rejection); the round time measured with the random model's own greedy acceptance"
+                   : "simulated: random weights make real acceptance meaningless, so each draft is accepted with "
+                     "probability `acceptance`, independently, until the first rejection (seeded)"},
               {"acceptance", measured ? judged_rate : o.acceptance},
               {"acceptance_per_judged_draft", judged_rate}, {"drafted", s.drafted}, {"judged", judged},
               {"accepted", s.accepted},
@@ -227,6 +239,7 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
               {"breakeven_acceptance", BreakEvenAcceptance(round_s, attention_s, k)}});
     emit(r);
   }
+  backend.set_greedy_rounds(greedy_rounds);
   return absl::OkStatus();
 }
 }  // namespace

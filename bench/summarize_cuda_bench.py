@@ -67,16 +67,17 @@ def main(run_dir):
                   f"{roof_ms:.3f} | {roof_ms / ms:.2f} | {fmt(t.get('eager'))} | {fmt(t.get('graph'))} | "
                   f"{fmt(t.get('compile'))} | {fmt(t.get('compile-cg'))} | {ratio(t.get('eager'))} | {ratio(t.get('graph'))} |")
     print()
-    print("| model | k | context | batch | acceptance | tokens/round | round ms | ms/token | attention ms/step | "
-          "linear ms/step | vs attention | vs linear | break-even acceptance |")
-    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | rounds run by | k | context | batch | acceptance | tokens/round | round ms | ms/token | "
+          "attention ms/step | linear ms/step | vs attention | vs linear | break-even acceptance |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in sorted(glob.glob(os.path.join(run_dir, "*.jsonl"))):
         for r in lines(path):
             if r.get("bench") != "speculative":
                 continue
             source = "measured" if r["acceptance_source"].startswith("measured") else "simulated"
             even = r["breakeven_acceptance"]
-            print(f"| {r['model']} | {r['k']} | {r['context']} | {r['batch']} | {r['acceptance']:.3f} ({source}) | "
+            print(f"| {r['model']} | {r.get('rounds_run_by', 'decoder')} | {r['k']} | {r['context']} | {r['batch']} | "
+                  f"{r['acceptance']:.3f} ({source}) | "
                   f"{r['tokens_per_round']:.2f} | {r['round_ms']:.3f} | {r['ms_per_token']:.3f} | "
                   f"{r['attention_ms_per_step']:.3f} | {r['linear_ms_per_step']:.3f} | "
                   f"{r['speedup_over_attention']:.2f}x | {r['speedup_over_linear']:.2f}x | "

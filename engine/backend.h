@@ -118,6 +118,14 @@ struct ForwardItem {
   bool keep_states = false;                  // record the span for Truncate (speculative verification)
 };
 
+// One sequence's part of a greedy speculative round run by the backend (Backend::GreedyRound).
+struct GreedyRoundItem {
+  SequenceState* seq = nullptr;    // has a KV cache; `pending` is its next token, not yet run
+  SequenceState* draft = nullptr;  // a draft sequence (MakeDraft of seq); the round overwrites it
+  int32_t pending = 0;
+  std::vector<int32_t>* emitted = nullptr;  // out: the accepted drafts, then the recovered or bonus token
+};
+
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
@@ -137,6 +145,19 @@ class Backend {
   // outside the vocabulary, a span past max_position, an attention token on a draft sequence, a missing
   // logits_out, or a sequence given twice.
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
+
+  // Greedy speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the
+  // host between a round's forwards costs: for every item, k linear-mode draft steps from `pending` on the
+  // draft (refreshed from seq first), each taking the argmax of the last; one attention-mode verify span
+  // [pending, d_1..d_k] on seq; the drafts accepted while each equals the argmax of the verify row before
+  // it; seq committed (truncated) to after the accepted ones. `emitted` gets exactly what
+  // speculative::AcceptLossless gives greedy slots. Backends without it return Unimplemented
+  // (greedy_rounds() false) and the decoder runs the round from Forward calls.
+  virtual bool greedy_rounds() const { return false; }
+  virtual absl::Status GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) {
+    (void)items, (void)k;
+    return absl::UnimplementedError("this backend does not run speculative rounds itself");
+  }
 
   // One sequence: logits of the last token ([V]) or of every token ([T, V]).
   absl::Status Forward(SequenceState& seq, std::span<const int32_t> tokens, std::span<const Mode> modes,

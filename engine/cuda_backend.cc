@@ -340,6 +340,7 @@ struct CudaBackend::Plan {
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
   bool chunked_scan = false;       // kc::Recurrent's chunked scan for long mamba2 spans (never in a graph)
+  bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
@@ -360,6 +361,7 @@ struct CudaBackend::Scratch {
   float* logits_host = nullptr;  // pinned
   // Views into meta (device) for the current forward.
   const int32_t *tokens = nullptr, *row_seq = nullptr, *attn_rows = nullptr, *logit_rows = nullptr;
+  int64_t tokens_stride = 1;  // row r's token at tokens[r * tokens_stride]
   const int32_t* attn_groups = nullptr;  // [num_groups, 2]: a sequence's attention rows, kAttentionGroupRows at most
   int64_t num_groups = 0;
   int32_t group_rows = 0;  // the most rows of a group
@@ -369,9 +371,13 @@ struct CudaBackend::Scratch {
   // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by plan. The graphs bake in the scratch
   // pointers above, so any growth of the scratch drops them.
   std::map<Plan, cudaGraphExec_t> graphs;
+  // Whole greedy speculative rounds, by (draft step plan, verify plan, k).
+  std::map<std::tuple<Plan, Plan, int64_t>, cudaGraphExec_t> round_graphs;
   void DropGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    for (auto& [key, exec] : round_graphs) cudaGraphExecDestroy(exec);
     graphs.clear();
+    round_graphs.clear();
   }
   void FreeAll() {
     DropGraphs();
@@ -722,52 +728,102 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   }
 }
 
-absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
-  ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
-  std::lock_guard<std::mutex> lock(forward_mu_);
-  const ModelConfig& c = config_;
-  const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
-  const int64_t B = static_cast<int64_t>(batch.size());
-  Scratch& sc = *scratch_;
-  Context& ctx = *ctx_;
+namespace {
 
-  // Rows of the batch, attention rows and logit rows; state capacity for the spans.
-  int64_t N = 0, NA = 0, NL = 0, NG = 0, max_keys = 0;
-  bool any_attention = false;
+// Forwards of up to this many rows (decode steps, verify spans, speculative rounds) run as CUDA graphs.
+constexpr int64_t kMaxGraphRows = 64;
+
+int64_t AlignMeta(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// Where a forward's metadata sits, in bytes from the forward's base in the metadata buffer: tokens [N],
+// row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B], attention groups [NG, 2].
+struct MetaLayout {
+  int64_t tokens = 0, row_seq, attn, logit, mode, seqs, groups, bytes;
+  MetaLayout(int64_t N, int64_t NA, int64_t NL, int64_t B, int64_t NG)
+      : row_seq(AlignMeta(N * 4)),
+        attn(row_seq + AlignMeta(N * 4)),
+        logit(attn + AlignMeta(NA * 4)),
+        mode(logit + AlignMeta(NL * 4)),
+        seqs(mode + AlignMeta(N)),
+        groups(seqs + AlignMeta(B * int64_t{sizeof(kc::SeqDesc)})),
+        bytes(AlignMeta(groups + NG * 8)) {}
+};
+
+// Captures what `launch` puts on `stream` as an executable graph.
+template <typename F>
+cudaGraphExec_t Capture(cudaStream_t stream, F&& launch) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ORYX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch();
+  ORYX_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  ORYX_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  ORYX_CUDA_CHECK(cudaGraphDestroy(g));
+  return exec;
+}
+
+}  // namespace
+
+absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const ForwardItem> batch) {
+  const ModelConfig& c = config_;
+  Plan plan{};
+  plan.B = static_cast<int64_t>(batch.size());
+  int64_t max_keys = 0;
+  bool any_keeps = false;
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
     // (Growing keeps every state's contents: a batch that fails here leaves its sequences as they were.)
     if (it.seq->has_kv()) ORYX_RETURN_IF_ERROR(ds.EnsureCapacity(pos + T, pos));
     if (it.keep_states) ORYX_RETURN_IF_ERROR(ds.PrepareSpan(T));
+    any_keeps |= it.keep_states;
     int64_t item_attention = 0;
     for (int64_t t = 0; t < T; ++t) {
       if (it.modes[t] == Mode::kAttention) {
         ++item_attention;
-        any_attention = true;
         max_keys = std::max(max_keys, pos + t + 1);
       }
     }
-    NA += item_attention;
-    NG += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
-    NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
-    N += T;
+    plan.NA += item_attention;
+    plan.NG += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
+    plan.group_rows = std::max<int32_t>(plan.group_rows, static_cast<int32_t>(std::min<int64_t>(kc::kAttentionGroupRows, item_attention)));
+    plan.NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
+    plan.N += T;
   }
-  // Decode steps and short spans (speculative verification) run as CUDA graphs, one per shape. The
-  // attention grid is sized for the next power of two of keys, so that a graph serves many steps (blocks
-  // past a row's keys exit at once).
-  constexpr int64_t kMaxGraphRows = 64;
-  const bool graph = use_graphs_ && !profiler_ && N <= kMaxGraphRows;
+  plan.any_attention = plan.NA > 0;
+  // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
+  // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
+  // keys exit at once).
+  plan.graph = use_graphs_ && !profiler_ && plan.N <= kMaxGraphRows;
   // A graph bakes in its launches, so the chunked scan must never be wanted by a graph's shape.
   static_assert(kc::kChunkedScanMinLen > kMaxGraphRows);
-  if (graph && max_keys > 0) {
+  if (plan.graph && max_keys > 0) {
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }
   // Blocks run per group of a sequence's attention rows (kc::Attention), so the chunk is sized by groups.
-  const int64_t chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, NG), c.n_heads);
-  const int64_t max_chunks = std::max<int64_t>(1, (max_keys + chunk - 1) / chunk);
+  plan.chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, plan.NG), c.n_heads);
+  plan.max_chunks = std::max<int64_t>(1, (max_keys + plan.chunk - 1) / plan.chunk);
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
+  plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;
+  plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D) && kc::FusedGemvApplies(plan.N, HD) &&
+               kc::FusedGemvApplies(plan.N, F);
+  plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
+  plan.chunked_scan =
+      chunked_scan_ && !ctx_->dims.gdn && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
+        return !it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen;
+      });
+  return plan;
+}
 
-  // Grow the scratch buffers where this batch needs more.
+void CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  Scratch& sc = *scratch_;
+  auto release = [&sc](void* p) {
+    if (p == nullptr) return;
+    ORYX_CUDA_CHECK(cudaFree(p));
+    sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
+  };
   if (N > sc.rows_cap) {
     sc.DropGraphs();
     const int64_t n = std::max(N, 2 * sc.rows_cap);
@@ -775,9 +831,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
                     static_cast<void*>(sc.qa), static_cast<void*>(sc.o), static_cast<void*>(sc.tmp),
                     static_cast<void*>(sc.mlp), static_cast<void*>(sc.u), static_cast<void*>(sc.y),
                     static_cast<void*>(sc.act)}) {
-      if (p == nullptr) continue;
-      ORYX_CUDA_CHECK(cudaFree(p));
-      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
+      release(p);
     }
     sc.x = DeviceAlloc<float>(n * D, sc.owned);
     sc.proj = DeviceAlloc<float>(n * P, sc.owned);
@@ -794,60 +848,59 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   if (NL > sc.logit_rows_cap) {
     sc.DropGraphs();
     const int64_t n = std::max(NL, 2 * sc.logit_rows_cap);
-    for (void* p : {static_cast<void*>(sc.head), static_cast<void*>(sc.logits)}) {
-      if (p == nullptr) continue;
-      ORYX_CUDA_CHECK(cudaFree(p));
-      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
-    }
+    release(sc.head);
+    release(sc.logits);
     if (sc.logits_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.logits_host));
     sc.head = DeviceAlloc<bf16>(n * D, sc.owned);
     sc.logits = DeviceAlloc<float>(n * V, sc.owned);
     ORYX_CUDA_CHECK(cudaMallocHost(&sc.logits_host, n * V * sizeof(float)));
     sc.logit_rows_cap = n;
   }
-  const int64_t partial = NA * c.n_heads * max_chunks * (c.head_dim + 2);
   if (partial > sc.partial_cap) {
     sc.DropGraphs();
-    if (sc.partial != nullptr) {
-      ORYX_CUDA_CHECK(cudaFree(sc.partial));
-      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), static_cast<void*>(sc.partial)));
-    }
-    sc.partial = DeviceAlloc<float>(std::max(partial, 2 * sc.partial_cap), sc.owned);
+    release(sc.partial);
     sc.partial_cap = std::max(partial, 2 * sc.partial_cap);
+    sc.partial = DeviceAlloc<float>(sc.partial_cap, sc.owned);
   }
-
-  // Metadata: tokens [N], row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B], attention
-  // groups [NG, 2] (aligned).
-  auto align = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
-  const int64_t off_tokens = 0, off_row_seq = align(N * 4), off_attn = off_row_seq + align(N * 4),
-                off_logit = off_attn + align(NA * 4), off_mode = off_logit + align(NL * 4),
-                off_seqs = off_mode + align(N), off_groups = off_seqs + align(B * int64_t{sizeof(kc::SeqDesc)}),
-                meta_bytes = off_groups + NG * 8;
   if (meta_bytes > sc.meta_cap) {
     sc.DropGraphs();
     const int64_t n = std::max(meta_bytes, 2 * sc.meta_cap);
-    if (sc.meta != nullptr) {
-      ORYX_CUDA_CHECK(cudaFree(sc.meta));
-      sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), static_cast<void*>(sc.meta)));
-    }
+    release(sc.meta);
     if (sc.meta_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.meta_host));
     sc.meta = DeviceAlloc<char>(n, sc.owned);
     ORYX_CUDA_CHECK(cudaMallocHost(&sc.meta_host, n));
     sc.meta_cap = n;
   }
-  char* m = sc.meta_host;
-  auto* tokens = reinterpret_cast<int32_t*>(m + off_tokens);
-  auto* row_seq = reinterpret_cast<int32_t*>(m + off_row_seq);
-  auto* attn_rows = reinterpret_cast<int32_t*>(m + off_attn);
-  auto* logit_rows = reinterpret_cast<int32_t*>(m + off_logit);
-  auto* row_mode = reinterpret_cast<uint8_t*>(m + off_mode);
-  auto* seqs = reinterpret_cast<kc::SeqDesc*>(m + off_seqs);
-  auto* groups = reinterpret_cast<int32_t*>(m + off_groups);
-  int64_t r = 0, a = 0, lr = 0, g = 0, group_rows = 0;
+}
+
+int64_t CudaBackend::PartialFloats(const Plan& plan) const {
+  return plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2);
+}
+
+void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, char* base) const {
+  const int64_t B = static_cast<int64_t>(batch.size());
+  int64_t N = 0, NA = 0, NL = 0, NG = 0;
+  for (const ForwardItem& it : batch) {
+    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    const int64_t attention = std::count(it.modes.begin(), it.modes.end(), Mode::kAttention);
+    N += T;
+    NA += attention;
+    NG += (attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
+    NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
+  }
+  const MetaLayout m(N, NA, NL, B, NG);
+  auto* tokens = reinterpret_cast<int32_t*>(base + m.tokens);
+  auto* row_seq = reinterpret_cast<int32_t*>(base + m.row_seq);
+  auto* attn_rows = reinterpret_cast<int32_t*>(base + m.attn);
+  auto* logit_rows = reinterpret_cast<int32_t*>(base + m.logit);
+  auto* row_mode = reinterpret_cast<uint8_t*>(base + m.mode);
+  auto* seqs = reinterpret_cast<kc::SeqDesc*>(base + m.seqs);
+  auto* groups = reinterpret_cast<int32_t*>(base + m.groups);
+  int64_t r = 0, a = 0, lr = 0, g = 0;
   for (int64_t b = 0; b < B; ++b) {
     const ForwardItem& it = batch[b];
     const int64_t T = static_cast<int64_t>(it.tokens.size()), first_attention = a;
-    seqs[b] = DeviceOf(*it.seq).Desc(r, T, it.seq->position(), it.keep_states);
+    seqs[b] = DeviceOf(*it.seq).Desc(r, T, it.seq->position() + pos_shift, it.keep_states);
     for (int64_t t = 0; t < T; ++t, ++r) {
       tokens[r] = it.tokens[t];
       row_seq[r] = static_cast<int32_t>(b);
@@ -860,84 +913,176 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     for (int64_t a0 = first_attention; a0 < a; a0 += kc::kAttentionGroupRows, ++g) {
       groups[2 * g] = static_cast<int32_t>(a0);
       groups[2 * g + 1] = static_cast<int32_t>(std::min<int64_t>(kc::kAttentionGroupRows, a - a0));
-      group_rows = std::max<int64_t>(group_rows, groups[2 * g + 1]);
     }
   }
-  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
-  sc.tokens = reinterpret_cast<const int32_t*>(sc.meta + off_tokens);
-  sc.row_seq = reinterpret_cast<const int32_t*>(sc.meta + off_row_seq);
-  sc.attn_rows = reinterpret_cast<const int32_t*>(sc.meta + off_attn);
-  sc.logit_rows = reinterpret_cast<const int32_t*>(sc.meta + off_logit);
-  sc.row_mode = reinterpret_cast<const uint8_t*>(sc.meta + off_mode);
-  sc.seqs = reinterpret_cast<const kc::SeqDesc*>(sc.meta + off_seqs);
-  sc.attn_groups = reinterpret_cast<const int32_t*>(sc.meta + off_groups);
-  sc.num_groups = NG;
-  sc.group_rows = static_cast<int32_t>(group_rows);
+}
 
-  // The model.
+void CudaBackend::SetViews(const Plan& plan, const char* base) {
+  Scratch& sc = *scratch_;
+  const MetaLayout m(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
+  sc.tokens = reinterpret_cast<const int32_t*>(base + m.tokens);
+  sc.tokens_stride = 1;
+  sc.row_seq = reinterpret_cast<const int32_t*>(base + m.row_seq);
+  sc.attn_rows = reinterpret_cast<const int32_t*>(base + m.attn);
+  sc.logit_rows = reinterpret_cast<const int32_t*>(base + m.logit);
+  sc.row_mode = reinterpret_cast<const uint8_t*>(base + m.mode);
+  sc.seqs = reinterpret_cast<const kc::SeqDesc*>(base + m.seqs);
+  sc.attn_groups = reinterpret_cast<const int32_t*>(base + m.groups);
+  sc.num_groups = plan.NG;
+  sc.group_rows = plan.group_rows;
+}
+
+void CudaBackend::RunModel(const Plan& plan) {
+  const ModelConfig& c = config_;
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  const int64_t D = c.d_model, V = c.vocab_size;
   const float eps = ctx.dims.norm_eps;
-  const bool any_keeps = std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) { return it.keep_states; });
-  Plan plan{N, B, NA, NL, NG, sc.group_rows, chunk, max_chunks, any_attention};
-  plan.skip_q_linear = skip_q_linear_ && NA == N;
-  plan.fused = fused_gemv_ && kc::FusedGemvApplies(N, D) && kc::FusedGemvApplies(N, HD) && kc::FusedGemvApplies(N, F);
-  plan.decode_mixer = decode_mixer_ && N == B && !any_keeps && kc::DecodeMixerApplies(ctx.dims);
-  plan.chunked_scan =
-      chunked_scan_ && !ctx.dims.gdn && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
-        return !it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen;
-      });
-  const bool fused = plan.fused;
-  auto model = [&] {
-    if (profiler_) profiler_->Mark("start", ctx.stream);
-    kc::Embed({N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x}, ctx.stream);
-    if (!fused) kc::AddRmsNorm({N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
-    if (profiler_) profiler_->Mark("embed", ctx.stream);
-    for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
-    if (NL > 0) {
-      // The unfused path still owes the last MLP's residual (in tmp).
-      kc::AddRmsNorm({NL, D, eps, sc.x, fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head}, ctx.stream);
-      kc::Gemm({NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits}, ctx.cublas);
-      if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
-    }
-  };
-  if (graph) {
-    cudaGraphExec_t& exec = sc.graphs[plan];
-    if (exec == nullptr) {
-      cudaGraph_t g = nullptr;
-      ORYX_CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-      model();
-      ORYX_CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &g));
-      ORYX_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-      ORYX_CUDA_CHECK(cudaGraphDestroy(g));
-    }
-    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
-  } else {
-    model();
+  if (profiler_) profiler_->Mark("start", ctx.stream);
+  kc::Embed({plan.N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x, sc.tokens_stride}, ctx.stream);
+  if (!plan.fused) kc::AddRmsNorm({plan.N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
+  if (profiler_) profiler_->Mark("embed", ctx.stream);
+  for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
+  if (plan.NL > 0) {
+    // The unfused path still owes the last MLP's residual (in tmp).
+    kc::AddRmsNorm({plan.NL, D, eps, sc.x, plan.fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head},
+                   ctx.stream);
+    kc::Gemm({plan.NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits}, ctx.cublas);
+    if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
   }
-  if (NL > 0) {
-    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, NL * V * sizeof(float), cudaMemcpyDeviceToHost,
-                                    ctx.stream));
-  }
-  ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
-  if (profiler_) profiler_->Collect(/*keep=*/N == B);  // decode steps only
+}
 
-  lr = 0;
+void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host) {
+  const int64_t V = config_.vocab_size;
+  int64_t lr = 0;
   for (const ForwardItem& it : batch) {
     SequenceState& seq = *it.seq;
     const int64_t T = static_cast<int64_t>(it.tokens.size());
-    if (it.keep_states) {
-      seq.span_start_ = seq.position_;
-      seq.span_len_ = T;
-    } else {
-      seq.span_start_ = -1;
-      seq.span_len_ = 0;
-    }
+    seq.span_start_ = it.keep_states ? seq.position_ : -1;
+    seq.span_len_ = it.keep_states ? T : 0;
     seq.position_ += T;
     const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
-    if (rows > 0) {
+    if (rows > 0 && logits_host != nullptr) {
       it.logits_out->resize(rows * V);
-      std::memcpy(it.logits_out->data(), sc.logits_host + lr * V, rows * V * sizeof(float));
+      std::memcpy(it.logits_out->data(), logits_host + lr * V, rows * V * sizeof(float));
     }
     lr += rows;
+  }
+}
+
+absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
+  ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
+  const MetaLayout meta(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
+  EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes);
+  WriteMeta(batch, 0, sc.meta_host);
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta.bytes, cudaMemcpyHostToDevice, ctx.stream));
+  SetViews(plan, sc.meta);
+  if (plan.graph) {
+    cudaGraphExec_t& exec = sc.graphs[plan];
+    if (exec == nullptr) exec = Capture(ctx.stream, [&] { RunModel(plan); });
+    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  } else {
+    RunModel(plan);
+  }
+  if (plan.NL > 0) {
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, plan.NL * config_.vocab_size * sizeof(float),
+                                    cudaMemcpyDeviceToHost, ctx.stream));
+  }
+  ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
+  if (profiler_) profiler_->Collect(/*keep=*/plan.N == plan.B);  // decode steps only
+  FinishForward(batch, sc.logits_host);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) {
+  const ModelConfig& c = config_;
+  const int64_t B = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
+  if (B == 0) return absl::OkStatus();
+  if (k < 1 || k > kMaxGraphRows) return absl::InvalidArgumentError(Cat("speculative round: k = ", k, " outside [1, 64]"));
+  // The round's forwards as batches: the verify spans [pending, d_1..d_k] (the drafts' places filled in on
+  // the device) and the drafts' single linear-mode tokens.
+  std::vector<std::vector<int32_t>> spans(B);
+  const std::vector<Mode> attention(S, Mode::kAttention);
+  const Mode linear = Mode::kLinear;
+  std::vector<float> unused;  // (the logits stay on the device)
+  std::vector<ForwardItem> verify(B), drafts(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const GreedyRoundItem& it = items[b];
+    if (it.seq == nullptr || it.draft == nullptr || it.emitted == nullptr || it.seq == it.draft || it.draft->has_kv() ||
+        it.draft->device() == nullptr || it.draft->device()->owner() != this) {
+      return absl::InvalidArgumentError(
+          Cat("speculative round: item ", b, " needs a sequence, a draft sequence of this backend and an output"));
+    }
+    spans[b].assign(S, it.pending);
+    verify[b] = {it.seq, spans[b], attention, LogitsRows::kAll, &unused, /*keep_states=*/true};
+    drafts[b] = {it.draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
+  }
+  ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, verify, this));
+  for (const GreedyRoundItem& it : items) it.draft->CopyRecurrentFrom(*it.seq);
+  ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, drafts, this));
+
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  ORYX_ASSIGN_OR_RETURN(Plan draft_plan, PlanForward(drafts));
+  ORYX_ASSIGN_OR_RETURN(Plan verify_plan, PlanForward(verify));
+  const bool graph = use_graphs_ && !profiler_ && verify_plan.N <= kMaxGraphRows;
+  draft_plan.graph = verify_plan.graph = graph;
+  // Metadata: the k draft steps' (each its positions), the verify span's, then the verify rows' argmaxes.
+  const int64_t draft_bytes = MetaLayout(B, 0, B, B, 0).bytes;
+  const int64_t verify_base = k * draft_bytes;
+  const int64_t argmax_base = verify_base + MetaLayout(B * S, B * S, B * S, B, verify_plan.NG).bytes;
+  const int64_t meta_bytes = argmax_base + AlignMeta(B * S * 4);
+  EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes);
+  for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, j, sc.meta_host + j * draft_bytes);
+  WriteMeta(verify, 0, sc.meta_host + verify_base);
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, argmax_base, cudaMemcpyHostToDevice, ctx.stream));
+  // The verify span's tokens [B, S] (at the verify metadata's base) are where the drafts go: draft step j
+  // reads column j and writes its argmax to column j + 1.
+  auto* span_tokens = reinterpret_cast<int32_t*>(sc.meta + verify_base);
+  auto* argmax = reinterpret_cast<int32_t*>(sc.meta + argmax_base);
+  auto round = [&] {
+    for (int64_t j = 0; j < k; ++j) {
+      SetViews(draft_plan, sc.meta + j * draft_bytes);
+      sc.tokens = span_tokens + j;
+      sc.tokens_stride = S;
+      RunModel(draft_plan);
+      kc::Argmax({B, V, sc.logits, span_tokens + j + 1, S}, ctx.stream);
+    }
+    SetViews(verify_plan, sc.meta + verify_base);
+    RunModel(verify_plan);
+    kc::Argmax({B * S, V, sc.logits, argmax}, ctx.stream);
+  };
+  if (graph) {
+    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k}];
+    if (exec == nullptr) exec = Capture(ctx.stream, round);
+    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  } else {
+    round();
+  }
+  // The drafts and the verify rows' argmaxes come back in one synchronisation.
+  auto* span_host = reinterpret_cast<int32_t*>(sc.meta_host + verify_base);
+  auto* argmax_host = reinterpret_cast<int32_t*>(sc.meta_host + argmax_base);
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(span_host, span_tokens, B * S * 4, cudaMemcpyDeviceToHost, ctx.stream));
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(argmax_host, argmax, B * S * 4, cudaMemcpyDeviceToHost, ctx.stream));
+  ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  if (profiler_) profiler_->Collect(/*keep=*/false);
+  for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr);
+  FinishForward(verify, nullptr);
+
+  // Accept (greedy): d_{i+1} while it is the argmax of verify row i; then commit.
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* d = span_host + b * S;  // pending, d_1..d_k
+    const int32_t* best = argmax_host + b * S;
+    int64_t accepted = 0;
+    while (accepted < k && d[accepted + 1] == best[accepted]) ++accepted;
+    items[b].emitted->assign(d + 1, d + 1 + accepted);
+    items[b].emitted->push_back(best[accepted]);
+    ORYX_RETURN_IF_ERROR(items[b].seq->Truncate(items[b].seq->position() - S + 1 + accepted));
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,12 @@ class CudaBackend final : public Backend {
   SequenceState NewSequence() const override;
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
+  // The whole round on the device, one CUDA graph per shape, with one synchronisation at its end (the
+  // drafts and the verify rows' argmaxes come back; the k comparisons are made on the host).
+  bool greedy_rounds() const override { return greedy_rounds_; }
+  absl::Status GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) override;
+  // Off: greedy_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
+  void set_greedy_rounds(bool on) { greedy_rounds_ = on; }
 
   // Bytes of bf16 weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -56,7 +62,16 @@ class CudaBackend final : public Backend {
   CudaBackend();
   absl::Status Init(const ModelConfig& config);
   struct Plan;
+  // A forward in steps: its plan (the sequences' capacity made), the scratch for it, its metadata written
+  // at `base` (positions shifted by pos_shift), the device views of it, the launches, the host bookkeeping.
+  absl::StatusOr<Plan> PlanForward(std::span<const ForwardItem> batch);
+  void EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);
+  int64_t PartialFloats(const Plan& plan) const;
+  void WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, char* base) const;
+  void SetViews(const Plan& plan, const char* base);
+  void RunModel(const Plan& plan);
   void LayerForward(int64_t il, const Plan& plan);
+  void FinishForward(std::span<const ForwardItem> batch, const float* logits_host);
 
   ModelConfig config_;
   int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
@@ -71,6 +86,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
+  bool greedy_rounds_ = true;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

@@ -126,6 +126,8 @@ nlohmann::json ToJson(const GenerateResult& r) {
         {"draft_s", sp.draft_s},
         {"verify_s", sp.verify_s},
         {"draft_forwards", sp.draft_forwards},
+        {"backend_rounds", sp.backend_rounds},
+        {"backend_round_s", sp.backend_round_s},
         {"verify_forwards", sp.verify_forwards},
     };
   }

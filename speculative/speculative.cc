@@ -22,6 +22,12 @@ int32_t Argmax(std::span<const float> row) {
 // ---------------------------------------------------------------------------------------------------------
 // Proposers
 
+SequenceState& LinearProposer::DraftFor(const DecodeSlot& slot) {
+  auto it = drafts_.find(slot.id);
+  if (it == drafts_.end()) it = drafts_.emplace(slot.id, slot.seq->MakeDraft()).first;
+  return it->second;
+}
+
 absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* const> slots,
                                      std::span<const int64_t> k, std::span<Proposal> out) {
   std::vector<SequenceState*> draft(slots.size());
@@ -30,13 +36,8 @@ absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* con
     out[i].q.clear();
     draft[i] = nullptr;
     if (k[i] == 0) continue;
-    auto it = drafts_.find(slots[i]->id);
-    if (it == drafts_.end()) {
-      it = drafts_.emplace(slots[i]->id, slots[i]->seq->MakeDraft()).first;
-    } else {
-      it->second.CopyRecurrentFrom(*slots[i]->seq);
-    }
-    draft[i] = &it->second;
+    draft[i] = &DraftFor(*slots[i]);
+    draft[i]->CopyRecurrentFrom(*slots[i]->seq);
   }
   const int64_t steps = k.empty() ? 0 : *std::max_element(k.begin(), k.end());
   const Mode linear = Mode::kLinear;
@@ -137,25 +138,25 @@ DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
   return slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
 }
 
-double DraftLengthController::VerifySeconds(double n) const {
+double DraftLengthController::RoundSeconds(double k) const {
   if (w_ <= 0) return -1;
   const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
-  if (var < 1e-9) return -1;  // one span length only: no slope yet
+  if (var < 1e-9) return -1;  // one draft length only: no slope yet
   const double slope = std::max(0.0, (wxy_ / w_ - mx * my) / var);
-  return std::max(1e-9, my + slope * (n - mx));
+  return std::max(1e-9, my + slope * (k - mx));
 }
 
 int64_t DraftLengthController::Choose(int64_t slot_id) {
   Slot& s = SlotFor(slot_id);
-  if (s.rounds == 0) return max_k_;  // measure a long span and a short one first
-  if (s.rounds == 1 || draft_step_s_ < 0 || VerifySeconds(1) < 0) return 1;
+  if (s.rounds == 0) return max_k_;  // measure a long round and a short one first
+  if (s.rounds == 1 || RoundSeconds(0) < 0) return 1;
   // Expected tokens per round for draft length k: the accepted prefix plus the recovered / bonus token.
-  double best_rate = 1.0 / VerifySeconds(1), reach = 1.0, expected = 1.0;
+  double best_rate = 1.0 / RoundSeconds(0), reach = 1.0, expected = 1.0;
   int64_t best_k = 0;
   for (int64_t k = 1; k <= max_k_; ++k) {
     reach *= s.accept[k - 1];
     expected += reach;
-    const double rate = expected / (k * draft_step_s_ + VerifySeconds(k + 1));
+    const double rate = expected / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
   if (best_k == 0 && ++s.since_probe >= 16) {  // keep the acceptance estimates alive
@@ -175,13 +176,9 @@ void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_
   }
 }
 
-void DraftLengthController::RecordCosts(int64_t draft_steps, double draft_s, int64_t verify_k, double verify_s) {
-  if (draft_steps > 0) {
-    const double step = draft_s / draft_steps;
-    draft_step_s_ = draft_step_s_ < 0 ? step : 0.8 * draft_step_s_ + 0.2 * step;
-  }
+void DraftLengthController::RecordCost(int64_t k, double round_s) {
   constexpr double kDecay = 0.95;
-  const double x = static_cast<double>(verify_k + 1), y = verify_s;
+  const double x = static_cast<double>(k), y = round_s;
   w_ = kDecay * w_ + 1;
   wx_ = kDecay * wx_ + x;
   wy_ = kDecay * wy_ + y;
@@ -203,6 +200,50 @@ absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* co
   return Round(backend, slots, want_);
 }
 
+void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted) {
+  s.stats->attention_tokens += drafted + 1;
+  if (!s.stats->spec) s.stats->spec.emplace();
+  SpecStats& st = *s.stats->spec;
+  const int64_t positions = options_.k > 0 ? options_.k : options_.max_k;
+  st.drafted_at.resize(positions);
+  st.accepted_at.resize(positions);
+  ++st.rounds;
+  st.drafted += drafted;
+  st.accepted += accepted;
+  for (int64_t j = 0; j < drafted; ++j) {
+    ++st.drafted_at[j];
+    if (j < accepted) ++st.accepted_at[j];
+  }
+  controller_.RecordRound(s.id, drafted, accepted);
+}
+
+absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots,
+                                                           int64_t k) {
+  auto* linear = dynamic_cast<LinearProposer*>(proposer_.get());
+  using Rule = int64_t (*)(Sampler&, std::span<const float>, const Proposal&, int64_t, int32_t*);
+  const Rule* rule = options_.accept.target<Rule>();
+  if (k < 1 || linear == nullptr || !backend.greedy_rounds() || rule == nullptr || *rule != &AcceptLossless) return false;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (k_[i] != k || !slots[i]->sampler->params().greedy()) return false;
+  }
+  round_items_.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    round_items_[i] = {slots[i]->seq, &linear->DraftFor(*slots[i]), slots[i]->pending, &slots[i]->emitted};
+  }
+  const auto t0 = Clock::now();
+  ORYX_RETURN_IF_ERROR(backend.GreedyRound(round_items_, k));
+  const double round_s = Seconds(t0);
+  for (DecodeSlot* s : slots) {
+    const int64_t accepted = static_cast<int64_t>(s->emitted.size()) - 1;
+    s->stats->linear_tokens += k;
+    Account(*s, k, accepted);
+    s->stats->spec->backend_round_s += round_s;
+    ++s->stats->spec->backend_rounds;
+  }
+  controller_.RecordCost(k, round_s);
+  return true;
+}
+
 absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* const> slots,
                                        std::span<const int64_t> want) {
   const ModelConfig& c = backend.config();
@@ -215,6 +256,10 @@ absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* c
     // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
     k_[i] = std::max<int64_t>(0, std::min({want[i], options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
                                            c.max_position - s.seq->position() - 1}));
+  }
+  if (n > 0) {
+    ORYX_ASSIGN_OR_RETURN(const bool ran, MaybeBackendRound(backend, slots, k_[0]));
+    if (ran) return absl::OkStatus();
   }
 
   // 1. Propose.
@@ -230,7 +275,6 @@ absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* c
   modes_.resize(n);
   logits_.resize(n);
   items_.resize(n);
-  int64_t verify_k = 0;
   for (size_t i = 0; i < n; ++i) {
     DecodeSlot& s = *slots[i];
     spans_[i].assign(1, s.pending);
@@ -238,7 +282,6 @@ absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* c
     modes_[i].assign(spans_[i].size(), Mode::kAttention);
     // The states inside the span are kept only when there is something to roll back.
     items_[i] = {s.seq, spans_[i], modes_[i], LogitsRows::kAll, &logits_[i], !proposals_[i].tokens.empty()};
-    verify_k = std::max<int64_t>(verify_k, proposals_[i].tokens.size());
   }
   ORYX_RETURN_IF_ERROR(backend.Forward(items_));
 
@@ -253,24 +296,10 @@ absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* c
     ORYX_RETURN_IF_ERROR(s.seq->Truncate(start + 1 + accepted));
     s.emitted.assign(d.tokens.begin(), d.tokens.begin() + accepted);
     s.emitted.push_back(next);
-
-    s.stats->attention_tokens += drafted + 1;
-    if (!s.stats->spec) s.stats->spec.emplace();
-    SpecStats& st = *s.stats->spec;
-    const int64_t positions = options_.k > 0 ? options_.k : options_.max_k;
-    st.drafted_at.resize(positions);
-    st.accepted_at.resize(positions);
-    ++st.rounds;
-    st.drafted += drafted;
-    st.accepted += accepted;
-    for (int64_t j = 0; j < drafted; ++j) {
-      ++st.drafted_at[j];
-      if (j < accepted) ++st.accepted_at[j];
-    }
-    controller_.RecordRound(s.id, drafted, accepted);
+    Account(s, drafted, accepted);
   }
   const double verify_s = Seconds(t0);
-  controller_.RecordCosts(draft_steps, draft_s, verify_k, verify_s);
+  controller_.RecordCost(draft_steps, draft_s + verify_s);
   for (DecodeSlot* s : slots) {
     s->stats->spec->draft_s += draft_s;
     s->stats->spec->verify_s += verify_s;

@@ -59,6 +59,8 @@ class LinearProposer final : public Proposer {
   absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
                        std::span<Proposal> out) override;
   int64_t last_forwards() const override { return last_forwards_; }
+  // The slot's draft sequence (made on first use; refreshed from the slot's sequence by whoever runs it).
+  SequenceState& DraftFor(const DecodeSlot& slot);
 
  private:
   std::map<int64_t, SequenceState> drafts_;  // by slot id, refreshed every round
@@ -93,35 +95,38 @@ struct SpeculativeOptions {
 };
 
 // Chooses the draft length per round: from the acceptance rate measured at each draft position (exponential
-// averages) and the measured costs of a draft step and of a verify span, the k that maximises expected
-// tokens per second, k = 0 (plain attention decoding) included. The verify cost is fitted as
-// base + per_token * (k + 1) by weighted least squares over recent rounds; the first two rounds of a
-// sequence use k = max_k and k = 1 so that the fit has two span lengths. When k = 0 wins it still probes
+// averages) and the measured round times, the k that maximises expected tokens per second, k = 0 (plain
+// attention decoding) included. A round of draft length k costs k draft steps and a verify span of k + 1
+// tokens, so its time is fitted as base + per_draft * k by weighted least squares over recent rounds
+// (whether the backend ran the round whole or the decoder ran it forward by forward); the first two rounds
+// of a sequence use k = max_k and k = 1 so that the fit has two lengths. When k = 0 wins it still probes
 // with a short draft every few rounds so that the estimates can recover.
 class DraftLengthController {
  public:
   explicit DraftLengthController(int64_t max_k);
   int64_t Choose(int64_t slot_id);
   void RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted);
-  // Wall times of one round's batched draft steps (all of them) and verify forward (of longest span k+1).
-  void RecordCosts(int64_t draft_steps, double draft_s, int64_t verify_k, double verify_s);
+  // The wall time of one batched round whose longest draft was k.
+  void RecordCost(int64_t k, double round_s);
 
  private:
   struct Slot {
     std::vector<double> accept;  // P(d_{i+1} accepted | d_1..d_i accepted), per position
     int64_t rounds = 0, since_probe = 0;
   };
-  // The fitted verify cost of a span of n tokens, or a negative number before there is a fit.
-  double VerifySeconds(double n) const;
+  // The fitted time of a round of draft length k, or a negative number before there is a fit.
+  double RoundSeconds(double k) const;
   Slot& SlotFor(int64_t slot_id);
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
-  double draft_step_s_ = -1;
-  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (span length, verify seconds)
+  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds)
 };
 
 // The speculative decoder: rounds of propose / verify / accept / commit, batched over slots (each accepts
-// its own number of tokens).
+// its own number of tokens). When every slot is greedy, drafts with the linear proposer at one draft length
+// and is judged by AcceptLossless, and the backend runs whole rounds (Backend::greedy_rounds), the round is
+// the backend's GreedyRound: the same forwards and the same tokens, without a return to the host between
+// them.
 class SpeculativeDecoder final : public Decoder {
  public:
   SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options);
@@ -135,6 +140,12 @@ class SpeculativeDecoder final : public Decoder {
   absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k);
 
  private:
+  // Backend::GreedyRound for the slots, all with draft length k, when the round qualifies (see above);
+  // false when it does not and nothing ran.
+  absl::StatusOr<bool> MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots, int64_t k);
+  // Counts a slot's round (its drafts and how many were accepted) in its stats and the controller.
+  void Account(DecodeSlot& s, int64_t drafted, int64_t accepted);
+  std::vector<GreedyRoundItem> round_items_;
   std::unique_ptr<Proposer> proposer_;
   SpeculativeOptions options_;
   DraftLengthController controller_;

@@ -18,7 +18,7 @@ __global__ void EmbedKernel(EmbedParams p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.rows * p.d) return;
   const int64_t r = i / p.d, c = i % p.d;
-  p.x_ptr[i] = __bfloat162float(p.table_ptr[int64_t(p.tokens_ptr[r]) * p.d + c]);
+  p.x_ptr[i] = __bfloat162float(p.table_ptr[int64_t(p.tokens_ptr[r * p.tokens_stride]) * p.d + c]);
 }
 
 __global__ void SwiGluKernel(SwiGluParams p) {

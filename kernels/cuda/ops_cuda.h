@@ -93,9 +93,10 @@ void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
 // x[r] = embed[tokens[r]] (bf16 table to the fp32 residual stream). Parallel over (row, feature).
 struct EmbedParams {
   int64_t rows, d;
-  const int32_t* tokens_ptr;  // [N]
+  const int32_t* tokens_ptr;  // [N], row r's token at r * tokens_stride
   const bf16* table_ptr;      // [V, D]
   float* x_ptr;               // [N, D]
+  int64_t tokens_stride = 1;
 };
 void Embed(const EmbedParams& p, cudaStream_t stream);
 
@@ -247,11 +248,12 @@ struct SwiGluParams {
 };
 void SwiGlu(const SwiGluParams& p, cudaStream_t stream);
 
-// tokens[r] = argmax logits[r] (ties to the lowest index). One block per row.
+// tokens[r * tokens_stride] = argmax logits[r] (ties to the lowest index). One block per row.
 struct ArgmaxParams {
   int64_t rows, vocab;
   const float* logits_ptr;  // [rows, V]
-  int32_t* tokens_ptr;      // [rows]
+  int32_t* tokens_ptr;      // [rows], strided
+  int64_t tokens_stride = 1;
 };
 void Argmax(const ArgmaxParams& p, cudaStream_t stream);
 

@@ -47,7 +47,7 @@ __global__ void ArgmaxKernel(ArgmaxParams p) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) p.tokens_ptr[blockIdx.x] = static_cast<int32_t>(indices[0]);
+  if (threadIdx.x == 0) p.tokens_ptr[blockIdx.x * p.tokens_stride] = static_cast<int32_t>(indices[0]);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -347,6 +347,57 @@ TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
   EXPECT_GT(rounds, 0);
 }
 
+// Greedy speculative decoding with whole rounds on the device (CudaBackend::GreedyRound) against the same
+// decoding with rounds run forward by forward from the host: the same forwards in the same shapes, so the
+// same tokens exactly, and the same acceptance. Four requests decode together (rounds batched over them).
+void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32_t seed, int64_t max_tokens) {
+  const ModelConfig config = gpu->config();
+  CudaBackend* cuda = gpu.get();
+  Engine engine(std::move(gpu), std::nullopt);
+  speculative::RegisterPolicies(engine.policies());
+  std::mt19937 rng(seed);
+  std::vector<GenerateRequest> base;
+  for (int p = 0; p < 4; ++p) {
+    GenerateRequest q;
+    q.prompt_tokens = Tokens(rng, 5 + rng() % 60, config.vocab_size);
+    for (auto& t : q.prompt_tokens) t = 4 + t % (config.vocab_size - 4);  // no BOS/EOS ids
+    q.max_tokens = max_tokens;
+    q.stop_at_eos = false;
+    base.push_back(q);
+  }
+  for (const std::string policy : {"speculative:1", "speculative:3", "speculative:8"}) {
+    SCOPED_TRACE(policy);
+    std::vector<GenerateRequest> qs = base;
+    for (auto& q : qs) q.policy = policy;
+    cuda->set_greedy_rounds(false);
+    auto host = engine.Generate(qs);
+    ASSERT_TRUE(host.ok()) << host.status();
+    cuda->set_greedy_rounds(true);
+    auto device = engine.Generate(qs);
+    ASSERT_TRUE(device.ok()) << device.status();
+    int64_t backend_rounds = 0, accepted = 0;
+    for (size_t i = 0; i < qs.size(); ++i) {
+      EXPECT_EQ((*device)[i].tokens, (*host)[i].tokens) << "request " << i;
+      const SpecStats& h = *(*host)[i].stats.spec;
+      const SpecStats& d = *(*device)[i].stats.spec;
+      EXPECT_EQ(h.backend_rounds, 0);
+      EXPECT_EQ(d.accepted, h.accepted) << "request " << i;
+      EXPECT_EQ(d.accepted_at, h.accepted_at) << "request " << i;
+      backend_rounds += d.backend_rounds;
+      accepted += d.accepted;
+    }
+    EXPECT_GT(backend_rounds, 0);
+    std::printf("%s: %lld rounds on the device, %lld drafts accepted\n", policy.c_str(),
+                static_cast<long long>(backend_rounds), static_cast<long long>(accepted));
+  }
+}
+
+TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
+  auto gpu = LoadScaled(HeadDim64Config(GetParam()), 3);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectBackendRoundsEqualHostRounds(std::move(*gpu), 9, 40);
+}
+
 TEST_P(CudaParityTest, BadInputIsRejectedBeforeAnyStateChanges) {
   testutil::ScratchDir scratch;
   const ModelConfig config = testutil::TinyConfig(GetParam());
@@ -410,6 +461,40 @@ TEST(CudaParity, DefaultModelLogitsMatchTheCpuBackend) {
   auto gpu = CudaBackend::Load(dir);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   CompareScenario(**cpu, **gpu, 21, 300, 130);
+}
+
+// The trained model, whose drafts are mostly accepted (partial acceptances and full ones both occur).
+TEST(CudaParity, DefaultModelBackendRoundsEqualHostRounds) {
+  const char* src = std::getenv("ORYX_SOURCE_DIR");
+  ASSERT_NE(src, nullptr);
+  auto gpu = CudaBackend::Load(std::string(src) + "/models/default");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectBackendRoundsEqualHostRounds(std::move(*gpu), 4, 64);
+}
+
+// GreedyRound's own checks: nothing runs and no state changes.
+TEST(CudaBackend, GreedyRoundRejectsBadItems) {
+  auto gpu = CudaBackend::CreateRandom(HeadDim64Config(LinearMixer::kMamba2), 5);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SequenceState seq = (*gpu)->NewSequence(), other = (*gpu)->NewSequence();
+  std::vector<float> logits;
+  std::vector<int32_t> prompt = {5, 6, 7};
+  ASSERT_TRUE((*gpu)->Forward(seq, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
+  SequenceState draft = seq.MakeDraft();
+  std::vector<int32_t> emitted;
+  auto round = [&](GreedyRoundItem item, int64_t k) {
+    return (*gpu)->GreedyRound(std::span<const GreedyRoundItem>(&item, 1), k).code();
+  };
+  EXPECT_EQ(round({&seq, &draft, 8, &emitted}, 0), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &other, 8, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a draft
+  EXPECT_EQ(round({&seq, &draft, 8, nullptr}, 2), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &draft, -1, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a token
+  EXPECT_EQ(round({&seq, &draft, 8, &emitted}, (*gpu)->config().max_position), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(seq.position(), 3);
+  ASSERT_EQ(round({&seq, &draft, 8, &emitted}, 4), absl::StatusCode::kOk);
+  EXPECT_GE(emitted.size(), 1u);
+  EXPECT_LE(emitted.size(), 5u);
+  EXPECT_EQ(seq.position(), 3 + static_cast<int64_t>(emitted.size()));
 }
 
 // ---------------------------------------------------------------------------------------------------------
