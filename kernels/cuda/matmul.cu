@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -20,6 +21,16 @@ constexpr int kMaxGemvRows = 8, kGemvWarps = 8;
 // that a decode-sized product runs in one wave (DefaultRowsPerWarp).
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
+// Pieces of each weight row a lane loads at once: 8 loads in flight (16 would not fit in 64 registers).
+constexpr int BatchFor(int rows) { return rows >= 8 ? 1 : 8 / rows; }
+// EXPERIMENT: ORYX_CUDA_GEMV_BATCH=2 loads 2 pieces per row at once everywhere (the earlier loop's depth).
+inline bool ShallowBatch() {
+  static const bool on = [] {
+    const char* env = std::getenv("ORYX_CUDA_GEMV_BATCH");
+    return env != nullptr && env[0] == '2';
+  }();
+  return on;
+}
 
 __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -35,7 +46,7 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
 // lanes stride over K in 8-element (16-byte) pieces of W[n] and of each x row; with kSplit > 1 the warps of
 // a feature take every kSplit-th stretch of 32 pieces and add up through shared memory. Splitting keeps
 // enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
-template <int kM, int kSplit>
+template <int kM, int kSplit, int kBatch>
 __global__ void GemvKernel(GemmParams p) {
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   __shared__ float partial[kGemvWarps][kM];
@@ -46,16 +57,28 @@ __global__ void GemvKernel(GemmParams p) {
   const int64_t pieces = active ? p.k / 8 : 0;
   AfterPrevious();
   float acc[kM] = {};
-#pragma unroll 4
-  for (int64_t i = part * 32 + lane; i < pieces; i += 32 * kSplit) {
-    float wf[8];
-    Unpack8(__ldg(w + i), wf);
+  constexpr int64_t kStride = 32 * kSplit;
+  // kBatch pieces of the row per lane in flight at once (all issued before any is used).
+  for (int64_t base = part * 32 + lane; base < pieces; base += kStride * kBatch) {
+    uint4 raw[kBatch];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      float xf[8];
-      Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + i), xf);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + kStride * b;
+      raw[b] = i < pieces ? __ldg(w + i) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[m] += wf[e] * xf[e];
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + kStride * b;
+      if (i >= pieces) break;
+      float wf[8];
+      Unpack8(raw[b], wf);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        float xf[8];
+        Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + i), xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[m] += wf[e] * xf[e];
+      }
     }
   }
 #pragma unroll
@@ -99,16 +122,22 @@ void WithRowCount(int64_t m, F&& f) {
   }
 }
 
-template <int kM>
-void LaunchGemv(const GemmParams& p, cudaStream_t stream) {
+template <int kM, int kBatch>
+void LaunchGemvKernel(const GemmParams& p, cudaStream_t stream) {
   // Features per block: 8 when N fills the GPU with N / 8 blocks, else 2 (4 warps per feature).
   if (p.n >= 8192) {
-    LaunchAfterPrevious(GemvKernel<kM, 1>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps, 0,
-                        stream, p);
+    LaunchAfterPrevious(GemvKernel<kM, 1, kBatch>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps,
+                        0, stream, p);
   } else {
-    LaunchAfterPrevious(GemvKernel<kM, 4>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / 4)), 32 * kGemvWarps, 0,
-                        stream, p);
+    LaunchAfterPrevious(GemvKernel<kM, 4, kBatch>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / 4)),
+                        32 * kGemvWarps, 0, stream, p);
   }
+}
+
+template <int kM>
+void LaunchGemv(const GemmParams& p, cudaStream_t stream) {
+  if (ShallowBatch()) return LaunchGemvKernel<kM, 4>(p, stream);  // (the earlier loop's unroll)
+  LaunchGemvKernel<kM, 8>(p, stream);
 }
 
 bool GemvApplies(const GemmParams& p) {
@@ -123,7 +152,7 @@ bool GemvApplies(const GemmParams& p) {
 // spread the prologue over more weight bytes; fewer give more blocks to fill the GPU (DefaultRowsPerWarp).
 // kSwiGluOut: the warp's rows are kRows / 2 pairs (gate row j, up row j + n/2) and it writes
 // bf16(SiLU(gate) * up) for feature j instead of the two products.
-template <int kM, int kRows, bool kSwiGluOut>
+template <int kM, int kRows, bool kSwiGluOut, int kBatch>
 __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedGemvKernel(FusedGemvParams p) {
   static_assert(!kSwiGluOut || kRows % 2 == 0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -178,22 +207,31 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
     }
   }
   __syncthreads();
+  // kBatch pieces of each of the kRows rows per lane in flight at once (all issued before any is used).
   float acc[kRows][kM] = {};
-#pragma unroll 2
-  for (int64_t i = lane; i < pieces; i += 32) {
-    uint4 raw[kRows];
+  for (int64_t base = lane; base < pieces; base += 32 * kBatch) {
+    uint4 raw[kBatch][kRows];
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) raw[k] = __ldg(w[k] + i);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + 32 * b;
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
-      float xf[8];
-      Unpack8(reinterpret_cast<const uint4*>(xs + m * K)[i], xf);
+      for (int k = 0; k < kRows; ++k) raw[b][k] = i < pieces ? __ldg(w[k] + i) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        float wf[8];
-        Unpack8(raw[k], wf);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + 32 * b;
+      if (i >= pieces) break;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[k][m] += wf[e] * xf[e];
+      for (int m = 0; m < kM; ++m) {
+        float xf[8];
+        Unpack8(reinterpret_cast<const uint4*>(xs + m * K)[i], xf);
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) {
+          float wf[8];
+          Unpack8(raw[b][k], wf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[k][m] += wf[e] * xf[e];
+        }
       }
     }
   }
@@ -230,9 +268,9 @@ int DefaultRowsPerWarp(int64_t n) {
   return 8;
 }
 
-template <int kM, int kRows, bool kSwiGluOut>
-void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
-  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut>;
+template <int kM, int kRows, bool kSwiGluOut, int kBatch>
+void LaunchFusedGemvKernel(const FusedGemvParams& p, cudaStream_t stream) {
+  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut, kBatch>;
   // Up to kMaxFusedInputBytes of staged input (more than the default 48 KiB), configured once.
   static const bool configured = [&] {
     ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -243,6 +281,12 @@ void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   const int64_t units = kSwiGluOut ? CeilDiv(p.n / 2, kRows / 2) : CeilDiv(p.n, kRows);
   LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(units, kGemvWarps)), 32 * kGemvWarps,
                       kM * p.k * sizeof(bf16), stream, p);
+}
+
+template <int kM, int kRows, bool kSwiGluOut>
+void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
+  if (ShallowBatch()) return LaunchFusedGemvKernel<kM, kRows, kSwiGluOut, std::min(2, BatchFor(kRows))>(p, stream);
+  LaunchFusedGemvKernel<kM, kRows, kSwiGluOut, BatchFor(kRows)>(p, stream);
 }
 
 // Single rows (the decode steps) take 1, 2, 4 or 8 weight rows per warp; the kernel's other row counts (in
