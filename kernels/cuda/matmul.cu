@@ -21,6 +21,26 @@ constexpr int kMaxGemvRows = 8, kGemvWarps = 8;
 // that a decode-sized product runs in one wave (DefaultRowsPerWarp).
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
+// EXPERIMENT: ORYX_CUDA_GEMV_VARIANT bits: 1 weight loads without L1 allocation, 2 prefer L1 over shared
+// memory, 4 the first batch of weight loads before the input prologue, 8 ... and before the programmatic
+// launch wait.
+inline int GemvVariant() {
+  static const int v = [] {
+    const char* env = std::getenv("ORYX_CUDA_GEMV_VARIANT");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  return v;
+}
+
+__device__ __forceinline__ uint4 LoadWeight(const uint4* p, bool no_allocate) {
+  if (!no_allocate) return __ldg(p);
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 // Pieces of each weight row a lane loads at once: 8 loads in flight (16 would not fit in 64 registers).
 constexpr int BatchFor(int rows) { return rows >= 8 ? 1 : 8 / rows; }
 // EXPERIMENT: ORYX_CUDA_GEMV_BATCH=2 loads 2 pieces per row at once everywhere (the earlier loop's depth).
@@ -64,7 +84,7 @@ __global__ void GemvKernel(GemmParams p) {
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t i = base + kStride * b;
-      raw[b] = i < pieces ? __ldg(w + i) : make_uint4(0, 0, 0, 0);
+      raw[b] = i < pieces ? LoadWeight(w + i, p.variant & 1) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -123,7 +143,19 @@ void WithRowCount(int64_t m, F&& f) {
 }
 
 template <int kM, int kBatch>
-void LaunchGemvKernel(const GemmParams& p, cudaStream_t stream) {
+void LaunchGemvKernel(const GemmParams& p_in, cudaStream_t stream) {
+  GemmParams p = p_in;
+  p.variant = GemvVariant();
+  static const bool configured = [] {
+    if (GemvVariant() & 2) {
+      for (auto kernel : {GemvKernel<kM, 1, kBatch>, GemvKernel<kM, 4, kBatch>}) {
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxL1));
+      }
+    }
+    return true;
+  }();
+  (void)configured;
   // Features per block: 8 when N fills the GPU with N / 8 blocks, else 2 (4 warps per feature).
   if (p.n >= 8192) {
     LaunchAfterPrevious(GemvKernel<kM, 1, kBatch>, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)), 32 * kGemvWarps,
@@ -178,7 +210,21 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
     }
     w[k] = reinterpret_cast<const uint4*>(p.w_ptr + row * K);
   }
+  const bool no_allocate = p.variant & 1;
+  // kBatch pieces of each of the kRows rows per lane in flight at once (all issued before any is used).
+  uint4 raw[kBatch][kRows];
+  auto load = [&](int64_t base) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + 32 * b;
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) raw[b][k] = i < pieces ? LoadWeight(w[k] + i, no_allocate) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  bool loaded = (p.variant & 12) != 0;
+  if (p.variant & 8) load(lane);
   AfterPrevious();
+  if ((p.variant & 12) == 4) load(lane);
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
     switch (p.input) {
@@ -207,16 +253,10 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
     }
   }
   __syncthreads();
-  // kBatch pieces of each of the kRows rows per lane in flight at once (all issued before any is used).
   float acc[kRows][kM] = {};
   for (int64_t base = lane; base < pieces; base += 32 * kBatch) {
-    uint4 raw[kBatch][kRows];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t i = base + 32 * b;
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) raw[b][k] = i < pieces ? __ldg(w[k] + i) : make_uint4(0, 0, 0, 0);
-    }
+    if (!loaded) load(base);
+    loaded = false;
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t i = base + 32 * b;
@@ -275,12 +315,18 @@ void LaunchFusedGemvKernel(const FusedGemvParams& p, cudaStream_t stream) {
   static const bool configured = [&] {
     ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kMaxFusedInputBytes)));
+    if (GemvVariant() & 2) {
+      ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutMaxL1));
+    }
     return true;
   }();
   (void)configured;
+  FusedGemvParams q = p;
+  q.variant = GemvVariant();
   const int64_t units = kSwiGluOut ? CeilDiv(p.n / 2, kRows / 2) : CeilDiv(p.n, kRows);
   LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(units, kGemvWarps)), 32 * kGemvWarps,
-                      kM * p.k * sizeof(bf16), stream, p);
+                      kM * p.k * sizeof(bf16), stream, q);
 }
 
 template <int kM, int kRows, bool kSwiGluOut>

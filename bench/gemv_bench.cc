@@ -1,0 +1,198 @@
+// The decode step's products, each timed alone at batch 1: the fused input projection (RMSNorm prologue),
+// the output projection (gated-norm prologue), the MLP's up projection with the SwiGLU epilogue, the down
+// projection (residual add), each launched back to back in a CUDA graph (with programmatic launch, as in a
+// decode step) over enough distinct copies of its weights that none is still in L2 when it comes round
+// again; beside them, a plain streaming read of the same bytes. One JSON line per product: µs per call and
+// the bandwidth reached. Where a decode step's time goes between its kernels' bytes and their fixed costs.
+//
+//   bench_gemv [--config 1.4b|130m] [--calls N]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/stream.h"
+
+namespace {
+
+namespace kc = oryx::kernels::cuda;
+using kc::bf16;
+
+struct Shape {
+  std::string name;
+  int64_t d, heads, head_dim, mlp;
+};
+
+struct Options {
+  Shape shape{"1.4b", 2048, 16, 128, 5440};
+  int calls = 64;
+};
+
+// Mean µs per call of `launch(i)` for i = 0..calls-1, captured as one graph and replayed (best of 5).
+template <typename F>
+double TimeCalls(cudaStream_t stream, int calls, F&& launch) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ORYX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) launch(i);
+  ORYX_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ORYX_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  ORYX_CUDA_CHECK(cudaEventCreate(&e0));
+  ORYX_CUDA_CHECK(cudaEventCreate(&e1));
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    ORYX_CUDA_CHECK(cudaEventRecord(e0, stream));
+    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ORYX_CUDA_CHECK(cudaEventRecord(e1, stream));
+    ORYX_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep > 0) best = std::min(best, 1e3 * ms / calls);  // (the first replay warms up)
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return best;
+}
+
+std::vector<nlohmann::json> Run(const Options& o) {
+  const Shape& s = o.shape;
+  const int64_t D = s.d, HD = s.heads * s.head_dim, F = s.mlp, P = 4 * HD + s.heads;  // mamba2, linear mode
+  cudaStream_t stream = nullptr;
+  ORYX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas = nullptr;
+  ORYX_CUBLAS_CHECK(cublasCreate(&cublas));
+  ORYX_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  std::vector<void*> owned;
+  auto alloc = [&](int64_t bytes) {
+    void* p = nullptr;
+    ORYX_CUDA_CHECK(cudaMalloc(&p, bytes));
+    ORYX_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    owned.push_back(p);
+    return p;
+  };
+  // Activations (small, shared by every call) and the norms.
+  auto* x = static_cast<float*>(alloc(D * 4));
+  auto* o_in = static_cast<float*>(alloc(HD * 4));
+  auto* gate = static_cast<float*>(alloc(HD * 4));
+  auto* norm = static_cast<float*>(alloc(std::max(D, s.head_dim) * 4));
+  auto* y = static_cast<float*>(alloc(std::max({P, D, 2 * F}) * 4));
+  auto* act = static_cast<bf16*>(alloc(F * 2));
+  kc::FillUniform(x, D, 1, -1.f, 1.f, stream);
+  kc::FillUniform(o_in, HD, 2, -1.f, 1.f, stream);
+  kc::FillUniform(gate, HD, 3, -1.f, 1.f, stream);
+  kc::FillUniform(norm, std::max(D, s.head_dim), 4, 0.5f, 1.5f, stream);
+  kc::FillUniform(act, F, 5, -1.f, 1.f, stream);
+  // Weight copies: 256 MiB of each product's weights at least (five times the H200's 50 MiB L2).
+  auto copies = [&](int64_t rows, int64_t cols) {
+    const int64_t bytes = rows * cols * 2, n = std::max<int64_t>(2, (int64_t{256} << 20) / bytes);
+    std::vector<const bf16*> w;
+    for (int64_t i = 0; i < n; ++i) {
+      auto* p = static_cast<bf16*>(alloc(bytes));
+      kc::FillUniform(p, rows * cols, 100 + static_cast<uint32_t>(i), -0.02f, 0.02f, stream);
+      w.push_back(p);
+    }
+    return w;
+  };
+  std::vector<nlohmann::json> out;
+  auto emit = [&](const std::string& op, int64_t rows, int64_t cols, double us) {
+    const double bytes = 2.0 * rows * cols;
+    out.push_back({{"bench", "gemv"}, {"config", s.name}, {"op", op}, {"rows", rows}, {"cols", cols},
+                   {"weight_bytes", bytes}, {"us_per_call", us}, {"gb_per_s", bytes / us / 1e3},
+                   {"calls", o.calls}});
+  };
+  const char* variant = std::getenv("ORYX_CUDA_GEMV_VARIANT");
+  const auto in_w = copies(P, D), o_w = copies(D, HD), up_w = copies(2 * F, D), down_w = copies(D, F);
+  emit("in_proj (RMSNorm prologue)", P, D, TimeCalls(stream, o.calls, [&](int i) {
+         kc::FusedGemvParams p{1, P, D, kc::GemvInput::kRmsNorm, 1e-6f, 0, D, 0, P, x, nullptr, norm,
+                               in_w[i % in_w.size()], y, false};
+         kc::FusedGemv(p, stream);
+       }));
+  emit("o_proj (gated-norm prologue, residual add)", D, HD, TimeCalls(stream, o.calls, [&](int i) {
+         kc::FusedGemvParams p{1, D, HD, kc::GemvInput::kGatedNorm, 1e-6f, s.head_dim, HD, HD, D, o_in, gate, norm,
+                               o_w[i % o_w.size()], y, true};
+         kc::FusedGemv(p, stream);
+       }));
+  emit("mlp_in (RMSNorm prologue, SwiGLU epilogue)", 2 * F, D, TimeCalls(stream, o.calls, [&](int i) {
+         kc::FusedGemvParams p{1, 2 * F, D, kc::GemvInput::kRmsNorm, 1e-6f, 0, D, 0, F, x, nullptr, norm,
+                               up_w[i % up_w.size()], nullptr, false};
+         p.maybe_swiglu_ptr = act;
+         kc::FusedGemv(p, stream);
+       }));
+  emit("mlp_down (residual add)", D, F, TimeCalls(stream, o.calls, [&](int i) {
+         kc::Gemm({1, D, F, F, D, act, down_w[i % down_w.size()], y, true}, cublas);
+       }));
+  // A streaming read of in_proj's bytes (fp32 sum), the same way.
+  float* sum = static_cast<float*>(alloc(4));
+  emit("stream read (in_proj's bytes)", P, D, TimeCalls(stream, o.calls, [&](int i) {
+         const bf16* w = in_w[i % in_w.size()];
+         oryx::kernels::StreamParams p{P * D / 2, reinterpret_cast<const float*>(w), nullptr, sum};
+         oryx::kernels::cuda::StreamSum(p, stream);
+       }));
+  ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (void* p : owned) cudaFree(p);
+  cublasDestroy(cublas);
+  cudaStreamDestroy(stream);
+  for (auto& r : out) r["variant"] = variant == nullptr ? "0" : variant;
+  return out;
+}
+
+bool ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << "usage: bench_gemv [--config 1.4b|130m] [--calls N]\n"
+                   "Times the decode step's products alone at batch 1 on the GPU; JSON lines.\n";
+      std::exit(0);
+    }
+    if (a == "--config" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "130m") {
+        o->shape = {"130m", 768, 12, 64, 2048};
+      } else if (v != "1.4b") {
+        std::cerr << "bench_gemv: error: unknown config '" << v << "' (1.4b, 130m)\n";
+        return false;
+      }
+      continue;
+    }
+    if (a == "--calls" && i + 1 < argc) {
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 1 || v > 4096) {
+        std::cerr << "bench_gemv: error: --calls needs an integer in [1, 4096]\n";
+        return false;
+      }
+      o->calls = static_cast<int>(v);
+      continue;
+    }
+    std::cerr << "bench_gemv: error: unknown argument '" << a << "' (see --help)\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!ParseArgs(argc, argv, &o)) return 2;
+  if (kc::DeviceCount() == 0) {
+    std::cerr << "bench_gemv: error: no CUDA device is visible\n";
+    return 1;
+  }
+  for (auto& r : Run(o)) {
+    r["git"] = oryx::bench::GitRevision();
+    r["time"] = oryx::bench::UtcTimestamp();
+    std::cout << r.dump() << "\n";
+  }
+  return 0;
+}
