@@ -197,6 +197,7 @@ struct DecodeMixerParams {
   float* qa_ptr;                 // [N, HD]
   float* out_ptr;                // [N, HD]
   const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
+  bool early_state = false;           // EXPERIMENT (set by the launcher)
 };
 bool DecodeMixerApplies(const ModelDims& dims);
 void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
