@@ -110,7 +110,7 @@ std::vector<nlohmann::json> Run(const Options& o) {
                    {"weight_bytes", bytes}, {"us_per_call", us}, {"gb_per_s", bytes / us / 1e3},
                    {"calls", o.calls}});
   };
-  const char* variant = std::getenv("ORYX_CUDA_GEMV_VARIANT");
+  const char* early = std::getenv("ORYX_CUDA_EARLY_LOADS");
   const auto in_w = copies(P, D), o_w = copies(D, HD), up_w = copies(2 * F, D), down_w = copies(D, F);
   emit("in_proj (RMSNorm prologue)", P, D, TimeCalls(stream, o.calls, [&](int i) {
          kc::FusedGemvParams p{1, P, D, kc::GemvInput::kRmsNorm, 1e-6f, 0, D, 0, P, x, nullptr, norm,
@@ -142,7 +142,7 @@ std::vector<nlohmann::json> Run(const Options& o) {
   for (void* p : owned) cudaFree(p);
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
-  for (auto& r : out) r["variant"] = variant == nullptr ? "0" : variant;
+  for (auto& r : out) r["early_loads"] = early == nullptr || early[0] != '0';
   return out;
 }
 

@@ -86,13 +86,28 @@ __device__ __forceinline__ float Rotate(float self, float other, int64_t i, int6
 // kernel wrote, writes anything one reads, or returns (the next kernel's wait covers only this one, so this
 // one must not finish before its predecessor). AfterPrevious then lets the next kernel be scheduled.
 // ORYX_CUDA_PDL=0 turns it off (plain stream order). On the H200 it takes 7-12% off the launch-bound decode
-// steps (130m, models/default) and up to 4% off 1.4b's; letting the GEMVs prefetch their weights into L2
-// before the wait made 1.4b's linear step slower (1.77-1.79 ms against 1.65; bench/results/2026-11-29-h200-spec/pdl).
+// steps (130m, models/default) and up to 4% off 1.4b's. (Prefetching the GEMVs' weights into L2 before the
+// wait measured slower, in other calls than its baseline; loading them into registers is EarlyLoads.)
 __device__ __forceinline__ void AfterPrevious() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Whether kernels launched by LaunchAfterPrevious may load, before AfterPrevious(), what no kernel of the
+// last two in the stream writes: the weights, and the decode mixer's recurrent state (written only by the
+// same layer's mixer a step earlier). That is safe because a kernel is scheduled only once its predecessor
+// has passed its own AfterPrevious(), that is, once every kernel before the predecessor has finished. The
+// loads then stream during the previous kernel's tail. On the H200, with 8 loads in flight per lane, it took
+// 1.4b's linear step at 32K from 1.51 to 1.38 ms and 130m's at 1K from 0.62 to 0.50 ms (one call, the
+// same machine). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
+inline bool EarlyLoads() {
+  static const bool on = [] {
+    const char* env = std::getenv("ORYX_CUDA_EARLY_LOADS");
+    return env == nullptr || env[0] != '0';
+  }();
+  return on;
 }
 
 // An attribute of the current device (0 when there is none to ask).

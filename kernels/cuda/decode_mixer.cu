@@ -26,7 +26,7 @@ template <int kDh>
 __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
   constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j
   __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2];
-  if (!p.early_state) AfterPrevious();
+  if (!p.early_loads) AfterPrevious();
   const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
   const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
   const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
@@ -36,12 +36,13 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   const float* proj = p.proj_ptr + r * P;
   float* window = s.conv + int64_t(p.layer) * W * C;
 
-  // The state slice first, so that its loads are in flight during the conv.
+  // The state slice first, so that its loads are in flight during the conv (and, with early loads, during
+  // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
   float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
   float S[kKeys];
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
-  if (p.early_state) AfterPrevious();
+  if (p.early_loads) AfterPrevious();
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh + kLanes) {
@@ -138,11 +139,7 @@ bool DecodeMixerApplies(const ModelDims& dims) {
 void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
   if (p_in.seqs == 0) return;
   DecodeMixerParams p = p_in;
-  static const bool early = [] {  // EXPERIMENT: ORYX_CUDA_MIXER_EARLY=1
-    const char* env = std::getenv("ORYX_CUDA_MIXER_EARLY");
-    return env != nullptr && env[0] == '1';
-  }();
-  p.early_state = early;
+  p.early_loads = EarlyLoads();
   const unsigned slices = static_cast<unsigned>(p.dims.head_dim / kLanes);
   const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads), slices), block(kLanes, kGroups);
   const dim3 cluster(1, 1, slices);

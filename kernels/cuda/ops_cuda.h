@@ -55,7 +55,7 @@ struct GemmParams {
   const bf16* w_ptr;  // [N, K] contiguous
   float* y_ptr;       // [M, N]
   bool accumulate = false;  // y += x W^T (a residual add)
-  int variant = 0;          // EXPERIMENT (set by the launcher)
+  bool early_loads = false;  // set by Gemm (EarlyLoads in common.cuh)
 };
 void Gemm(const GemmParams& p, void* cublas_handle);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
@@ -87,7 +87,7 @@ struct FusedGemvParams {
   // j + n/2), and y'[m, j] = bf16(SiLU(gate) * up), [M, n/2] at y_row_stride (accumulate and skip unused).
   bf16* maybe_swiglu_ptr = nullptr;
   int rows_per_warp = 0;  // weight rows each warp streams: 1, 2, 4 or 8 (0: chosen by n)
-  int variant = 0;        // EXPERIMENT (set by the launcher)
+  bool early_loads = false;  // set by FusedGemv (EarlyLoads in common.cuh)
 };
 bool FusedGemvApplies(int64_t m, int64_t k);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
@@ -197,7 +197,7 @@ struct DecodeMixerParams {
   float* qa_ptr;                 // [N, HD]
   float* out_ptr;                // [N, HD]
   const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
-  bool early_state = false;           // EXPERIMENT (set by the launcher)
+  bool early_loads = false;           // set by DecodeMixer (EarlyLoads in common.cuh)
 };
 bool DecodeMixerApplies(const ModelDims& dims);
 void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
