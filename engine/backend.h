@@ -27,8 +27,9 @@ class DeviceSequence {
  public:
   virtual ~DeviceSequence() = default;
   virtual const void* owner() const = 0;  // the backend that made it
-  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state.
-  virtual std::unique_ptr<DeviceSequence> Clone(bool with_kv, int64_t position) const = 0;
+  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state;
+  // ResourceExhausted when the device has no room for it.
+  virtual absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position) const = 0;
   virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
   // ResourceExhausted, the state unchanged, when the device has no room for it.
   virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
@@ -64,6 +65,10 @@ class SequenceState {
   SequenceState Clone() const;  // a snapshot: restore it by move-assigning it back
   // A draft sequence with this one's recurrent state, conv window and position and no KV cache.
   SequenceState MakeDraft() const;
+  // The same, ResourceExhausted when the device has no room for the copy (Clone and MakeDraft abort then,
+  // naming the shortage: for tests and tools that hold few sequences).
+  absl::StatusOr<SequenceState> TryClone() const;
+  absl::StatusOr<SequenceState> TryMakeDraft() const;
   // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
   // and allocation happens only the first time). For refreshing a draft sequence each round.
   void CopyRecurrentFrom(const SequenceState& other);
@@ -139,6 +144,8 @@ class Backend {
   virtual std::string_view name() const = 0;
   virtual const ModelConfig& config() const = 0;
   virtual SequenceState NewSequence() const { return SequenceState(config()); }
+  // NewSequence, or ResourceExhausted when the device has no room for one (NewSequence aborts then).
+  virtual absl::StatusOr<SequenceState> TryNewSequence() const { return NewSequence(); }
 
   // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
   // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id

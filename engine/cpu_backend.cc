@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 #include <stdexcept>
 
@@ -55,11 +57,24 @@ SequenceState::SequenceState(const ModelConfig& c, std::unique_ptr<DeviceSequenc
       conv_rows_(c.conv_width - 1),
       device_(std::move(device)) {}
 
-SequenceState SequenceState::Clone() const {
+namespace {
+SequenceState OrAbort(absl::StatusOr<SequenceState> s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "fatal: %s: %s\n", what, std::string(s.status().message()).c_str());
+    std::abort();
+  }
+  return std::move(*s);
+}
+}  // namespace
+
+SequenceState SequenceState::Clone() const { return OrAbort(TryClone(), "SequenceState::Clone"); }
+SequenceState SequenceState::MakeDraft() const { return OrAbort(TryMakeDraft(), "SequenceState::MakeDraft"); }
+
+absl::StatusOr<SequenceState> SequenceState::TryClone() const {
   SequenceState copy(*this, 0);
   if (device_) {
     copy.layers_.resize(layers_.size());
-    copy.device_ = device_->Clone(has_kv_, position_);
+    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_));
     return copy;
   }
   copy.layers_ = layers_;
@@ -75,14 +90,14 @@ SequenceState::SequenceState(const SequenceState& other, int)
       head_dim_(other.head_dim_),
       conv_rows_(other.conv_rows_) {}
 
-SequenceState SequenceState::MakeDraft() const {
+absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
   SequenceState draft(*this, 0);
   draft.has_kv_ = false;
   draft.span_start_ = -1;
   draft.span_len_ = 0;
   draft.layers_.resize(layers_.size());
   if (device_) {
-    draft.device_ = device_->Clone(false, position_);
+    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_));
     return draft;
   }
   for (size_t i = 0; i < layers_.size(); ++i) {

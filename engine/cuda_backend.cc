@@ -68,12 +68,6 @@ class DevicePool {
     sizes_[p] = bytes;
     return p;
   }
-  // Alloc, aborting with file and line when the device is out of memory (for the small fixed buffers).
-  void* AllocOrDie(int64_t bytes) {
-    void* p = Alloc(bytes);
-    if (p == nullptr) ORYX_CUDA_CHECK(cudaErrorMemoryAllocation);
-    return p;
-  }
   void Free(void* p) {
     if (p == nullptr) return;
     std::lock_guard<std::mutex> lock(mu_);
@@ -92,12 +86,14 @@ class DevicePool {
   int64_t cached_ = 0;                          // bytes in free_
 };
 
-template <typename T>
-T* DeviceAlloc(int64_t n, std::vector<void*>& owned) {
+// cudaMalloc, or null (the error cleared) when the device is out of memory.
+void* TryDeviceAlloc(int64_t bytes) {
   void* p = nullptr;
-  ORYX_CUDA_CHECK(cudaMalloc(&p, std::max<int64_t>(1, n) * sizeof(T)));
-  owned.push_back(p);
-  return static_cast<T*>(p);
+  if (cudaMalloc(&p, std::max<int64_t>(1, bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
 }
 
 }  // namespace
@@ -123,11 +119,20 @@ namespace {
 class CudaSequence final : public DeviceSequence {
  public:
   using Context = CudaBackend::Context;
-  CudaSequence(std::shared_ptr<Context> ctx, const void* owner) : ctx_(std::move(ctx)), owner_(owner) {
-    state_ = Alloc<float>(state_floats());
-    conv_ = Alloc<float>(conv_floats());
-    ORYX_CUDA_CHECK(cudaMemsetAsync(state_, 0, state_floats() * sizeof(float), ctx_->stream));
-    ORYX_CUDA_CHECK(cudaMemsetAsync(conv_, 0, conv_floats() * sizeof(float), ctx_->stream));
+  CudaSequence(std::shared_ptr<Context> ctx, const void* owner) : ctx_(std::move(ctx)), owner_(owner) {}
+  // A sequence at position 0 (zero state and window); ResourceExhausted when the device has no room.
+  static absl::StatusOr<std::unique_ptr<CudaSequence>> Create(std::shared_ptr<Context> ctx, const void* owner) {
+    auto seq = std::make_unique<CudaSequence>(std::move(ctx), owner);
+    seq->state_ = seq->TryAlloc<float>(seq->state_floats());
+    seq->conv_ = seq->TryAlloc<float>(seq->conv_floats());
+    if (seq->state_ == nullptr || seq->conv_ == nullptr) {
+      return OutOfMemory("a sequence's recurrent state and conv window", 1,
+                         (seq->state_floats() + seq->conv_floats()) * int64_t{sizeof(float)});
+    }
+    const cudaStream_t stream = seq->ctx_->stream;
+    ORYX_CUDA_CHECK(cudaMemsetAsync(seq->state_, 0, seq->state_floats() * sizeof(float), stream));
+    ORYX_CUDA_CHECK(cudaMemsetAsync(seq->conv_, 0, seq->conv_floats() * sizeof(float), stream));
+    return seq;
   }
   ~CudaSequence() override {
     for (void* p : {static_cast<void*>(state_), static_cast<void*>(conv_), static_cast<void*>(kv_),
@@ -138,15 +143,16 @@ class CudaSequence final : public DeviceSequence {
 
   const void* owner() const override { return owner_; }
 
-  std::unique_ptr<DeviceSequence> Clone(bool with_kv, int64_t position) const override {
-    auto copy = std::make_unique<CudaSequence>(ctx_, owner_);
+  absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position) const override {
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> copy, Create(ctx_, owner_));
     copy->CopyRecurrentFrom(*this);
     if (with_kv && cap_ > 0) {
+      copy->kv_ = copy->TryAlloc<bf16>(kv_elements(cap_));
+      if (copy->kv_ == nullptr) return OutOfMemory("a copy of a KV cache of", cap_, kv_elements(cap_) * 2);
       copy->cap_ = cap_;
-      copy->kv_ = copy->Alloc<bf16>(kv_elements(cap_));
       CopyRows(kv_, cap_, copy->kv_, cap_, position);
     }
-    return copy;
+    return std::unique_ptr<DeviceSequence>(std::move(copy));
   }
 
   void CopyRecurrentFrom(const DeviceSequence& other_base) override {
@@ -228,10 +234,6 @@ class CudaSequence final : public DeviceSequence {
   }
 
  private:
-  template <typename T>
-  T* Alloc(int64_t n) const {
-    return static_cast<T*>(ctx_->pool.AllocOrDie(n * static_cast<int64_t>(sizeof(T))));
-  }
   template <typename T>
   T* TryAlloc(int64_t n) const {  // null when the device is out of memory
     return static_cast<T*>(ctx_->pool.Alloc(n * static_cast<int64_t>(sizeof(T))));
@@ -595,8 +597,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const Mod
   return b;
 }
 
+absl::StatusOr<SequenceState> CudaBackend::TryNewSequence() const {
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> seq, CudaSequence::Create(ctx_, this));
+  return SequenceState(config_, std::move(seq));
+}
+
 SequenceState CudaBackend::NewSequence() const {
-  return SequenceState(config_, std::make_unique<CudaSequence>(ctx_, this));
+  absl::StatusOr<SequenceState> seq = TryNewSequence();
+  if (!seq.ok()) {
+    std::fprintf(stderr, "fatal: CudaBackend::NewSequence: %s\n", std::string(seq.status().message()).c_str());
+    std::abort();
+  }
+  return std::move(*seq);
 }
 
 int64_t CudaBackend::AvailableDeviceBytes() const {
@@ -815,62 +827,82 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   return plan;
 }
 
-void CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes) {
+absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes) {
   const ModelConfig& c = config_;
   const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
   Scratch& sc = *scratch_;
-  auto release = [&sc](void* p) {
-    if (p == nullptr) return;
-    ORYX_CUDA_CHECK(cudaFree(p));
-    sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), p));
-  };
-  if (N > sc.rows_cap) {
-    sc.DropGraphs();
-    const int64_t n = std::max(N, 2 * sc.rows_cap);
-    for (void* p : {static_cast<void*>(sc.x), static_cast<void*>(sc.proj), static_cast<void*>(sc.kv),
-                    static_cast<void*>(sc.qa), static_cast<void*>(sc.o), static_cast<void*>(sc.tmp),
-                    static_cast<void*>(sc.mlp), static_cast<void*>(sc.u), static_cast<void*>(sc.y),
-                    static_cast<void*>(sc.act)}) {
-      release(p);
+  // Replaces the buffers `fields` by new ones of `bytes` each, all or none: when the device (or pinned host
+  // memory, for `pinned`) has no room, the old buffers stay and the status says so.
+  auto replace = [&sc](std::initializer_list<std::pair<void**, int64_t>> fields, void** pinned, int64_t pinned_bytes,
+                       const char* what) -> absl::Status {
+    std::vector<void*> fresh;
+    int64_t total = pinned_bytes;
+    for (const auto& [field, bytes] : fields) total += bytes;
+    bool ok = true;
+    for (const auto& [field, bytes] : fields) {
+      void* p = TryDeviceAlloc(bytes);
+      if (p == nullptr) {
+        ok = false;
+        break;
+      }
+      fresh.push_back(p);
     }
-    sc.x = DeviceAlloc<float>(n * D, sc.owned);
-    sc.proj = DeviceAlloc<float>(n * P, sc.owned);
-    sc.kv = DeviceAlloc<float>(n * 2 * HD, sc.owned);
-    sc.qa = DeviceAlloc<float>(n * HD, sc.owned);
-    sc.o = DeviceAlloc<float>(n * HD, sc.owned);
-    sc.tmp = DeviceAlloc<float>(n * D, sc.owned);
-    sc.mlp = DeviceAlloc<float>(n * 2 * F, sc.owned);
-    sc.u = DeviceAlloc<bf16>(n * D, sc.owned);
-    sc.y = DeviceAlloc<bf16>(n * HD, sc.owned);
-    sc.act = DeviceAlloc<bf16>(n * F, sc.owned);
+    void* host = nullptr;
+    if (ok && pinned != nullptr && cudaMallocHost(&host, pinned_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ok = false;
+    }
+    if (!ok) {
+      for (void* p : fresh) cudaFree(p);
+      size_t free = 0, total_device = 0;
+      (void)cudaMemGetInfo(&free, &total_device);
+      return absl::ResourceExhaustedError(Cat("out of GPU memory: the forward's ", what, " need ",
+                                              static_cast<double>(total) / (1 << 30), " GiB; ",
+                                              static_cast<double>(free) / (1 << 30), " GiB free"));
+    }
+    sc.DropGraphs();
+    size_t i = 0;
+    for (const auto& [field, bytes] : fields) {
+      if (*field != nullptr) {
+        ORYX_CUDA_CHECK(cudaFree(*field));
+        sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), *field));
+      }
+      *field = fresh[i++];
+      sc.owned.push_back(*field);
+    }
+    if (pinned != nullptr) {
+      if (*pinned != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(*pinned));
+      *pinned = host;
+    }
+    return absl::OkStatus();
+  };
+  auto field = [](auto*& p) { return reinterpret_cast<void**>(&p); };
+  if (N > sc.rows_cap) {
+    const int64_t n = std::max(N, 2 * sc.rows_cap);
+    ORYX_RETURN_IF_ERROR(replace({{field(sc.x), n * D * 4}, {field(sc.proj), n * P * 4}, {field(sc.kv), n * 2 * HD * 4},
+                                  {field(sc.qa), n * HD * 4}, {field(sc.o), n * HD * 4}, {field(sc.tmp), n * D * 4},
+                                  {field(sc.mlp), n * 2 * F * 4}, {field(sc.u), n * D * 2}, {field(sc.y), n * HD * 2},
+                                  {field(sc.act), n * F * 2}},
+                                 nullptr, 0, "activation buffers"));
     sc.rows_cap = n;
   }
   if (NL > sc.logit_rows_cap) {
-    sc.DropGraphs();
     const int64_t n = std::max(NL, 2 * sc.logit_rows_cap);
-    release(sc.head);
-    release(sc.logits);
-    if (sc.logits_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.logits_host));
-    sc.head = DeviceAlloc<bf16>(n * D, sc.owned);
-    sc.logits = DeviceAlloc<float>(n * V, sc.owned);
-    ORYX_CUDA_CHECK(cudaMallocHost(&sc.logits_host, n * V * sizeof(float)));
+    ORYX_RETURN_IF_ERROR(replace({{field(sc.head), n * D * 2}, {field(sc.logits), n * V * 4}}, field(sc.logits_host),
+                                 n * V * 4, "logit buffers"));
     sc.logit_rows_cap = n;
   }
   if (partial > sc.partial_cap) {
-    sc.DropGraphs();
-    release(sc.partial);
-    sc.partial_cap = std::max(partial, 2 * sc.partial_cap);
-    sc.partial = DeviceAlloc<float>(sc.partial_cap, sc.owned);
+    const int64_t n = std::max(partial, 2 * sc.partial_cap);
+    ORYX_RETURN_IF_ERROR(replace({{field(sc.partial), n * 4}}, nullptr, 0, "attention partials"));
+    sc.partial_cap = n;
   }
   if (meta_bytes > sc.meta_cap) {
-    sc.DropGraphs();
     const int64_t n = std::max(meta_bytes, 2 * sc.meta_cap);
-    release(sc.meta);
-    if (sc.meta_host != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(sc.meta_host));
-    sc.meta = DeviceAlloc<char>(n, sc.owned);
-    ORYX_CUDA_CHECK(cudaMallocHost(&sc.meta_host, n));
+    ORYX_RETURN_IF_ERROR(replace({{field(sc.meta), n}}, field(sc.meta_host), n, "metadata buffers"));
     sc.meta_cap = n;
   }
+  return absl::OkStatus();
 }
 
 int64_t CudaBackend::PartialFloats(const Plan& plan) const {
@@ -977,7 +1009,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
   const MetaLayout meta(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
-  EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes);
+  ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes));
   WriteMeta(batch, 0, sc.meta_host);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta.bytes, cudaMemcpyHostToDevice, ctx.stream));
   SetViews(plan, sc.meta);
@@ -1037,7 +1069,7 @@ absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, in
   const int64_t verify_base = k * draft_bytes;
   const int64_t argmax_base = verify_base + MetaLayout(B * S, B * S, B * S, B, verify_plan.NG).bytes;
   const int64_t meta_bytes = argmax_base + AlignMeta(B * S * 4);
-  EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes);
+  ORYX_RETURN_IF_ERROR(EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes));
   for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, j, sc.meta_host + j * draft_bytes);
   WriteMeta(verify, 0, sc.meta_host + verify_base);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, argmax_base, cudaMemcpyHostToDevice, ctx.stream));

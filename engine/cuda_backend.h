@@ -26,6 +26,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   const ModelConfig& config() const override { return config_; }
   SequenceState NewSequence() const override;
+  absl::StatusOr<SequenceState> TryNewSequence() const override;
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
   // The whole round on the device, one CUDA graph per shape, with one synchronisation at its end (the
@@ -65,7 +66,7 @@ class CudaBackend final : public Backend {
   // A forward in steps: its plan (the sequences' capacity made), the scratch for it, its metadata written
   // at `base` (positions shifted by pos_shift), the device views of it, the launches, the host bookkeeping.
   absl::StatusOr<Plan> PlanForward(std::span<const ForwardItem> batch);
-  void EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);
+  absl::Status EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);  // ResourceExhausted
   int64_t PartialFloats(const Plan& plan) const;
   void WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, char* base) const;
   void SetViews(const Plan& plan, const char* base);

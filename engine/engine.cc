@@ -234,7 +234,8 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
       it = decoders.emplace(q.policy, std::move(*made)).first;
     }
     r.decoder = it->second.get();
-    r.seq.emplace(backend_->NewSequence());
+    ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend_->TryNewSequence());
+    r.seq.emplace(std::move(seq));
     ORYX_RETURN_IF_ERROR(r.seq->Reserve(std::min(c.max_position, n + q.max_tokens + r.decoder->Lookahead())));
     r.sampler.emplace(q.sampling);
     r.result.policy = q.policy;

@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<AnswerScore>> ScoreTeacherForced(Backend& backend,
         return absl::InvalidArgumentError(Cat("example ", i, ": ", modes[i].size(), " modes for ", ids.size() - 1, " inputs"));
       }
       inputs.emplace_back(ids.data(), ids.size() - 1);
-      seqs.push_back(backend.NewSequence());
+      ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend.TryNewSequence());
+      seqs.push_back(std::move(seq));
     }
     std::vector<ForwardItem> items;
     for (size_t j = 0; j < seqs.size(); ++j) {

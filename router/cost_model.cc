@@ -145,7 +145,7 @@ absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::spa
     }
     auto it = prefilled.find(s.context);
     if (it == prefilled.end()) {
-      SequenceState seq = backend.NewSequence();
+      ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend.TryNewSequence());
       std::vector<float> unused;
       for (int64_t done = 0; done < s.context; done += 512) {
         const int64_t len = std::min<int64_t>(512, s.context - done);
@@ -164,7 +164,8 @@ absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::spa
       std::vector<SequenceState> seqs;
       std::vector<ForwardItem> items;
       for (int64_t b = 0; b < s.batch; ++b) {
-        seqs.push_back(it->second.Clone());
+        ORYX_ASSIGN_OR_RETURN(SequenceState copy, it->second.TryClone());
+        seqs.push_back(std::move(copy));
         ORYX_RETURN_IF_ERROR(seqs.back().Reserve(s.context + s.tokens));
       }
       for (int64_t b = 0; b < s.batch; ++b) {

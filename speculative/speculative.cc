@@ -22,10 +22,13 @@ int32_t Argmax(std::span<const float> row) {
 // ---------------------------------------------------------------------------------------------------------
 // Proposers
 
-SequenceState& LinearProposer::DraftFor(const DecodeSlot& slot) {
+absl::StatusOr<SequenceState*> LinearProposer::DraftFor(const DecodeSlot& slot) {
   auto it = drafts_.find(slot.id);
-  if (it == drafts_.end()) it = drafts_.emplace(slot.id, slot.seq->MakeDraft()).first;
-  return it->second;
+  if (it == drafts_.end()) {
+    ORYX_ASSIGN_OR_RETURN(SequenceState draft, slot.seq->TryMakeDraft());
+    it = drafts_.emplace(slot.id, std::move(draft)).first;
+  }
+  return &it->second;
 }
 
 absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* const> slots,
@@ -36,7 +39,7 @@ absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* con
     out[i].q.clear();
     draft[i] = nullptr;
     if (k[i] == 0) continue;
-    draft[i] = &DraftFor(*slots[i]);
+    ORYX_ASSIGN_OR_RETURN(draft[i], DraftFor(*slots[i]));
     draft[i]->CopyRecurrentFrom(*slots[i]->seq);
   }
   const int64_t steps = k.empty() ? 0 : *std::max_element(k.begin(), k.end());
@@ -228,7 +231,8 @@ absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std
   }
   round_items_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    round_items_[i] = {slots[i]->seq, &linear->DraftFor(*slots[i]), slots[i]->pending, &slots[i]->emitted};
+    ORYX_ASSIGN_OR_RETURN(SequenceState* draft, linear->DraftFor(*slots[i]));
+    round_items_[i] = {slots[i]->seq, draft, slots[i]->pending, &slots[i]->emitted};
   }
   const auto t0 = Clock::now();
   ORYX_RETURN_IF_ERROR(backend.GreedyRound(round_items_, k));

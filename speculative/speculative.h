@@ -59,8 +59,9 @@ class LinearProposer final : public Proposer {
   absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
                        std::span<Proposal> out) override;
   int64_t last_forwards() const override { return last_forwards_; }
-  // The slot's draft sequence (made on first use; refreshed from the slot's sequence by whoever runs it).
-  SequenceState& DraftFor(const DecodeSlot& slot);
+  // The slot's draft sequence (made on first use; refreshed from the slot's sequence by whoever runs it);
+  // ResourceExhausted when the device has no room for it.
+  absl::StatusOr<SequenceState*> DraftFor(const DecodeSlot& slot);
 
  private:
   std::map<int64_t, SequenceState> drafts_;  // by slot id, refreshed every round

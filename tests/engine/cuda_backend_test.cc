@@ -447,6 +447,52 @@ TEST(CudaBackend, OutOfDeviceMemoryIsAStatus) {
   EXPECT_EQ(logits, again);  // the failed reservation changed nothing the model reads
 }
 
+// With the device full, a new sequence, a clone, a draft and a forward that needs bigger scratch buffers
+// are ResourceExhausted statuses naming the shortage, and nothing changes; once memory is back they work.
+TEST(CudaBackend, FullDeviceGivesStatusesNotAborts) {
+  ModelConfig config = HeadDim128Config(LinearMixer::kMamba2);
+  config.n_heads = 16;  // a recurrent state of 4 x 16 x 128 x 128 floats (4 MiB), more than the filler's last chunk
+  config.n_layers = 4;
+  auto gpu = CudaBackend::CreateRandom(config, 3);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SequenceState seq = (*gpu)->NewSequence();
+  std::vector<float> logits;
+  std::vector<int32_t> tokens = {1, 2, 3};
+  std::vector<Mode> modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
+  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
+  SequenceState draft = seq.MakeDraft();
+  // Fill the device: 1 GiB pieces, then 64 MiB, then 2 MiB.
+  std::vector<void*> filler;
+  for (size_t chunk : {size_t{1} << 30, size_t{64} << 20, size_t{2} << 20}) {
+    void* p = nullptr;
+    while (cudaMalloc(&p, chunk) == cudaSuccess) filler.push_back(p);
+    (void)cudaGetLastError();
+  }
+  ASSERT_FALSE(filler.empty());
+  auto fresh = (*gpu)->TryNewSequence();
+  EXPECT_EQ(fresh.status().code(), absl::StatusCode::kResourceExhausted) << fresh.status();
+  EXPECT_HAS_SUBSTR(fresh.status().message(), "out of GPU memory");
+  EXPECT_EQ(seq.TryClone().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(seq.TryMakeDraft().status().code(), absl::StatusCode::kResourceExhausted);
+  // 300 linear tokens on the draft (no KV cache to grow): the activation buffers must grow.
+  std::vector<int32_t> long_span(300, 5);
+  std::vector<Mode> linear(300, Mode::kLinear);
+  const absl::Status s = (*gpu)->Forward(draft, long_span, linear, false, &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_HAS_SUBSTR(s.message(), "out of GPU memory");
+  EXPECT_EQ(draft.position(), 3);
+  for (void* p : filler) cudaFree(p);
+  // Memory back: everything works, and the failed calls changed nothing the model reads.
+  auto again = (*gpu)->TryNewSequence();
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*gpu)->Forward(draft, long_span, linear, false, &logits).ok());
+  std::vector<float> from_seq, from_copy;
+  SequenceState copy = seq.Clone();
+  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &from_seq).ok());
+  ASSERT_TRUE((*gpu)->Forward(copy, tokens, modes, false, &from_copy).ok());
+  EXPECT_EQ(from_seq, from_copy);
+}
+
 INSTANTIATE_TEST_SUITE_P(Mixers, CudaParityTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
                          [](const auto& info) { return info.param == LinearMixer::kGdn ? "gdn" : "mamba2"; });
 
