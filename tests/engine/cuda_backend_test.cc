@@ -23,12 +23,14 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/status_macros.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_check.h"
@@ -423,27 +425,43 @@ TEST_P(CudaParityTest, BadInputIsRejectedBeforeAnyStateChanges) {
   EXPECT_EQ((*gpu)->Forward(draft, good, modes, false, &logits).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Three tokens in mixed modes, and a random model of `config` on the GPU with a sequence that has run them.
+const std::vector<int32_t> kThreeTokens = {1, 2, 3};
+const std::vector<Mode> kThreeModes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
+struct Started {
+  std::unique_ptr<CudaBackend> gpu;
+  std::optional<SequenceState> seq;
+};
+absl::StatusOr<Started> StartRandom(const ModelConfig& config) {
+  Started out;
+  ORYX_ASSIGN_OR_RETURN(out.gpu, CudaBackend::CreateRandom(config, 3));
+  out.seq.emplace(out.gpu->NewSequence());
+  std::vector<float> logits;
+  ORYX_RETURN_IF_ERROR(out.gpu->Forward(*out.seq, kThreeTokens, kThreeModes, false, &logits));
+  return out;
+}
+
 // A KV cache larger than the device is a ResourceExhausted status, not an abort, and leaves the sequence as
 // it was: it still runs forwards.
 TEST(CudaBackend, OutOfDeviceMemoryIsAStatus) {
   ModelConfig config = HeadDim64Config(LinearMixer::kMamba2);
   config.max_position = int64_t{1} << 30;  // 1.5 TiB of KV cache at 1536 bytes per position
-  auto gpu = CudaBackend::CreateRandom(config, 3);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  SequenceState seq = (*gpu)->NewSequence();
+  auto started = StartRandom(config);
+  ASSERT_TRUE(started.ok()) << started.status();
+  CudaBackend* gpu = started->gpu.get();
+  SequenceState& seq = *started->seq;
   std::vector<float> logits;
-  std::vector<int32_t> tokens = {1, 2, 3};
-  std::vector<Mode> modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
-  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
+  const std::vector<int32_t>& tokens = kThreeTokens;
+  const std::vector<Mode>& modes = kThreeModes;
   const absl::Status s = seq.Reserve(config.max_position);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_HAS_SUBSTR(s.message(), "out of GPU memory");
   EXPECT_EQ(seq.position(), 3);
   std::vector<float> again;
-  SequenceState twin = (*gpu)->NewSequence();
-  ASSERT_TRUE((*gpu)->Forward(twin, tokens, modes, false, &again).ok());
-  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
-  ASSERT_TRUE((*gpu)->Forward(twin, tokens, modes, false, &again).ok());
+  SequenceState twin = gpu->NewSequence();
+  ASSERT_TRUE(gpu->Forward(twin, tokens, modes, false, &again).ok());
+  ASSERT_TRUE(gpu->Forward(seq, tokens, modes, false, &logits).ok());
+  ASSERT_TRUE(gpu->Forward(twin, tokens, modes, false, &again).ok());
   EXPECT_EQ(logits, again);  // the failed reservation changed nothing the model reads
 }
 
@@ -453,13 +471,11 @@ TEST(CudaBackend, FullDeviceGivesStatusesNotAborts) {
   ModelConfig config = HeadDim128Config(LinearMixer::kMamba2);
   config.n_heads = 16;  // a recurrent state of 4 x 16 x 128 x 128 floats (4 MiB), more than the filler's last chunk
   config.n_layers = 4;
-  auto gpu = CudaBackend::CreateRandom(config, 3);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  SequenceState seq = (*gpu)->NewSequence();
+  auto started = StartRandom(config);
+  ASSERT_TRUE(started.ok()) << started.status();
+  CudaBackend* gpu = started->gpu.get();
+  SequenceState& seq = *started->seq;
   std::vector<float> logits;
-  std::vector<int32_t> tokens = {1, 2, 3};
-  std::vector<Mode> modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
-  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &logits).ok());
   SequenceState draft = seq.MakeDraft();
   // Fill the device: 1 GiB pieces, then 64 MiB, then 2 MiB.
   std::vector<void*> filler;
@@ -469,7 +485,7 @@ TEST(CudaBackend, FullDeviceGivesStatusesNotAborts) {
     (void)cudaGetLastError();
   }
   ASSERT_FALSE(filler.empty());
-  auto fresh = (*gpu)->TryNewSequence();
+  auto fresh = gpu->TryNewSequence();
   EXPECT_EQ(fresh.status().code(), absl::StatusCode::kResourceExhausted) << fresh.status();
   EXPECT_HAS_SUBSTR(fresh.status().message(), "out of GPU memory");
   EXPECT_EQ(seq.TryClone().status().code(), absl::StatusCode::kResourceExhausted);
@@ -477,19 +493,19 @@ TEST(CudaBackend, FullDeviceGivesStatusesNotAborts) {
   // 300 linear tokens on the draft (no KV cache to grow): the activation buffers must grow.
   std::vector<int32_t> long_span(300, 5);
   std::vector<Mode> linear(300, Mode::kLinear);
-  const absl::Status s = (*gpu)->Forward(draft, long_span, linear, false, &logits);
+  const absl::Status s = gpu->Forward(draft, long_span, linear, false, &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_HAS_SUBSTR(s.message(), "out of GPU memory");
   EXPECT_EQ(draft.position(), 3);
   for (void* p : filler) cudaFree(p);
   // Memory back: everything works, and the failed calls changed nothing the model reads.
-  auto again = (*gpu)->TryNewSequence();
+  auto again = gpu->TryNewSequence();
   ASSERT_TRUE(again.ok()) << again.status();
-  ASSERT_TRUE((*gpu)->Forward(draft, long_span, linear, false, &logits).ok());
+  ASSERT_TRUE(gpu->Forward(draft, long_span, linear, false, &logits).ok());
   std::vector<float> from_seq, from_copy;
   SequenceState copy = seq.Clone();
-  ASSERT_TRUE((*gpu)->Forward(seq, tokens, modes, false, &from_seq).ok());
-  ASSERT_TRUE((*gpu)->Forward(copy, tokens, modes, false, &from_copy).ok());
+  ASSERT_TRUE(gpu->Forward(seq, kThreeTokens, kThreeModes, false, &from_seq).ok());
+  ASSERT_TRUE(gpu->Forward(copy, kThreeTokens, kThreeModes, false, &from_copy).ok());
   EXPECT_EQ(from_seq, from_copy);
 }
 
