@@ -342,11 +342,13 @@ struct CudaBackend::Plan {
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
   bool chunked_scan = false;       // kc::Recurrent's chunked scan for long mamba2 spans (never in a graph)
+  bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
+  int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
-                    decode_mixer, chunked_scan);
+                    decode_mixer, chunked_scan, tiled_attention, group_size);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
@@ -460,6 +462,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c) {
   decode_mixer_ = !off("ORYX_CUDA_DECODE_MIXER");
   skip_q_linear_ = !off("ORYX_CUDA_SKIP_Q_LINEAR");
   chunked_scan_ = !off("ORYX_CUDA_CHUNKED_SCAN");
+  tiled_attention_ = !off("ORYX_CUDA_TILED_ATTENTION");
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) gemv_rows_per_warp_ = std::atoi(env);
   if (const char* env = std::getenv("ORYX_CUDA_PROFILE"); env != nullptr && env[0] == '1') {
     profiler_ = std::make_unique<Profiler>();
@@ -696,8 +699,13 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                    plan.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
     mark("recurrent");
   }
-  kc::Attention({dims, layer, NA, plan.chunk, plan.max_chunks, sc.attn_rows, sc.row_seq, sc.seqs, sc.qa, sc.partial, sc.o,
-                 sc.num_groups, sc.attn_groups, sc.group_rows}, s);
+  const kc::AttentionParams attention{dims,  layer,      NA,   plan.chunk, plan.max_chunks, sc.attn_rows,   sc.row_seq,
+                                      sc.seqs, sc.qa, sc.partial, sc.o, sc.num_groups, sc.attn_groups, sc.group_rows};
+  if (plan.tiled_attention) {
+    kc::TiledAttention(attention, s);
+  } else {
+    kc::Attention(attention, s);
+  }
   if (NA > 0) mark("attention");
 
   // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Single rows fuse each
@@ -782,6 +790,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.B = static_cast<int64_t>(batch.size());
   int64_t max_keys = 0;
   bool any_keeps = false;
+  std::vector<int64_t> attention_rows;  // per item
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
@@ -797,12 +806,18 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
       }
     }
     plan.NA += item_attention;
-    plan.NG += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
-    plan.group_rows = std::max<int32_t>(plan.group_rows, static_cast<int32_t>(std::min<int64_t>(kc::kAttentionGroupRows, item_attention)));
+    attention_rows.push_back(item_attention);
     plan.NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
     plan.N += T;
   }
   plan.any_attention = plan.NA > 0;
+  // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
+  plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
+  plan.group_size = plan.tiled_attention ? kc::kAttentionTileRows : kc::kAttentionGroupRows;
+  for (int64_t a : attention_rows) {
+    plan.NG += (a + plan.group_size - 1) / plan.group_size;
+    plan.group_rows = std::max<int32_t>(plan.group_rows, static_cast<int32_t>(std::min<int64_t>(plan.group_size, a)));
+  }
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).
@@ -906,10 +921,11 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
 }
 
 int64_t CudaBackend::PartialFloats(const Plan& plan) const {
+  if (plan.tiled_attention) return 0;
   return plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2);
 }
 
-void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, char* base) const {
+void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, int32_t group_size, char* base) const {
   const int64_t B = static_cast<int64_t>(batch.size());
   int64_t N = 0, NA = 0, NL = 0, NG = 0;
   for (const ForwardItem& it : batch) {
@@ -917,7 +933,7 @@ void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shif
     const int64_t attention = std::count(it.modes.begin(), it.modes.end(), Mode::kAttention);
     N += T;
     NA += attention;
-    NG += (attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
+    NG += (attention + group_size - 1) / group_size;
     NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
   }
   const MetaLayout m(N, NA, NL, B, NG);
@@ -942,9 +958,9 @@ void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shif
         logit_rows[lr++] = static_cast<int32_t>(r);
       }
     }
-    for (int64_t a0 = first_attention; a0 < a; a0 += kc::kAttentionGroupRows, ++g) {
+    for (int64_t a0 = first_attention; a0 < a; a0 += group_size, ++g) {
       groups[2 * g] = static_cast<int32_t>(a0);
-      groups[2 * g + 1] = static_cast<int32_t>(std::min<int64_t>(kc::kAttentionGroupRows, a - a0));
+      groups[2 * g + 1] = static_cast<int32_t>(std::min<int64_t>(group_size, a - a0));
     }
   }
 }
@@ -1010,7 +1026,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
   const MetaLayout meta(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
   ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes));
-  WriteMeta(batch, 0, sc.meta_host);
+  WriteMeta(batch, 0, plan.group_size, sc.meta_host);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta.bytes, cudaMemcpyHostToDevice, ctx.stream));
   SetViews(plan, sc.meta);
   if (plan.graph) {
@@ -1070,8 +1086,8 @@ absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, in
   const int64_t argmax_base = verify_base + MetaLayout(B * S, B * S, B * S, B, verify_plan.NG).bytes;
   const int64_t meta_bytes = argmax_base + AlignMeta(B * S * 4);
   ORYX_RETURN_IF_ERROR(EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes));
-  for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, j, sc.meta_host + j * draft_bytes);
-  WriteMeta(verify, 0, sc.meta_host + verify_base);
+  for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, j, draft_plan.group_size, sc.meta_host + j * draft_bytes);
+  WriteMeta(verify, 0, verify_plan.group_size, sc.meta_host + verify_base);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, argmax_base, cudaMemcpyHostToDevice, ctx.stream));
   // The verify span's tokens [B, S] (at the verify metadata's base) are where the drafts go: draft step j
   // reads column j and writes its argmax to column j + 1.

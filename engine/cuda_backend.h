@@ -68,7 +68,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Plan> PlanForward(std::span<const ForwardItem> batch);
   absl::Status EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);  // ResourceExhausted
   int64_t PartialFloats(const Plan& plan) const;
-  void WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, char* base) const;
+  void WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, int32_t group_size, char* base) const;
   void SetViews(const Plan& plan, const char* base);
   void RunModel(const Plan& plan);
   void LayerForward(int64_t il, const Plan& plan);
@@ -92,6 +92,7 @@ class CudaBackend final : public Backend {
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long mamba2 spans in chunks
+  bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   std::mutex forward_mu_;
 };

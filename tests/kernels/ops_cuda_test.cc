@@ -674,5 +674,71 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
   }
 }
 
+// The tensor-core prefill kernel against the CPU reference: a 150-row span ending at position 699 (keys over
+// eleven 64-key tiles, its rows in tiles of 64 with a partial last one, a third of them linear and skipped),
+// a 70-row prefill from position 0 (a row whose first key tile is its only one) and a single row. Queries and
+// probabilities go through bf16 for the products: 2^-9 relative per rounding, a few of them per output, so
+// outputs within 2e-2 of the sequence's scale (the fp32 kernels above are held to 1e-4).
+TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  if (prop.major < 8) GTEST_SKIP() << "tensor-core attention needs compute capability 8";
+  for (int64_t dh : {64, 128}) {
+    SCOPED_TRACE("dh=" + std::to_string(dh));
+    const std::vector<int> lens = {150, 70, 1}, pos = {550, 0, 40};
+    Batch b = MakeBatch(2, dh, false, lens, pos, 0);
+    b.modes.assign(b.N, 1);
+    for (int t = 0; t < lens[0]; ++t) b.modes[t] = t % 3 != 1;
+    const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
+    std::vector<std::vector<float>> k_caches, v_caches;
+    std::vector<std::unique_ptr<DeviceBuffer<bf16>>> dk, dv;
+    for (size_t q = 0; q < lens.size(); ++q) {
+      k_caches.push_back(RoundBf16(Random(L * cap * HD, 60 + 2 * q)));
+      v_caches.push_back(RoundBf16(Random(L * cap * HD, 61 + 2 * q)));
+      dk.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(k_caches.back())));
+      dv.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(v_caches.back())));
+    }
+    const std::vector<float> qa = Random(b.N * HD, 64, -2, 2);
+    DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
+    std::vector<cuda::SeqDesc> seqs;
+    std::vector<int32_t> attn, tiles;
+    int32_t row = 0;
+    for (size_t q = 0; q < lens.size(); ++q) {
+      seqs.push_back({row, lens[q], pos[q], cap, dstate.get(), dstate.get(), dk[q]->get(), dv[q]->get(), nullptr, nullptr});
+      const int first = static_cast<int>(attn.size());
+      for (int t = 0; t < lens[q]; ++t) {
+        if (b.modes[row + t]) attn.push_back(row + t);
+      }
+      const int n = static_cast<int>(attn.size()) - first;
+      for (int a0 = 0; a0 < n; a0 += cuda::kAttentionTileRows) {
+        tiles.insert(tiles.end(), {first + a0, std::min(cuda::kAttentionTileRows, n - a0)});
+      }
+      row += lens[q];
+    }
+    DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+    DeviceBuffer<int32_t> drow(b.row_seq), dattn(attn), dtiles(tiles);
+    cuda::TiledAttention({b.dims, static_cast<int32_t>(layer), static_cast<int64_t>(attn.size()), 0, 0, dattn.get(),
+                          drow.get(), dseqs.get(), dqa.get(), nullptr, dout.get(), static_cast<int64_t>(tiles.size() / 2),
+                          dtiles.get(), cuda::kAttentionTileRows},
+                         nullptr);
+    const std::vector<float> out = dout.Host();
+    row = 0;
+    for (size_t q = 0; q < lens.size(); ++q) {
+      const int64_t T = lens[q], keys = pos[q] + T;
+      std::vector<float> ref(T * HD), scratch(T * keys), got(T * HD), want(T * HD);
+      cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD,
+                               k_caches[q].data() + layer * cap * HD, v_caches[q].data() + layer * cap * HD, ref.data(),
+                               scratch.data()});
+      for (int64_t t = 0; t < T; ++t) {  // attention rows only; the others are not written
+        if (!b.modes[row + t]) continue;
+        std::copy_n(out.begin() + (row + t) * HD, HD, got.begin() + t * HD);
+        std::copy_n(ref.begin() + t * HD, HD, want.begin() + t * HD);
+      }
+      ExpectClose(got, want, 2e-2, "sequence " + std::to_string(q), 1.0);
+      row += T;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace oryx::kernels

@@ -1,0 +1,209 @@
+// Prefill attention on tensor cores (flash attention): a block of 4 warps per (tile of up to 64 attention
+// rows of one sequence, head). The tile's queries go to shared memory as bf16; keys and values stream through
+// shared memory 64 at a time; each warp multiplies its 16 queries by the key tile (mma.m16n8k16, bf16 in,
+// fp32 out), keeps a running max and sum per row (online softmax, fp32), rounds the probabilities to bf16 and
+// multiplies them by the value tile into fp32 accumulators. The row at position p sees keys 0..p; rows of a
+// tile are in position order. Values are stored transposed in shared memory so that both products read
+// 32-bit fragments of consecutive elements.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
+
+namespace oryx::kernels::cuda {
+
+namespace {
+
+constexpr int kTileKeys = 64, kTiledThreads = 128;
+static_assert(kAttentionTileRows == 16 * (kTiledThreads / 32), "a warp per 16 rows");
+
+template <int kDh>
+struct TiledLayout {
+  static constexpr int kQStride = kDh + 8;         // bf16 per row of the query and key tiles (padding: banks)
+  static constexpr int kVStride = kTileKeys + 8;   // bf16 per row of the transposed value tile
+  static constexpr int kBytes = 2 * (kAttentionTileRows * kQStride + kTileKeys * kQStride + kDh * kVStride);
+};
+
+__device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t Load32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// c += a b for a 16 x 16 bf16 tile a (row-major fragments) and a 16 x 8 tile b (column fragments).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // TiledAttentionApplies keeps older devices away
+#endif
+}
+
+template <int kDh>
+__global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionParams p) {
+  using Layout = TiledLayout<kDh>;
+  constexpr int kQStride = Layout::kQStride, kVStride = Layout::kVStride, kPieces = kDh / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);        // [64 rows][kQStride]
+  bf16* ks = qs + kAttentionTileRows * kQStride;        // [64 keys][kQStride]
+  bf16* vt = ks + kTileKeys * kQStride;                 // [kDh][kVStride]: values transposed
+  __shared__ int64_t row_of[kAttentionTileRows];
+  __shared__ int64_t keys_of[kAttentionTileRows];
+  AfterPrevious();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t h = blockIdx.y, HD = int64_t(p.dims.heads) * kDh;
+  const int first = p.groups_ptr[2 * blockIdx.x], rows = p.groups_ptr[2 * blockIdx.x + 1];
+  const SeqDesc s = p.seqs_ptr[p.row_seq_ptr[p.attn_rows_ptr[first]]];
+  for (int i = tid; i < kAttentionTileRows; i += kTiledThreads) {
+    const int64_t row = i < rows ? p.attn_rows_ptr[first + i] : -1;
+    row_of[i] = row;
+    keys_of[i] = i < rows ? s.pos + (row - s.row) + 1 : 0;
+  }
+  __syncthreads();
+  for (int e = tid; e < kAttentionTileRows * kDh; e += kTiledThreads) {
+    const int i = e / kDh, d = e % kDh;
+    qs[i * kQStride + d] = __float2bfloat16(i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f);
+  }
+  const int64_t max_keys = keys_of[rows - 1];
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int64_t keys0 = keys_of[r0], keys1 = keys_of[r1];
+  const int64_t warp_keys = warp * 16 < rows ? keys_of[min(warp * 16 + 15, rows - 1)] : 0;
+  const bf16* kbase = s.k_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const float scale = rsqrtf(static_cast<float>(kDh));
+
+  float o[kDh / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  for (int64_t kv0 = 0; kv0 < max_keys; kv0 += kTileKeys) {
+    __syncthreads();  // the previous tiles are read (and the query tile written)
+    for (int c = tid; c < kTileKeys * kPieces; c += kTiledThreads) {
+      const int j = c / kPieces, d8 = (c % kPieces) * 8;
+      const int64_t key = kv0 + j;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const uint4 kraw = key < max_keys ? *reinterpret_cast<const uint4*>(kbase + key * HD + d8) : zero;
+      const uint4 vraw = key < max_keys ? *reinterpret_cast<const uint4*>(vbase + key * HD + d8) : zero;
+      *reinterpret_cast<uint4*>(ks + j * kQStride + d8) = kraw;
+      const bf16* v = reinterpret_cast<const bf16*>(&vraw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vt[(d8 + e) * kVStride + j] = v[e];
+    }
+    __syncthreads();
+    if (kv0 >= warp_keys) continue;  // every row of this warp is done (or absent)
+
+    // Scores of the warp's 16 rows against the 64 keys: 8 column tiles of 8 keys.
+    float sc[kTileKeys / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kDh / 16; ++kk) {
+      const bf16* q = qs + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
+      const uint32_t a[4] = {Load32(q), Load32(q + 8 * kQStride), Load32(q + 8), Load32(q + 8 * kQStride + 8)};
+#pragma unroll
+      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+        const bf16* k = ks + (nt * 8 + g) * kQStride + kk * 16 + 2 * t;
+        Mma(sc[nt], a, Load32(k), Load32(k + 8));
+      }
+    }
+    // Scale, mask the keys a row may not see, and fold the tile into the running max and sum.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t key = kv0 + nt * 8 + 2 * t + (e & 1);
+        const float v = sc[nt][e] * scale;
+        sc[nt][e] = key < (e < 2 ? keys0 : keys1) ? v : -INFINITY;
+      }
+      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+    // (A row with nothing visible yet keeps max -inf: its exponentials are 0, not NaN.)
+    const float base0 = new0 == -INFINITY ? 0.f : new0, base1 = new1 == -INFINITY ? 0.f : new1;
+    const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
+    m0 = new0, m1 = new1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+      sc[nt][0] = __expf(sc[nt][0] - base0);
+      sc[nt][1] = __expf(sc[nt][1] - base0);
+      sc[nt][2] = __expf(sc[nt][2] - base1);
+      sc[nt][3] = __expf(sc[nt][3] - base1);
+      sum0 += sc[nt][0] + sc[nt][1];
+      sum1 += sc[nt][2] + sc[nt][3];
+    }
+    l0 = l0 * corr0 + sum0;
+    l1 = l1 * corr1 + sum1;
+#pragma unroll
+    for (int nt = 0; nt < kDh / 8; ++nt) {
+      o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
+    }
+    // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
+#pragma unroll
+    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+      const uint32_t a[4] = {Pack(sc[2 * kk][0], sc[2 * kk][1]), Pack(sc[2 * kk][2], sc[2 * kk][3]),
+                             Pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), Pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int nt = 0; nt < kDh / 8; ++nt) {
+        const bf16* v = vt + (nt * 8 + g) * kVStride + kk * 16 + 2 * t;
+        Mma(o[nt], a, Load32(v), Load32(v + 8));
+      }
+    }
+  }
+  // The row sums are spread over the 4 threads of a quad.
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
+#pragma unroll
+  for (int nt = 0; nt < kDh / 8; ++nt) {
+    const int64_t d = h * kDh + nt * 8 + 2 * t;
+    if (r0 < rows) {
+      p.out_ptr[row_of[r0] * HD + d] = o[nt][0] / l0;
+      p.out_ptr[row_of[r0] * HD + d + 1] = o[nt][1] / l0;
+    }
+    if (r1 < rows) {
+      p.out_ptr[row_of[r1] * HD + d] = o[nt][2] / l1;
+      p.out_ptr[row_of[r1] * HD + d + 1] = o[nt][3] / l1;
+    }
+  }
+}
+
+template <int kDh>
+void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
+  auto kernel = AttentionTiledKernel<kDh>;
+  static const bool configured = [&] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TiledLayout<kDh>::kBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads));
+  LaunchAfterPrevious(kernel, grid, kTiledThreads, TiledLayout<kDh>::kBytes, stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool TiledAttentionApplies(const ModelDims& dims) {
+  static const bool ampere = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8;
+  return ampere && (dims.head_dim == 64 || dims.head_dim == 128);
+}
+
+void TiledAttention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.attn_rows == 0) return;
+  switch (p.dims.head_dim) {
+    case 64: return LaunchTiled<64>(p, stream);
+    case 128: return LaunchTiled<128>(p, stream);
+    default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check TiledAttentionApplies
+  }
+}
+
+}  // namespace oryx::kernels::cuda
