@@ -1,10 +1,13 @@
 // Prefill attention on tensor cores (flash attention): a block of 4 warps per (tile of up to 64 attention
-// rows of one sequence, head). The tile's queries go to shared memory as bf16; keys and values stream through
-// shared memory 64 at a time; each warp multiplies its 16 queries by the key tile (mma.m16n8k16, bf16 in,
-// fp32 out), keeps a running max and sum per row (online softmax, fp32), rounds the probabilities to bf16 and
-// multiplies them by the value tile into fp32 accumulators. The row at position p sees keys 0..p; rows of a
-// tile are in position order. Values are stored transposed in shared memory so that both products read
-// 32-bit fragments of consecutive elements.
+// rows of one sequence, head). Keys and values stream through shared memory 64 at a time; each warp
+// multiplies its 16 queries by the key tile (mma.m16n8k16, bf16 in, fp32 out), keeps a running max and sum
+// per row (online softmax, fp32), and multiplies the probabilities by the value tile into fp32 accumulators.
+// The keys and values are bf16 already (the cache); the fp32 queries and probabilities each go in as two bf16
+// terms, hi = bf16(x) and lo = bf16(x - hi), 16 bits of mantissa together, so that the result is as close
+// to the fp32 split-KV kernels' as their own rounding (a single bf16 term moved logits of the parity tests by
+// more than the bf16 weights do). The row at position p sees keys 0..p; rows of a tile are in position
+// order. Values are stored transposed in shared memory so that both products read 32-bit fragments of
+// consecutive elements.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -20,13 +23,16 @@ template <int kDh>
 struct TiledLayout {
   static constexpr int kQStride = kDh + 8;         // bf16 per row of the query and key tiles (padding: banks)
   static constexpr int kVStride = kTileKeys + 8;   // bf16 per row of the transposed value tile
-  static constexpr int kBytes = 2 * (kAttentionTileRows * kQStride + kTileKeys * kQStride + kDh * kVStride);
+  static constexpr int kBytes = 2 * (2 * kAttentionTileRows * kQStride + kTileKeys * kQStride + kDh * kVStride);
 };
 
 __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+
+// x - float(bf16(x)): what the second bf16 term carries.
+__device__ __forceinline__ float Rest(float x) { return x - __bfloat162float(__float2bfloat16(x)); }
 
 __device__ __forceinline__ uint32_t Load32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
@@ -48,8 +54,9 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   using Layout = TiledLayout<kDh>;
   constexpr int kQStride = Layout::kQStride, kVStride = Layout::kVStride, kPieces = kDh / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* qs = reinterpret_cast<bf16*>(smem_raw);        // [64 rows][kQStride]
-  bf16* ks = qs + kAttentionTileRows * kQStride;        // [64 keys][kQStride]
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);        // [64 rows][kQStride]: bf16(q)
+  bf16* qr = qs + kAttentionTileRows * kQStride;        // [64 rows][kQStride]: bf16(q - bf16(q))
+  bf16* ks = qr + kAttentionTileRows * kQStride;        // [64 keys][kQStride]
   bf16* vt = ks + kTileKeys * kQStride;                 // [kDh][kVStride]: values transposed
   __shared__ int64_t row_of[kAttentionTileRows];
   __shared__ int64_t keys_of[kAttentionTileRows];
@@ -66,7 +73,9 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   __syncthreads();
   for (int e = tid; e < kAttentionTileRows * kDh; e += kTiledThreads) {
     const int i = e / kDh, d = e % kDh;
-    qs[i * kQStride + d] = __float2bfloat16(i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f);
+    const float q = i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f;
+    qs[i * kQStride + d] = __float2bfloat16(q);
+    qr[i * kQStride + d] = __float2bfloat16(Rest(q));
   }
   const int64_t max_keys = keys_of[rows - 1];
   const int r0 = warp * 16 + g, r1 = r0 + 8;
@@ -99,11 +108,15 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
 #pragma unroll
     for (int kk = 0; kk < kDh / 16; ++kk) {
       const bf16* q = qs + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
+      const bf16* r = qr + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
       const uint32_t a[4] = {Load32(q), Load32(q + 8 * kQStride), Load32(q + 8), Load32(q + 8 * kQStride + 8)};
+      const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kQStride), Load32(r + 8), Load32(r + 8 * kQStride + 8)};
 #pragma unroll
       for (int nt = 0; nt < kTileKeys / 8; ++nt) {
         const bf16* k = ks + (nt * 8 + g) * kQStride + kk * 16 + 2 * t;
-        Mma(sc[nt], a, Load32(k), Load32(k + 8));
+        const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
+        Mma(sc[nt], a, b0, b1);
+        Mma(sc[nt], ar, b0, b1);
       }
     }
     // Scale, mask the keys a row may not see, and fold the tile into the running max and sum.
@@ -148,12 +161,17 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
     // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
 #pragma unroll
     for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      const uint32_t a[4] = {Pack(sc[2 * kk][0], sc[2 * kk][1]), Pack(sc[2 * kk][2], sc[2 * kk][3]),
-                             Pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), Pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      const float(&x)[4] = sc[2 * kk];
+      const float(&y)[4] = sc[2 * kk + 1];
+      const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
+      const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
+                              Pack(Rest(y[2]), Rest(y[3]))};
 #pragma unroll
       for (int nt = 0; nt < kDh / 8; ++nt) {
         const bf16* v = vt + (nt * 8 + g) * kVStride + kk * 16 + 2 * t;
-        Mma(o[nt], a, Load32(v), Load32(v + 8));
+        const uint32_t b0 = Load32(v), b1 = Load32(v + 8);
+        Mma(o[nt], a, b0, b1);
+        Mma(o[nt], ar, b0, b1);
       }
     }
   }

@@ -233,9 +233,10 @@ void Attention(const AttentionParams& p, cudaStream_t stream);
 
 // The same on tensor cores for long spans (prefill), flash-attention style: a block per (group of up to
 // kAttentionTileRows attention rows of one sequence in position order, given in groups_ptr, head), keys
-// streamed through shared memory in tiles of 64 with an online softmax; queries and probabilities rounded to
-// bf16 for the products, fp32 accumulation and softmax. No partials (partial_ptr, chunk unused). head_dim 64
-// or 128 on compute capability 8 or later (TiledAttentionApplies).
+// streamed through shared memory in tiles of 64 with an online softmax; the fp32 queries and probabilities
+// enter the bf16 products as two bf16 terms each (16 bits of mantissa), fp32 accumulation and softmax. No
+// partials (partial_ptr, chunk unused). head_dim 64 or 128 on compute capability 8 or later
+// (TiledAttentionApplies).
 inline constexpr int kAttentionTileRows = 64;
 bool TiledAttentionApplies(const ModelDims& dims);
 void TiledAttention(const AttentionParams& p, cudaStream_t stream);
