@@ -6,8 +6,8 @@
 // terms, hi = bf16(x) and lo = bf16(x - hi), 16 bits of mantissa together, so that the result is as close
 // to the fp32 split-KV kernels' as their own rounding (a single bf16 term moved logits of the parity tests by
 // more than the bf16 weights do). The row at position p sees keys 0..p; rows of a tile are in position
-// order. Values are stored transposed in shared memory so that both products read 32-bit fragments of
-// consecutive elements.
+// order. Key and value tiles arrive by cp.async, two stages deep (the next tile loads while this one is
+// used); the value fragments are read transposed by ldmatrix.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -21,10 +21,43 @@ static_assert(kAttentionTileRows == 16 * (kTiledThreads / 32), "a warp per 16 ro
 
 template <int kDh>
 struct TiledLayout {
-  static constexpr int kQStride = kDh + 8;         // bf16 per row of the query and key tiles (padding: banks)
-  static constexpr int kVStride = kTileKeys + 8;   // bf16 per row of the transposed value tile
-  static constexpr int kBytes = 2 * (2 * kAttentionTileRows * kQStride + kTileKeys * kQStride + kDh * kVStride);
+  static constexpr int kStride = kDh + 8;  // bf16 per row of every tile (the padding spreads rows over banks)
+  // Queries (two terms), then two stages of keys and of values.
+  static constexpr int kBytes = 2 * kStride * (2 * kAttentionTileRows + 4 * kTileKeys);
 };
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without registers; src_bytes 0 writes zeros.
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(SharedAddress(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {  // until at most kPending groups are in flight
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
+// The B fragments (keys 2t, 2t+1 and 2t+8, 2t+9 of column g) of a 16 x 8 block of a row-major [key][d] tile
+// whose row `lane % 16` starts at `row` (lanes 0..15 give the rows).
+__device__ __forceinline__ void LoadTransposed(const bf16* row, uint32_t& b0, uint32_t& b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(b0), "=r"(b1)
+               : "r"(SharedAddress(row)));
+#endif
+}
 
 __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -52,12 +85,11 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 template <int kDh>
 __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionParams p) {
   using Layout = TiledLayout<kDh>;
-  constexpr int kQStride = Layout::kQStride, kVStride = Layout::kVStride, kPieces = kDh / 8;
+  constexpr int kQStride = Layout::kStride, kPieces = kDh / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);        // [64 rows][kQStride]: bf16(q)
   bf16* qr = qs + kAttentionTileRows * kQStride;        // [64 rows][kQStride]: bf16(q - bf16(q))
-  bf16* ks = qr + kAttentionTileRows * kQStride;        // [64 keys][kQStride]
-  bf16* vt = ks + kTileKeys * kQStride;                 // [kDh][kVStride]: values transposed
+  bf16* kv_tiles = qr + kAttentionTileRows * kQStride;  // [stage][keys, values][64][kQStride]
   __shared__ int64_t row_of[kAttentionTileRows];
   __shared__ int64_t keys_of[kAttentionTileRows];
   AfterPrevious();
@@ -85,95 +117,108 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
   const float scale = rsqrtf(static_cast<float>(kDh));
 
-  float o[kDh / 8][4] = {};
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  for (int64_t kv0 = 0; kv0 < max_keys; kv0 += kTileKeys) {
-    __syncthreads();  // the previous tiles are read (and the query tile written)
+  // Starts loading the key and value tiles from key kv0 into `stage` (zeros past the tile's keys).
+  auto issue = [&](int64_t kv0, int stage) {
+    bf16* kt = kv_tiles + stage * 2 * kTileKeys * kQStride;
+    bf16* vt = kt + kTileKeys * kQStride;
     for (int c = tid; c < kTileKeys * kPieces; c += kTiledThreads) {
       const int j = c / kPieces, d8 = (c % kPieces) * 8;
       const int64_t key = kv0 + j;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 kraw = key < max_keys ? *reinterpret_cast<const uint4*>(kbase + key * HD + d8) : zero;
-      const uint4 vraw = key < max_keys ? *reinterpret_cast<const uint4*>(vbase + key * HD + d8) : zero;
-      *reinterpret_cast<uint4*>(ks + j * kQStride + d8) = kraw;
-      const bf16* v = reinterpret_cast<const bf16*>(&vraw);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vt[(d8 + e) * kVStride + j] = v[e];
+      const bool in = key < max_keys;
+      CopyAsync16(kt + j * kQStride + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
+      CopyAsync16(vt + j * kQStride + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
     }
-    __syncthreads();
-    if (kv0 >= warp_keys) continue;  // every row of this warp is done (or absent)
+    CopyAsyncCommit();
+  };
 
-    // Scores of the warp's 16 rows against the 64 keys: 8 column tiles of 8 keys.
-    float sc[kTileKeys / 8][4] = {};
+  float o[kDh / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  issue(0, 0);
+  for (int64_t kv0 = 0, it = 0; kv0 < max_keys; kv0 += kTileKeys, ++it) {
+    const int stage = static_cast<int>(it & 1);
+    if (kv0 + kTileKeys < max_keys) {
+      issue(kv0 + kTileKeys, stage ^ 1);  // (stage ^ 1 was released by the barrier ending the last iteration)
+      CopyAsyncWait<1>();
+    } else {
+      CopyAsyncWait<0>();
+    }
+    __syncthreads();  // this stage's tiles (and the query tile) are visible to every warp
+    const bf16* ks = kv_tiles + stage * 2 * kTileKeys * kQStride;
+    const bf16* vs = ks + kTileKeys * kQStride;
+    if (kv0 < warp_keys) {  // else every row of this warp is done (or absent)
+      // Scores of the warp's 16 rows against the 64 keys: 8 column tiles of 8 keys.
+      float sc[kTileKeys / 8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < kDh / 16; ++kk) {
-      const bf16* q = qs + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
-      const bf16* r = qr + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
-      const uint32_t a[4] = {Load32(q), Load32(q + 8 * kQStride), Load32(q + 8), Load32(q + 8 * kQStride + 8)};
-      const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kQStride), Load32(r + 8), Load32(r + 8 * kQStride + 8)};
+      for (int kk = 0; kk < kDh / 16; ++kk) {
+        const bf16* q = qs + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
+        const bf16* r = qr + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
+        const uint32_t a[4] = {Load32(q), Load32(q + 8 * kQStride), Load32(q + 8), Load32(q + 8 * kQStride + 8)};
+        const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kQStride), Load32(r + 8), Load32(r + 8 * kQStride + 8)};
+#pragma unroll
+        for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+          const bf16* k = ks + (nt * 8 + g) * kQStride + kk * 16 + 2 * t;
+          const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
+          Mma(sc[nt], a, b0, b1);
+          Mma(sc[nt], ar, b0, b1);
+        }
+      }
+      // Scale, mask the keys a row may not see, and fold the tile into the running max and sum.
+      float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-        const bf16* k = ks + (nt * 8 + g) * kQStride + kk * 16 + 2 * t;
-        const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
-        Mma(sc[nt], a, b0, b1);
-        Mma(sc[nt], ar, b0, b1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = kv0 + nt * 8 + 2 * t + (e & 1);
+          const float v = sc[nt][e] * scale;
+          sc[nt][e] = key < (e < 2 ? keys0 : keys1) ? v : -INFINITY;
+        }
+        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
       }
-    }
-    // Scale, mask the keys a row may not see, and fold the tile into the running max and sum.
-    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t key = kv0 + nt * 8 + 2 * t + (e & 1);
-        const float v = sc[nt][e] * scale;
-        sc[nt][e] = key < (e < 2 ? keys0 : keys1) ? v : -INFINITY;
+      for (int off = 1; off < 4; off *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
       }
-      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-    }
+      const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+      // (A row with nothing visible yet keeps max -inf: its exponentials are 0, not NaN.)
+      const float base0 = new0 == -INFINITY ? 0.f : new0, base1 = new1 == -INFINITY ? 0.f : new1;
+      const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
+      m0 = new0, m1 = new1;
+      float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
-    for (int off = 1; off < 4; off *= 2) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-    // (A row with nothing visible yet keeps max -inf: its exponentials are 0, not NaN.)
-    const float base0 = new0 == -INFINITY ? 0.f : new0, base1 = new1 == -INFINITY ? 0.f : new1;
-    const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
-    m0 = new0, m1 = new1;
-    float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-      sc[nt][0] = __expf(sc[nt][0] - base0);
-      sc[nt][1] = __expf(sc[nt][1] - base0);
-      sc[nt][2] = __expf(sc[nt][2] - base1);
-      sc[nt][3] = __expf(sc[nt][3] - base1);
-      sum0 += sc[nt][0] + sc[nt][1];
-      sum1 += sc[nt][2] + sc[nt][3];
-    }
-    l0 = l0 * corr0 + sum0;
-    l1 = l1 * corr1 + sum1;
-#pragma unroll
-    for (int nt = 0; nt < kDh / 8; ++nt) {
-      o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
-    }
-    // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
-#pragma unroll
-    for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-      const float(&x)[4] = sc[2 * kk];
-      const float(&y)[4] = sc[2 * kk + 1];
-      const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
-      const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
-                              Pack(Rest(y[2]), Rest(y[3]))};
+      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+        sc[nt][0] = __expf(sc[nt][0] - base0);
+        sc[nt][1] = __expf(sc[nt][1] - base0);
+        sc[nt][2] = __expf(sc[nt][2] - base1);
+        sc[nt][3] = __expf(sc[nt][3] - base1);
+        sum0 += sc[nt][0] + sc[nt][1];
+        sum1 += sc[nt][2] + sc[nt][3];
+      }
+      l0 = l0 * corr0 + sum0;
+      l1 = l1 * corr1 + sum1;
 #pragma unroll
       for (int nt = 0; nt < kDh / 8; ++nt) {
-        const bf16* v = vt + (nt * 8 + g) * kVStride + kk * 16 + 2 * t;
-        const uint32_t b0 = Load32(v), b1 = Load32(v + 8);
-        Mma(o[nt], a, b0, b1);
-        Mma(o[nt], ar, b0, b1);
+        o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
+      }
+      // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
+#pragma unroll
+      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+        const float(&x)[4] = sc[2 * kk];
+        const float(&y)[4] = sc[2 * kk + 1];
+        const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
+        const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
+                                Pack(Rest(y[2]), Rest(y[3]))};
+#pragma unroll
+        for (int nt = 0; nt < kDh / 8; ++nt) {
+          uint32_t b0, b1;
+          LoadTransposed(vs + (kk * 16 + lane % 16) * kQStride + nt * 8, b0, b1);
+          Mma(o[nt], a, b0, b1);
+          Mma(o[nt], ar, b0, b1);
+        }
       }
     }
+    __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   // The row sums are spread over the 4 threads of a quad.
 #pragma unroll
