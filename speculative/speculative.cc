@@ -162,9 +162,11 @@ int64_t DraftLengthController::Choose(int64_t slot_id) {
     const double rate = expected / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
-  if (best_k == 0 && ++s.since_probe >= 16) {  // keep the acceptance estimates alive
+  // Every 16th round drafts one more than the best length (two when not drafting), so that the estimate just
+  // past it keeps being measured: a few unlucky rounds would otherwise leave it low for good.
+  if (++s.since_probe >= 16) {
     s.since_probe = 0;
-    return std::min<int64_t>(2, max_k_);
+    return std::min<int64_t>(best_k == 0 ? 2 : best_k + 1, max_k_);
   }
   return best_k;
 }
