@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <map>
 #include <tuple>
@@ -842,20 +843,35 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   return plan;
 }
 
+namespace {
+
+// A buffer pointer of the scratch to replace by a new buffer of `bytes`: what it holds now, and how to set it.
+struct BufferField {
+  void* current;
+  std::function<void(void*)> set;
+  int64_t bytes;
+};
+template <typename T>
+BufferField Field(T*& p, int64_t bytes) {
+  return {p, [&p](void* q) { p = static_cast<T*>(q); }, bytes};
+}
+
+}  // namespace
+
 absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes) {
   const ModelConfig& c = config_;
   const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
   Scratch& sc = *scratch_;
-  // Replaces the buffers `fields` by new ones of `bytes` each, all or none: when the device (or pinned host
-  // memory, for `pinned`) has no room, the old buffers stay and the status says so.
-  auto replace = [&sc](std::initializer_list<std::pair<void**, int64_t>> fields, void** pinned, int64_t pinned_bytes,
+  // Replaces the device buffers `fields` (and the pinned host buffer `pinned`, when given) by new ones, all or
+  // none: when there is no room, the old buffers stay and the status says so.
+  auto replace = [&sc](std::initializer_list<BufferField> fields, const BufferField* pinned,
                        const char* what) -> absl::Status {
+    int64_t total = pinned != nullptr ? pinned->bytes : 0;
+    for (const BufferField& f : fields) total += f.bytes;
     std::vector<void*> fresh;
-    int64_t total = pinned_bytes;
-    for (const auto& [field, bytes] : fields) total += bytes;
     bool ok = true;
-    for (const auto& [field, bytes] : fields) {
-      void* p = TryDeviceAlloc(bytes);
+    for (const BufferField& f : fields) {
+      void* p = TryDeviceAlloc(f.bytes);
       if (p == nullptr) {
         ok = false;
         break;
@@ -863,7 +879,7 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
       fresh.push_back(p);
     }
     void* host = nullptr;
-    if (ok && pinned != nullptr && cudaMallocHost(&host, pinned_bytes) != cudaSuccess) {
+    if (ok && pinned != nullptr && cudaMallocHost(&host, pinned->bytes) != cudaSuccess) {
       (void)cudaGetLastError();
       ok = false;
     }
@@ -877,44 +893,44 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
     }
     sc.DropGraphs();
     size_t i = 0;
-    for (const auto& [field, bytes] : fields) {
-      if (*field != nullptr) {
-        ORYX_CUDA_CHECK(cudaFree(*field));
-        sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), *field));
+    for (const BufferField& f : fields) {
+      if (f.current != nullptr) {
+        ORYX_CUDA_CHECK(cudaFree(f.current));
+        sc.owned.erase(std::find(sc.owned.begin(), sc.owned.end(), f.current));
       }
-      *field = fresh[i++];
-      sc.owned.push_back(*field);
+      f.set(fresh[i]);
+      sc.owned.push_back(fresh[i++]);
     }
     if (pinned != nullptr) {
-      if (*pinned != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(*pinned));
-      *pinned = host;
+      if (pinned->current != nullptr) ORYX_CUDA_CHECK(cudaFreeHost(pinned->current));
+      pinned->set(host);
     }
     return absl::OkStatus();
   };
-  auto field = [](auto*& p) { return reinterpret_cast<void**>(&p); };
   if (N > sc.rows_cap) {
     const int64_t n = std::max(N, 2 * sc.rows_cap);
-    ORYX_RETURN_IF_ERROR(replace({{field(sc.x), n * D * 4}, {field(sc.proj), n * P * 4}, {field(sc.kv), n * 2 * HD * 4},
-                                  {field(sc.qa), n * HD * 4}, {field(sc.o), n * HD * 4}, {field(sc.tmp), n * D * 4},
-                                  {field(sc.mlp), n * 2 * F * 4}, {field(sc.u), n * D * 2}, {field(sc.y), n * HD * 2},
-                                  {field(sc.act), n * F * 2}},
-                                 nullptr, 0, "activation buffers"));
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.x, n * D * 4), Field(sc.proj, n * P * 4), Field(sc.kv, n * 2 * HD * 4),
+                                  Field(sc.qa, n * HD * 4), Field(sc.o, n * HD * 4), Field(sc.tmp, n * D * 4),
+                                  Field(sc.mlp, n * 2 * F * 4), Field(sc.u, n * D * 2), Field(sc.y, n * HD * 2),
+                                  Field(sc.act, n * F * 2)},
+                                 nullptr, "activation buffers"));
     sc.rows_cap = n;
   }
   if (NL > sc.logit_rows_cap) {
     const int64_t n = std::max(NL, 2 * sc.logit_rows_cap);
-    ORYX_RETURN_IF_ERROR(replace({{field(sc.head), n * D * 2}, {field(sc.logits), n * V * 4}}, field(sc.logits_host),
-                                 n * V * 4, "logit buffers"));
+    const BufferField host = Field(sc.logits_host, n * V * 4);
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.head, n * D * 2), Field(sc.logits, n * V * 4)}, &host, "logit buffers"));
     sc.logit_rows_cap = n;
   }
   if (partial > sc.partial_cap) {
     const int64_t n = std::max(partial, 2 * sc.partial_cap);
-    ORYX_RETURN_IF_ERROR(replace({{field(sc.partial), n * 4}}, nullptr, 0, "attention partials"));
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.partial, n * 4)}, nullptr, "attention partials"));
     sc.partial_cap = n;
   }
   if (meta_bytes > sc.meta_cap) {
     const int64_t n = std::max(meta_bytes, 2 * sc.meta_cap);
-    ORYX_RETURN_IF_ERROR(replace({{field(sc.meta), n}}, field(sc.meta_host), n, "metadata buffers"));
+    const BufferField host = Field(sc.meta_host, n);
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.meta, n)}, &host, "metadata buffers"));
     sc.meta_cap = n;
   }
   return absl::OkStatus();
