@@ -333,7 +333,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   base.update(Provenance());
 
   // Prefill throughput by mode, from an empty sequence, in chunks of 2048 tokens (attention mode only up to
-  // o.prefill_max_attention: its prefill attention is the simple split-KV kernel, not a tiled one).
+  // o.prefill_max_attention: its cost grows with the square of the context).
   for (Mode mode : {Mode::kLinear, Mode::kAttention}) {
     for (int64_t context : o.contexts) {
       if (mode == Mode::kAttention && context > o.prefill_max_attention) continue;

@@ -43,7 +43,9 @@ fi
 run 60 spec-130m $ORYX bench decode --device cuda --config 130m --contexts 1024,32768 --batches 1,16 --steps 20 \
   --spec-k 2,4,8 --prefill-max-attention 0 --json
 [[ ${SPEC_ONLY:-0} == 1 ]] && exit 0
-run 70 cuda-1.4b $ORYX bench decode --device cuda --config 1.4b --contexts 1024,8192,32768 --batches 1,4,16 --steps 20 --json
+run 80 cuda-1.4b $ORYX bench decode --device cuda --config 1.4b --contexts 1024,8192,32768 --batches 1,4,16 --steps 20 \
+  --prefill-max-attention 32768 --json
+run 30 gemv-1.4b build-gpu/bin/bench_gemv --config 1.4b
 run 60 torch-1.4b python3 bench/torch_reference.py --config 1.4b --contexts 1024,8192,32768 --batches 1,4 --impl eager,graph --steps 20
 run 70 cuda-130m $ORYX bench decode --device cuda --config 130m --contexts 1024,8192,32768,131072 --batches 1,4,16,64 --steps 20 --json
 run 30 cuda-default $ORYX bench decode --device cuda --model models/default --contexts 1024 --batches 1,4,16,64 --steps 20 --json

@@ -47,7 +47,7 @@ struct DecodeBenchOptions {
   // prefill is timed up to this context.
   std::string preset;
   LinearMixer mixer = LinearMixer::kMamba2;
-  int64_t prefill_max_attention = 8192;
+  int64_t prefill_max_attention = 32768;
   // cuda only: speculative rounds of these draft lengths at every point (bench/cuda_bench.h); with random
   // weights each draft is accepted with probability `acceptance`, with data_dir (a corpus, and model_dir)
   // the contexts are its validation windows and the acceptance is the model's own (greedy).
