@@ -99,9 +99,10 @@ __device__ __forceinline__ void AfterPrevious() {
 // last two in the stream writes: the weights, and the decode mixer's recurrent state (written only by the
 // same layer's mixer a step earlier). That is safe because a kernel is scheduled only once its predecessor
 // has passed its own AfterPrevious(), that is, once every kernel before the predecessor has finished. The
-// loads then stream during the previous kernel's tail. On the H200, with 8 loads in flight per lane, it took
-// 1.4b's linear step at 32K from 1.51 to 1.38 ms and 130m's at 1K from 0.62 to 0.50 ms (one call, the
-// same machine). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
+// loads then stream during the previous kernel's tail. On the H200 it took 1.4b's steps at 32K from 1.353 to
+// 1.257 ms (linear) and from 3.137 to 3.031 ms (attention), and 130m's linear step at 1K from 0.523 to 0.463
+// ms (each pair in one call; bench/results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads
+// everything after the wait.
 inline bool EarlyLoads() {
   static const bool on = [] {
     const char* env = std::getenv("ORYX_CUDA_EARLY_LOADS");
