@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "cli/flags.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/stream.h"
@@ -146,53 +147,29 @@ std::vector<nlohmann::json> Run(const Options& o) {
   return out;
 }
 
-bool ParseArgs(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << "usage: bench_gemv [--config 1.4b|130m] [--calls N]\n"
-                   "Times the decode step's products alone at batch 1 on the GPU; JSON lines.\n";
-      std::exit(0);
-    }
-    if (a == "--config" && i + 1 < argc) {
-      const std::string v = argv[++i];
-      if (v == "130m") {
-        o->shape = {"130m", 768, 12, 64, 2048};
-      } else if (v != "1.4b") {
-        std::cerr << "bench_gemv: error: unknown config '" << v << "' (1.4b, 130m)\n";
-        return false;
-      }
-      continue;
-    }
-    if (a == "--calls" && i + 1 < argc) {
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || v < 1 || v > 4096) {
-        std::cerr << "bench_gemv: error: --calls needs an integer in [1, 4096]\n";
-        return false;
-      }
-      o->calls = static_cast<int>(v);
-      continue;
-    }
-    std::cerr << "bench_gemv: error: unknown argument '" << a << "' (see --help)\n";
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  if (!ParseArgs(argc, argv, &o)) return 2;
-  if (kc::DeviceCount() == 0) {
-    std::cerr << "bench_gemv: error: no CUDA device is visible\n";
-    return 1;
-  }
-  for (auto& r : Run(o)) {
-    r["git"] = oryx::bench::GitRevision();
-    r["time"] = oryx::bench::UtcTimestamp();
-    std::cout << r.dump() << "\n";
-  }
-  return 0;
+  std::string config = "1.4b";
+  int64_t calls = 64;
+  oryx::cli::FlagSet flags("bench_gemv [--config 1.4b|130m] [--calls N]",
+                           "Times the decode step's products alone at batch 1 on the GPU; JSON lines.");
+  flags.String("config", &config, "the shapes: 1.4b | 130m");
+  flags.Int("calls", &calls, "calls per timed graph", 1, 4096);
+  return oryx::cli::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
+    Options o;
+    if (config == "130m") {
+      o.shape = {"130m", 768, 12, 64, 2048};
+    } else if (config != "1.4b") {
+      return absl::InvalidArgumentError("unknown --config '" + config + "' (1.4b, 130m)");
+    }
+    o.calls = static_cast<int>(calls);
+    if (kc::DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device is visible");
+    for (auto& r : Run(o)) {
+      r["git"] = oryx::bench::GitRevision();
+      r["time"] = oryx::bench::UtcTimestamp();
+      std::cout << r.dump() << "\n";
+    }
+    return absl::OkStatus();
+  });
 }
