@@ -757,17 +757,19 @@ constexpr int64_t kMaxGraphRows = 64;
 int64_t AlignMeta(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // Where a forward's metadata sits, in bytes from the forward's base in the metadata buffer: tokens [N],
-// row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B], attention groups [NG, 2].
+// row_seq [N], attn_rows [NA], logit_rows [NL], row_mode [N], seqs [B], attention groups [NG, 2], from the
+// forward's plan (CudaBackend::Plan).
 struct MetaLayout {
   int64_t tokens = 0, row_seq, attn, logit, mode, seqs, groups, bytes;
-  MetaLayout(int64_t N, int64_t NA, int64_t NL, int64_t B, int64_t NG)
-      : row_seq(AlignMeta(N * 4)),
-        attn(row_seq + AlignMeta(N * 4)),
-        logit(attn + AlignMeta(NA * 4)),
-        mode(logit + AlignMeta(NL * 4)),
-        seqs(mode + AlignMeta(N)),
-        groups(seqs + AlignMeta(B * int64_t{sizeof(kc::SeqDesc)})),
-        bytes(AlignMeta(groups + NG * 8)) {}
+  template <typename Plan>
+  explicit MetaLayout(const Plan& p)
+      : row_seq(AlignMeta(p.N * 4)),
+        attn(row_seq + AlignMeta(p.N * 4)),
+        logit(attn + AlignMeta(p.NA * 4)),
+        mode(logit + AlignMeta(p.NL * 4)),
+        seqs(mode + AlignMeta(p.N)),
+        groups(seqs + AlignMeta(p.B * int64_t{sizeof(kc::SeqDesc)})),
+        bytes(AlignMeta(groups + p.NG * 8)) {}
 };
 
 // Captures what `launch` puts on `stream` as an executable graph.
@@ -791,7 +793,8 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.B = static_cast<int64_t>(batch.size());
   int64_t max_keys = 0;
   bool any_keeps = false;
-  std::vector<int64_t> attention_rows;  // per item
+  // Attention row groups and the largest group, for groups of kAttentionGroupRows and of kAttentionTileRows.
+  int64_t groups = 0, tiles = 0, largest_group = 0, largest_tile = 0;
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
@@ -807,7 +810,10 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
       }
     }
     plan.NA += item_attention;
-    attention_rows.push_back(item_attention);
+    groups += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
+    tiles += (item_attention + kc::kAttentionTileRows - 1) / kc::kAttentionTileRows;
+    largest_group = std::max<int64_t>(largest_group, std::min<int64_t>(kc::kAttentionGroupRows, item_attention));
+    largest_tile = std::max<int64_t>(largest_tile, std::min<int64_t>(kc::kAttentionTileRows, item_attention));
     plan.NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
     plan.N += T;
   }
@@ -815,10 +821,8 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
   plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
   plan.group_size = plan.tiled_attention ? kc::kAttentionTileRows : kc::kAttentionGroupRows;
-  for (int64_t a : attention_rows) {
-    plan.NG += (a + plan.group_size - 1) / plan.group_size;
-    plan.group_rows = std::max<int32_t>(plan.group_rows, static_cast<int32_t>(std::min<int64_t>(plan.group_size, a)));
-  }
+  plan.NG = plan.tiled_attention ? tiles : groups;
+  plan.group_rows = static_cast<int32_t>(plan.tiled_attention ? largest_tile : largest_group);
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).
@@ -941,18 +945,10 @@ int64_t CudaBackend::PartialFloats(const Plan& plan) const {
   return plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2);
 }
 
-void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, int32_t group_size, char* base) const {
-  const int64_t B = static_cast<int64_t>(batch.size());
-  int64_t N = 0, NA = 0, NL = 0, NG = 0;
-  for (const ForwardItem& it : batch) {
-    const int64_t T = static_cast<int64_t>(it.tokens.size());
-    const int64_t attention = std::count(it.modes.begin(), it.modes.end(), Mode::kAttention);
-    N += T;
-    NA += attention;
-    NG += (attention + group_size - 1) / group_size;
-    NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
-  }
-  const MetaLayout m(N, NA, NL, B, NG);
+void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, const Plan& plan, int64_t pos_shift,
+                            char* base) const {
+  const int64_t B = plan.B, group_size = plan.group_size;
+  const MetaLayout m(plan);
   auto* tokens = reinterpret_cast<int32_t*>(base + m.tokens);
   auto* row_seq = reinterpret_cast<int32_t*>(base + m.row_seq);
   auto* attn_rows = reinterpret_cast<int32_t*>(base + m.attn);
@@ -983,7 +979,7 @@ void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shif
 
 void CudaBackend::SetViews(const Plan& plan, const char* base) {
   Scratch& sc = *scratch_;
-  const MetaLayout m(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
+  const MetaLayout m(plan);
   sc.tokens = reinterpret_cast<const int32_t*>(base + m.tokens);
   sc.tokens_stride = 1;
   sc.row_seq = reinterpret_cast<const int32_t*>(base + m.row_seq);
@@ -1040,9 +1036,9 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
-  const MetaLayout meta(plan.N, plan.NA, plan.NL, plan.B, plan.NG);
+  const MetaLayout meta(plan);
   ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes));
-  WriteMeta(batch, 0, plan.group_size, sc.meta_host);
+  WriteMeta(batch, plan, 0, sc.meta_host);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta.bytes, cudaMemcpyHostToDevice, ctx.stream));
   SetViews(plan, sc.meta);
   if (plan.graph) {
@@ -1092,18 +1088,17 @@ absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, in
   std::lock_guard<std::mutex> lock(forward_mu_);
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
-  ORYX_ASSIGN_OR_RETURN(Plan draft_plan, PlanForward(drafts));
-  ORYX_ASSIGN_OR_RETURN(Plan verify_plan, PlanForward(verify));
-  const bool graph = use_graphs_ && !profiler_ && verify_plan.N <= kMaxGraphRows;
-  draft_plan.graph = verify_plan.graph = graph;
+  ORYX_ASSIGN_OR_RETURN(const Plan draft_plan, PlanForward(drafts));
+  ORYX_ASSIGN_OR_RETURN(const Plan verify_plan, PlanForward(verify));
+  const bool graph = verify_plan.graph;  // (the drafts' plan has fewer rows)
   // Metadata: the k draft steps' (each its positions), the verify span's, then the verify rows' argmaxes.
-  const int64_t draft_bytes = MetaLayout(B, 0, B, B, 0).bytes;
+  const int64_t draft_bytes = MetaLayout(draft_plan).bytes;
   const int64_t verify_base = k * draft_bytes;
-  const int64_t argmax_base = verify_base + MetaLayout(B * S, B * S, B * S, B, verify_plan.NG).bytes;
+  const int64_t argmax_base = verify_base + MetaLayout(verify_plan).bytes;
   const int64_t meta_bytes = argmax_base + AlignMeta(B * S * 4);
   ORYX_RETURN_IF_ERROR(EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes));
-  for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, j, draft_plan.group_size, sc.meta_host + j * draft_bytes);
-  WriteMeta(verify, 0, verify_plan.group_size, sc.meta_host + verify_base);
+  for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, draft_plan, j, sc.meta_host + j * draft_bytes);
+  WriteMeta(verify, verify_plan, 0, sc.meta_host + verify_base);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, argmax_base, cudaMemcpyHostToDevice, ctx.stream));
   // The verify span's tokens [B, S] (at the verify metadata's base) are where the drafts go: draft step j
   // reads column j and writes its argmax to column j + 1.

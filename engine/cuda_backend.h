@@ -64,11 +64,12 @@ class CudaBackend final : public Backend {
   absl::Status Init(const ModelConfig& config);
   struct Plan;
   // A forward in steps: its plan (the sequences' capacity made), the scratch for it, its metadata written
-  // at `base` (positions shifted by pos_shift), the device views of it, the launches, the host bookkeeping.
+  // at `base` as the plan lays it out (positions shifted by pos_shift), the device views of it, the launches,
+  // the host bookkeeping.
   absl::StatusOr<Plan> PlanForward(std::span<const ForwardItem> batch);
   absl::Status EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);  // ResourceExhausted
   int64_t PartialFloats(const Plan& plan) const;
-  void WriteMeta(std::span<const ForwardItem> batch, int64_t pos_shift, int32_t group_size, char* base) const;
+  void WriteMeta(std::span<const ForwardItem> batch, const Plan& plan, int64_t pos_shift, char* base) const;
   void SetViews(const Plan& plan, const char* base);
   void RunModel(const Plan& plan);
   void LayerForward(int64_t il, const Plan& plan);
