@@ -123,13 +123,25 @@ struct ForwardItem {
   bool keep_states = false;                  // record the span for Truncate (speculative verification)
 };
 
-// One sequence's part of a greedy speculative round run by the backend (Backend::GreedyRound).
-struct GreedyRoundItem {
+class Sampler;
+
+// One sequence's part of a speculative round run by the backend (Backend::SpeculativeRound).
+struct RoundItem {
   SequenceState* seq = nullptr;    // has a KV cache; `pending` is its next token, not yet run
   SequenceState* draft = nullptr;  // a draft sequence (MakeDraft of seq); the round overwrites it
   int32_t pending = 0;
+  // The slot's sampler: greedy, or the distribution drafts are drawn from and judged against. Its stream
+  // advances by exactly the uniforms the decoder's own round would have used.
+  Sampler* sampler = nullptr;
   std::vector<int32_t>* emitted = nullptr;  // out: the accepted drafts, then the recovered or bonus token
 };
+
+// The uniforms a slot's sampler gives a sampled lossless round of k drafts of which `accepted` are accepted:
+// one per draft (LinearProposer), one per judged draft and one for the recovered or bonus token
+// (speculative::AcceptLossless). A backend that draws all 2k + 1 up front puts the sampler back to here.
+inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
+  return k + (accepted < k ? accepted + 2 : k + 1);
+}
 
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
@@ -153,15 +165,15 @@ class Backend {
   // logits_out, or a sequence given twice.
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
-  // Greedy speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the
-  // host between a round's forwards costs: for every item, k linear-mode draft steps from `pending` on the
-  // draft (refreshed from seq first), each taking the argmax of the last; one attention-mode verify span
-  // [pending, d_1..d_k] on seq; the drafts accepted while each equals the argmax of the verify row before
-  // it; seq committed (truncated) to after the accepted ones. `emitted` gets exactly what
-  // speculative::AcceptLossless gives greedy slots. Backends without it return Unimplemented
-  // (greedy_rounds() false) and the decoder runs the round from Forward calls.
-  virtual bool greedy_rounds() const { return false; }
-  virtual absl::Status GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) {
+  // Speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the host
+  // between a round's forwards costs: for every item, k linear-mode draft steps from `pending` on the draft
+  // (refreshed from seq first), each drawing from the last step's distribution (greedy: its argmax); one
+  // attention-mode verify span [pending, d_1..d_k] on seq; speculative::AcceptLossless's rule; seq committed
+  // (truncated) to after the accepted drafts. Every item's sampler must have the same parameters. Backends
+  // without it return Unimplemented (backend_rounds() false) and the decoder runs the round from Forward
+  // calls.
+  virtual bool backend_rounds() const { return false; }
+  virtual absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
     (void)items, (void)k;
     return absl::UnimplementedError("this backend does not run speculative rounds itself");
   }

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "engine/checkpoint.h"
+#include "engine/sampler.h"
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
@@ -376,8 +377,12 @@ struct CudaBackend::Scratch {
   // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by plan. The graphs bake in the scratch
   // pointers above, so any growth of the scratch drops them.
   std::map<Plan, cudaGraphExec_t> graphs;
-  // Whole greedy speculative rounds, by (draft step plan, verify plan, k).
-  std::map<std::tuple<Plan, Plan, int64_t>, cudaGraphExec_t> round_graphs;
+  // Whole speculative rounds, by (draft step plan, verify plan, k, sampled, temperature, top_k, top_p).
+  std::map<std::tuple<Plan, Plan, int64_t, bool, float, int64_t, float>, cudaGraphExec_t> round_graphs;
+  float* round_q = nullptr;  // sampled rounds: the drafts' distributions [B, k, V]
+  int64_t round_q_cap = 0;
+  void* sample_workspace = nullptr;
+  int64_t sample_workspace_cap = 0;
   void DropGraphs() {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     for (auto& [key, exec] : round_graphs) cudaGraphExecDestroy(exec);
@@ -862,7 +867,8 @@ BufferField Field(T*& p, int64_t bytes) {
 
 }  // namespace
 
-absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes) {
+absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes, int64_t round_q,
+                                        int64_t workspace_bytes) {
   const ModelConfig& c = config_;
   const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
   Scratch& sc = *scratch_;
@@ -936,6 +942,14 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
     const BufferField host = Field(sc.meta_host, n);
     ORYX_RETURN_IF_ERROR(replace({Field(sc.meta, n)}, &host, "metadata buffers"));
     sc.meta_cap = n;
+  }
+  if (round_q > sc.round_q_cap) {
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.round_q, round_q * 4)}, nullptr, "draft distributions"));
+    sc.round_q_cap = round_q;
+  }
+  if (workspace_bytes > sc.sample_workspace_cap) {
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.sample_workspace, workspace_bytes)}, nullptr, "sampling workspace"));
+    sc.sample_workspace_cap = workspace_bytes;
   }
   return absl::OkStatus();
 }
@@ -1058,7 +1072,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) {
+absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
   if (B == 0) return absl::OkStatus();
@@ -1071,18 +1085,22 @@ absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, in
   std::vector<float> unused;  // (the logits stay on the device)
   std::vector<ForwardItem> verify(B), drafts(B);
   for (int64_t b = 0; b < B; ++b) {
-    const GreedyRoundItem& it = items[b];
-    if (it.seq == nullptr || it.draft == nullptr || it.emitted == nullptr || it.seq == it.draft || it.draft->has_kv() ||
-        it.draft->device() == nullptr || it.draft->device()->owner() != this) {
-      return absl::InvalidArgumentError(
-          Cat("speculative round: item ", b, " needs a sequence, a draft sequence of this backend and an output"));
+    const RoundItem& it = items[b];
+    if (it.seq == nullptr || it.draft == nullptr || it.emitted == nullptr || it.sampler == nullptr ||
+        it.seq == it.draft || it.draft->has_kv() || it.draft->device() == nullptr || it.draft->device()->owner() != this) {
+      return absl::InvalidArgumentError(Cat("speculative round: item ", b,
+                                            " needs a sequence, a draft sequence of this backend, a sampler and an output"));
+    }
+    const SamplingParams& p = it.sampler->params(), &p0 = items[0].sampler->params();
+    if (p.temperature != p0.temperature || p.top_k != p0.top_k || p.top_p != p0.top_p) {
+      return absl::InvalidArgumentError(Cat("speculative round: item ", b, " samples with other parameters than item 0"));
     }
     spans[b].assign(S, it.pending);
     verify[b] = {it.seq, spans[b], attention, LogitsRows::kAll, &unused, /*keep_states=*/true};
     drafts[b] = {it.draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
   }
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, verify, this));
-  for (const GreedyRoundItem& it : items) it.draft->CopyRecurrentFrom(*it.seq);
+  for (const RoundItem& it : items) it.draft->CopyRecurrentFrom(*it.seq);
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, drafts, this));
 
   std::lock_guard<std::mutex> lock(forward_mu_);
@@ -1091,56 +1109,102 @@ absl::Status CudaBackend::GreedyRound(std::span<const GreedyRoundItem> items, in
   ORYX_ASSIGN_OR_RETURN(const Plan draft_plan, PlanForward(drafts));
   ORYX_ASSIGN_OR_RETURN(const Plan verify_plan, PlanForward(verify));
   const bool graph = verify_plan.graph;  // (the drafts' plan has fewer rows)
-  // Metadata: the k draft steps' (each its positions), the verify span's, then the verify rows' argmaxes.
+  // Sampled rounds draw every uniform the round may use from each slot's sampler (k for the drafts, k + 1 for
+  // the acceptance), and put the sampler back afterwards to just past the ones it used.
+  const SamplingParams& sampling = items[0].sampler->params();
+  const bool sampled = !sampling.greedy();
+  const kc::SamplingDims dims{V, sampling.temperature, sampling.top_k, sampling.top_p};
+  // Metadata: the k draft steps' (each its positions), the verify span's, then the verify rows' argmaxes
+  // (greedy) or each slot's (accepted, next) (sampled), then the uniforms (sampled): the drafts' [k, B],
+  // the acceptance's [B, S].
   const int64_t draft_bytes = MetaLayout(draft_plan).bytes;
   const int64_t verify_base = k * draft_bytes;
-  const int64_t argmax_base = verify_base + MetaLayout(verify_plan).bytes;
-  const int64_t meta_bytes = argmax_base + AlignMeta(B * S * 4);
-  ORYX_RETURN_IF_ERROR(EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes));
+  const int64_t result_base = verify_base + MetaLayout(verify_plan).bytes;
+  const int64_t uniform_base = result_base + AlignMeta(B * S * 4);
+  const int64_t meta_bytes = uniform_base + (sampled ? AlignMeta((k * B + B * S) * 8) : 0);
+  const int64_t workspace_bytes = sampled ? kc::SamplingWorkspaceBytes(std::max(B, S)) : 0;
+  ORYX_RETURN_IF_ERROR(EnsureScratch(verify_plan.N, verify_plan.NL, PartialFloats(verify_plan), meta_bytes,
+                                     sampled ? B * k * V : 0, workspace_bytes));
   for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, draft_plan, j, sc.meta_host + j * draft_bytes);
   WriteMeta(verify, verify_plan, 0, sc.meta_host + verify_base);
-  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, argmax_base, cudaMemcpyHostToDevice, ctx.stream));
+  std::vector<Sampler> before;
+  if (sampled) {
+    auto* u = reinterpret_cast<double*>(sc.meta_host + uniform_base);
+    for (int64_t b = 0; b < B; ++b) {
+      Sampler& sampler = *items[b].sampler;
+      before.push_back(sampler);
+      for (int64_t j = 0; j < k; ++j) u[j * B + b] = sampler.Uniform();
+      for (int64_t i = 0; i < S; ++i) u[k * B + b * S + i] = sampler.Uniform();
+    }
+  }
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
   // The verify span's tokens [B, S] (at the verify metadata's base) are where the drafts go: draft step j
-  // reads column j and writes its argmax to column j + 1.
+  // reads column j and writes its token to column j + 1.
   auto* span_tokens = reinterpret_cast<int32_t*>(sc.meta + verify_base);
-  auto* argmax = reinterpret_cast<int32_t*>(sc.meta + argmax_base);
+  auto* results = reinterpret_cast<int32_t*>(sc.meta + result_base);
+  const auto* uniforms = reinterpret_cast<const double*>(sc.meta + uniform_base);
   auto round = [&] {
     for (int64_t j = 0; j < k; ++j) {
       SetViews(draft_plan, sc.meta + j * draft_bytes);
       sc.tokens = span_tokens + j;
       sc.tokens_stride = S;
       RunModel(draft_plan);
-      kc::Argmax({B, V, sc.logits, span_tokens + j + 1, S}, ctx.stream);
+      if (sampled) {  // the draft and its distribution q_j, rows [b, j] of round_q
+        kc::SampleRows({B, dims, sc.logits, uniforms + j * B, span_tokens + j + 1, sc.sample_workspace, S,
+                        sc.round_q + j * V, k * V},
+                       ctx.stream);
+      } else {
+        kc::Argmax({B, V, sc.logits, span_tokens + j + 1, S}, ctx.stream);
+      }
     }
     SetViews(verify_plan, sc.meta + verify_base);
     RunModel(verify_plan);
-    kc::Argmax({B * S, V, sc.logits, argmax}, ctx.stream);
+    if (!sampled) return kc::Argmax({B * S, V, sc.logits, results}, ctx.stream);
+    for (int64_t b = 0; b < B; ++b) {
+      kc::AcceptLossless({k, dims, sc.logits + b * S * V, span_tokens + b * S + 1, sc.round_q + b * k * V,
+                          uniforms + k * B + b * S, results + 2 * b, sc.sample_workspace},
+                         ctx.stream);
+    }
   };
   if (graph) {
-    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k}];
+    // (The sampling parameters are baked into the launches, so they are part of the key.)
+    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k, sampled, dims.temperature, dims.top_k,
+                                             dims.top_p}];
     if (exec == nullptr) exec = Capture(ctx.stream, round);
     ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   } else {
     round();
   }
-  // The drafts and the verify rows' argmaxes come back in one synchronisation.
+  // The drafts and the results come back in one synchronisation.
   auto* span_host = reinterpret_cast<int32_t*>(sc.meta_host + verify_base);
-  auto* argmax_host = reinterpret_cast<int32_t*>(sc.meta_host + argmax_base);
+  auto* results_host = reinterpret_cast<int32_t*>(sc.meta_host + result_base);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(span_host, span_tokens, B * S * 4, cudaMemcpyDeviceToHost, ctx.stream));
-  ORYX_CUDA_CHECK(cudaMemcpyAsync(argmax_host, argmax, B * S * 4, cudaMemcpyDeviceToHost, ctx.stream));
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(results_host, results, (sampled ? 2 * B : B * S) * 4, cudaMemcpyDeviceToHost,
+                                  ctx.stream));
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   if (profiler_) profiler_->Collect(/*keep=*/false);
   for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr);
   FinishForward(verify, nullptr);
 
-  // Accept (greedy): d_{i+1} while it is the argmax of verify row i; then commit.
+  // Accept (greedy: d_{i+1} while it is the argmax of verify row i; sampled: the device's AcceptLossless),
+  // then commit.
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* d = span_host + b * S;  // pending, d_1..d_k
-    const int32_t* best = argmax_host + b * S;
     int64_t accepted = 0;
-    while (accepted < k && d[accepted + 1] == best[accepted]) ++accepted;
+    int32_t next = 0;
+    if (sampled) {
+      accepted = results_host[2 * b];
+      next = results_host[2 * b + 1];
+      Sampler& sampler = *items[b].sampler;
+      sampler = before[b];
+      for (int64_t i = 0; i < UniformsOfSampledRound(k, accepted); ++i) (void)sampler.Uniform();
+    } else {
+      const int32_t* best = results_host + b * S;
+      while (accepted < k && d[accepted + 1] == best[accepted]) ++accepted;
+      next = best[accepted];
+    }
     items[b].emitted->assign(d + 1, d + 1 + accepted);
-    items[b].emitted->push_back(best[accepted]);
+    items[b].emitted->push_back(next);
     ORYX_RETURN_IF_ERROR(items[b].seq->Truncate(items[b].seq->position() - S + 1 + accepted));
   }
   return absl::OkStatus();

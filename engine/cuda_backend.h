@@ -30,11 +30,12 @@ class CudaBackend final : public Backend {
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
   // The whole round on the device, one CUDA graph per shape, with one synchronisation at its end (the
-  // drafts and the verify rows' argmaxes come back; the k comparisons are made on the host).
-  bool greedy_rounds() const override { return greedy_rounds_; }
-  absl::Status GreedyRound(std::span<const GreedyRoundItem> items, int64_t k) override;
-  // Off: greedy_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
-  void set_greedy_rounds(bool on) { greedy_rounds_ = on; }
+  // drafts come back with the verify rows' argmaxes, greedy, whose k comparisons the host makes, or with
+  // the device's AcceptLossless result, sampled).
+  bool backend_rounds() const override { return backend_rounds_; }
+  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
+  // Off: backend_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
+  void set_backend_rounds(bool on) { backend_rounds_ = on; }
 
   // Bytes of bf16 weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -67,7 +68,9 @@ class CudaBackend final : public Backend {
   // at `base` as the plan lays it out (positions shifted by pos_shift), the device views of it, the launches,
   // the host bookkeeping.
   absl::StatusOr<Plan> PlanForward(std::span<const ForwardItem> batch);
-  absl::Status EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes);  // ResourceExhausted
+  // ResourceExhausted when the device has no room (the old buffers then stay).
+  absl::Status EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes, int64_t round_q = 0,
+                             int64_t workspace_bytes = 0);
   int64_t PartialFloats(const Plan& plan) const;
   void WriteMeta(std::span<const ForwardItem> batch, const Plan& plan, int64_t pos_shift, char* base) const;
   void SetViews(const Plan& plan, const char* base);
@@ -88,7 +91,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
-  bool greedy_rounds_ = true;
+  bool backend_rounds_ = true;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

@@ -36,7 +36,7 @@ struct SpecStats {
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position 0..k-1
   double draft_s = 0, verify_s = 0;              // wall time spent drafting / verifying (and committing)
   int64_t draft_forwards = 0, verify_forwards = 0;  // batched model forwards of each kind
-  // Rounds the backend ran whole (Backend::GreedyRound) and their wall time; drafting and verifying are
+  // Rounds the backend ran whole (Backend::SpeculativeRound) and their wall time; drafting and verifying are
   // not timed apart there, so these rounds add to neither draft_s nor verify_s.
   int64_t backend_rounds = 0;
   double backend_round_s = 0;

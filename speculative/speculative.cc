@@ -227,17 +227,22 @@ absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std
   auto* linear = dynamic_cast<LinearProposer*>(proposer_.get());
   using Rule = int64_t (*)(Sampler&, std::span<const float>, const Proposal&, int64_t, int32_t*);
   const Rule* rule = options_.accept.target<Rule>();
-  if (k < 1 || linear == nullptr || !backend.greedy_rounds() || rule == nullptr || *rule != &AcceptLossless) return false;
+  if (k < 1 || linear == nullptr || !backend.backend_rounds() || rule == nullptr || *rule != &AcceptLossless) return false;
+  // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
+  const SamplingParams& first = slots[0]->sampler->params();
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (k_[i] != k || !slots[i]->sampler->params().greedy()) return false;
+    const SamplingParams& p = slots[i]->sampler->params();
+    if (k_[i] != k || p.temperature != first.temperature || p.top_k != first.top_k || p.top_p != first.top_p) {
+      return false;
+    }
   }
   round_items_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     ORYX_ASSIGN_OR_RETURN(SequenceState* draft, linear->DraftFor(*slots[i]));
-    round_items_[i] = {slots[i]->seq, draft, slots[i]->pending, &slots[i]->emitted};
+    round_items_[i] = {slots[i]->seq, draft, slots[i]->pending, slots[i]->sampler, &slots[i]->emitted};
   }
   const auto t0 = Clock::now();
-  ORYX_RETURN_IF_ERROR(backend.GreedyRound(round_items_, k));
+  ORYX_RETURN_IF_ERROR(backend.SpeculativeRound(round_items_, k));
   const double round_s = Seconds(t0);
   for (DecodeSlot* s : slots) {
     const int64_t accepted = static_cast<int64_t>(s->emitted.size()) - 1;

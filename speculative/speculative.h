@@ -124,9 +124,10 @@ class DraftLengthController {
 };
 
 // The speculative decoder: rounds of propose / verify / accept / commit, batched over slots (each accepts
-// its own number of tokens). When every slot is greedy, drafts with the linear proposer at one draft length
-// and is judged by AcceptLossless, and the backend runs whole rounds (Backend::greedy_rounds), the round is
-// the backend's GreedyRound: the same forwards and the same tokens, without a return to the host between
+// its own number of tokens). When every slot drafts with the linear proposer at one draft length and with
+// one sampling distribution, is judged by AcceptLossless, and the backend runs whole rounds
+// (Backend::backend_rounds), the round is the backend's SpeculativeRound: the same forwards and, up to
+// rounding at near ties of the sampled distributions, the same tokens, without a return to the host between
 // them.
 class SpeculativeDecoder final : public Decoder {
  public:
@@ -141,12 +142,12 @@ class SpeculativeDecoder final : public Decoder {
   absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k);
 
  private:
-  // Backend::GreedyRound for the slots, all with draft length k, when the round qualifies (see above);
+  // Backend::SpeculativeRound for the slots, all with draft length k, when the round qualifies (see above);
   // false when it does not and nothing ran.
   absl::StatusOr<bool> MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots, int64_t k);
   // Counts a slot's round (its drafts and how many were accepted) in its stats and the controller.
   void Account(DecodeSlot& s, int64_t drafted, int64_t accepted);
-  std::vector<GreedyRoundItem> round_items_;
+  std::vector<RoundItem> round_items_;
   std::unique_ptr<Proposer> proposer_;
   SpeculativeOptions options_;
   DraftLengthController controller_;

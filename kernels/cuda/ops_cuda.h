@@ -293,8 +293,12 @@ struct SampleRowsParams {
   SamplingDims dims;
   const float* logits_ptr;     // [rows, V]
   const double* uniforms_ptr;  // [rows], in [0, 1)
-  int32_t* tokens_ptr;         // [rows]
+  int32_t* tokens_ptr;         // [rows] at tokens_stride
   void* workspace_ptr;         // SamplingWorkspaceBytes(rows)
+  int64_t tokens_stride = 1;
+  // When set, each row's distribution (Sampler::Distribution's) is written too, rows probs_row_stride apart.
+  float* maybe_probs_ptr = nullptr;
+  int64_t probs_row_stride = 0;
 };
 void SampleRows(const SampleRowsParams& p, cudaStream_t stream);
 

@@ -305,16 +305,29 @@ __device__ int64_t DrawIndexOrder(int64_t V, double uniform, ProbFn prob) {
 
 // One block per row: the token Sampler::Next draws from the row's distribution with the row's uniform.
 __global__ void DrawKernel(SamplingDims d, const float* logits_ptr, const RowCut* cuts_ptr,
-                           const double* uniforms_ptr, int32_t* tokens_ptr) {
+                           const double* uniforms_ptr, int32_t* tokens_ptr, int64_t tokens_stride) {
   const float* row = logits_ptr + int64_t(blockIdx.x) * d.vocab;
   const RowCut cut = cuts_ptr[blockIdx.x];
+  int32_t* token_out = tokens_ptr + int64_t(blockIdx.x) * tokens_stride;
   if (cut.greedy) {
-    if (threadIdx.x == 0) tokens_ptr[blockIdx.x] = cut.last;
+    if (threadIdx.x == 0) *token_out = cut.last;
     return;
   }
   const int64_t token = DrawIndexOrder(d.vocab, uniforms_ptr[blockIdx.x],
                                        [&](int64_t i) { return Prob(cut, row[i], i, d.temperature); });
-  if (threadIdx.x == 0) tokens_ptr[blockIdx.x] = static_cast<int32_t>(token);
+  if (threadIdx.x == 0) *token_out = static_cast<int32_t>(token);
+}
+
+// One block per row: the row's sampling distribution (what Sampler::Distribution writes), for the lossless
+// acceptance of a token drawn from it.
+__global__ void DistributionKernel(SamplingDims d, const float* logits_ptr, const RowCut* cuts_ptr, float* probs_ptr,
+                                   int64_t probs_row_stride) {
+  const float* row = logits_ptr + int64_t(blockIdx.x) * d.vocab;
+  const RowCut cut = cuts_ptr[blockIdx.x];
+  float* out = probs_ptr + int64_t(blockIdx.x) * probs_row_stride;
+  for (int64_t i = threadIdx.x; i < d.vocab; i += blockDim.x) {
+    out[i] = cut.greedy ? (i == cut.last ? 1.f : 0.f) : Prob(cut, row[i], i, d.temperature);
+  }
 }
 
 // One block: AcceptLossless over the span's rows (their cuts made), drafts judged in order.
@@ -367,8 +380,13 @@ void SampleRows(const SampleRowsParams& p, cudaStream_t stream) {
   auto* cuts = static_cast<RowCut*>(p.workspace_ptr);
   CutKernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, stream>>>(p.dims, p.logits_ptr, cuts);
   ORYX_CUDA_CHECK(cudaGetLastError());
+  if (p.maybe_probs_ptr != nullptr) {
+    DistributionKernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p.dims, p.logits_ptr, cuts,
+                                                                             p.maybe_probs_ptr, p.probs_row_stride);
+    ORYX_CUDA_CHECK(cudaGetLastError());
+  }
   DrawKernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, stream>>>(p.dims, p.logits_ptr, cuts, p.uniforms_ptr,
-                                                                         p.tokens_ptr);
+                                                                         p.tokens_ptr, p.tokens_stride);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -355,7 +355,7 @@ TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
   EXPECT_GT(rounds, 0);
 }
 
-// Greedy speculative decoding with whole rounds on the device (CudaBackend::GreedyRound) against the same
+// Greedy speculative decoding with whole rounds on the device (CudaBackend::SpeculativeRound) against the same
 // decoding with rounds run forward by forward from the host: the same forwards in the same shapes, so the
 // same tokens exactly, and the same acceptance. Four requests decode together (rounds batched over them).
 void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32_t seed, int64_t max_tokens) {
@@ -373,14 +373,20 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
     q.stop_at_eos = false;
     base.push_back(q);
   }
-  for (const std::string policy : {"speculative:1", "speculative:3", "speculative:8"}) {
+  // Greedy, then sampled (every request with the same parameters, each its own seed): the rounds judge the
+  // drafts with the GPU's AcceptLossless and the uniforms the decoder's rounds would have drawn.
+  for (const std::string policy : {"speculative:1", "speculative:3", "speculative:8", "sampled speculative:3"}) {
     SCOPED_TRACE(policy);
+    const bool sampled = policy.starts_with("sampled ");
     std::vector<GenerateRequest> qs = base;
-    for (auto& q : qs) q.policy = policy;
-    cuda->set_greedy_rounds(false);
+    for (size_t i = 0; i < qs.size(); ++i) {
+      qs[i].policy = sampled ? policy.substr(8) : policy;
+      if (sampled) qs[i].sampling = {0.8f, 0, 0.95f, 100 + i};
+    }
+    cuda->set_backend_rounds(false);
     auto host = engine.Generate(qs);
     ASSERT_TRUE(host.ok()) << host.status();
-    cuda->set_greedy_rounds(true);
+    cuda->set_backend_rounds(true);
     auto device = engine.Generate(qs);
     ASSERT_TRUE(device.ok()) << device.status();
     int64_t backend_rounds = 0, accepted = 0;
@@ -540,26 +546,33 @@ TEST(CudaParity, DefaultModelBackendRoundsEqualHostRounds) {
   ExpectBackendRoundsEqualHostRounds(std::move(*gpu), 4, 64);
 }
 
-// GreedyRound's own checks: nothing runs and no state changes.
-TEST(CudaBackend, GreedyRoundRejectsBadItems) {
+// SpeculativeRound's own checks: nothing runs and no state changes.
+TEST(CudaBackend, SpeculativeRoundRejectsBadItems) {
   auto gpu = CudaBackend::CreateRandom(HeadDim64Config(LinearMixer::kMamba2), 5);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   SequenceState seq = (*gpu)->NewSequence(), other = (*gpu)->NewSequence();
   std::vector<float> logits;
   std::vector<int32_t> prompt = {5, 6, 7};
   ASSERT_TRUE((*gpu)->Forward(seq, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
-  SequenceState draft = seq.MakeDraft();
-  std::vector<int32_t> emitted;
-  auto round = [&](GreedyRoundItem item, int64_t k) {
-    return (*gpu)->GreedyRound(std::span<const GreedyRoundItem>(&item, 1), k).code();
+  SequenceState draft = seq.MakeDraft(), draft2 = other.MakeDraft();
+  std::vector<int32_t> emitted, emitted2;
+  Sampler greedy(SamplingParams{}), hot(SamplingParams{0.8f, 0, 1.f, 1});
+  auto round = [&](RoundItem item, int64_t k) {
+    return (*gpu)->SpeculativeRound(std::span<const RoundItem>(&item, 1), k).code();
   };
-  EXPECT_EQ(round({&seq, &draft, 8, &emitted}, 0), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(round({&seq, &other, 8, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a draft
-  EXPECT_EQ(round({&seq, &draft, 8, nullptr}, 2), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(round({&seq, &draft, -1, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a token
-  EXPECT_EQ(round({&seq, &draft, 8, &emitted}, (*gpu)->config().max_position), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, 0), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &other, 8, &greedy, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a draft
+  EXPECT_EQ(round({&seq, &draft, 8, &greedy, nullptr}, 2), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &draft, 8, nullptr, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // no sampler
+  EXPECT_EQ(round({&seq, &draft, -1, &greedy, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a token
+  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, (*gpu)->config().max_position),
+            absl::StatusCode::kInvalidArgument);
+  // Two samplers with different parameters in one round.
+  ASSERT_TRUE((*gpu)->Forward(other, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
+  const RoundItem mixed[] = {{&seq, &draft, 8, &greedy, &emitted}, {&other, &draft2, 8, &hot, &emitted2}};
+  EXPECT_EQ((*gpu)->SpeculativeRound(mixed, 2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(seq.position(), 3);
-  ASSERT_EQ(round({&seq, &draft, 8, &emitted}, 4), absl::StatusCode::kOk);
+  ASSERT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, 4), absl::StatusCode::kOk);
   EXPECT_GE(emitted.size(), 1u);
   EXPECT_LE(emitted.size(), 5u);
   EXPECT_EQ(seq.position(), 3 + static_cast<int64_t>(emitted.size()));

@@ -296,6 +296,52 @@ TEST_P(SpeculativeTest, SampledOutputHasAttentionModesDistributionAndWrongRulesA
   });
 }
 
+// A sampled round run by the decoder (LinearProposer, AcceptLossless) draws exactly UniformsOfSampledRound
+// uniforms from the slot's sampler: the count a backend that runs the round itself restores the sampler to.
+TEST_P(SpeculativeTest, SampledRoundsUseTheUniformsBackendsRestore) {
+  testutil::ScratchDir scratch;
+  Engine engine = SpeculativeEngine(scratch, GetParam(), 3);
+  Backend& backend = engine.backend();
+  const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
+  std::mt19937 rng(8);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 9, V);
+  SequenceState seq = backend.NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(backend.Forward(seq, prompt, std::vector<Mode>(prompt.size(), Mode::kAttention), false, &logits).ok());
+  Sampler sampler(SamplingParams{1.0f, 0, 1.f, 12});
+  GenerateStats stats;
+  std::vector<int32_t> generated = {sampler.Next(logits)};
+  DecodeSlot slot{0, &seq, generated[0], static_cast<int64_t>(prompt.size()), &prompt, &generated, 1000, &sampler,
+                  &stats, {}};
+  const int64_t k = 3;
+  SpeculativeOptions options;
+  options.k = k;
+  SpeculativeDecoder decoder(std::make_unique<LinearProposer>(), options);
+  DecodeSlot* slots[] = {&slot};
+  std::vector<int64_t> seen(k + 1, 0);  // rounds by accepted count
+  const int64_t max_position = backend.config().max_position;
+  int round = 0;
+  for (; seq.position() + 1 < max_position; ++round) {  // (the decoder's contract: room for the pending token)
+    const Sampler before = sampler;
+    const int64_t drafted_before = stats.spec ? stats.spec->drafted : 0;
+    ASSERT_TRUE(decoder.Step(backend, slots).ok());
+    // (Near max_position a round drafts fewer than k.)
+    const int64_t drafted = stats.spec->drafted - drafted_before;
+    const int64_t accepted = static_cast<int64_t>(slot.emitted.size()) - 1;
+    ++seen[accepted];
+    Sampler expected = before;
+    for (int64_t i = 0; i < UniformsOfSampledRound(drafted, accepted); ++i) (void)expected.Uniform();
+    Sampler actual = sampler;
+    ASSERT_EQ(expected.Uniform(), actual.Uniform()) << "round " << round << ", " << accepted << " accepted";
+    generated.insert(generated.end(), slot.emitted.begin(), slot.emitted.end());
+    slot.pending = slot.emitted.back();
+  }
+  EXPECT_GE(round, 8);
+  // Both endings occurred: a rejection (the recovered token's uniform) and all k accepted (the bonus token's).
+  EXPECT_GT(seen[0] + seen[1] + seen[2], 0);
+  EXPECT_GT(seen[k], 0);
+}
+
 TEST(SpeculativePolicy, NamesParseAndBadOnesAreErrors) {
   for (const char* ok : {"speculative", "speculative:4", "speculative:ngram", "speculative:ngram:2"}) {
     EXPECT_TRUE(MakeSpeculativeDecoder(ok).ok()) << ok;
