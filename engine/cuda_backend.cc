@@ -722,6 +722,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::FusedGemvParams o_proj{N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o,
                                sc.proj + 3 * HD, w.gate_norm, w.o_proj, sc.x, true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
+    o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
     kc::FusedGemv(o_proj, s);
     mark("o_proj (gated norm fused)");
     // SwiGLU in the up projection's epilogue (each warp takes a gate row and its up row); the down
@@ -732,7 +733,9 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mlp_in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(mlp_in, s);
     mark("mlp_in+swiglu (norm fused)");
-    kc::Gemm({N, D, F, F, D, sc.act, w.mlp_down, sc.x, /*accumulate=*/true}, ctx.cublas);
+    kc::GemmParams down{N, D, F, F, D, sc.act, w.mlp_down, sc.x, /*accumulate=*/true};
+    down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
+    kc::Gemm(down, ctx.cublas);
     mark("mlp_down (residual fused)");
     return;
   }

@@ -69,7 +69,17 @@ __global__ void GemvKernel(GemmParams p) {
     }
   };
   const int64_t first = part * 32 + lane;
-  if (p.early_loads) load(first);
+  // The residual this feature adds to, before the wait where the caller says y was written two or more
+  // kernels ago (the thread that writes it reads it).
+  float prior[kM] = {};
+  const bool early_prior = p.early_loads && p.y_written_earlier && p.accumulate;
+  if (p.early_loads) {
+    load(first);
+    if (early_prior && active && part == 0 && lane == 0) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) prior[m] = p.y_ptr[m * p.y_row_stride + n];
+    }
+  }
   AfterPrevious();
   float acc[kM] = {};
   for (int64_t base = first; base < pieces; base += kStride * kBatch) {
@@ -95,7 +105,7 @@ __global__ void GemvKernel(GemmParams p) {
     if (active && lane == 0) {
       for (int m = 0; m < kM; ++m) {
         float* y = p.y_ptr + m * p.y_row_stride + n;
-        *y = p.accumulate ? *y + acc[m] : acc[m];
+        *y = p.accumulate ? (early_prior ? prior[m] : *y) + acc[m] : acc[m];
       }
     }
   } else {
@@ -108,7 +118,7 @@ __global__ void GemvKernel(GemmParams p) {
         float sum = 0.f;
         for (int s = 0; s < kSplit; ++s) sum += partial[warp + s][m];
         float* y = p.y_ptr + m * p.y_row_stride + n;
-        *y = p.accumulate ? *y + sum : sum;
+        *y = p.accumulate ? (early_prior ? prior[m] : *y) + sum : sum;
       }
     }
   }
@@ -204,7 +214,18 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
       for (int k = 0; k < kRows; ++k) raw[b][k] = i < pieces ? LoadWeight(w[k] + i) : make_uint4(0, 0, 0, 0);
     }
   };
-  if (p.early_loads) load(lane);
+  // Also before the wait, where the caller says y was written two or more kernels ago: the residual this
+  // warp's outputs add to (one input row), into shared memory (registers are short) -- otherwise a read
+  // that the final store waits for.
+  __shared__ float prior[kGemvWarps * kRows];
+  const bool early_prior = p.early_loads && p.y_written_earlier && p.accumulate && kM == 1 && !kSwiGluOut;
+  if (p.early_loads) {
+    load(lane);
+    if (early_prior && lane == 0) {
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) prior[warp * kRows + k] = out[k] >= 0 ? p.y_ptr[out[k]] : 0.f;
+    }
+  }
   AfterPrevious();
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
@@ -290,7 +311,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
     } else if (out[k] >= 0) {
       for (int m = 0; m < kM; ++m) {
         float* y = p.y_ptr + m * p.y_row_stride + out[k];
-        *y = p.accumulate ? *y + acc[k][m] : acc[k][m];
+        *y = p.accumulate ? (early_prior ? prior[warp * kRows + k] : *y) + acc[k][m] : acc[k][m];
       }
     }
   }

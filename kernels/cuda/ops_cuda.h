@@ -56,6 +56,9 @@ struct GemmParams {
   float* y_ptr;       // [M, N]
   bool accumulate = false;  // y += x W^T (a residual add)
   bool early_loads = false;  // set by Gemm (EarlyLoads in common.cuh)
+  // With accumulate: y was last written by a kernel two or more launches before this one (not the one just
+  // before), so its old values may be read before the programmatic-launch wait.
+  bool y_written_earlier = false;
 };
 void Gemm(const GemmParams& p, void* cublas_handle);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
@@ -88,6 +91,7 @@ struct FusedGemvParams {
   bf16* maybe_swiglu_ptr = nullptr;
   int rows_per_warp = 0;  // weight rows each warp streams: 1, 2, 4 or 8 (0: chosen by n)
   bool early_loads = false;  // set by FusedGemv (EarlyLoads in common.cuh)
+  bool y_written_earlier = false;  // as GemmParams's
 };
 bool FusedGemvApplies(int64_t m, int64_t k);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
