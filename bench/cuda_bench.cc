@@ -51,11 +51,12 @@ int32_t ArgmaxOf(std::span<const float> row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());  // first maximum
 }
 
-// Positions the speculative rounds of one draft length may add to a sequence (every round may write k + 1);
-// each draft length starts from a fresh copy of the context.
+// Positions the speculative rounds of one draft length may add to a sequence (every round may write k + 1,
+// and so may each of the two passes of TimeVerifyCapture before them); each draft length starts from a
+// fresh copy of the context.
 int64_t SpecGrowth(const DecodeBenchOptions& o) {
   int64_t n = 0;
-  for (int64_t k : o.spec_ks) n = std::max(n, (o.steps + 2) * (k + 1));
+  for (int64_t k : o.spec_ks) n = std::max(n, 3 * (o.steps + 2) * (k + 1));
   return n;
 }
 
@@ -102,14 +103,17 @@ struct RoundStats {
 // `seqs`, whose next tokens are `pending`, with speculative::SpeculativeDecoder and `accept`.
 absl::StatusOr<RoundStats> TimeRounds(CudaBackend& backend, std::vector<SequenceState>& seqs,
                                       std::span<const int32_t> pending, int64_t k, int64_t rounds,
-                                      speculative::AcceptRule accept) {
+                                      speculative::AcceptRule accept, double temperature) {
   const size_t batch = seqs.size();
   speculative::SpeculativeOptions options;
   options.k = options.max_k = k;
   options.accept = std::move(accept);
   speculative::SpeculativeDecoder decoder(std::make_unique<speculative::LinearProposer>(), std::move(options));
   const std::vector<int32_t> none;
-  std::vector<Sampler> samplers(batch, Sampler(SamplingParams{}));  // greedy
+  std::vector<Sampler> samplers;
+  for (size_t b = 0; b < batch; ++b) {
+    samplers.emplace_back(SamplingParams{.temperature = static_cast<float>(temperature), .seed = 0x5a3d + b});
+  }
   std::vector<GenerateStats> stats(batch);
   std::vector<DecodeSlot> slots(batch);
   std::vector<DecodeSlot*> slot_ptrs;
@@ -155,6 +159,31 @@ absl::StatusOr<RoundStats> TimeRounds(CudaBackend& backend, std::vector<Sequence
   return out;
 }
 
+// The median time of a verify forward (k + 1 attention-mode tokens per sequence, all logits, CUDA graphs on)
+// with per-token state capture (keep_states, what Truncate rolls back to) and without: what capturing the
+// states costs a round. Each of the two passes advances the sequences by (steps + 2)(k + 1) tokens.
+absl::StatusOr<std::pair<double, double>> TimeVerifyCapture(CudaBackend& backend, std::vector<SequenceState>& seqs,
+                                                            int64_t k, int64_t steps) {
+  const std::vector<int32_t> tokens(k + 1, 5);
+  const std::vector<Mode> modes(k + 1, Mode::kAttention);
+  std::vector<std::vector<float>> out(seqs.size());
+  double median[2] = {0, 0};
+  for (const bool capture : {true, false}) {
+    std::vector<ForwardItem> items;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      items.push_back({&seqs[b], tokens, modes, LogitsRows::kAll, &out[b], capture});
+    }
+    std::vector<double> times;
+    for (int64_t i = 0; i < steps + 2; ++i) {
+      const auto t0 = Clock::now();
+      ORYX_RETURN_IF_ERROR(backend.Forward(items));
+      if (i >= 2) times.push_back(Seconds(t0));
+    }
+    median[capture ? 0 : 1] = Median(times);
+  }
+  return std::make_pair(median[0], median[1]);
+}
+
 // The speculative rounds of one point (context, batch) for every k of o.spec_ks, against the attention and
 // linear decode steps measured at the same point. `first` holds the filled context (random weights);
 // `val` (a trained model) gives the contexts instead, and the acceptance is then the model's own.
@@ -180,10 +209,20 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
       ORYX_RETURN_IF_ERROR(val->ReadSequence(b * windows / batch, context, window.data()));
       window.pop_back();
       seqs.push_back(backend.NewSequence());
-      ORYX_RETURN_IF_ERROR(seqs.back().Reserve(context + (o.steps + 2) * (k + 1) + 8));
+      ORYX_RETURN_IF_ERROR(seqs.back().Reserve(context + SpecGrowth(o) + 8));
       ORYX_ASSIGN_OR_RETURN(pending[b], PrefillWindow(backend, seqs.back(), window));
     }
-    speculative::AcceptRule accept = speculative::AcceptLossless;  // greedy: the real acceptance
+    if (!measured && !on_device) {
+      ORYX_ASSIGN_OR_RETURN(const auto verify, TimeVerifyCapture(backend, seqs, k, o.steps));
+      nlohmann::json r = base;
+      r.update({{"bench", "verify_capture"}, {"k", k}, {"context", context}, {"batch", batch},
+                {"cuda_graph", backend.cuda_graphs()}, {"verify_ms_capturing", verify.first * 1e3},
+                {"verify_ms_not_capturing", verify.second * 1e3},
+                {"capture_ms", (verify.first - verify.second) * 1e3},
+                {"capture_fraction_of_verify", (verify.first - verify.second) / verify.first}});
+      emit(r);
+    }
+    speculative::AcceptRule accept = speculative::AcceptLossless;  // the real acceptance (greedy or sampled)
     tasks::Rng rng(0x5eed + k);
     // (A backend round judges its drafts itself, by the model's greedy acceptance; with random weights its
     // time is measured so, and its tokens per round are the simulated acceptance's: a round does the same
@@ -198,7 +237,8 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
         return accepted;
       };
     }
-    ORYX_ASSIGN_OR_RETURN(RoundStats rs, TimeRounds(backend, seqs, pending, k, o.steps, std::move(accept)));
+    ORYX_ASSIGN_OR_RETURN(RoundStats rs,
+                          TimeRounds(backend, seqs, pending, k, o.steps, std::move(accept), o.temperature));
     const SpecStats& s = rs.spec;
     // Drafts judged at each position: those drafted there whose predecessors were all accepted.
     std::vector<double> per_position;
@@ -216,8 +256,10 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
     r.update({{"bench", "speculative"}, {"proposer", "linear"}, {"k", k}, {"context", context}, {"batch", batch},
               {"rounds", o.steps}, {"cuda_graph", backend.cuda_graphs()},
               {"rounds_run_by", on_device ? "backend" : "decoder"}, {"backend_rounds", s.backend_rounds},
+              {"temperature", o.temperature},
               {"acceptance_source",
-               measured ? "measured: the model's greedy acceptance (AcceptLossless) on validation windows of the corpus"
+               measured ? Cat("measured: the model's ", o.temperature > 0 ? "sampled" : "greedy",
+                              " acceptance (AcceptLossless) on validation windows of the corpus")
                : on_device
                    ? "simulated for the tokens per round (each draft accepted with probability `acceptance` until the "
                      "first rejection); the round time measured with the random model's own greedy acceptance"

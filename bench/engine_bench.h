@@ -54,6 +54,9 @@ struct DecodeBenchOptions {
   std::vector<int64_t> spec_ks;
   double acceptance = 0.84;
   std::string data_dir;
+  // cuda, spec_ks with data_dir: the rounds sample at this temperature (AcceptLossless judges the sampled
+  // drafts); 0: greedy.
+  double temperature = 0;
 };
 absl::Status RunDecodeBench(const DecodeBenchOptions& options, const Emit& emit);
 

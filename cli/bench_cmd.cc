@@ -1,5 +1,6 @@
 // `oryx bench decode|spec`: the engine's benchmarks (bench/engine_bench.h). JSON lines with --json (one
 // object per measured point), a table otherwise; --out also writes the JSON lines to a file atomically.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -93,7 +94,10 @@ int RunBench(const Args& args) {
                  "acceptance `oryx generate --model models/default --policy speculative:4` measured"));
     f.String("data", &o.data_dir,
              Cat("cuda, --spec-k with --model: a corpus whose validation windows are the contexts; the", indent,
-                 "acceptance is then the model's own (greedy), measured instead of simulated"));
+                 "acceptance is then the model's own, measured instead of simulated"));
+    f.Double("temperature", &o.temperature,
+             Cat("cuda, --spec-k with --data: sample the rounds' drafts and tokens at this temperature (the", indent,
+                 "lossless rule judges sampled drafts); 0 is greedy"));
     return RunWithFlags(f, rest, [&]() -> absl::Status {
       if (mixer != "mamba2" && mixer != "gdn") return absl::InvalidArgumentError(Cat("--mixer: '", mixer, "' (mamba2, gdn)"));
       if (!spec_ks.empty()) {
@@ -107,6 +111,12 @@ int RunBench(const Args& args) {
       }
       if ((f.was_set("acceptance") || f.was_set("data")) && spec_ks.empty()) {
         return absl::InvalidArgumentError("--acceptance and --data need --spec-k");
+      }
+      if (f.was_set("temperature") && !f.was_set("data")) {
+        return absl::InvalidArgumentError("--temperature needs --data (sampled acceptance is measured, not simulated)");
+      }
+      if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+        return absl::InvalidArgumentError(Cat("--temperature: ", o.temperature, " is not a finite number >= 0"));
       }
       if (f.was_set("acceptance") && f.was_set("data")) {
         return absl::InvalidArgumentError("--acceptance is simulated; with --data the acceptance is measured");
