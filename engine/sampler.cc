@@ -43,6 +43,15 @@ void Sampler::Distribution(std::span<const float> logits, std::vector<float>* pr
     return;
   }
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, V) : V;
+  if (k == V && params_.top_p >= 1.f) {
+    // Every token is kept, so no order is needed (sorting V logits took most of a sampled speculative
+    // round run by the decoder): the softmax in index order.
+    const float top = *std::max_element(logits.begin(), logits.end());
+    double total = 0.0;
+    for (int64_t i = 0; i < V; ++i) total += (*probs)[i] = std::exp((logits[i] - top) / params_.temperature);
+    for (int64_t i = 0; i < V; ++i) (*probs)[i] = static_cast<float>((*probs)[i] / total);
+    return;
+  }
   std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), better);
   const float top = logits[order_[0]];
   double total = 0.0;
