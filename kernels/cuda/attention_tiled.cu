@@ -253,11 +253,213 @@ void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
+// Split-KV attention of a group of up to kAttentionGroupRows rows of one sequence (a verify span) on tensor
+// cores: a block of 4 warps per (group, head, chunk of p.chunk keys), writing each row's chunk partial (max,
+// sum of exponentials, unnormalised output) for AttentionCombine, as the CUDA-core group kernel does. The
+// chunk streams through shared memory in tiles of 64 keys (cp.async, two stages); warp w takes keys
+// 16w..16w+15 of every tile: the 16 x 16 scores of the group's rows (padded to the 16 rows of an mma, the
+// padding never seen) against its keys, an online softmax per warp, and their product with the 16 values.
+// The four warps' running (max, sum, output) merge through shared memory at the end. Queries and
+// probabilities go in as two bf16 terms, as in the prefill kernel above.
+template <int kDh>
+struct GroupLayout {
+  static constexpr int kStride = kDh + 8;
+  static constexpr int kQBytes = 2 * 16 * kStride * 2;                 // hi and lo terms of 16 query rows
+  static constexpr int kTileBytes = 2 * 2 * kTileKeys * kStride * 2;  // [stage][keys, values]
+  static constexpr int kMergeBytes = 4 * kAttentionGroupRows * (kDh + 2) * 4;
+  static_assert(kMergeBytes <= kTileBytes, "the merge reuses the tiles' memory");
+  static constexpr int kBytes = kQBytes + kTileBytes;
+};
+
+template <int kDh>
+__global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(AttentionParams p) {
+  using Layout = GroupLayout<kDh>;
+  constexpr int kS = Layout::kStride, kPieces = kDh / 8, kRows = kAttentionGroupRows;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [16][kS]: bf16(q)
+  bf16* qr = qs + 16 * kS;                       // [16][kS]: bf16(q - bf16(q))
+  bf16* kv_tiles = qr + 16 * kS;                 // [stage][keys, values][64][kS]
+  __shared__ int64_t row_of[kRows], keys_of[kRows];
+  AfterPrevious();
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t h = blockIdx.y, HD = int64_t(p.dims.heads) * kDh;
+  const int first = p.groups_ptr[2 * blockIdx.x], rows = p.groups_ptr[2 * blockIdx.x + 1];
+  const SeqDesc s = p.seqs_ptr[p.row_seq_ptr[p.attn_rows_ptr[first]]];
+  if (tid < kRows) {
+    const int64_t row = tid < rows ? p.attn_rows_ptr[first + tid] : -1;
+    row_of[tid] = row;
+    keys_of[tid] = tid < rows ? s.pos + (row - s.row) + 1 : 0;
+  }
+  __syncthreads();
+  const int64_t k0 = int64_t(blockIdx.z) * p.chunk, max_keys = keys_of[rows - 1];
+  if (k0 >= max_keys) return;  // (the same for the whole block)
+  const int64_t end = min(k0 + p.chunk, max_keys);  // the keys this chunk holds for its longest row
+  for (int e = tid; e < 16 * kDh; e += kTiledThreads) {
+    const int i = e / kDh, d = e % kDh;
+    const float q = i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f;
+    qs[i * kS + d] = __float2bfloat16(q);
+    qr[i * kS + d] = __float2bfloat16(Rest(q));
+  }
+  // Row g of the mma is group row g (g < 8); its rows 8..15 are padding.
+  const int64_t visible = g < rows ? min(end, keys_of[g]) : k0;  // row g sees keys [k0, visible)
+  const bf16* kbase = s.k_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const float scale = rsqrtf(static_cast<float>(kDh));
+
+  auto issue = [&](int64_t kv0, int stage) {
+    bf16* kt = kv_tiles + stage * 2 * kTileKeys * kS;
+    bf16* vt = kt + kTileKeys * kS;
+    for (int c = tid; c < kTileKeys * kPieces; c += kTiledThreads) {
+      const int j = c / kPieces, d8 = (c % kPieces) * 8;
+      const int64_t key = kv0 + j;
+      const bool in = key < end;
+      CopyAsync16(kt + j * kS + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
+      CopyAsync16(vt + j * kS + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
+    }
+    CopyAsyncCommit();
+  };
+
+  float o[kDh / 8][4] = {};
+  float m0 = -INFINITY, l0 = 0.f;
+  issue(k0, 0);
+  for (int64_t kv0 = k0, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
+    const int stage = static_cast<int>(it & 1);
+    if (kv0 + kTileKeys < end) {
+      issue(kv0 + kTileKeys, stage ^ 1);
+      CopyAsyncWait<1>();
+    } else {
+      CopyAsyncWait<0>();
+    }
+    __syncthreads();
+    const bf16* ks = kv_tiles + stage * 2 * kTileKeys * kS + warp * 16 * kS;  // this warp's 16 keys
+    const bf16* vs = ks + kTileKeys * kS;
+    const int64_t key0 = kv0 + warp * 16;
+    if (key0 < end) {
+      float sc[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kDh / 16; ++kk) {
+        const bf16* q = qs + g * kS + kk * 16 + 2 * t;
+        const bf16* r = qr + g * kS + kk * 16 + 2 * t;
+        const uint32_t a[4] = {Load32(q), Load32(q + 8 * kS), Load32(q + 8), Load32(q + 8 * kS + 8)};
+        const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kS), Load32(r + 8), Load32(r + 8 * kS + 8)};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const bf16* k = ks + (nt * 8 + g) * kS + kk * 16 + 2 * t;
+          const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
+          Mma(sc[nt], a, b0, b1);
+          Mma(sc[nt], ar, b0, b1);
+        }
+      }
+      // Mask what row g may not see (and the padding rows entirely); fold into the running max and sum.
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = key0 + nt * 8 + 2 * t + (e & 1);
+          sc[nt][e] = e < 2 && key < visible ? sc[nt][e] * scale : -INFINITY;
+        }
+        mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float next = fmaxf(m0, mx);
+      const float base = next == -INFINITY ? 0.f : next;
+      const float corr = __expf(m0 - base);
+      m0 = next;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][0] = __expf(sc[nt][0] - base);
+        sc[nt][1] = __expf(sc[nt][1] - base);
+        sc[nt][2] = sc[nt][3] = 0.f;
+        sum += sc[nt][0] + sc[nt][1];
+      }
+      l0 = l0 * corr + sum;
+#pragma unroll
+      for (int nt = 0; nt < kDh / 8; ++nt) o[nt][0] *= corr, o[nt][1] *= corr;
+      const float(&x)[4] = sc[0];
+      const float(&y)[4] = sc[1];
+      const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
+      const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
+                              Pack(Rest(y[2]), Rest(y[3]))};
+#pragma unroll
+      for (int nt = 0; nt < kDh / 8; ++nt) {
+        uint32_t b0, b1;
+        LoadTransposed(vs + (lane % 16) * kS + nt * 8, b0, b1);
+        Mma(o[nt], a, b0, b1);
+        Mma(o[nt], ar, b0, b1);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+  // Merge the warps: each writes its rows' (max, sum, output) [warp][row][dh + 2] over the tiles' memory.
+  float* merge = reinterpret_cast<float*>(kv_tiles);
+  float* mine = merge + (warp * kRows + g) * (kDh + 2);
+  if (g < kRows) {
+    if (t == 0) mine[0] = m0, mine[1] = l0;
+#pragma unroll
+    for (int nt = 0; nt < kDh / 8; ++nt) mine[2 + nt * 8 + 2 * t] = o[nt][0], mine[3 + nt * 8 + 2 * t] = o[nt][1];
+  }
+  __syncthreads();
+  for (int e = tid; e < rows * (kDh + 1); e += kTiledThreads) {
+    const int r = e / (kDh + 1), d = e % (kDh + 1) - 1;  // d = -1: the row's max and sum
+    if (k0 >= keys_of[r]) continue;  // the row sees no key of this chunk (the combine does not read it)
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) m = fmaxf(m, merge[(w * kRows + r) * (kDh + 2)]);
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float* part = merge + (w * kRows + r) * (kDh + 2);
+      total += (d < 0 ? part[1] : part[2 + d]) * __expf(part[0] - m);
+    }
+    float* out = p.partial_ptr + ((int64_t(first + r) * p.dims.heads + h) * p.max_chunks + blockIdx.z) * (kDh + 2);
+    if (d < 0) {
+      out[0] = m, out[1] = total;
+    } else {
+      out[2 + d] = total;
+    }
+  }
+}
+
+template <int kDh>
+void LaunchGroupMma(const AttentionParams& p, cudaStream_t stream) {
+  auto kernel = AttentionGroupMmaKernel<kDh>;
+  static const bool configured = [&] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GroupLayout<kDh>::kBytes));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads),
+                  static_cast<unsigned>(p.max_chunks));
+  LaunchAfterPrevious(kernel, grid, kTiledThreads, GroupLayout<kDh>::kBytes, stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 bool TiledAttentionApplies(const ModelDims& dims) {
   static const bool ampere = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8;
   return ampere && (dims.head_dim == 64 || dims.head_dim == 128);
+}
+
+bool GroupAttentionMmaApplies(const ModelDims& dims) {
+  static const bool on = [] {
+    const char* env = std::getenv("ORYX_CUDA_GROUP_MMA");
+    return env == nullptr || env[0] != '0';
+  }();
+  return on && TiledAttentionApplies(dims);
+}
+
+void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream) {
+  switch (p.dims.head_dim) {
+    case 64: return LaunchGroupMma<64>(p, stream);
+    case 128: return LaunchGroupMma<128>(p, stream);
+    default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check GroupAttentionMmaApplies
+  }
 }
 
 void TiledAttention(const AttentionParams& p, cudaStream_t stream) {

@@ -244,6 +244,11 @@ void Attention(const AttentionParams& p, cudaStream_t stream);
 inline constexpr int kAttentionTileRows = 64;
 bool TiledAttentionApplies(const ModelDims& dims);
 void TiledAttention(const AttentionParams& p, cudaStream_t stream);
+// Attention's first kernel for groups of rows (groups_ptr set) on tensor cores: the same partials as the
+// CUDA-core group kernel, for AttentionCombine. head_dim 64 or 128 on compute capability 8 or later;
+// Attention calls it for groups of more than 4 rows (ORYX_CUDA_GROUP_MMA=0: never).
+bool GroupAttentionMmaApplies(const ModelDims& dims);
+void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream);
 
 // y = bf16(RMSNormPerHead(o) * weight * SiLU(g)), g the gate columns [3HD, 4HD) of proj. One block per row.
 struct GatedNormParams {
