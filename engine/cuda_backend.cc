@@ -278,14 +278,19 @@ CudaSequence& DeviceOf(const SequenceState& s) { return static_cast<CudaSequence
 
 }  // namespace
 
-// ORYX_CUDA_PROFILE=1: time every op of the decode-step forwards with events (graphs off) and print the mean time per
-// forward of each op when the backend is destroyed. For finding where a step's time goes.
+// ORYX_CUDA_PROFILE=1: time every op of the decode-step and span forwards (verify spans: more rows than
+// sequences, at most kMaxGraphRows; prefill chunks are not kept) with events (graphs off), and print the
+// mean time per forward of each op, by kind of forward, when the backend is destroyed. For finding where a
+// step's or a verify's time goes.
 struct CudaBackend::Profiler {
   std::vector<cudaEvent_t> events;  // reused
   std::vector<const char*> names;   // names[i]: the op that ended at events[i]
   size_t used = 0;
-  std::map<std::string, double> total_ms;
-  int64_t forwards = 0;
+  struct Kind {
+    std::map<std::string, double> total_ms;
+    int64_t forwards = 0;
+  };
+  std::map<std::string, Kind> kinds;  // "decode step, linear, batch 1", "span of 4 rows in 1 sequences, attention"
   void Mark(const char* name, cudaStream_t s) {
     if (used == events.size()) {
       events.emplace_back();
@@ -295,27 +300,29 @@ struct CudaBackend::Profiler {
     ORYX_CUDA_CHECK(cudaEventRecord(events[used], s));
     names[used++] = name;
   }
-  void Collect(bool keep) {  // after the stream synchronised
-    if (!keep) {
-      used = 0;
-      return;
-    }
-    for (size_t i = 1; i < used; ++i) {
-      float ms = 0;
-      ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i - 1], events[i]));
-      total_ms[names[i]] += ms;
+  // After the stream synchronised: adds the marked ops to `kind` (nullptr: drops them).
+  void Collect(const std::string* kind) {
+    if (kind != nullptr) {
+      Kind& k = kinds[*kind];
+      for (size_t i = 1; i < used; ++i) {
+        float ms = 0;
+        ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, events[i - 1], events[i]));
+        k.total_ms[names[i]] += ms;
+      }
+      ++k.forwards;
     }
     used = 0;
-    ++forwards;
   }
   ~Profiler() {
-    double sum = 0;
-    for (auto& [name, ms] : total_ms) sum += ms;
-    std::fprintf(stderr, "cuda profile: %lld forwards, %.3f ms of ops per forward\n", static_cast<long long>(forwards),
-                 sum / std::max<int64_t>(1, forwards));
-    for (auto& [name, ms] : total_ms) {
-      std::fprintf(stderr, "  %-22s %9.3f ms per forward (%4.1f%%)\n", name.c_str(), ms / std::max<int64_t>(1, forwards),
-                   100 * ms / std::max(sum, 1e-9));
+    for (auto& [kind, k] : kinds) {
+      double sum = 0;
+      for (auto& [name, ms] : k.total_ms) sum += ms;
+      const double n = static_cast<double>(std::max<int64_t>(1, k.forwards));
+      std::fprintf(stderr, "cuda profile, %s: %lld forwards, %.3f ms of ops per forward\n", kind.c_str(),
+                   static_cast<long long>(k.forwards), sum / n);
+      for (auto& [name, ms] : k.total_ms) {
+        std::fprintf(stderr, "  %-26s %9.3f ms per forward (%4.1f%%)\n", name.c_str(), ms / n, 100 * ms / std::max(sum, 1e-9));
+      }
     }
     for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
@@ -1070,7 +1077,12 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
                                     cudaMemcpyDeviceToHost, ctx.stream));
   }
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
-  if (profiler_) profiler_->Collect(/*keep=*/plan.N == plan.B);  // decode steps only
+  if (profiler_) {
+    const char* mode = plan.NA == plan.N ? "attention" : plan.NA == 0 ? "linear" : "mixed";
+    const std::string kind = plan.N == plan.B ? Cat("decode step, ", mode, ", batch ", plan.B)
+                                              : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
+    profiler_->Collect(plan.N <= kMaxGraphRows ? &kind : nullptr);
+  }
   FinishForward(batch, sc.logits_host);
   return absl::OkStatus();
 }
@@ -1185,7 +1197,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   ORYX_CUDA_CHECK(cudaMemcpyAsync(results_host, results, (sampled ? 2 * B : B * S) * 4, cudaMemcpyDeviceToHost,
                                   ctx.stream));
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  if (profiler_) profiler_->Collect(/*keep=*/false);
+  if (profiler_) profiler_->Collect(nullptr);
   for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr);
   FinishForward(verify, nullptr);
 
