@@ -375,7 +375,7 @@ struct CudaBackend::Scratch {
   // Views into meta (device) for the current forward.
   const int32_t *tokens = nullptr, *row_seq = nullptr, *attn_rows = nullptr, *logit_rows = nullptr;
   int64_t tokens_stride = 1;  // row r's token at tokens[r * tokens_stride]
-  const int32_t* attn_groups = nullptr;  // [num_groups, 2]: a sequence's attention rows, kAttentionGroupRows at most
+  const int32_t* attn_groups = nullptr;  // [num_groups, 2]: a sequence's attention rows, plan.group_size at most
   int64_t num_groups = 0;
   int32_t group_rows = 0;  // the most rows of a group
   const uint8_t* row_mode = nullptr;
@@ -808,8 +808,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.B = static_cast<int64_t>(batch.size());
   int64_t max_keys = 0;
   bool any_keeps = false;
-  // Attention row groups and the largest group, for groups of kAttentionGroupRows and of kAttentionTileRows.
-  int64_t groups = 0, tiles = 0, largest_group = 0, largest_tile = 0;
+  // Attention row groups and the largest group, for groups of kAttentionGroupRows, kAttentionMmaGroupRows and
+  // kAttentionTileRows.
+  int64_t groups = 0, mma_groups = 0, tiles = 0, largest_group = 0, largest_mma_group = 0, largest_tile = 0;
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
@@ -826,6 +827,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     }
     plan.NA += item_attention;
     groups += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
+    mma_groups += (item_attention + kc::kAttentionMmaGroupRows - 1) / kc::kAttentionMmaGroupRows;
+    largest_mma_group =
+        std::max<int64_t>(largest_mma_group, std::min<int64_t>(kc::kAttentionMmaGroupRows, item_attention));
     tiles += (item_attention + kc::kAttentionTileRows - 1) / kc::kAttentionTileRows;
     largest_group = std::max<int64_t>(largest_group, std::min<int64_t>(kc::kAttentionGroupRows, item_attention));
     largest_tile = std::max<int64_t>(largest_tile, std::min<int64_t>(kc::kAttentionTileRows, item_attention));
@@ -835,9 +839,15 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.any_attention = plan.NA > 0;
   // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
   plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
-  plan.group_size = plan.tiled_attention ? kc::kAttentionTileRows : kc::kAttentionGroupRows;
-  plan.NG = plan.tiled_attention ? tiles : groups;
-  plan.group_rows = static_cast<int32_t>(plan.tiled_attention ? largest_tile : largest_group);
+  // Verify spans of more than 4 attention rows attend on tensor cores too, in groups of up to 16 (kc::Attention
+  // takes groups of more than 4 rows there); shorter ones in groups of up to 8 on CUDA cores.
+  const bool mma = !plan.tiled_attention && largest_mma_group > 4 && kc::GroupAttentionMmaApplies(ctx_->dims);
+  plan.group_size = plan.tiled_attention ? kc::kAttentionTileRows
+                    : mma                ? kc::kAttentionMmaGroupRows
+                                         : kc::kAttentionGroupRows;
+  plan.NG = plan.tiled_attention ? tiles : mma ? mma_groups : groups;
+  plan.group_rows =
+      static_cast<int32_t>(plan.tiled_attention ? largest_tile : mma ? largest_mma_group : largest_group);
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).

@@ -253,12 +253,12 @@ void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
-// Split-KV attention of a group of up to kAttentionGroupRows rows of one sequence (a verify span) on tensor
+// Split-KV attention of a group of up to kAttentionMmaGroupRows rows of one sequence (a verify span) on tensor
 // cores: a block of 4 warps per (group, head, chunk of p.chunk keys), writing each row's chunk partial (max,
 // sum of exponentials, unnormalised output) for AttentionCombine, as the CUDA-core group kernel does. The
 // chunk streams through shared memory in tiles of 64 keys (cp.async, two stages); warp w takes keys
-// 16w..16w+15 of every tile: the 16 x 16 scores of the group's rows (padded to the 16 rows of an mma, the
-// padding never seen) against its keys, an online softmax per warp, and their product with the 16 values.
+// 16w..16w+15 of every tile: the 16 x 16 scores of the group's rows (the 16 rows of an mma; rows past the
+// group's are zero and never seen) against its keys, an online softmax per warp, and their product with the 16 values.
 // The four warps' running (max, sum, output) merge through shared memory at the end. Queries and
 // probabilities go in as two bf16 terms, as in the prefill kernel above.
 template <int kDh>
@@ -266,7 +266,7 @@ struct GroupLayout {
   static constexpr int kStride = kDh + 8;
   static constexpr int kQBytes = 2 * 16 * kStride * 2;                 // hi and lo terms of 16 query rows
   static constexpr int kTileBytes = 2 * 2 * kTileKeys * kStride * 2;  // [stage][keys, values]
-  static constexpr int kMergeBytes = 4 * kAttentionGroupRows * (kDh + 2) * 4;
+  static constexpr int kMergeBytes = 4 * kAttentionMmaGroupRows * (kDh + 2) * 4;
   static_assert(kMergeBytes <= kTileBytes, "the merge reuses the tiles' memory");
   static constexpr int kBytes = kQBytes + kTileBytes;
 };
@@ -274,7 +274,8 @@ struct GroupLayout {
 template <int kDh>
 __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(AttentionParams p) {
   using Layout = GroupLayout<kDh>;
-  constexpr int kS = Layout::kStride, kPieces = kDh / 8, kRows = kAttentionGroupRows;
+  constexpr int kS = Layout::kStride, kPieces = kDh / 8, kRows = kAttentionMmaGroupRows;
+  static_assert(kRows == 16, "the rows of one mma");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [16][kS]: bf16(q)
   bf16* qr = qs + 16 * kS;                       // [16][kS]: bf16(q - bf16(q))
@@ -300,8 +301,9 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
     qs[i * kS + d] = __float2bfloat16(q);
     qr[i * kS + d] = __float2bfloat16(Rest(q));
   }
-  // Row g of the mma is group row g (g < 8); its rows 8..15 are padding.
-  const int64_t visible = g < rows ? min(end, keys_of[g]) : k0;  // row g sees keys [k0, visible)
+  // This lane's rows of the mma, g and g + 8, see keys [k0, visible0) and [k0, visible1).
+  const int64_t visible0 = g < rows ? min(end, keys_of[g]) : k0;
+  const int64_t visible1 = g + 8 < rows ? min(end, keys_of[g + 8]) : k0;
   const bf16* kbase = s.k_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
   const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
   const float scale = rsqrtf(static_cast<float>(kDh));
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   };
 
   float o[kDh / 8][4] = {};
-  float m0 = -INFINITY, l0 = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   issue(k0, 0);
   for (int64_t kv0 = k0, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
     const int stage = static_cast<int>(it & 1);
@@ -350,34 +352,44 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
           Mma(sc[nt], ar, b0, b1);
         }
       }
-      // Mask what row g may not see (and the padding rows entirely); fold into the running max and sum.
-      float mx = -INFINITY;
+      // Mask what each row may not see (rows past the group's see nothing); fold the tile into the running
+      // max and sum.
+      float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t key = key0 + nt * 8 + 2 * t + (e & 1);
-          sc[nt][e] = e < 2 && key < visible ? sc[nt][e] * scale : -INFINITY;
+          sc[nt][e] = key < (e < 2 ? visible0 : visible1) ? sc[nt][e] * scale : -INFINITY;
         }
-        mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
+        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
       }
 #pragma unroll
-      for (int off = 1; off < 4; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float next = fmaxf(m0, mx);
-      const float base = next == -INFINITY ? 0.f : next;
-      const float corr = __expf(m0 - base);
-      m0 = next;
-      float sum = 0.f;
+      for (int off = 1; off < 4; off *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+      }
+      const float next0 = fmaxf(m0, mx0), next1 = fmaxf(m1, mx1);
+      const float base0 = next0 == -INFINITY ? 0.f : next0, base1 = next1 == -INFINITY ? 0.f : next1;
+      const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
+      m0 = next0, m1 = next1;
+      float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        sc[nt][0] = __expf(sc[nt][0] - base);
-        sc[nt][1] = __expf(sc[nt][1] - base);
-        sc[nt][2] = sc[nt][3] = 0.f;
-        sum += sc[nt][0] + sc[nt][1];
+        sc[nt][0] = __expf(sc[nt][0] - base0);
+        sc[nt][1] = __expf(sc[nt][1] - base0);
+        sc[nt][2] = __expf(sc[nt][2] - base1);
+        sc[nt][3] = __expf(sc[nt][3] - base1);
+        sum0 += sc[nt][0] + sc[nt][1];
+        sum1 += sc[nt][2] + sc[nt][3];
       }
-      l0 = l0 * corr + sum;
+      l0 = l0 * corr0 + sum0;
+      l1 = l1 * corr1 + sum1;
 #pragma unroll
-      for (int nt = 0; nt < kDh / 8; ++nt) o[nt][0] *= corr, o[nt][1] *= corr;
+      for (int nt = 0; nt < kDh / 8; ++nt) {
+        o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
+      }
       const float(&x)[4] = sc[0];
       const float(&y)[4] = sc[1];
       const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
@@ -394,14 +406,19 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
     __syncthreads();
   }
 #pragma unroll
-  for (int off = 1; off < 4; off *= 2) l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+  for (int off = 1; off < 4; off *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+  }
   // Merge the warps: each writes its rows' (max, sum, output) [warp][row][dh + 2] over the tiles' memory.
   float* merge = reinterpret_cast<float*>(kv_tiles);
-  float* mine = merge + (warp * kRows + g) * (kDh + 2);
-  if (g < kRows) {
-    if (t == 0) mine[0] = m0, mine[1] = l0;
+  float* mine0 = merge + (warp * kRows + g) * (kDh + 2);
+  float* mine1 = mine0 + 8 * (kDh + 2);
+  if (t == 0) mine0[0] = m0, mine0[1] = l0, mine1[0] = m1, mine1[1] = l1;
 #pragma unroll
-    for (int nt = 0; nt < kDh / 8; ++nt) mine[2 + nt * 8 + 2 * t] = o[nt][0], mine[3 + nt * 8 + 2 * t] = o[nt][1];
+  for (int nt = 0; nt < kDh / 8; ++nt) {
+    mine0[2 + nt * 8 + 2 * t] = o[nt][0], mine0[3 + nt * 8 + 2 * t] = o[nt][1];
+    mine1[2 + nt * 8 + 2 * t] = o[nt][2], mine1[3 + nt * 8 + 2 * t] = o[nt][3];
   }
   __syncthreads();
   for (int e = tid; e < rows * (kDh + 1); e += kTiledThreads) {

@@ -227,7 +227,8 @@ struct AttentionParams {
   float* out_ptr;                  // [N, HD] written at attention rows
   // Optional: the attention rows in groups of up to kAttentionGroupRows consecutive entries of attn_rows of
   // one sequence, in position order, each group's key chunks read once for all its rows (head_dim 32, 64,
-  // 128 or 256; otherwise, or when null, a block per row).
+  // 128 or 256; otherwise, or when null, a block per row). Up to kAttentionMmaGroupRows where
+  // GroupAttentionMmaApplies and group_rows > 4.
   int64_t attn_groups = 0;               // NG
   const int32_t* groups_ptr = nullptr;   // [NG, 2]: first index into attn_rows, rows
   int32_t group_rows = 0;                // the most rows of a group
@@ -245,8 +246,10 @@ inline constexpr int kAttentionTileRows = 64;
 bool TiledAttentionApplies(const ModelDims& dims);
 void TiledAttention(const AttentionParams& p, cudaStream_t stream);
 // Attention's first kernel for groups of rows (groups_ptr set) on tensor cores: the same partials as the
-// CUDA-core group kernel, for AttentionCombine. head_dim 64 or 128 on compute capability 8 or later;
-// Attention calls it for groups of more than 4 rows (ORYX_CUDA_GROUP_MMA=0: never).
+// CUDA-core group kernel, for AttentionCombine, for groups of up to kAttentionMmaGroupRows rows (the 16 rows
+// of an mma). head_dim 64 or 128 on compute capability 8 or later; ORYX_CUDA_GROUP_MMA=0: never. Attention
+// calls it for groups of more than 4 rows (group_rows > 4), which may then have up to 16 rows.
+inline constexpr int kAttentionMmaGroupRows = 16;
 bool GroupAttentionMmaApplies(const ModelDims& dims);
 void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream);
 

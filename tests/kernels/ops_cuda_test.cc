@@ -623,11 +623,15 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
     // Sequence 0: a verify span of `span` rows ending at position 699 (700 keys: three 256-key chunks);
     // sequence 1: one decode row at position 40. With `grouped`, sequence 0's rows go in groups of
     // kAttentionGroupRows (one block reads a chunk for all of them; dh 5 has no group kernel and ignores them).
+    // group_size 16: on tensor cores, span 11 in one group (GroupAttentionMmaApplies; else the case is skipped).
     for (int span : {2, 3, 11}) {
-      for (bool grouped : {false, true}) {
-        SCOPED_TRACE("dh=" + std::to_string(dh) + ", span " + std::to_string(span) + (grouped ? ", grouped" : ""));
+      for (int group_size : {0, cuda::kAttentionGroupRows, cuda::kAttentionMmaGroupRows}) {
+        const bool grouped = group_size > 0;
+        SCOPED_TRACE("dh=" + std::to_string(dh) + ", span " + std::to_string(span) +
+                     (grouped ? ", groups of " + std::to_string(group_size) : ""));
         const int NA = span + 1;
         Batch b = MakeBatch(2, dh, false, {span, 1}, {700 - span, 40}, 0);
+        if (group_size > cuda::kAttentionGroupRows && !cuda::GroupAttentionMmaApplies(b.dims)) continue;
         b.modes.assign(b.N, 1);
         const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
         const std::vector<float> caches[2][2] = {
@@ -643,8 +647,8 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
         DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
         std::vector<int32_t> attn(NA), groups;
         for (int i = 0; i < NA; ++i) attn[i] = i;
-        for (int a0 = 0; a0 < span; a0 += cuda::kAttentionGroupRows) {
-          groups.insert(groups.end(), {a0, std::min(cuda::kAttentionGroupRows, span - a0)});
+        for (int a0 = 0; grouped && a0 < span; a0 += group_size) {
+          groups.insert(groups.end(), {a0, std::min(group_size, span - a0)});
         }
         groups.insert(groups.end(), {span, 1});
         DeviceBuffer<int32_t> drow(b.row_seq), dattn(attn), dgroups(groups);
@@ -654,7 +658,7 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
           cuda::Attention({b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(),
                            dseqs.get(), dqa.get(), dpartial.get(), dout.get(),
                            grouped ? static_cast<int64_t>(groups.size() / 2) : 0, grouped ? dgroups.get() : nullptr,
-                           std::min(cuda::kAttentionGroupRows, span)},
+                           std::min(std::max(group_size, 1), span)},
                           nullptr);
           const std::vector<float> out = dout.Host();
           int64_t row = 0;
