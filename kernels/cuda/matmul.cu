@@ -1,7 +1,9 @@
 // Projections: y = x W^T with bf16 operands, fp32 accumulation and fp32 output (the residual stream and the
-// mixer inputs stay fp32). Decode-sized products (at most kMaxGemvRows rows) go through a GEMV kernel that
-// streams the weight matrix once with 16-byte loads, a warp per output feature; larger ones through cuBLAS
-// (row-major y = x W^T is column-major y^T = W x^T, hence (T, N) below).
+// mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
+// matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
+// column-major y^T = W x^T, hence (T, N) below). cuBLAS won from 2 rows on: on the H200, 1.4b at 32K, a
+// verify span of 4 rows took 4.63 against 5.34 ms with the GEMV kernel at 4 rows, and a linear decode step
+// of 4 sequences 1.76 against 2.40 ms (bench/results/2026-11-30-h200-verify-mma).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -15,7 +17,7 @@ namespace oryx::kernels::cuda {
 
 namespace {
 
-constexpr int kMaxGemvRows = 8, kGemvWarps = 8;
+constexpr int kGemvWarps = 8;
 // Resident blocks of FusedGemvKernel per SM that its register use must allow (at most 64 registers), so
 // that a decode-sized product runs in one wave (DefaultRowsPerWarp).
 constexpr int kFusedGemvBlocksPerSm = 4;
@@ -44,18 +46,19 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
   }
 }
 
-// kSplit warps per output feature n (a block of kGemvWarps warps covers kGemvWarps / kSplit features):
-// lanes stride over K in 8-element (16-byte) pieces of W[n] and of each x row; with kSplit > 1 the warps of
-// a feature take every kSplit-th stretch of 32 pieces and add up through shared memory. Splitting keeps
-// enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
-template <int kM, int kSplit, int kBatch>
+// y (+)= W x for one row x. kSplit warps per output feature n (a block of kGemvWarps warps covers
+// kGemvWarps / kSplit features): lanes stride over K in 8-element (16-byte) pieces of W[n] and of x; with
+// kSplit > 1 the warps of a feature take every kSplit-th stretch of 32 pieces and add up through shared
+// memory. Splitting keeps enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
+template <int kSplit, int kBatch>
 __global__ void GemvKernel(GemmParams p) {
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
-  __shared__ float partial[kGemvWarps][kM];
+  __shared__ float partial[kGemvWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % kSplit;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + warp / kSplit;
   const bool active = n < p.n;
   const uint4* w = reinterpret_cast<const uint4*>(p.w_ptr + (active ? n : 0) * p.k);
+  const uint4* x = reinterpret_cast<const uint4*>(p.x_ptr);
   const int64_t pieces = active ? p.k / 8 : 0;
   constexpr int64_t kStride = 32 * kSplit;
   // kBatch pieces of the row per lane in flight at once (all issued before any is used); the first batch
@@ -71,61 +74,39 @@ __global__ void GemvKernel(GemmParams p) {
   const int64_t first = part * 32 + lane;
   // The residual this feature adds to, before the wait where the caller says y was written two or more
   // kernels ago (the thread that writes it reads it).
-  float prior[kM] = {};
+  float prior = 0.f;
   const bool early_prior = p.early_loads && p.y_written_earlier && p.accumulate;
   if (p.early_loads) {
     load(first);
-    if (early_prior && active && part == 0 && lane == 0) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) prior[m] = p.y_ptr[m * p.y_row_stride + n];
-    }
+    if (early_prior && active && part == 0 && lane == 0) prior = p.y_ptr[n];
   }
   AfterPrevious();
-  float acc[kM] = {};
+  float acc = 0.f;
   for (int64_t base = first; base < pieces; base += kStride * kBatch) {
     if (!p.early_loads || base != first) load(base);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int64_t i = base + kStride * b;
       if (i >= pieces) break;
-      float wf[8];
+      float wf[8], xf[8];
       Unpack8(raw[b], wf);
+      Unpack8(__ldg(x + i), xf);
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float xf[8];
-        Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + i), xf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[m] += wf[e] * xf[e];
-      }
+      for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
     }
   }
-#pragma unroll
-  for (int m = 0; m < kM; ++m) acc[m] = WarpSum(acc[m]);
-  if constexpr (kSplit == 1) {
-    if (active && lane == 0) {
-      for (int m = 0; m < kM; ++m) {
-        float* y = p.y_ptr + m * p.y_row_stride + n;
-        *y = p.accumulate ? (early_prior ? prior[m] : *y) + acc[m] : acc[m];
-      }
-    }
-  } else {
-    if (lane == 0) {
-      for (int m = 0; m < kM; ++m) partial[warp][m] = acc[m];
-    }
+  acc = WarpSum(acc);
+  if constexpr (kSplit > 1) {
+    if (lane == 0) partial[warp] = acc;
     __syncthreads();
-    if (active && part == 0 && lane == 0) {
-      for (int m = 0; m < kM; ++m) {
-        float sum = 0.f;
-        for (int s = 0; s < kSplit; ++s) sum += partial[warp + s][m];
-        float* y = p.y_ptr + m * p.y_row_stride + n;
-        *y = p.accumulate ? (early_prior ? prior[m] : *y) + sum : sum;
-      }
-    }
+    if (part != 0) return;
+    for (int s = 1; s < kSplit; ++s) acc += partial[warp + s];
   }
+  if (active && lane == 0) p.y_ptr[n] = p.accumulate ? (early_prior ? prior : p.y_ptr[n]) + acc : acc;
 }
 
 // Calls f(std::integral_constant<int, M>{}) with M = m for m in 1..7 and M = 8 otherwise: the row counts the
-// GEMV kernels are instantiated for (callers split larger m).
+// fused GEMV kernel is instantiated for (callers split larger m).
 template <typename F>
 void WithRowCount(int64_t m, F&& f) {
   switch (m) {
@@ -149,7 +130,6 @@ int GemvSplit(int64_t n) {
   return CeilDiv(n, kGemvWarps / 4) <= one_wave ? 4 : 2;
 }
 
-template <int kM>
 void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   GemmParams p = p_in;
   p.early_loads = EarlyLoads();
@@ -158,15 +138,15 @@ void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
     LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / split)), 32 * kGemvWarps, 0, stream, p);
   };
   switch (GemvSplit(p.n)) {
-    case 1: return launch(GemvKernel<kM, 1, kBatch>, 1);
-    case 2: return launch(GemvKernel<kM, 2, kBatch>, 2);
-    default: return launch(GemvKernel<kM, 4, kBatch>, 4);
+    case 1: return launch(GemvKernel<1, kBatch>, 1);
+    case 2: return launch(GemvKernel<2, kBatch>, 2);
+    default: return launch(GemvKernel<4, kBatch>, 4);
   }
 }
 
 bool GemvApplies(const GemmParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.m <= kMaxGemvRows && p.k % 8 == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr);
+  return p.m == 1 && p.k % 8 == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr);
 }
 
 
@@ -389,7 +369,7 @@ void Gemm(const GemmParams& p, void* cublas_handle) {
   if (GemvApplies(p)) {
     cudaStream_t stream = nullptr;
     ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));
-    return WithRowCount(p.m, [&](auto rows) { LaunchGemv<rows.value>(p, stream); });
+    return LaunchGemv(p, stream);
   }
   GemmCublas(p, cublas_handle);
 }

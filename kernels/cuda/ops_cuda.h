@@ -46,8 +46,8 @@ struct ModelDims {
 };
 
 // y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16), fp32 accumulation. `handle` is a cublasHandle_t bound
-// to the stream the caller uses. Gemm takes a GEMV kernel for up to 8 rows (K and the x stride multiples of
-// 8, 16-byte aligned operands), cuBLAS otherwise; GemmCublas always cuBLAS (the GEMV's reference in tests).
+// to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple of 8, 16-byte
+// aligned operands), cuBLAS otherwise; GemmCublas always cuBLAS (the GEMV's reference in tests).
 struct GemmParams {
   int64_t m, n, k;
   int64_t x_row_stride, y_row_stride;

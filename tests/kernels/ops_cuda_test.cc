@@ -108,10 +108,11 @@ cublasHandle_t Cublas() {
 }
 
 TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
-  // m <= 8 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS.
+  // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS. The single-row
+  // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048).
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{1, 300, 256}, {3, 77, 64}, {8, 129, 520},
                                                                      {9, 64, 128},  {40, 33, 96}, {2, 17, 10},
-                                                                     {1, 8200, 64}};
+                                                                     {1, 8200, 64}, {1, 2048, 512}};
   for (auto [m, n, k] : shapes) {
     const std::vector<float> x = RoundBf16(Random(m * k, 1)), w = RoundBf16(Random(n * k, 2));
     std::vector<float> ref(m * n);
