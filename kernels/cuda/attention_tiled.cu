@@ -82,10 +82,119 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
+// Queries [0, n) of a block's rows as two bf16 terms each, [n][kS] (rows from `rows` on zero).
+template <int kDh, int kS>
+__device__ __forceinline__ void StageQueries(const AttentionParams& p, const int64_t* row_of, int n, int rows,
+                                             int64_t h, int64_t HD, bf16* qs, bf16* qr) {
+  for (int e = threadIdx.x; e < n * kDh; e += kTiledThreads) {
+    const int i = e / kDh, d = e % kDh;
+    const float q = i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f;
+    qs[i * kS + d] = __float2bfloat16(q);
+    qr[i * kS + d] = __float2bfloat16(Rest(q));
+  }
+}
+
+// Starts loading keys and values kv0..kv0+63 into `tiles` ([keys, values][64][kS]), zeros from key `end` on.
+template <int kDh, int kS>
+__device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end, const bf16* kbase,
+                                           const bf16* vbase, int64_t HD) {
+  constexpr int kPieces = kDh / 8;
+  bf16* kt = tiles;
+  bf16* vt = kt + kTileKeys * kS;
+  for (int c = threadIdx.x; c < kTileKeys * kPieces; c += kTiledThreads) {
+    const int j = c / kPieces, d8 = (c % kPieces) * 8;
+    const int64_t key = kv0 + j;
+    const bool in = key < end;
+    CopyAsync16(kt + j * kS + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
+    CopyAsync16(vt + j * kS + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
+  }
+  CopyAsyncCommit();
+}
+
+// A warp's online-softmax step over kKeys keys (rows of `keys` and `values`, [key][kS], the first being key
+// `key0`) for its 16 query rows (q_hi, q_lo: the first of them, [16][kS]): the scores (two-term products),
+// scaled, masked to keys below limit0 for this lane's row g and limit1 for its row g + 8, folded into the
+// running max m, sum l (this lane's part of it) and output o of those two rows.
+template <int kDh, int kS, int kKeys>
+__device__ __forceinline__ void AttendKeys(const bf16* q_hi, const bf16* q_lo, const bf16* keys, const bf16* values,
+                                          int64_t key0, int64_t limit0, int64_t limit1, float scale,
+                                          float (&o)[kDh / 8][4], float& m0, float& m1, float& l0, float& l1) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float sc[kKeys / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kDh / 16; ++kk) {
+    const bf16* q = q_hi + g * kS + kk * 16 + 2 * t;
+    const bf16* r = q_lo + g * kS + kk * 16 + 2 * t;
+    const uint32_t a[4] = {Load32(q), Load32(q + 8 * kS), Load32(q + 8), Load32(q + 8 * kS + 8)};
+    const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kS), Load32(r + 8), Load32(r + 8 * kS + 8)};
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; ++nt) {
+      const bf16* k = keys + (nt * 8 + g) * kS + kk * 16 + 2 * t;
+      const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
+      Mma(sc[nt], a, b0, b1);
+      Mma(sc[nt], ar, b0, b1);
+    }
+  }
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = key0 + nt * 8 + 2 * t + (e & 1);
+      const float v = sc[nt][e] * scale;
+      sc[nt][e] = key < (e < 2 ? limit0 : limit1) ? v : -INFINITY;
+    }
+    mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off *= 2) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+  }
+  const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
+  // (A row with nothing visible yet keeps max -inf: its exponentials are 0, not NaN.)
+  const float base0 = new0 == -INFINITY ? 0.f : new0, base1 = new1 == -INFINITY ? 0.f : new1;
+  const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
+  m0 = new0, m1 = new1;
+  float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < kKeys / 8; ++nt) {
+    sc[nt][0] = __expf(sc[nt][0] - base0);
+    sc[nt][1] = __expf(sc[nt][1] - base0);
+    sc[nt][2] = __expf(sc[nt][2] - base1);
+    sc[nt][3] = __expf(sc[nt][3] - base1);
+    sum0 += sc[nt][0] + sc[nt][1];
+    sum1 += sc[nt][2] + sc[nt][3];
+  }
+  l0 = l0 * corr0 + sum0;
+  l1 = l1 * corr1 + sum1;
+#pragma unroll
+  for (int nt = 0; nt < kDh / 8; ++nt) {
+    o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
+  }
+  // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const float(&x)[4] = sc[2 * kk];
+    const float(&y)[4] = sc[2 * kk + 1];
+    const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
+    const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
+                            Pack(Rest(y[2]), Rest(y[3]))};
+#pragma unroll
+    for (int nt = 0; nt < kDh / 8; ++nt) {
+      uint32_t b0, b1;
+      LoadTransposed(values + (kk * 16 + lane % 16) * kS + nt * 8, b0, b1);
+      Mma(o[nt], a, b0, b1);
+      Mma(o[nt], ar, b0, b1);
+    }
+  }
+}
+
 template <int kDh>
 __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionParams p) {
   using Layout = TiledLayout<kDh>;
-  constexpr int kQStride = Layout::kStride, kPieces = kDh / 8;
+  constexpr int kQStride = Layout::kStride;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);        // [64 rows][kQStride]: bf16(q)
   bf16* qr = qs + kAttentionTileRows * kQStride;        // [64 rows][kQStride]: bf16(q - bf16(q))
@@ -103,12 +212,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
     keys_of[i] = i < rows ? s.pos + (row - s.row) + 1 : 0;
   }
   __syncthreads();
-  for (int e = tid; e < kAttentionTileRows * kDh; e += kTiledThreads) {
-    const int i = e / kDh, d = e % kDh;
-    const float q = i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f;
-    qs[i * kQStride + d] = __float2bfloat16(q);
-    qr[i * kQStride + d] = __float2bfloat16(Rest(q));
-  }
+  StageQueries<kDh, kQStride>(p, row_of, kAttentionTileRows, rows, h, HD, qs, qr);
   const int64_t max_keys = keys_of[rows - 1];
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int64_t keys0 = keys_of[r0], keys1 = keys_of[r1];
@@ -117,106 +221,24 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
   const float scale = rsqrtf(static_cast<float>(kDh));
 
-  // Starts loading the key and value tiles from key kv0 into `stage` (zeros past the tile's keys).
-  auto issue = [&](int64_t kv0, int stage) {
-    bf16* kt = kv_tiles + stage * 2 * kTileKeys * kQStride;
-    bf16* vt = kt + kTileKeys * kQStride;
-    for (int c = tid; c < kTileKeys * kPieces; c += kTiledThreads) {
-      const int j = c / kPieces, d8 = (c % kPieces) * 8;
-      const int64_t key = kv0 + j;
-      const bool in = key < max_keys;
-      CopyAsync16(kt + j * kQStride + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
-      CopyAsync16(vt + j * kQStride + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
-    }
-    CopyAsyncCommit();
-  };
-
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  issue(0, 0);
+  constexpr int kStageElems = 2 * kTileKeys * kQStride;
+  IssueTiles<kDh, kQStride>(kv_tiles, 0, max_keys, kbase, vbase, HD);
   for (int64_t kv0 = 0, it = 0; kv0 < max_keys; kv0 += kTileKeys, ++it) {
     const int stage = static_cast<int>(it & 1);
     if (kv0 + kTileKeys < max_keys) {
-      issue(kv0 + kTileKeys, stage ^ 1);  // (stage ^ 1 was released by the barrier ending the last iteration)
+      // (stage ^ 1 was released by the barrier ending the last iteration)
+      IssueTiles<kDh, kQStride>(kv_tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, max_keys, kbase, vbase, HD);
       CopyAsyncWait<1>();
     } else {
       CopyAsyncWait<0>();
     }
     __syncthreads();  // this stage's tiles (and the query tile) are visible to every warp
-    const bf16* ks = kv_tiles + stage * 2 * kTileKeys * kQStride;
-    const bf16* vs = ks + kTileKeys * kQStride;
+    const bf16* ks = kv_tiles + stage * kStageElems;
     if (kv0 < warp_keys) {  // else every row of this warp is done (or absent)
-      // Scores of the warp's 16 rows against the 64 keys: 8 column tiles of 8 keys.
-      float sc[kTileKeys / 8][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kDh / 16; ++kk) {
-        const bf16* q = qs + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
-        const bf16* r = qr + (warp * 16 + g) * kQStride + kk * 16 + 2 * t;
-        const uint32_t a[4] = {Load32(q), Load32(q + 8 * kQStride), Load32(q + 8), Load32(q + 8 * kQStride + 8)};
-        const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kQStride), Load32(r + 8), Load32(r + 8 * kQStride + 8)};
-#pragma unroll
-        for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-          const bf16* k = ks + (nt * 8 + g) * kQStride + kk * 16 + 2 * t;
-          const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
-          Mma(sc[nt], a, b0, b1);
-          Mma(sc[nt], ar, b0, b1);
-        }
-      }
-      // Scale, mask the keys a row may not see, and fold the tile into the running max and sum.
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = kv0 + nt * 8 + 2 * t + (e & 1);
-          const float v = sc[nt][e] * scale;
-          sc[nt][e] = key < (e < 2 ? keys0 : keys1) ? v : -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off *= 2) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-      }
-      const float new0 = fmaxf(m0, mx0), new1 = fmaxf(m1, mx1);
-      // (A row with nothing visible yet keeps max -inf: its exponentials are 0, not NaN.)
-      const float base0 = new0 == -INFINITY ? 0.f : new0, base1 = new1 == -INFINITY ? 0.f : new1;
-      const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
-      m0 = new0, m1 = new1;
-      float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-        sc[nt][0] = __expf(sc[nt][0] - base0);
-        sc[nt][1] = __expf(sc[nt][1] - base0);
-        sc[nt][2] = __expf(sc[nt][2] - base1);
-        sc[nt][3] = __expf(sc[nt][3] - base1);
-        sum0 += sc[nt][0] + sc[nt][1];
-        sum1 += sc[nt][2] + sc[nt][3];
-      }
-      l0 = l0 * corr0 + sum0;
-      l1 = l1 * corr1 + sum1;
-#pragma unroll
-      for (int nt = 0; nt < kDh / 8; ++nt) {
-        o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
-      }
-      // o += P V: the score fragments of key tiles 2kk and 2kk+1 are the A fragment of keys 16kk..16kk+15.
-#pragma unroll
-      for (int kk = 0; kk < kTileKeys / 16; ++kk) {
-        const float(&x)[4] = sc[2 * kk];
-        const float(&y)[4] = sc[2 * kk + 1];
-        const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
-        const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
-                                Pack(Rest(y[2]), Rest(y[3]))};
-#pragma unroll
-        for (int nt = 0; nt < kDh / 8; ++nt) {
-          uint32_t b0, b1;
-          LoadTransposed(vs + (kk * 16 + lane % 16) * kQStride + nt * 8, b0, b1);
-          Mma(o[nt], a, b0, b1);
-          Mma(o[nt], ar, b0, b1);
-        }
-      }
+      AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
+                                           ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
     }
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
@@ -274,7 +296,7 @@ struct GroupLayout {
 template <int kDh>
 __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(AttentionParams p) {
   using Layout = GroupLayout<kDh>;
-  constexpr int kS = Layout::kStride, kPieces = kDh / 8, kRows = kAttentionMmaGroupRows;
+  constexpr int kS = Layout::kStride, kRows = kAttentionMmaGroupRows;
   static_assert(kRows == 16, "the rows of one mma");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* qs = reinterpret_cast<bf16*>(smem_raw);  // [16][kS]: bf16(q)
@@ -295,12 +317,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   const int64_t k0 = int64_t(blockIdx.z) * p.chunk, max_keys = keys_of[rows - 1];
   if (k0 >= max_keys) return;  // (the same for the whole block)
   const int64_t end = min(k0 + p.chunk, max_keys);  // the keys this chunk holds for its longest row
-  for (int e = tid; e < 16 * kDh; e += kTiledThreads) {
-    const int i = e / kDh, d = e % kDh;
-    const float q = i < rows ? p.qa_ptr[row_of[i] * HD + h * kDh + d] : 0.f;
-    qs[i * kS + d] = __float2bfloat16(q);
-    qr[i * kS + d] = __float2bfloat16(Rest(q));
-  }
+  StageQueries<kDh, kS>(p, row_of, kRows, rows, h, HD, qs, qr);
   // This lane's rows of the mma, g and g + 8, see keys [k0, visible0) and [k0, visible1).
   const int64_t visible0 = g < rows ? min(end, keys_of[g]) : k0;
   const int64_t visible1 = g + 8 < rows ? min(end, keys_of[g + 8]) : k0;
@@ -308,100 +325,23 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
   const float scale = rsqrtf(static_cast<float>(kDh));
 
-  auto issue = [&](int64_t kv0, int stage) {
-    bf16* kt = kv_tiles + stage * 2 * kTileKeys * kS;
-    bf16* vt = kt + kTileKeys * kS;
-    for (int c = tid; c < kTileKeys * kPieces; c += kTiledThreads) {
-      const int j = c / kPieces, d8 = (c % kPieces) * 8;
-      const int64_t key = kv0 + j;
-      const bool in = key < end;
-      CopyAsync16(kt + j * kS + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
-      CopyAsync16(vt + j * kS + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
-    }
-    CopyAsyncCommit();
-  };
-
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  issue(k0, 0);
+  constexpr int kStageElems = 2 * kTileKeys * kS;
+  IssueTiles<kDh, kS>(kv_tiles, k0, end, kbase, vbase, HD);
   for (int64_t kv0 = k0, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
     const int stage = static_cast<int>(it & 1);
     if (kv0 + kTileKeys < end) {
-      issue(kv0 + kTileKeys, stage ^ 1);
+      IssueTiles<kDh, kS>(kv_tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, end, kbase, vbase, HD);
       CopyAsyncWait<1>();
     } else {
       CopyAsyncWait<0>();
     }
     __syncthreads();
-    const bf16* ks = kv_tiles + stage * 2 * kTileKeys * kS + warp * 16 * kS;  // this warp's 16 keys
-    const bf16* vs = ks + kTileKeys * kS;
+    const bf16* ks = kv_tiles + stage * kStageElems + warp * 16 * kS;  // this warp's 16 keys
     const int64_t key0 = kv0 + warp * 16;
     if (key0 < end) {
-      float sc[2][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kDh / 16; ++kk) {
-        const bf16* q = qs + g * kS + kk * 16 + 2 * t;
-        const bf16* r = qr + g * kS + kk * 16 + 2 * t;
-        const uint32_t a[4] = {Load32(q), Load32(q + 8 * kS), Load32(q + 8), Load32(q + 8 * kS + 8)};
-        const uint32_t ar[4] = {Load32(r), Load32(r + 8 * kS), Load32(r + 8), Load32(r + 8 * kS + 8)};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const bf16* k = ks + (nt * 8 + g) * kS + kk * 16 + 2 * t;
-          const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
-          Mma(sc[nt], a, b0, b1);
-          Mma(sc[nt], ar, b0, b1);
-        }
-      }
-      // Mask what each row may not see (rows past the group's see nothing); fold the tile into the running
-      // max and sum.
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = key0 + nt * 8 + 2 * t + (e & 1);
-          sc[nt][e] = key < (e < 2 ? visible0 : visible1) ? sc[nt][e] * scale : -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-      }
-#pragma unroll
-      for (int off = 1; off < 4; off *= 2) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-      }
-      const float next0 = fmaxf(m0, mx0), next1 = fmaxf(m1, mx1);
-      const float base0 = next0 == -INFINITY ? 0.f : next0, base1 = next1 == -INFINITY ? 0.f : next1;
-      const float corr0 = __expf(m0 - base0), corr1 = __expf(m1 - base1);
-      m0 = next0, m1 = next1;
-      float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        sc[nt][0] = __expf(sc[nt][0] - base0);
-        sc[nt][1] = __expf(sc[nt][1] - base0);
-        sc[nt][2] = __expf(sc[nt][2] - base1);
-        sc[nt][3] = __expf(sc[nt][3] - base1);
-        sum0 += sc[nt][0] + sc[nt][1];
-        sum1 += sc[nt][2] + sc[nt][3];
-      }
-      l0 = l0 * corr0 + sum0;
-      l1 = l1 * corr1 + sum1;
-#pragma unroll
-      for (int nt = 0; nt < kDh / 8; ++nt) {
-        o[nt][0] *= corr0, o[nt][1] *= corr0, o[nt][2] *= corr1, o[nt][3] *= corr1;
-      }
-      const float(&x)[4] = sc[0];
-      const float(&y)[4] = sc[1];
-      const uint32_t a[4] = {Pack(x[0], x[1]), Pack(x[2], x[3]), Pack(y[0], y[1]), Pack(y[2], y[3])};
-      const uint32_t ar[4] = {Pack(Rest(x[0]), Rest(x[1])), Pack(Rest(x[2]), Rest(x[3])), Pack(Rest(y[0]), Rest(y[1])),
-                              Pack(Rest(y[2]), Rest(y[3]))};
-#pragma unroll
-      for (int nt = 0; nt < kDh / 8; ++nt) {
-        uint32_t b0, b1;
-        LoadTransposed(vs + (lane % 16) * kS + nt * 8, b0, b1);
-        Mma(o[nt], a, b0, b1);
-        Mma(o[nt], ar, b0, b1);
-      }
+      AttendKeys<kDh, kS, 16>(qs, qr, ks, ks + kTileKeys * kS, key0, visible0, visible1, scale, o, m0, m1, l0, l1);
     }
     __syncthreads();
   }
