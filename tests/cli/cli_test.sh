@@ -67,6 +67,8 @@ expect 1 "bench decode: bad batch list" -- bench decode --batches 1,zero
 expect 1 "bench decode: speculative rounds on the CPU" -- bench decode --spec-k 2
 expect 1 "bench decode: a zero draft length" -- bench decode --device cuda --spec-k 0
 expect 1 "bench decode: acceptance without rounds" -- bench decode --device cuda --acceptance 0.9
+expect 1 "bench decode: temperature without data" -- bench decode --device cuda --spec-k 2 --temperature 1
+expect 1 "bench decode: negative temperature" -- bench decode --device cuda --spec-k 2 --data "$TMP" --temperature -1
 expect 1 "bench spec: missing model" -- bench spec --model "$TMP/no-model" --data "$TMP"
 if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   M="$SRC/models/default"
