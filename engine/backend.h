@@ -138,7 +138,7 @@ struct RoundItem {
 
 // The uniforms a slot's sampler gives a sampled lossless round of k drafts of which `accepted` are accepted:
 // one per draft (LinearProposer), one per judged draft and one for the recovered or bonus token
-// (speculative::AcceptLossless). A backend that draws all 2k + 1 up front puts the sampler back to here.
+// (speculative::AcceptLossless). A backend that peeks all 2k + 1 up front then skips this many.
 inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
   return k + (accepted < k ? accepted + 2 : k + 1);
 }

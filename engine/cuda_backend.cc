@@ -384,8 +384,8 @@ struct CudaBackend::Scratch {
   // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by plan. The graphs bake in the scratch
   // pointers above, so any growth of the scratch drops them.
   std::map<Plan, cudaGraphExec_t> graphs;
-  // Whole speculative rounds, by (draft step plan, verify plan, k, sampled, temperature, top_k, top_p).
-  std::map<std::tuple<Plan, Plan, int64_t, bool, float, int64_t, float>, cudaGraphExec_t> round_graphs;
+  // Whole speculative rounds, by (draft step plan, verify plan, k, temperature (0: greedy), top_k, top_p).
+  std::map<std::tuple<Plan, Plan, int64_t, float, int64_t, float>, cudaGraphExec_t> round_graphs;
   float* round_q = nullptr;  // sampled rounds: the drafts' distributions [B, k, V]
   int64_t round_q_cap = 0;
   void* sample_workspace = nullptr;
@@ -808,9 +808,15 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.B = static_cast<int64_t>(batch.size());
   int64_t max_keys = 0;
   bool any_keeps = false;
-  // Attention row groups and the largest group, for groups of kAttentionGroupRows, kAttentionMmaGroupRows and
-  // kAttentionTileRows.
-  int64_t groups = 0, mma_groups = 0, tiles = 0, largest_group = 0, largest_mma_group = 0, largest_tile = 0;
+  // A sequence's attention rows in groups of at most `size`: how many groups, and the largest.
+  struct Grouping {
+    int64_t size, groups = 0, largest = 0;
+    void Add(int64_t rows) {
+      groups += (rows + size - 1) / size;
+      largest = std::max(largest, std::min(size, rows));
+    }
+  };
+  Grouping cuda_core{kc::kAttentionGroupRows}, mma_groups{kc::kAttentionMmaGroupRows}, tiles{kc::kAttentionTileRows};
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     CudaSequence& ds = DeviceOf(*it.seq);
@@ -826,13 +832,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
       }
     }
     plan.NA += item_attention;
-    groups += (item_attention + kc::kAttentionGroupRows - 1) / kc::kAttentionGroupRows;
-    mma_groups += (item_attention + kc::kAttentionMmaGroupRows - 1) / kc::kAttentionMmaGroupRows;
-    largest_mma_group =
-        std::max<int64_t>(largest_mma_group, std::min<int64_t>(kc::kAttentionMmaGroupRows, item_attention));
-    tiles += (item_attention + kc::kAttentionTileRows - 1) / kc::kAttentionTileRows;
-    largest_group = std::max<int64_t>(largest_group, std::min<int64_t>(kc::kAttentionGroupRows, item_attention));
-    largest_tile = std::max<int64_t>(largest_tile, std::min<int64_t>(kc::kAttentionTileRows, item_attention));
+    for (Grouping* g : {&cuda_core, &mma_groups, &tiles}) g->Add(item_attention);
     plan.NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
     plan.N += T;
   }
@@ -841,13 +841,11 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
   // Verify spans of more than 4 attention rows attend on tensor cores too, in groups of up to 16 (kc::Attention
   // takes groups of more than 4 rows there); shorter ones in groups of up to 8 on CUDA cores.
-  const bool mma = !plan.tiled_attention && largest_mma_group > 4 && kc::GroupAttentionMmaApplies(ctx_->dims);
-  plan.group_size = plan.tiled_attention ? kc::kAttentionTileRows
-                    : mma                ? kc::kAttentionMmaGroupRows
-                                         : kc::kAttentionGroupRows;
-  plan.NG = plan.tiled_attention ? tiles : mma ? mma_groups : groups;
-  plan.group_rows =
-      static_cast<int32_t>(plan.tiled_attention ? largest_tile : mma ? largest_mma_group : largest_group);
+  const bool mma = !plan.tiled_attention && mma_groups.largest > 4 && kc::GroupAttentionMmaApplies(ctx_->dims);
+  const Grouping& grouping = plan.tiled_attention ? tiles : mma ? mma_groups : cuda_core;
+  plan.group_size = static_cast<int32_t>(grouping.size);
+  plan.NG = grouping.groups;
+  plan.group_rows = static_cast<int32_t>(grouping.largest);
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).
@@ -1116,8 +1114,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       return absl::InvalidArgumentError(Cat("speculative round: item ", b,
                                             " needs a sequence, a draft sequence of this backend, a sampler and an output"));
     }
-    const SamplingParams& p = it.sampler->params(), &p0 = items[0].sampler->params();
-    if (p.temperature != p0.temperature || p.top_k != p0.top_k || p.top_p != p0.top_p) {
+    if (!it.sampler->params().SameDistributionAs(items[0].sampler->params())) {
       return absl::InvalidArgumentError(Cat("speculative round: item ", b, " samples with other parameters than item 0"));
     }
     spans[b].assign(S, it.pending);
@@ -1134,8 +1131,8 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   ORYX_ASSIGN_OR_RETURN(const Plan draft_plan, PlanForward(drafts));
   ORYX_ASSIGN_OR_RETURN(const Plan verify_plan, PlanForward(verify));
   const bool graph = verify_plan.graph;  // (the drafts' plan has fewer rows)
-  // Sampled rounds draw every uniform the round may use from each slot's sampler (k for the drafts, k + 1 for
-  // the acceptance), and put the sampler back afterwards to just past the ones it used.
+  // Sampled rounds take every uniform the round may use from each slot's sampler (k for the drafts, k + 1 for
+  // the acceptance) and afterwards advance the sampler past the ones it used.
   const SamplingParams& sampling = items[0].sampler->params();
   const bool sampled = !sampling.greedy();
   const kc::SamplingDims dims{V, sampling.temperature, sampling.top_k, sampling.top_p};
@@ -1152,14 +1149,13 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
                                      sampled ? B * k * V : 0, workspace_bytes));
   for (int64_t j = 0; j < k; ++j) WriteMeta(drafts, draft_plan, j, sc.meta_host + j * draft_bytes);
   WriteMeta(verify, verify_plan, 0, sc.meta_host + verify_base);
-  std::vector<Sampler> before;
   if (sampled) {
     auto* u = reinterpret_cast<double*>(sc.meta_host + uniform_base);
+    std::vector<double> ahead(k + S);  // a slot's next uniforms: its k drafts', then its acceptance's
     for (int64_t b = 0; b < B; ++b) {
-      Sampler& sampler = *items[b].sampler;
-      before.push_back(sampler);
-      for (int64_t j = 0; j < k; ++j) u[j * B + b] = sampler.Uniform();
-      for (int64_t i = 0; i < S; ++i) u[k * B + b * S + i] = sampler.Uniform();
+      items[b].sampler->PeekUniforms(ahead);
+      for (int64_t j = 0; j < k; ++j) u[j * B + b] = ahead[j];
+      std::copy(ahead.begin() + k, ahead.end(), u + k * B + b * S);
     }
   }
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
@@ -1193,8 +1189,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   };
   if (graph) {
     // (The sampling parameters are baked into the launches, so they are part of the key.)
-    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k, sampled, dims.temperature, dims.top_k,
-                                             dims.top_p}];
+    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}];
     if (exec == nullptr) exec = Capture(ctx.stream, round);
     ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   } else {
@@ -1220,9 +1215,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     if (sampled) {
       accepted = results_host[2 * b];
       next = results_host[2 * b + 1];
-      Sampler& sampler = *items[b].sampler;
-      sampler = before[b];
-      for (int64_t i = 0; i < UniformsOfSampledRound(k, accepted); ++i) (void)sampler.Uniform();
+      items[b].sampler->SkipUniforms(UniformsOfSampledRound(k, accepted));
     } else {
       const int32_t* best = results_host + b * S;
       while (accepted < k && d[accepted + 1] == best[accepted]) ++accepted;

@@ -22,6 +22,10 @@ struct SamplingParams {
   float top_p = 1.f;        // in (0, 1]
   uint64_t seed = 0;
   bool greedy() const { return temperature == 0.f; }
+  // The same distribution from the same logits (the seed aside).
+  bool SameDistributionAs(const SamplingParams& o) const {
+    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p;
+  }
 };
 
 // InvalidArgument naming the field for a negative or non-finite temperature, a negative top_k, or top_p
@@ -43,6 +47,15 @@ class Sampler {
   int32_t Draw(std::span<const float> probs);
   // A uniform number in [0, 1) from this sampler's stream.
   double Uniform() { return rng_.UniformDouble(); }
+  // The next out.size() uniforms of the stream, which stays where it is (a backend that draws a round's
+  // uniforms up front, then Skips the ones the round used).
+  void PeekUniforms(std::span<double> out) const {
+    tasks::Rng ahead = rng_;
+    for (double& u : out) u = ahead.UniformDouble();
+  }
+  void SkipUniforms(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) (void)rng_.UniformDouble();
+  }
 
  private:
   SamplingParams params_;

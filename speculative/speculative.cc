@@ -231,10 +231,7 @@ absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
   const SamplingParams& first = slots[0]->sampler->params();
   for (size_t i = 0; i < slots.size(); ++i) {
-    const SamplingParams& p = slots[i]->sampler->params();
-    if (k_[i] != k || p.temperature != first.temperature || p.top_k != first.top_k || p.top_p != first.top_p) {
-      return false;
-    }
+    if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
   round_items_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {

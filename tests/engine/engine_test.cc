@@ -113,6 +113,17 @@ TEST(Sampler, DistributionAppliesTopKAndTopPAndDrawFollowsIt) {
   EXPECT_NEAR(counts[0] / 20000.0, 0.1, 0.02);
 }
 
+// PeekUniforms shows the stream's next uniforms without moving it; SkipUniforms(n) moves it as n draws do.
+TEST(Sampler, PeekShowsTheNextUniformsAndSkipPassesThem) {
+  Sampler sampler(SamplingParams{.temperature = 1.f, .seed = 11}), drawn = sampler;
+  std::vector<double> peeked(5);
+  sampler.PeekUniforms(peeked);
+  for (double u : peeked) EXPECT_EQ(u, drawn.Uniform());
+  EXPECT_EQ(sampler.Uniform(), peeked[0]);  // peeking did not move the stream
+  sampler.SkipUniforms(3);
+  EXPECT_EQ(sampler.Uniform(), peeked[4]);
+}
+
 TEST(Sampler, BadValuesAreErrors) {
   EXPECT_FALSE(ValidateSampling({-1.f, 0, 1.f, 0}).ok());
   EXPECT_FALSE(ValidateSampling({NAN, 0, 1.f, 0}).ok());
