@@ -262,17 +262,22 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   }
 }
 
-template <int kDh>
-void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
-  auto kernel = AttentionTiledKernel<kDh>;
-  static const bool configured = [&] {
-    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TiledLayout<kDh>::kBytes));
+// Launches kKernel (4 warps per block, kSmemBytes of dynamic shared memory, allowed once per kernel) on `grid`.
+template <auto kKernel, int kSmemBytes>
+void LaunchTensorCoreKernel(dim3 grid, const AttentionParams& p, cudaStream_t stream) {
+  static const bool configured = [] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)configured;
-  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads));
-  LaunchAfterPrevious(kernel, grid, kTiledThreads, TiledLayout<kDh>::kBytes, stream, p);
+  LaunchAfterPrevious(kKernel, grid, kTiledThreads, kSmemBytes, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kDh>
+void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads));
+  LaunchTensorCoreKernel<AttentionTiledKernel<kDh>, TiledLayout<kDh>::kBytes>(grid, p, stream);
 }
 
 // Split-KV attention of a group of up to kAttentionMmaGroupRows rows of one sequence (a verify span) on tensor
@@ -384,16 +389,9 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
 
 template <int kDh>
 void LaunchGroupMma(const AttentionParams& p, cudaStream_t stream) {
-  auto kernel = AttentionGroupMmaKernel<kDh>;
-  static const bool configured = [&] {
-    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GroupLayout<kDh>::kBytes));
-    return true;
-  }();
-  (void)configured;
   const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads),
                   static_cast<unsigned>(p.max_chunks));
-  LaunchAfterPrevious(kernel, grid, kTiledThreads, GroupLayout<kDh>::kBytes, stream, p);
-  ORYX_CUDA_CHECK(cudaGetLastError());
+  LaunchTensorCoreKernel<AttentionGroupMmaKernel<kDh>, GroupLayout<kDh>::kBytes>(grid, p, stream);
 }
 
 }  // namespace
