@@ -111,6 +111,28 @@ __device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end
   CopyAsyncCommit();
 }
 
+// Streams keys [begin, end) through the two stages of `tiles` 64 at a time, the next tile loading while this
+// one is used, and calls attend(kv0, tile) for each with the whole block synchronised before and after.
+template <int kDh, int kS, typename Attend>
+__device__ __forceinline__ void StreamTiles(bf16* tiles, int64_t begin, int64_t end, const bf16* kbase,
+                                            const bf16* vbase, int64_t HD, Attend&& attend) {
+  constexpr int kStageElems = 2 * kTileKeys * kS;
+  IssueTiles<kDh, kS>(tiles, begin, end, kbase, vbase, HD);
+  for (int64_t kv0 = begin, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
+    const int stage = static_cast<int>(it & 1);
+    if (kv0 + kTileKeys < end) {
+      // (stage ^ 1 was released by the barrier ending the last iteration)
+      IssueTiles<kDh, kS>(tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, end, kbase, vbase, HD);
+      CopyAsyncWait<1>();
+    } else {
+      CopyAsyncWait<0>();
+    }
+    __syncthreads();  // this stage's tiles (and the staged queries) are visible to every warp
+    attend(kv0, static_cast<const bf16*>(tiles + stage * kStageElems));
+    __syncthreads();  // every warp is done with this stage before the next iteration refills it
+  }
+}
+
 // A warp's online-softmax step over kKeys keys (rows of `keys` and `values`, [key][kS], the first being key
 // `key0`) for its 16 query rows (q_hi, q_lo: the first of them, [16][kS]): the scores (two-term products),
 // scaled, masked to keys below limit0 for this lane's row g and limit1 for its row g + 8, folded into the
@@ -223,25 +245,11 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  constexpr int kStageElems = 2 * kTileKeys * kQStride;
-  IssueTiles<kDh, kQStride>(kv_tiles, 0, max_keys, kbase, vbase, HD);
-  for (int64_t kv0 = 0, it = 0; kv0 < max_keys; kv0 += kTileKeys, ++it) {
-    const int stage = static_cast<int>(it & 1);
-    if (kv0 + kTileKeys < max_keys) {
-      // (stage ^ 1 was released by the barrier ending the last iteration)
-      IssueTiles<kDh, kQStride>(kv_tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, max_keys, kbase, vbase, HD);
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
-    }
-    __syncthreads();  // this stage's tiles (and the query tile) are visible to every warp
-    const bf16* ks = kv_tiles + stage * kStageElems;
-    if (kv0 < warp_keys) {  // else every row of this warp is done (or absent)
-      AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
-                                           ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
-    }
-    __syncthreads();  // every warp is done with this stage before the next iteration refills it
-  }
+  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, kbase, vbase, HD, [&](int64_t kv0, const bf16* ks) {
+    if (kv0 >= warp_keys) return;  // every row of this warp is done (or absent)
+    AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
+                                         ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
+  });
   // The row sums are spread over the 4 threads of a quad.
 #pragma unroll
   for (int off = 1; off < 4; off *= 2) {
@@ -332,24 +340,12 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  constexpr int kStageElems = 2 * kTileKeys * kS;
-  IssueTiles<kDh, kS>(kv_tiles, k0, end, kbase, vbase, HD);
-  for (int64_t kv0 = k0, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
-    const int stage = static_cast<int>(it & 1);
-    if (kv0 + kTileKeys < end) {
-      IssueTiles<kDh, kS>(kv_tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, end, kbase, vbase, HD);
-      CopyAsyncWait<1>();
-    } else {
-      CopyAsyncWait<0>();
-    }
-    __syncthreads();
-    const bf16* ks = kv_tiles + stage * kStageElems + warp * 16 * kS;  // this warp's 16 keys
+  StreamTiles<kDh, kS>(kv_tiles, k0, end, kbase, vbase, HD, [&](int64_t kv0, const bf16* tile) {
+    const bf16* ks = tile + warp * 16 * kS;  // this warp's 16 keys
     const int64_t key0 = kv0 + warp * 16;
-    if (key0 < end) {
-      AttendKeys<kDh, kS, 16>(qs, qr, ks, ks + kTileKeys * kS, key0, visible0, visible1, scale, o, m0, m1, l0, l1);
-    }
-    __syncthreads();
-  }
+    if (key0 >= end) return;
+    AttendKeys<kDh, kS, 16>(qs, qr, ks, ks + kTileKeys * kS, key0, visible0, visible1, scale, o, m0, m1, l0, l1);
+  });
 #pragma unroll
   for (int off = 1; off < 4; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
