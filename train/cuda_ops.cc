@@ -1,6 +1,8 @@
 // Autograd wrappers of the trainer's CUDA kernels.
 #include "train/cuda_ops.h"
 
+#include <limits>
+
 #if defined(ORYX_TRAIN_CUDA_KERNELS)
 #include <c10/cuda/CUDAStream.h>
 
@@ -148,7 +150,52 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// t [..., cols] as [rows, cols] with unit column stride and one row stride, copied when it is not.
+torch::Tensor AsRows(const torch::Tensor& t) {
+  auto rows = t.dim() == 1 ? t.unsqueeze(0) : t.flatten(0, -2);
+  return rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
+class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& x) {
+    auto g = AsRows(gate), v = AsRows(x);
+    auto out = torch::empty(x.sizes(), x.options().memory_format(torch::MemoryFormat::Contiguous));
+    Check(cuda::SiluMulForward(DTypeOf(v), ShapeOf(g, v), g.data_ptr(), v.data_ptr(), out.data_ptr(), StreamOf(v)),
+          "silu mul forward");
+    ctx->save_for_backward({gate, x});
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto g = AsRows(saved[0]), v = AsRows(saved[1]);
+    auto dout = grads[0].to(v.scalar_type()).contiguous();
+    auto dgate = torch::empty(saved[0].sizes(), v.options()), dx = torch::empty(saved[1].sizes(), v.options());
+    Check(cuda::SiluMulBackward(DTypeOf(v), ShapeOf(g, v), g.data_ptr(), v.data_ptr(), dout.data_ptr(),
+                                dgate.data_ptr(), dx.data_ptr(), StreamOf(v)),
+          "silu mul backward");
+    return {dgate, dx};
+  }
+
+ private:
+  static cuda::GateShape ShapeOf(const torch::Tensor& g, const torch::Tensor& v) {
+    return {.rows = v.size(0), .cols = static_cast<int>(v.size(1)), .ld_gate = g.stride(0), .ld_x = v.stride(0)};
+  }
+};
+
 }  // namespace
+
+torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x) {
+  TORCH_CHECK(gate.is_cuda() && x.is_cuda() && gate.sizes() == x.sizes() && gate.scalar_type() == x.scalar_type() &&
+                  x.dim() >= 1 && x.size(-1) <= std::numeric_limits<int>::max(),
+              "FusedSiluMul: gate and x must be CUDA tensors of one shape and dtype, got ", gate.sizes(), " ",
+              gate.scalar_type(), " and ", x.sizes(), " ", x.scalar_type());
+  DTypeOf(x);  // bf16, fp32 or fp64
+  return SiluMulFunction::apply(gate, x);
+}
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 4 && x.size(3) % 2 == 0, "FusedRope: x must be [B, T, H, dh] on the GPU");
@@ -194,6 +241,10 @@ torch::Tensor FusedRope(const torch::Tensor&, const torch::Tensor&, const torch:
 
 torch::Tensor CausalDepthwiseConv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "CausalDepthwiseConv: this build has no CUDA kernels for the trainer");
+}
+
+torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "FusedSiluMul: this build has no CUDA kernels for the trainer");
 }
 
 #endif

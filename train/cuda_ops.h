@@ -25,4 +25,9 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 // Returns a packed tensor. Differentiable in x (the backward rotates back).
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+// SiLU(gate) * x in one kernel each way (the SwiGLU and the mixer's output gate). gate and x of one shape
+// and dtype (bf16, fp32 or fp64) on the GPU, each with a unit last stride and rows that can be walked at one
+// stride (a split of a wider tensor is taken as is); the output is packed. Differentiable in both.
+torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x);
+
 }  // namespace oryx::train

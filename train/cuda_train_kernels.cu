@@ -360,7 +360,72 @@ cudaError_t Rope(const RopeShape& r, const void* x, const float* cos, const floa
   return cudaGetLastError();
 }
 
+// ---- SiLU-gated product: out = SiLU(g) x; dx = dout SiLU(g), dg = dout x s (1 + g (1 - s)), s = sigmoid(g).
+// One pass each way in the accumulation type (LibTorch's silu, mul and their backwards take five kernels and
+// round to bf16 between them). Threads over columns, blocks over (column tile, rows).
+constexpr int kGateThreads = 256;
+constexpr unsigned kGateMaxRowBlocks = 65535;
+
+template <typename T, bool kBackward>
+__global__ void SiluMulKernel(GateShape s, const T* gate, const T* x, const T* dout, T* out, T* dgate) {
+  using A = typename Acc<T>::type;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= s.cols) return;
+  for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
+    const A g = static_cast<A>(gate[r * s.ld_gate + c]), v = static_cast<A>(x[r * s.ld_x + c]);
+    const A sig = A(1) / (A(1) + exp(-g));
+    const int64_t o = r * s.cols + c;
+    if constexpr (kBackward) {
+      const A d = static_cast<A>(dout[o]);
+      out[o] = static_cast<T>(d * g * sig);                              // dx
+      dgate[o] = static_cast<T>(d * v * sig * (A(1) + g * (A(1) - sig)));  // dgate
+    } else {
+      out[o] = static_cast<T>(g * sig * v);
+    }
+  }
+}
+
+template <typename T>
+cudaError_t SiluMul(const GateShape& s, const void* gate, const void* x, const void* dout, void* out, void* dgate,
+                    cudaStream_t stream) {
+  if (s.rows == 0 || s.cols == 0) return cudaSuccess;
+  const dim3 grid((s.cols + kGateThreads - 1) / kGateThreads,
+                  static_cast<unsigned>(s.rows < kGateMaxRowBlocks ? s.rows : kGateMaxRowBlocks));
+  if (dout == nullptr) {
+    SiluMulKernel<T, false><<<grid, kGateThreads, 0, stream>>>(s, static_cast<const T*>(gate), static_cast<const T*>(x),
+                                                               nullptr, static_cast<T*>(out), nullptr);
+  } else {
+    SiluMulKernel<T, true><<<grid, kGateThreads, 0, stream>>>(s, static_cast<const T*>(gate), static_cast<const T*>(x),
+                                                              static_cast<const T*>(dout), static_cast<T*>(out),
+                                                              static_cast<T*>(dgate));
+  }
+  return cudaGetLastError();
+}
+
+template <typename F>
+cudaError_t ForActDType(ActDType dtype, F&& f) {
+  switch (dtype) {
+    case ActDType::kBF16:
+      return f(__nv_bfloat16{});
+    case ActDType::kF32:
+      return f(float{});
+    case ActDType::kF64:
+      return f(double{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
+
+cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate, const void* x, void* out,
+                           cudaStream_t stream) {
+  return ForActDType(dtype, [&](auto t) { return SiluMul<decltype(t)>(s, gate, x, nullptr, out, nullptr, stream); });
+}
+
+cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate, const void* x, const void* dout,
+                            void* dgate, void* dx, cudaStream_t stream) {
+  return ForActDType(dtype, [&](auto t) { return SiluMul<decltype(t)>(s, gate, x, dout, dx, dgate, stream); });
+}
 
 cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
                       void* out, bool inverse, cudaStream_t stream) {

@@ -64,4 +64,17 @@ struct RopeShape {
 cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
                       void* out, bool inverse, cudaStream_t stream);
 
+// SiLU-gated product out = SiLU(gate) * x over [rows, cols] (the SwiGLU and the mixer's output gate):
+// gate and x rows ld_gate and ld_x elements apart, out packed; dtype as ActDType for all three. The
+// backward writes packed dgate and dx from a packed dout.
+struct GateShape {
+  int64_t rows = 0;
+  int cols = 0;
+  int64_t ld_gate = 0, ld_x = 0;
+};
+cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate, const void* x, void* out,
+                           cudaStream_t stream);
+cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate, const void* x, const void* dout,
+                            void* dgate, void* dx, cudaStream_t stream);
+
 }  // namespace oryx::train::cuda

@@ -52,7 +52,9 @@ std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& lo
   auto flat = contribution.flatten(-2);                                   // [B,H,N,dh*dh]
   auto states = torch::matmul(weights, flat) + prefix.exp().unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
   states = states.unflatten(-1, {dh, dh});                               // [B,H,N+1,dh,dh]
-  return {states.narrow(2, 0, N), states.select(2, N)};
+  // split, not narrow + select: each of those has a backward that writes a zero tensor of the states' size.
+  const auto parts = states.split({N, 1}, 2);
+  return {parts[0], parts[1].squeeze(2)};
 }
 
 }  // namespace
@@ -157,7 +159,9 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   auto u = kind == ScanKind::kGdn ? u0 - torch::matmul(w, s0) : u0;
   // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s
   auto out = gamma.unsqueeze(-1) * torch::matmul(q, s0) + torch::matmul(qk, u);  // [B,H,N,C,dh]
-  out = out.reshape({B, H, N * C, dh}).narrow(2, 0, T).transpose(1, 2).contiguous();  // [B,T,H,dh]
+  out = out.reshape({B, H, N * C, dh});
+  if (pad > 0) out = out.narrow(2, 0, T);  // (a narrow to the whole length would still copy in the backward)
+  out = out.transpose(1, 2).contiguous();  // [B,T,H,dh]
   return {out, s};
 }
 

@@ -132,15 +132,25 @@ torch::Tensor OryxLayerImpl::MixerProjection() const {
   return config_.linear_mixer == LinearMixer::kMamba2 ? dt_proj_ : torch::cat({beta_proj_, alpha_proj_}, 0);
 }
 
+namespace {
+
+// SiLU(gate) * x: one kernel each way on the GPU where both have one dtype (under autocast, bf16).
+torch::Tensor SiluMul(const torch::Tensor& gate, const torch::Tensor& x) {
+  if (x.is_cuda() && HaveCudaTrainOps() && gate.scalar_type() == x.scalar_type()) return FusedSiluMul(gate, x);
+  return F::silu(gate) * x;
+}
+
+}  // namespace
+
 torch::Tensor OryxLayerImpl::Mix(const torch::Tensor& g, const torch::Tensor& o) {
   // o [..., H, dh], g [..., HD]: RMSNormPerHead(o) * gate_norm * SiLU(g), then W_O.
   auto on = RmsNorm(o, gate_norm_, config_.norm_eps).flatten(-2);
-  return F::linear(on * F::silu(g), o_proj_);
+  return F::linear(SiluMul(g, on), o_proj_);
 }
 
 torch::Tensor OryxLayerImpl::Mlp(const torch::Tensor& h) {
   auto z = RmsNorm(h, mlp_norm_, config_.norm_eps);
-  return F::linear(F::silu(F::linear(z, mlp_gate_)) * F::linear(z, mlp_up_), mlp_down_);
+  return F::linear(SiluMul(F::linear(z, mlp_gate_), F::linear(z, mlp_up_)), mlp_down_);
 }
 
 namespace {
@@ -215,8 +225,11 @@ torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor
              .transpose(1, 2);
   }
   if (config_.conv_activation == ConvActivation::kSilu) kv = F::silu(kv);
-  auto k = kv.narrow(-1, 0, HD).reshape({B, T, H, dh});
-  auto v = kv.narrow(-1, HD, HD).reshape({B, T, H, dh});
+  // split, not two narrows (as above): one concatenation in the backward instead of two zero tensors of
+  // the conv output's size.
+  const auto kv_parts = kv.split(HD, -1);
+  auto k = kv_parts[0].reshape({B, T, H, dh});
+  auto v = kv_parts[1].reshape({B, T, H, dh});
   auto g = take(HD);
 
   torch::Tensor o_attn, o_lin;
