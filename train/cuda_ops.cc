@@ -150,6 +150,47 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+class ChunkOutputFunction : public torch::autograd::Function<ChunkOutputFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                               const torch::Tensor& k_in, const torch::Tensor& u_in, const torch::Tensor& g_in,
+                               const torch::Tensor& s0_in) {
+    // Packed, and 32-byte aligned for the tensor-core kernel's loads and stores (a packed view may start
+    // anywhere in its storage).
+    auto packed = [](const torch::Tensor& t) {
+      auto c = t.contiguous();
+      return reinterpret_cast<uintptr_t>(c.data_ptr()) % 32 == 0 ? c : c.clone();
+    };
+    auto q = packed(q_in), k = packed(k_in), u = packed(u_in), g = packed(g_in), s0 = packed(s0_in);
+    auto out = torch::empty_like(q);
+    const int C = static_cast<int>(q.size(-2)), D = static_cast<int>(q.size(-1));
+    Check(cuda::ChunkOutputForward(q.scalar_type() == torch::kFloat64, C, D, q.numel() / (C * D), q.data_ptr(),
+                                   k.data_ptr(), u.data_ptr(), g.data_ptr(), s0.data_ptr(), out.data_ptr(),
+                                   c10::cuda::getCurrentCUDAStream(q.device().index())),
+          "chunk output forward");
+    ctx->save_for_backward({q, k, u, g, s0});
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &u = saved[2], &g = saved[3], &s0 = saved[4];
+    auto dout = grads[0].contiguous();
+    if (reinterpret_cast<uintptr_t>(dout.data_ptr()) % 32 != 0) dout = dout.clone();
+    auto dq = torch::empty_like(q), dk = torch::empty_like(k), du = torch::empty_like(u), dg = torch::empty_like(g),
+         ds0 = torch::empty_like(s0);
+    const int C = static_cast<int>(q.size(-2)), D = static_cast<int>(q.size(-1));
+    Check(cuda::ChunkOutputBackward(q.scalar_type() == torch::kFloat64, C, D, q.numel() / (C * D), q.data_ptr(),
+                                    k.data_ptr(), u.data_ptr(), g.data_ptr(), s0.data_ptr(), dout.data_ptr(),
+                                    dq.data_ptr(), dk.data_ptr(), du.data_ptr(), dg.data_ptr(), ds0.data_ptr(),
+                                    c10::cuda::getCurrentCUDAStream(q.device().index())),
+          "chunk output backward");
+    return {dq, dk, du, dg, ds0};
+  }
+};
+
+
 // t [..., cols] as [rows, cols] with unit column stride and one row stride, copied when it is not.
 torch::Tensor AsRows(const torch::Tensor& t) {
   auto rows = t.dim() == 1 ? t.unsqueeze(0) : t.flatten(0, -2);
@@ -187,6 +228,27 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
 };
 
 }  // namespace
+
+bool ChunkOutputAvailable(const torch::Tensor& q) {
+  const bool f64 = q.scalar_type() == torch::kFloat64;
+  return q.is_cuda() && (f64 || q.scalar_type() == torch::kFloat32) && q.dim() >= 2 &&
+         cuda::ChunkOutputSupported(f64, static_cast<int>(q.size(-2)), static_cast<int>(q.size(-1)));
+}
+
+torch::Tensor ChunkOutput(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& u,
+                          const torch::Tensor& g, const torch::Tensor& s0) {
+  TORCH_CHECK(ChunkOutputAvailable(q), "ChunkOutput: no kernel for ", q.sizes(), " ", q.scalar_type(), " on ",
+              q.device());
+  const int64_t C = q.size(-2), D = q.size(-1);
+  TORCH_CHECK(k.sizes() == q.sizes() && u.sizes() == q.sizes() && g.numel() == q.numel() / D &&
+                  g.size(-1) == C && s0.numel() == q.numel() / C * D && s0.size(-1) == D && s0.size(-2) == D,
+              "ChunkOutput: shapes do not match: q ", q.sizes(), ", k ", k.sizes(), ", u ", u.sizes(), ", g ",
+              g.sizes(), ", s0 ", s0.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && u.scalar_type() == q.scalar_type() &&
+                  g.scalar_type() == q.scalar_type() && s0.scalar_type() == q.scalar_type(),
+              "ChunkOutput: all inputs must have q's dtype");
+  return ChunkOutputFunction::apply(q, k, u, g, s0);
+}
 
 torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x) {
   TORCH_CHECK(gate.is_cuda() && x.is_cuda() && gate.sizes() == x.sizes() && gate.scalar_type() == x.scalar_type() &&
@@ -241,6 +303,13 @@ torch::Tensor FusedRope(const torch::Tensor&, const torch::Tensor&, const torch:
 
 torch::Tensor CausalDepthwiseConv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "CausalDepthwiseConv: this build has no CUDA kernels for the trainer");
+}
+
+bool ChunkOutputAvailable(const torch::Tensor&) { return false; }
+
+torch::Tensor ChunkOutput(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                          const torch::Tensor&) {
+  TORCH_CHECK(false, "ChunkOutput: this build has no CUDA kernels for the trainer");
 }
 
 torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) {

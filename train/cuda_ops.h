@@ -30,4 +30,13 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 // stride (a split of a wider tensor is taken as is); the output is packed. Differentiable in both.
 torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x);
 
+// The chunked scan's output inside each chunk (train/linear_mixers.cc) as one kernel each way: q, k, u
+// [..., C, dh], g [..., C] (cumulative log decay within the chunk), s0 [..., dh, dh] (state entering it):
+//   out[t] = exp(g_t) s0^T q_t + sum_{s<=t} exp(g_t - g_s) (q_t . k_s) u_s
+// Differentiable in all five. ChunkOutputAvailable says whether a kernel exists for q's device, dtype
+// and (C, dh): fp32 (64, 64), and fp64 (16, 8) for tests.
+bool ChunkOutputAvailable(const torch::Tensor& q);
+torch::Tensor ChunkOutput(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& u,
+                          const torch::Tensor& g, const torch::Tensor& s0);
+
 }  // namespace oryx::train

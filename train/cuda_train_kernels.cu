@@ -1,6 +1,7 @@
 // CUDA kernels of the trainer's fused ops (no LibTorch here; train/cuda_ops.cc wraps them for autograd).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <type_traits>
 
@@ -360,6 +361,479 @@ cudaError_t Rope(const RopeShape& r, const void* x, const float* cos, const floa
   return cudaGetLastError();
 }
 
+// ---- Chunked scan, the part inside each chunk (Mamba-2 and GDN alike) --------------------------------
+// For one chunk of C steps with head dim D, cumulative log decays G (within the chunk), state S0 at the
+// chunk's start and values U entering the state:
+//   out[t] = exp(G_t) S0^T q_t + sum_{s<=t} exp(G_t - G_s) (q_t . k_s) u_s
+// One block per chunk keeps Q, K, U, S0 (and dOut) and the C x C matrices in shared memory. Products run on
+// CUDA cores with 4 x 4 register tiles per thread (a 16 x 16 thread grid over 64 x 64 outputs).
+
+constexpr int kScanThreads = 256;
+
+template <int M, int N>
+struct ThreadTile {
+  static constexpr int kRows = M >= 16 ? M / 16 : 1, kCols = N >= 16 ? N / 16 : 1;
+  static __device__ int Row(int i) { return threadIdx.x / 16 + 16 * i; }
+  static __device__ int Col(int j) { return threadIdx.x % 16 + 16 * j; }
+  static __device__ bool Active(int i, int j) { return Row(i) < M && Col(j) < N; }
+};
+
+// acc[i][j] += sum_k a(Row(i), k) * b(k, Col(j)) over k < K.
+template <int M, int N, int K, typename A, typename FA, typename FB>
+__device__ void TileMatMul(FA a, FB b, A (&acc)[ThreadTile<M, N>::kRows][ThreadTile<M, N>::kCols]) {
+  using TT = ThreadTile<M, N>;
+  if (TT::Row(0) >= M || TT::Col(0) >= N) return;
+  for (int k = 0; k < K; ++k) {
+    A av[TT::kRows], bv[TT::kCols];
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) av[i] = a(TT::Row(i), k);
+#pragma unroll
+    for (int j = 0; j < TT::kCols; ++j) bv[j] = b(k, TT::Col(j));
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) acc[i][j] += av[i] * bv[j];
+    }
+  }
+}
+
+// Shared tiles have rows padded by one element, so that reading a column (threads on consecutive rows)
+// hits 32 different banks.
+template <typename T>
+__device__ void LoadTile(T* dst, const T* src, int rows, int cols) {
+  for (int i = threadIdx.x; i < rows * cols; i += blockDim.x) dst[(i / cols) * (cols + 1) + i % cols] = src[i];
+}
+
+template <typename T, int C, int D>
+__global__ void ChunkOutputForwardKernel(const T* q, const T* k, const T* u, const T* g, const T* s0, T* out) {
+  extern __shared__ unsigned char smem_raw[];
+  constexpr int LD = D + 1, LC = C + 1;
+  T* Q = reinterpret_cast<T*>(smem_raw);
+  T* Kc = Q + C * LD;
+  T* U = Kc + C * LD;
+  T* S = U + C * LD;     // [D][D]
+  T* Amat = S + D * LD;  // [C][C]
+  T* G = Amat + C * LC;  // [C]
+  const int64_t chunk = blockIdx.x;
+  LoadTile(Q, q + chunk * C * D, C, D);
+  LoadTile(Kc, k + chunk * C * D, C, D);
+  LoadTile(U, u + chunk * C * D, C, D);
+  LoadTile(S, s0 + chunk * D * D, D, D);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) G[i] = g[chunk * C + i];
+  __syncthreads();
+  {  // A[t][s] = exp(G_t - G_s) q_t . k_s for s <= t, else 0
+    using TT = ThreadTile<C, C>;
+    T acc[TT::kRows][TT::kCols] = {};
+    TileMatMul<C, C, D>([&](int t, int i) { return Q[t * LD + i]; }, [&](int i, int s) { return Kc[s * LD + i]; }, acc);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        const int t = TT::Row(i), s = TT::Col(j);
+        if (TT::Active(i, j)) Amat[t * LC + s] = s <= t ? exp(G[t] - G[s]) * acc[i][j] : static_cast<T>(0);
+      }
+    }
+  }
+  __syncthreads();
+  using TT = ThreadTile<C, D>;
+  T from_state[TT::kRows][TT::kCols] = {}, within[TT::kRows][TT::kCols] = {};
+  TileMatMul<C, D, D>([&](int t, int i) { return Q[t * LD + i]; }, [&](int i, int j) { return S[i * LD + j]; },
+                      from_state);
+  TileMatMul<C, D, C>([&](int t, int s) { return Amat[t * LC + s]; }, [&](int s, int j) { return U[s * LD + j]; },
+                      within);
+#pragma unroll
+  for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < TT::kCols; ++j) {
+      const int t = TT::Row(i), c = TT::Col(j);
+      if (TT::Active(i, j)) out[chunk * C * D + t * D + c] = exp(G[t]) * from_state[i][j] + within[i][j];
+    }
+  }
+}
+
+// The backward of the above: dQ, dK, dU, dG, dS0 from dOut (see ChunkOutputForwardKernel for out).
+//   dS0 = Q^T diag(gamma) dOut          dU = A^T dOut          X = dOut S0^T
+//   dA = dOut U^T (s <= t)              dM = dA o L            (A = M o L, M = Q K^T, L = exp(G_t - G_s))
+//   dQ = diag(gamma) X + dM K           dK = dM^T Q
+//   dG_t = gamma_t q_t . X_t + sum_s (dA o A)[t, s] - sum_s (dA o A)[s, t]
+template <typename T, int C, int D>
+__global__ void ChunkOutputBackwardKernel(const T* q, const T* k, const T* u, const T* g, const T* s0, const T* dout,
+                                          T* dq, T* dk, T* du, T* dg, T* ds0) {
+  extern __shared__ unsigned char smem_raw[];
+  constexpr int LD = D + 1, LC = C + 1;
+  T* Q = reinterpret_cast<T*>(smem_raw);
+  T* Kc = Q + C * LD;
+  T* U = Kc + C * LD;
+  T* dO = U + C * LD;
+  T* S = dO + C * LD;     // [D][D]
+  T* Amat = S + D * LD;   // [C][C]
+  T* dA = Amat + C * LC;  // [C][C], then dM
+  T* G = dA + C * LC;     // [C]
+  T* dG = G + C;          // [C]
+  const int64_t chunk = blockIdx.x;
+  LoadTile(Q, q + chunk * C * D, C, D);
+  LoadTile(Kc, k + chunk * C * D, C, D);
+  LoadTile(U, u + chunk * C * D, C, D);
+  LoadTile(dO, dout + chunk * C * D, C, D);
+  LoadTile(S, s0 + chunk * D * D, D, D);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    G[i] = g[chunk * C + i];
+    dG[i] = 0;
+  }
+  __syncthreads();
+  {
+    using TT = ThreadTile<C, C>;
+    T m[TT::kRows][TT::kCols] = {}, da[TT::kRows][TT::kCols] = {};
+    TileMatMul<C, C, D>([&](int t, int i) { return Q[t * LD + i]; }, [&](int i, int s) { return Kc[s * LD + i]; }, m);
+    TileMatMul<C, C, D>([&](int t, int j) { return dO[t * LD + j]; }, [&](int j, int s) { return U[s * LD + j]; }, da);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        const int t = TT::Row(i), s = TT::Col(j);
+        if (!TT::Active(i, j)) continue;
+        const bool keep = s <= t;
+        const T l = keep ? exp(G[t] - G[s]) : static_cast<T>(0);
+        Amat[t * LC + s] = l * m[i][j];
+        dA[t * LC + s] = keep ? da[i][j] : static_cast<T>(0);
+      }
+    }
+  }
+  __syncthreads();
+  // dG from dA o A: row sums add, column sums subtract. One thread per row (and per column).
+  for (int t = threadIdx.x; t < C; t += blockDim.x) {
+    T row = 0, col = 0;
+    for (int s = 0; s < C; ++s) {
+      row += dA[t * LC + s] * Amat[t * LC + s];
+      col += dA[s * LC + t] * Amat[s * LC + t];
+    }
+    dG[t] += row - col;
+  }
+  {  // dS0 = Q^T diag(gamma) dOut, [D][D]
+    using TT = ThreadTile<D, D>;
+    T acc[TT::kRows][TT::kCols] = {};
+    TileMatMul<D, D, C>([&](int i, int t) { return exp(G[t]) * Q[t * LD + i]; }, [&](int t, int j) { return dO[t * LD + j]; },
+                        acc);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        if (TT::Active(i, j)) ds0[chunk * D * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
+      }
+    }
+  }
+  {  // dU = A^T dOut, [C][D]
+    using TT = ThreadTile<C, D>;
+    T acc[TT::kRows][TT::kCols] = {};
+    TileMatMul<C, D, C>([&](int s, int t) { return Amat[t * LC + s]; }, [&](int t, int j) { return dO[t * LD + j]; }, acc);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        if (TT::Active(i, j)) du[chunk * C * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
+      }
+    }
+  }
+  __syncthreads();  // the dG sums above read dA before it becomes dM
+  for (int i = threadIdx.x; i < C * C; i += blockDim.x) {
+    const int t = i / C, s = i % C;
+    dA[t * LC + s] = s <= t ? dA[t * LC + s] * exp(G[t] - G[s]) : static_cast<T>(0);
+  }
+  __syncthreads();
+  {  // dQ = diag(gamma) dOut S0^T + dM K; dG += gamma_t q_t . (dOut S0^T)_t
+    using TT = ThreadTile<C, D>;
+    T x[TT::kRows][TT::kCols] = {}, acc[TT::kRows][TT::kCols] = {};
+    TileMatMul<C, D, D>([&](int t, int j) { return dO[t * LD + j]; }, [&](int j, int i) { return S[i * LD + j]; }, x);
+    TileMatMul<C, D, C>([&](int t, int s) { return dA[t * LC + s]; }, [&](int s, int i) { return Kc[s * LD + i]; }, acc);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+      T part = 0;
+      const int t = TT::Row(i);
+      const T gamma = t < C ? exp(G[t]) : static_cast<T>(0);
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        if (!TT::Active(i, j)) continue;
+        const int c = TT::Col(j);
+        dq[chunk * C * D + t * D + c] = gamma * x[i][j] + acc[i][j];
+        part += gamma * Q[t * LD + c] * x[i][j];
+      }
+      if (t < C) atomicAdd(&dG[t], part);
+    }
+  }
+  {  // dK = dM^T Q
+    using TT = ThreadTile<C, D>;
+    T acc[TT::kRows][TT::kCols] = {};
+    TileMatMul<C, D, C>([&](int s, int t) { return dA[t * LC + s]; }, [&](int t, int i) { return Q[t * LD + i]; }, acc);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        if (TT::Active(i, j)) dk[chunk * C * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
+      }
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < C; t += blockDim.x) dg[chunk * C + t] = dG[t];
+}
+
+template <typename T, int C, int D>
+constexpr size_t ForwardSmem() {
+  return sizeof(T) * (3 * C * (D + 1) + D * (D + 1) + C * (C + 1) + C);
+}
+template <typename T, int C, int D>
+constexpr size_t BackwardSmem() {
+  return sizeof(T) * (4 * C * (D + 1) + D * (D + 1) + 2 * C * (C + 1) + 2 * C);
+}
+
+template <typename T, int C, int D>
+cudaError_t ChunkForward(int64_t chunks, const void* q, const void* k, const void* u, const void* g, const void* s0,
+                         void* out, cudaStream_t stream) {
+  constexpr size_t smem = ForwardSmem<T, C, D>();
+  static const cudaError_t attr = cudaFuncSetAttribute(ChunkOutputForwardKernel<T, C, D>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  ChunkOutputForwardKernel<T, C, D><<<static_cast<unsigned>(chunks), kScanThreads, smem, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(u), static_cast<const T*>(g),
+      static_cast<const T*>(s0), static_cast<T*>(out));
+  return cudaGetLastError();
+}
+
+template <typename T, int C, int D>
+cudaError_t ChunkBackward(int64_t chunks, const void* q, const void* k, const void* u, const void* g, const void* s0,
+                          const void* dout, void* dq, void* dk, void* du, void* dg, void* ds0, cudaStream_t stream) {
+  constexpr size_t smem = BackwardSmem<T, C, D>();
+  static const cudaError_t attr = cudaFuncSetAttribute(ChunkOutputBackwardKernel<T, C, D>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  ChunkOutputBackwardKernel<T, C, D><<<static_cast<unsigned>(chunks), kScanThreads, smem, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(u), static_cast<const T*>(g),
+      static_cast<const T*>(s0), static_cast<const T*>(dout), static_cast<T*>(dq), static_cast<T*>(dk),
+      static_cast<T*>(du), static_cast<T*>(dg), static_cast<T*>(ds0));
+  return cudaGetLastError();
+}
+
+// ---- The same two kernels on tensor cores, for fp32 with chunk = head dim = 64 ---------------------------
+// Products of 64 x 64 tiles in shared memory by WMMA (m16n16k8, TF32 operands, fp32 accumulation): the
+// precision of the cuBLAS TF32 products that the LibTorch form runs (train/trainer.cc allows TF32 for the
+// scans). Each of the 8 warps owns two 16 x 16 output tiles. Rows are padded to kTcLd floats: 32-byte
+// aligned for WMMA. (A first version split each operand into two TF32 terms, three products per step, for
+// fp32 accuracy; with 7 tiles its backward ran one block per SM, and training was slower than with the
+// LibTorch form: bench/results/2026-11-30-h200-chunk-output-tc on the branch wip/chunk-output-kernel.)
+
+namespace wm = nvcuda::wmma;
+
+constexpr int kTc = 64;
+constexpr int kTcLd = kTc + 4;
+constexpr int kTcTile = kTc * kTcLd;  // floats per padded 64 x 64 tile
+using TcAcc = wm::fragment<wm::accumulator, 16, 16, 8, float>;
+
+template <typename Frag>
+__device__ void RoundToTf32(Frag& f) {
+#pragma unroll
+  for (int i = 0; i < f.num_elements; ++i) f.x[i] = wm::__float_to_tf32(f.x[i]);
+}
+
+__device__ int TcTileRow() { return (threadIdx.x / 32) / 2; }           // 0..3
+__device__ int TcTileCol(int j) { return ((threadIdx.x / 32) % 2) * 2 + j; }  // 0..3
+
+// c[j] += A B over the warp's tiles (TcTileRow(), TcTileCol(j)). A (64 x 64) element (m, k) is at
+// a[m * kTcLd + k] (LA = row_major) or a[k * kTcLd + m] (col_major); B element (k, n) at b[k * kTcLd + n]
+// (row_major) or b[n * kTcLd + k] (col_major).
+template <typename LA, typename LB>
+__device__ void TcGemm(const float* a, const float* b, TcAcc (&c)[2]) {
+  constexpr bool a_rows = std::is_same_v<LA, wm::row_major>, b_rows = std::is_same_v<LB, wm::row_major>;
+  const int tm = TcTileRow();
+#pragma unroll 2
+  for (int k = 0; k < kTc; k += 8) {
+    wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, LA> af;
+    wm::load_matrix_sync(af, a_rows ? a + tm * 16 * kTcLd + k : a + k * kTcLd + tm * 16, kTcLd);
+    RoundToTf32(af);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int tn = TcTileCol(j);
+      wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, LB> bf;
+      wm::load_matrix_sync(bf, b_rows ? b + k * kTcLd + tn * 16 : b + tn * 16 * kTcLd + k, kTcLd);
+      RoundToTf32(bf);
+      wm::mma_sync(c[j], af, bf, c[j]);
+    }
+  }
+}
+
+__device__ void TcZero(TcAcc (&c)[2]) {
+  wm::fill_fragment(c[0], 0.0f);
+  wm::fill_fragment(c[1], 0.0f);
+}
+
+// Stores the warp's tiles into a 64 x 64 tile with row stride ld (shared or global memory).
+__device__ void TcStore(float* dst, int ld, TcAcc (&c)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    wm::store_matrix_sync(dst + TcTileRow() * 16 * ld + TcTileCol(j) * 16, c[j], ld, wm::mem_row_major);
+  }
+}
+
+// A packed 64 x 64 fp32 tile from global memory into a padded shared one, 16 bytes per load.
+__device__ void TcLoad(float* dst, const float* src) {
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kTc * kTc / 4; i += blockDim.x) {
+    const int r = i / (kTc / 4), c4 = i % (kTc / 4);
+    *reinterpret_cast<float4*>(dst + r * kTcLd + 4 * c4) = s4[i];
+  }
+}
+
+__global__ void __launch_bounds__(256) ChunkOutputForwardTc(const float* q, const float* k, const float* u,
+                                                            const float* g, const float* s0, float* out) {
+  extern __shared__ __align__(32) unsigned char tc_smem[];
+  float* Q = reinterpret_cast<float*>(tc_smem);
+  float* K = Q + kTcTile;
+  float* U = K + kTcTile;
+  float* S = U + kTcTile;
+  float* A = S + kTcTile;
+  float* G = A + kTcTile;
+  const int64_t chunk = blockIdx.x, base = chunk * kTc * kTc;
+  TcLoad(Q, q + base);
+  TcLoad(K, k + base);
+  TcLoad(U, u + base);
+  TcLoad(S, s0 + base);
+  if (threadIdx.x < kTc) G[threadIdx.x] = g[chunk * kTc + threadIdx.x];
+  __syncthreads();
+  TcAcc c[2];
+  TcZero(c);
+  TcGemm<wm::row_major, wm::col_major>(Q, K, c);  // Q K^T
+  TcStore(A, kTcLd, c);
+  __syncthreads();
+  // A = (Q K^T) o L, L[t, s] = exp(G_t - G_s) for s <= t; and Q's rows scaled by gamma_t = exp(G_t).
+  for (int i = threadIdx.x; i < kTc * kTc; i += blockDim.x) {
+    const int t = i / kTc, s = i % kTc;
+    A[t * kTcLd + s] = s <= t ? A[t * kTcLd + s] * expf(G[t] - G[s]) : 0.0f;
+    Q[t * kTcLd + s] *= expf(G[t]);
+  }
+  __syncthreads();
+  TcZero(c);
+  TcGemm<wm::row_major, wm::row_major>(Q, S, c);  // diag(gamma) Q S0
+  TcGemm<wm::row_major, wm::row_major>(A, U, c);  // + A U
+  TcStore(out + base, kTc, c);
+}
+
+// See ChunkOutputBackwardKernel for the formulas. Six tiles of shared memory (two blocks per SM): U's
+// tile takes S0 once dA = dOut U^T is done, and A's takes X = dOut S0^T once dU = A^T dOut and the dG sums
+// are.
+__global__ void __launch_bounds__(256, 2) ChunkOutputBackwardTc(const float* q, const float* k, const float* u,
+                                                                const float* g, const float* s0, const float* dout,
+                                                                float* dq, float* dk, float* du, float* dg,
+                                                                float* ds0) {
+  extern __shared__ __align__(32) unsigned char tc_smem[];
+  float* Q = reinterpret_cast<float*>(tc_smem);
+  float* K = Q + kTcTile;
+  float* US = K + kTcTile;  // U, then S0
+  float* dO = US + kTcTile;
+  float* A = dO + kTcTile;  // A, then X = dOut S0^T
+  float* dA = A + kTcTile;  // dA, then dM
+  float* G = dA + kTcTile;
+  float* dG = G + kTc;
+  const int64_t chunk = blockIdx.x, base = chunk * kTc * kTc;
+  TcLoad(Q, q + base);
+  TcLoad(K, k + base);
+  TcLoad(US, u + base);
+  TcLoad(dO, dout + base);
+  if (threadIdx.x < kTc) {
+    G[threadIdx.x] = g[chunk * kTc + threadIdx.x];
+    dG[threadIdx.x] = 0.0f;
+  }
+  __syncthreads();
+  TcAcc c[2];
+  TcZero(c);
+  TcGemm<wm::row_major, wm::col_major>(Q, K, c);  // M = Q K^T
+  TcStore(A, kTcLd, c);
+  TcZero(c);
+  TcGemm<wm::row_major, wm::col_major>(dO, US, c);  // dO U^T
+  TcStore(dA, kTcLd, c);
+  __syncthreads();
+  TcLoad(US, s0 + base);
+  for (int i = threadIdx.x; i < kTc * kTc; i += blockDim.x) {
+    const int t = i / kTc, s = i % kTc;
+    const bool keep = s <= t;
+    A[t * kTcLd + s] = keep ? A[t * kTcLd + s] * expf(G[t] - G[s]) : 0.0f;
+    if (!keep) dA[t * kTcLd + s] = 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x < kTc) {  // dG from dA o A: row sums add, column sums subtract
+    const int t = threadIdx.x;
+    float row = 0, col = 0;
+    for (int s = 0; s < kTc; ++s) {
+      row += dA[t * kTcLd + s] * A[t * kTcLd + s];
+      col += dA[s * kTcLd + t] * A[s * kTcLd + t];
+    }
+    dG[t] += row - col;
+  }
+  TcZero(c);
+  TcGemm<wm::col_major, wm::row_major>(A, dO, c);  // dU = A^T dOut
+  TcStore(du + base, kTc, c);
+  TcZero(c);
+  TcGemm<wm::row_major, wm::col_major>(dO, US, c);  // X = dOut S0^T, kept in c until A is free
+  __syncthreads();
+  TcStore(A, kTcLd, c);
+  __syncthreads();
+  if (threadIdx.x < kTc) {  // dG += gamma_t q_t . X_t
+    const int t = threadIdx.x;
+    float dot = 0;
+    for (int i = 0; i < kTc; ++i) dot += Q[t * kTcLd + i] * A[t * kTcLd + i];
+    dG[t] += expf(G[t]) * dot;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTc * kTc; i += blockDim.x) {
+    const int t = i / kTc, s = i % kTc;
+    const float gamma = expf(G[t]);
+    A[t * kTcLd + s] *= gamma;   // diag(gamma) X
+    dO[t * kTcLd + s] *= gamma;  // diag(gamma) dOut
+    if (s <= t) dA[t * kTcLd + s] *= expf(G[t] - G[s]);  // dM = dA o L
+  }
+  __syncthreads();
+  TcZero(c);
+  TcGemm<wm::col_major, wm::row_major>(Q, dO, c);  // dS0 = Q^T diag(gamma) dOut
+  TcStore(ds0 + base, kTc, c);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {  // dQ starts from diag(gamma) X
+    wm::load_matrix_sync(c[j], A + TcTileRow() * 16 * kTcLd + TcTileCol(j) * 16, kTcLd, wm::mem_row_major);
+  }
+  TcGemm<wm::row_major, wm::row_major>(dA, K, c);  // + dM K
+  TcStore(dq + base, kTc, c);
+  TcZero(c);
+  TcGemm<wm::col_major, wm::row_major>(dA, Q, c);  // dK = dM^T Q
+  TcStore(dk + base, kTc, c);
+  if (threadIdx.x < kTc) dg[chunk * kTc + threadIdx.x] = dG[threadIdx.x];
+}
+
+constexpr size_t kTcForwardSmem = sizeof(float) * (5 * kTcTile + kTc);
+constexpr size_t kTcBackwardSmem = sizeof(float) * (6 * kTcTile + 2 * kTc);
+
+cudaError_t ChunkForwardTc(int64_t chunks, const void* q, const void* k, const void* u, const void* g,
+                           const void* s0, void* out, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(ChunkOutputForwardTc,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kTcForwardSmem);
+  if (attr != cudaSuccess) return attr;
+  ChunkOutputForwardTc<<<static_cast<unsigned>(chunks), 256, kTcForwardSmem, stream>>>(
+      static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(u),
+      static_cast<const float*>(g), static_cast<const float*>(s0), static_cast<float*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t ChunkBackwardTc(int64_t chunks, const void* q, const void* k, const void* u, const void* g,
+                            const void* s0, const void* dout, void* dq, void* dk, void* du, void* dg, void* ds0,
+                            cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      ChunkOutputBackwardTc, cudaFuncAttributeMaxDynamicSharedMemorySize, kTcBackwardSmem);
+  if (attr != cudaSuccess) return attr;
+  ChunkOutputBackwardTc<<<static_cast<unsigned>(chunks), 256, kTcBackwardSmem, stream>>>(
+      static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(u),
+      static_cast<const float*>(g), static_cast<const float*>(s0), static_cast<const float*>(dout),
+      static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(du), static_cast<float*>(dg),
+      static_cast<float*>(ds0));
+  return cudaGetLastError();
+}
+
+
 // ---- SiLU-gated product: out = SiLU(g) x; dx = dout SiLU(g), dg = dout x s (1 + g (1 - s)), s = sigmoid(g).
 // One pass each way in the accumulation type (LibTorch's silu, mul and their backwards take five kernels and
 // round to bf16 between them). Threads over columns, blocks over (column tile, rows).
@@ -416,6 +890,25 @@ cudaError_t ForActDType(ActDType dtype, F&& f) {
 }
 
 }  // namespace
+
+bool ChunkOutputSupported(bool f64, int chunk, int head_dim) {
+  return f64 ? (chunk == 16 && head_dim == 8) : (chunk == 64 && head_dim == 64);
+}
+
+cudaError_t ChunkOutputForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* q, const void* k,
+                               const void* u, const void* g, const void* s0, void* out, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? ChunkForward<double, 16, 8>(chunks, q, k, u, g, s0, out, stream)
+             : ChunkForwardTc(chunks, q, k, u, g, s0, out, stream);
+}
+
+cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* q, const void* k,
+                                const void* u, const void* g, const void* s0, const void* dout, void* dq, void* dk,
+                                void* du, void* dg, void* ds0, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? ChunkBackward<double, 16, 8>(chunks, q, k, u, g, s0, dout, dq, dk, du, dg, ds0, stream)
+             : ChunkBackwardTc(chunks, q, k, u, g, s0, dout, dq, dk, du, dg, ds0, stream);
+}
 
 cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate, const void* x, void* out,
                            cudaStream_t stream) {

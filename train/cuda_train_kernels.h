@@ -77,4 +77,17 @@ cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate,
 cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate, const void* x, const void* dout,
                             void* dgate, void* dx, cudaStream_t stream);
 
+// The chunked scan's output inside each chunk (train/linear_mixers.cc), for `chunks` chunks of `chunk`
+// steps and head dim `head_dim`, all packed: q, k, u, out [chunks, chunk, head_dim], g [chunks, chunk] (the
+// cumulative log decay within the chunk), s0 [chunks, head_dim, head_dim] (the state entering it):
+//   out[t] = exp(g_t) s0^T q_t + sum_{s<=t} exp(g_t - g_s) (q_t . k_s) u_s
+// fp32 with chunk 64 and head dim 64; fp64 (for tests) with chunk 16 and head dim 8.
+bool ChunkOutputSupported(bool f64, int chunk, int head_dim);
+cudaError_t ChunkOutputForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* q, const void* k,
+                               const void* u, const void* g, const void* s0, void* out, cudaStream_t stream);
+// Writes dq, dk, du (like q), dg (like g) and ds0 (like s0) from dout (like out).
+cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* q, const void* k,
+                                const void* u, const void* g, const void* s0, const void* dout, void* dq, void* dk,
+                                void* du, void* dg, void* ds0, cudaStream_t stream);
+
 }  // namespace oryx::train::cuda

@@ -6,6 +6,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "train/cuda_ops.h"
+
 namespace oryx::train {
 
 namespace {
@@ -117,7 +119,6 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   auto gamma = g.exp();                      // decay from chunk start to t
   auto g_last = g.narrow(-1, C - 1, 1);      // [B,H,N,1]
   auto to_end = (g_last - g).exp();          // decay from t to chunk end
-  auto qk = torch::matmul(q, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/false);  // [B,H,N,C,C]
 
   // u, the values that enter the state, is U0 - W S0 with S0 the state at the chunk's start (W = 0 for
   // mamba2). GDN's WY/UT form: (I + diag(beta) A) U = diag(beta) (V - diag(gamma) K S0) with
@@ -157,8 +158,12 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
     s0 = torch::stack(starts, 2);
   }
   auto u = kind == ScanKind::kGdn ? u0 - torch::matmul(w, s0) : u0;
-  // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s
-  auto out = gamma.unsqueeze(-1) * torch::matmul(q, s0) + torch::matmul(qk, u);  // [B,H,N,C,dh]
+  // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s: one kernel each way on the GPU.
+  auto out = ChunkOutputAvailable(q)
+                 ? ChunkOutput(q, k, u, g, s0)
+                 : gamma.unsqueeze(-1) * torch::matmul(q, s0) +
+                       torch::matmul(torch::matmul(q, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/false), u);
+  // [B,H,N,C,dh]
   out = out.reshape({B, H, N * C, dh});
   if (pad > 0) out = out.narrow(2, 0, T);  // (a narrow to the whole length would still copy in the backward)
   out = out.transpose(1, 2).contiguous();  // [B,T,H,dh]

@@ -247,5 +247,45 @@ TEST(FusedSiluMul, EqualsTheLibTorchFormulaForwardAndBackward) {
                c10::Error);
 }
 
+// The chunk-output kernel against its LibTorch form (ScanChunked's fallback), forward and backward.
+TEST(ChunkOutput, EqualsTheLibTorchFormForwardAndBackward) {
+  torch::manual_seed(24);
+  struct Case {
+    torch::Dtype dtype;
+    int64_t C, D;
+    double tol;
+  };
+  // fp64 (CUDA cores): to rounding. fp32 (tensor cores, TF32 operands as the cuBLAS products the trainer
+  // allows for the scans): each operand rounded to 2^-11, twice along the chain q k^T -> A -> A u, in sums of
+  // 64 products; dg is a difference of two such sums.
+  for (const Case& c : {Case{torch::kFloat64, 16, 8, 1e-12}, Case{torch::kFloat32, 64, 64, 5e-3}}) {
+    const auto opts = torch::dtype(c.dtype).device(kCuda);
+    const int64_t B = 2, H = 3, N = 5;
+    auto make = [&](std::vector<int64_t> shape, double scale) {
+      return (torch::randn(shape, opts) * scale).requires_grad_(true);
+    };
+    auto q = make({B, H, N, c.C, c.D}, 0.3), k = make({B, H, N, c.C, c.D}, 0.3), u = make({B, H, N, c.C, c.D}, 1);
+    auto s0 = make({B, H, N, c.D, c.D}, 0.5);
+    // g: cumulative sums of negative log decays, as the scan makes them.
+    auto g = (-torch::rand({B, H, N, c.C}, opts) * 0.2).cumsum(-1).detach().requires_grad_(true);
+    ASSERT_TRUE(ChunkOutputAvailable(q));
+    auto out = ChunkOutput(q, k, u, g, s0);
+    auto dout = torch::randn_like(out);
+    auto grads = torch::autograd::grad({out}, {q, k, u, g, s0}, {dout});
+
+    auto w = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat64).requires_grad_(true); };
+    auto q64 = w(q), k64 = w(k), u64 = w(u), g64 = w(g), s64 = w(s0);
+    auto diff = g64.unsqueeze(-1) - g64.unsqueeze(-2);
+    auto keep = torch::ones({c.C, c.C}, torch::dtype(torch::kBool).device(kCuda)).tril();
+    auto decay = torch::where(keep, diff, torch::full({}, -INFINITY, diff.options())).exp();
+    auto ref = g64.exp().unsqueeze(-1) * torch::matmul(q64, s64) +
+               torch::matmul(torch::matmul(q64, k64.transpose(-1, -2)) * decay, u64);
+    auto ref_grads = torch::autograd::grad({ref}, {q64, k64, u64, g64, s64}, {dout.to(torch::kFloat64)});
+    EXPECT_LE(RelativeError(out, ref), c.tol) << c.dtype;
+    const char* names[] = {"dq", "dk", "du", "dg", "ds0"};
+    for (int i = 0; i < 5; ++i) EXPECT_LE(RelativeError(grads[i], ref_grads[i]), c.tol) << names[i] << " " << c.dtype;
+  }
+}
+
 }  // namespace
 }  // namespace oryx::train
