@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #include "train/cuda_train_kernels.h"
@@ -836,44 +837,73 @@ cudaError_t ChunkBackwardTc(int64_t chunks, const void* q, const void* k, const 
 
 // ---- SiLU-gated product: out = SiLU(g) x; dx = dout SiLU(g), dg = dout x s (1 + g (1 - s)), s = sigmoid(g).
 // One pass each way in the accumulation type (LibTorch's silu, mul and their backwards take five kernels and
-// round to bf16 between them). Threads over columns, blocks over (column tile, rows).
+// round to bf16 between them). Threads over columns (16 bytes each where the rows allow), blocks over
+// (column tile, rows).
 constexpr int kGateThreads = 256;
 constexpr unsigned kGateMaxRowBlocks = 65535;
 
-template <typename T, bool kBackward>
+// kVec consecutive elements per thread (16-byte loads where the rows allow it, else 1).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <typename T, bool kBackward, int kVec>
 __global__ void SiluMulKernel(GateShape s, const T* gate, const T* x, const T* dout, T* out, T* dgate) {
   using A = typename Acc<T>::type;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  using P = Pack<T, kVec>;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
   if (c >= s.cols) return;
   for (int64_t r = blockIdx.y; r < s.rows; r += gridDim.y) {
-    const A g = static_cast<A>(gate[r * s.ld_gate + c]), v = static_cast<A>(x[r * s.ld_x + c]);
-    const A sig = A(1) / (A(1) + exp(-g));
+    const P gp = *reinterpret_cast<const P*>(gate + r * s.ld_gate + c);
+    const P xp = *reinterpret_cast<const P*>(x + r * s.ld_x + c);
     const int64_t o = r * s.cols + c;
-    if constexpr (kBackward) {
-      const A d = static_cast<A>(dout[o]);
-      out[o] = static_cast<T>(d * g * sig);                              // dx
-      dgate[o] = static_cast<T>(d * v * sig * (A(1) + g * (A(1) - sig)));  // dgate
-    } else {
-      out[o] = static_cast<T>(g * sig * v);
+    P dp, first, second;
+    if constexpr (kBackward) dp = *reinterpret_cast<const P*>(dout + o);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const A g = static_cast<A>(gp.v[e]), v = static_cast<A>(xp.v[e]);
+      const A sig = A(1) / (A(1) + exp(-g));
+      if constexpr (kBackward) {
+        const A d = static_cast<A>(dp.v[e]);
+        first.v[e] = static_cast<T>(d * g * sig);                              // dx
+        second.v[e] = static_cast<T>(d * v * sig * (A(1) + g * (A(1) - sig)));  // dgate
+      } else {
+        first.v[e] = static_cast<T>(g * sig * v);
+      }
     }
+    *reinterpret_cast<P*>(out + o) = first;
+    if constexpr (kBackward) *reinterpret_cast<P*>(dgate + o) = second;
   }
+}
+
+template <typename T, int kVec>
+cudaError_t LaunchSiluMul(const GateShape& s, const void* gate, const void* x, const void* dout, void* out,
+                          void* dgate, cudaStream_t stream) {
+  const int threads_per_row = (s.cols + kVec - 1) / kVec;
+  const dim3 grid((threads_per_row + kGateThreads - 1) / kGateThreads,
+                  static_cast<unsigned>(s.rows < kGateMaxRowBlocks ? s.rows : kGateMaxRowBlocks));
+  if (dout == nullptr) {
+    SiluMulKernel<T, false, kVec><<<grid, kGateThreads, 0, stream>>>(
+        s, static_cast<const T*>(gate), static_cast<const T*>(x), nullptr, static_cast<T*>(out), nullptr);
+  } else {
+    SiluMulKernel<T, true, kVec><<<grid, kGateThreads, 0, stream>>>(
+        s, static_cast<const T*>(gate), static_cast<const T*>(x), static_cast<const T*>(dout), static_cast<T*>(out),
+        static_cast<T*>(dgate));
+  }
+  return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t SiluMul(const GateShape& s, const void* gate, const void* x, const void* dout, void* out, void* dgate,
                     cudaStream_t stream) {
   if (s.rows == 0 || s.cols == 0) return cudaSuccess;
-  const dim3 grid((s.cols + kGateThreads - 1) / kGateThreads,
-                  static_cast<unsigned>(s.rows < kGateMaxRowBlocks ? s.rows : kGateMaxRowBlocks));
-  if (dout == nullptr) {
-    SiluMulKernel<T, false><<<grid, kGateThreads, 0, stream>>>(s, static_cast<const T*>(gate), static_cast<const T*>(x),
-                                                               nullptr, static_cast<T*>(out), nullptr);
-  } else {
-    SiluMulKernel<T, true><<<grid, kGateThreads, 0, stream>>>(s, static_cast<const T*>(gate), static_cast<const T*>(x),
-                                                              static_cast<const T*>(dout), static_cast<T*>(out),
-                                                              static_cast<T*>(dgate));
-  }
-  return cudaGetLastError();
+  constexpr int kVec = 16 / sizeof(T);
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vector = s.cols % kVec == 0 && s.ld_gate % kVec == 0 && s.ld_x % kVec == 0 && aligned(gate) &&
+                      aligned(x) && aligned(dout) && aligned(out) && aligned(dgate);
+  return vector ? LaunchSiluMul<T, kVec>(s, gate, x, dout, out, dgate, stream)
+                : LaunchSiluMul<T, 1>(s, gate, x, dout, out, dgate, stream);
 }
 
 template <typename F>

@@ -222,25 +222,29 @@ TEST(FusedRope, EqualsTheLibTorchRotationForwardAndBackward) {
 
 TEST(FusedSiluMul, EqualsTheLibTorchFormulaForwardAndBackward) {
   torch::manual_seed(29);
-  const int64_t B = 2, T = 37, C = 300;
-  for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
-    // The gate a strided part of a wider projection (as the mixer's gate is), x packed.
-    auto wide = torch::randn({B, T, C + 20}, torch::dtype(dtype).device(kCuda)) * 3;
-    auto gate = wide.narrow(-1, 20, C).detach().requires_grad_(true);
-    auto x = torch::randn({B, T, C}, torch::dtype(dtype).device(kCuda)).requires_grad_(true);
-    auto y = FusedSiluMul(gate, x);
-    EXPECT_TRUE(y.is_contiguous());
-    auto dy = torch::randn_like(y);
-    auto grads = torch::autograd::grad({y}, {gate, x}, {dy});
-    auto g64 = gate.detach().to(torch::kFloat64).requires_grad_(true);
-    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
-    auto ref = torch::silu(g64) * x64;
-    auto ref_grads = torch::autograd::grad({ref}, {g64, x64}, {dy.to(torch::kFloat64)});
-    // One bf16 rounding of each output (2^-9 relative), fp32 and fp64 to their precision.
-    const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-6 : 4e-3;
-    EXPECT_LE(RelativeError(y, ref), tol) << dtype;
-    EXPECT_LE(RelativeError(grads[0], ref_grads[0]), tol) << "dgate " << dtype;
-    EXPECT_LE(RelativeError(grads[1], ref_grads[1]), tol) << "dx " << dtype;
+  const int64_t B = 2, T = 37;
+  // 300 columns at an offset of 20 take the kernel's one-element path, 256 at 16 its 16-byte path.
+  for (const auto& [C, offset] : std::vector<std::pair<int64_t, int64_t>>{{300, 20}, {256, 16}}) {
+    for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE("columns " + std::to_string(C));
+      // The gate a strided part of a wider projection (as the mixer's gate is), x packed.
+      auto wide = torch::randn({B, T, C + offset}, torch::dtype(dtype).device(kCuda)) * 3;
+      auto gate = wide.narrow(-1, offset, C).detach().requires_grad_(true);
+      auto x = torch::randn({B, T, C}, torch::dtype(dtype).device(kCuda)).requires_grad_(true);
+      auto y = FusedSiluMul(gate, x);
+      EXPECT_TRUE(y.is_contiguous());
+      auto dy = torch::randn_like(y);
+      auto grads = torch::autograd::grad({y}, {gate, x}, {dy});
+      auto g64 = gate.detach().to(torch::kFloat64).requires_grad_(true);
+      auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
+      auto ref = torch::silu(g64) * x64;
+      auto ref_grads = torch::autograd::grad({ref}, {g64, x64}, {dy.to(torch::kFloat64)});
+      // One bf16 rounding of each output (2^-9 relative), fp32 and fp64 to their precision.
+      const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-6 : 4e-3;
+      EXPECT_LE(RelativeError(y, ref), tol) << dtype;
+      EXPECT_LE(RelativeError(grads[0], ref_grads[0]), tol) << "dgate " << dtype;
+      EXPECT_LE(RelativeError(grads[1], ref_grads[1]), tol) << "dx " << dtype;
+    }
   }
   EXPECT_THROW(FusedSiluMul(torch::zeros({3}, torch::dtype(torch::kFloat32).device(kCuda)),
                             torch::zeros({4}, torch::dtype(torch::kFloat32).device(kCuda))),
