@@ -1,23 +1,55 @@
 #!/usr/bin/env python3
 """Sums the GPU kernel time of a Kineto Chrome trace (ORYX_PROFILE_TRACE) by the host op that launched it.
 
-    bench/summarize_trace.py TRACE.json [--top N] [--json]
+    bench/summarize_trace.py TRACE.json [--top N] [--by op|kernel] [--json]
 
 Each kernel is charged to the outermost aten op around its launch (a kernel launched by aten::linear
-inside autograd's backward counts as that op's backward node when the profiler records it). Prints a table:
-op, calls, GPU ms, share of all kernel time; and the total kernel time against the profiled wall time.
+inside autograd's backward counts as that op's backward node when the profiler records it); with
+--by kernel, to the kernel's own name instead. Prints a table: op (or kernel), kernels, GPU ms, share of
+all kernel time; and the total kernel time against the profiled wall time. Backward nodes print as
+"backward: NAME", and a custom autograd function (torch::autograd::CppNode<...>) by its class name.
 """
 import argparse
 import bisect
 import collections
 import json
+import re
 import sys
+
+
+def short_name(name):
+    """'autograd::engine::evaluate_function: torch::autograd::CppNode<ns::(anonymous)::FooFunction>' ->
+    'backward: FooFunction'; other backward nodes keep their own name after the prefix."""
+    prefix = "autograd::engine::evaluate_function: "
+    if not name.startswith(prefix):
+        return name
+    node = name[len(prefix):]
+    m = re.match(r"torch::autograd::CppNode<(.*)>$", node)
+    if m:
+        node = m.group(1).split("::")[-1]
+    return "backward: " + node
+
+
+def kernel_name(name):
+    """A kernel's name without its namespaces, template arguments and parameters."""
+    base = re.sub(r"\(.*$", "", name.replace("(anonymous namespace)", "anon"))  # parameters
+    depth, out = 0, []
+    for ch in base:                                    # template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out).split("::")[-1].replace("void ", "").strip() or name
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--by", choices=("op", "kernel"), default="op",
+                    help="charge each kernel to the host op that launched it (default) or to its own name")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     args = ap.parse_args()
     try:
@@ -58,9 +90,10 @@ def main():
     total = 0.0
     for k in kernels:
         corr = k.get("args", {}).get("correlation")
-        name = "(unattributed)"
-        if corr in launch_ts:
-            name = owner(*launch_ts[corr])
+        if args.by == "kernel":
+            name = kernel_name(k.get("name", "(unnamed)"))
+        else:
+            name = short_name(owner(*launch_ts[corr])) if corr in launch_ts else "(unattributed)"
         by_op[name][0] += 1
         by_op[name][1] += k["dur"]
         total += k["dur"]
@@ -73,7 +106,7 @@ def main():
         return
     print(f"kernel time {total / 1e3:.1f} ms over a {(last - first) / 1e3:.1f} ms span "
           f"({100 * total / max(1e-9, last - first):.0f}% busy)")
-    print(f"{'op':60s} {'kernels':>8s} {'ms':>9s} {'share':>6s}")
+    print(f"{args.by:60s} {'kernels':>8s} {'ms':>9s} {'share':>6s}")
     for name, (count, t) in rows[: args.top]:
         print(f"{name[:60]:60s} {count:8d} {t / 1e3:9.2f} {100 * t / total:5.1f}%")
 
