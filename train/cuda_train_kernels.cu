@@ -398,6 +398,18 @@ __device__ void TileMatMul(FA a, FB b, A (&acc)[ThreadTile<M, N>::kRows][ThreadT
   }
 }
 
+// Writes this thread's outputs of a TT product to dst (row-major, rows ld elements apart).
+template <typename TT, typename T>
+__device__ void StoreThreadTile(const T (&acc)[TT::kRows][TT::kCols], T* dst, int ld) {
+#pragma unroll
+  for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < TT::kCols; ++j) {
+      if (TT::Active(i, j)) dst[TT::Row(i) * ld + TT::Col(j)] = acc[i][j];
+    }
+  }
+}
+
 // Shared tiles have rows padded by one element, so that reading a column (threads on consecutive rows)
 // hits 32 different banks.
 template <typename T>
@@ -515,25 +527,13 @@ __global__ void ChunkOutputBackwardKernel(const T* q, const T* k, const T* u, co
     T acc[TT::kRows][TT::kCols] = {};
     TileMatMul<D, D, C>([&](int i, int t) { return exp(G[t]) * Q[t * LD + i]; }, [&](int t, int j) { return dO[t * LD + j]; },
                         acc);
-#pragma unroll
-    for (int i = 0; i < TT::kRows; ++i) {
-#pragma unroll
-      for (int j = 0; j < TT::kCols; ++j) {
-        if (TT::Active(i, j)) ds0[chunk * D * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
-      }
-    }
+    StoreThreadTile<TT>(acc, ds0 + chunk * D * D, D);
   }
   {  // dU = A^T dOut, [C][D]
     using TT = ThreadTile<C, D>;
     T acc[TT::kRows][TT::kCols] = {};
     TileMatMul<C, D, C>([&](int s, int t) { return Amat[t * LC + s]; }, [&](int t, int j) { return dO[t * LD + j]; }, acc);
-#pragma unroll
-    for (int i = 0; i < TT::kRows; ++i) {
-#pragma unroll
-      for (int j = 0; j < TT::kCols; ++j) {
-        if (TT::Active(i, j)) du[chunk * C * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
-      }
-    }
+    StoreThreadTile<TT>(acc, du + chunk * C * D, D);
   }
   __syncthreads();  // the dG sums above read dA before it becomes dM
   for (int i = threadIdx.x; i < C * C; i += blockDim.x) {
@@ -565,13 +565,7 @@ __global__ void ChunkOutputBackwardKernel(const T* q, const T* k, const T* u, co
     using TT = ThreadTile<C, D>;
     T acc[TT::kRows][TT::kCols] = {};
     TileMatMul<C, D, C>([&](int s, int t) { return dA[t * LC + s]; }, [&](int t, int i) { return Q[t * LD + i]; }, acc);
-#pragma unroll
-    for (int i = 0; i < TT::kRows; ++i) {
-#pragma unroll
-      for (int j = 0; j < TT::kCols; ++j) {
-        if (TT::Active(i, j)) dk[chunk * C * D + TT::Row(i) * D + TT::Col(j)] = acc[i][j];
-      }
-    }
+    StoreThreadTile<TT>(acc, dk + chunk * C * D, D);
   }
   __syncthreads();
   for (int t = threadIdx.x; t < C; t += blockDim.x) dg[chunk * C + t] = dG[t];
