@@ -150,23 +150,25 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// t packed, and 32-byte aligned for the tensor-core chunk-output kernels' loads and stores (a packed view
+// may start anywhere in its storage).
+torch::Tensor PackedAligned(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 32 == 0 ? c : c.clone();
+}
+
 class ChunkOutputFunction : public torch::autograd::Function<ChunkOutputFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
                                const torch::Tensor& k_in, const torch::Tensor& u_in, const torch::Tensor& g_in,
                                const torch::Tensor& s0_in) {
-    // Packed, and 32-byte aligned for the tensor-core kernel's loads and stores (a packed view may start
-    // anywhere in its storage).
-    auto packed = [](const torch::Tensor& t) {
-      auto c = t.contiguous();
-      return reinterpret_cast<uintptr_t>(c.data_ptr()) % 32 == 0 ? c : c.clone();
-    };
-    auto q = packed(q_in), k = packed(k_in), u = packed(u_in), g = packed(g_in), s0 = packed(s0_in);
+    auto q = PackedAligned(q_in), k = PackedAligned(k_in), u = PackedAligned(u_in), g = PackedAligned(g_in),
+         s0 = PackedAligned(s0_in);
     auto out = torch::empty_like(q);
     const int C = static_cast<int>(q.size(-2)), D = static_cast<int>(q.size(-1));
     Check(cuda::ChunkOutputForward(q.scalar_type() == torch::kFloat64, C, D, q.numel() / (C * D), q.data_ptr(),
                                    k.data_ptr(), u.data_ptr(), g.data_ptr(), s0.data_ptr(), out.data_ptr(),
-                                   c10::cuda::getCurrentCUDAStream(q.device().index())),
+                                   StreamOf(q)),
           "chunk output forward");
     ctx->save_for_backward({q, k, u, g, s0});
     return out;
@@ -176,20 +178,18 @@ class ChunkOutputFunction : public torch::autograd::Function<ChunkOutputFunction
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &u = saved[2], &g = saved[3], &s0 = saved[4];
-    auto dout = grads[0].contiguous();
-    if (reinterpret_cast<uintptr_t>(dout.data_ptr()) % 32 != 0) dout = dout.clone();
+    auto dout = PackedAligned(grads[0]);
     auto dq = torch::empty_like(q), dk = torch::empty_like(k), du = torch::empty_like(u), dg = torch::empty_like(g),
          ds0 = torch::empty_like(s0);
     const int C = static_cast<int>(q.size(-2)), D = static_cast<int>(q.size(-1));
     Check(cuda::ChunkOutputBackward(q.scalar_type() == torch::kFloat64, C, D, q.numel() / (C * D), q.data_ptr(),
                                     k.data_ptr(), u.data_ptr(), g.data_ptr(), s0.data_ptr(), dout.data_ptr(),
                                     dq.data_ptr(), dk.data_ptr(), du.data_ptr(), dg.data_ptr(), ds0.data_ptr(),
-                                    c10::cuda::getCurrentCUDAStream(q.device().index())),
+                                    StreamOf(q)),
           "chunk output backward");
     return {dq, dk, du, dg, ds0};
   }
 };
-
 
 // t [..., cols] as [rows, cols] with unit column stride and one row stride, copied when it is not.
 torch::Tensor AsRows(const torch::Tensor& t) {

@@ -947,15 +947,7 @@ cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate
 
 cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,
                       void* out, bool inverse, cudaStream_t stream) {
-  switch (dtype) {
-    case ActDType::kBF16:
-      return Rope<__nv_bfloat16>(r, x, cos, sin, out, inverse, stream);
-    case ActDType::kF32:
-      return Rope<float>(r, x, cos, sin, out, inverse, stream);
-    case ActDType::kF64:
-      return Rope<double>(r, x, cos, sin, out, inverse, stream);
-  }
-  return cudaErrorInvalidValue;
+  return ForActDType(dtype, [&](auto t) { return Rope<decltype(t)>(r, x, cos, sin, out, inverse, stream); });
 }
 
 bool NormColsSupported(int cols) { return cols >= 1 && cols <= 1024 * kMaxColsPerThread; }
