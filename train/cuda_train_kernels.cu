@@ -22,8 +22,9 @@ struct Acc<double> {
 };
 
 // ---- Column sums of per-tile partials: out[j] = sum_i partial[i][j] -------------------------------------
-// One block per column. The conv and RMSNorm backward kernels below write partials instead of adding
-// atomically, so every sum is taken in the same order and the gradients do not depend on scheduling.
+// The conv and RMSNorm backward kernels below write partials instead of adding atomically, so every sum is
+// taken in the same order and the gradients do not depend on scheduling. (ReduceColumns, below the block
+// sums: an earlier version gave each column a block, whose reads were strided by the column count.)
 template <typename A>
 __device__ A WarpSum(A v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -42,19 +43,52 @@ __device__ A BlockSum(A v, A* shared) {
   return total;
 }
 
+// Rows per chunk of the first pass: at least 256, and few enough chunks (at most 256) for the second
+// pass to take them in one.
+constexpr int kReduceCols = 32, kReduceLanes = 8;
+constexpr int64_t kReduceMaxChunks = 256;
+inline int64_t ReduceRowsPerChunk(int64_t n) {
+  return n <= kReduceMaxChunks * 256 ? 256 : (n + kReduceMaxChunks - 1) / kReduceMaxChunks;
+}
+inline int64_t ReduceChunks(int64_t n) { return (n + ReduceRowsPerChunk(n) - 1) / ReduceRowsPerChunk(n); }
+
+// out[chunk][j] = sum of partial[r][j] over the chunk's rows. A block takes 32 consecutive columns (each row
+// read coalesced) and one chunk; its 8 row lanes add every 8th row, then lane 0 adds the lanes in order.
 template <typename A, typename W>
-__global__ void ReduceColumnsKernel(const A* partial, int64_t n, int64_t cols, W* out) {
-  __shared__ A shared[32];
-  const int64_t j = blockIdx.x;
+__global__ void ReduceColumnsKernel(const A* partial, int64_t n, int64_t cols, int64_t rows_per_chunk, W* out) {
+  __shared__ A lanes[kReduceLanes][kReduceCols];
+  const int64_t j = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk, r1 = min(r0 + rows_per_chunk, n);
   A sum = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i * cols + j];
-  sum = BlockSum(sum, shared);
-  if (threadIdx.x == 0) out[j] = static_cast<W>(sum);
+  if (j < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kReduceLanes) sum += partial[r * cols + j];
+  }
+  lanes[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    A total = 0;
+    for (int l = 0; l < kReduceLanes; ++l) total += lanes[l][threadIdx.x];
+    out[int64_t(blockIdx.y) * cols + j] = static_cast<W>(total);
+  }
 }
 
+// Elements of scratch that ReduceColumns needs for n rows of cols columns.
+inline int64_t ReduceScratchElems(int64_t n, int64_t cols) { return ReduceChunks(n) > 1 ? ReduceChunks(n) * cols : 0; }
+
+// out[j] = sum_i partial[i][j], in a fixed order (no atomics): chunks of rows into scratch, then the chunks.
 template <typename A, typename W>
-cudaError_t ReduceColumns(const A* partial, int64_t n, int64_t cols, W* out, cudaStream_t stream) {
-  ReduceColumnsKernel<A, W><<<static_cast<unsigned>(cols), 128, 0, stream>>>(partial, n, cols, out);
+cudaError_t ReduceColumns(const A* partial, int64_t n, int64_t cols, W* out, A* scratch, cudaStream_t stream) {
+  const dim3 block(kReduceCols, kReduceLanes);
+  const unsigned col_tiles = static_cast<unsigned>((cols + kReduceCols - 1) / kReduceCols);
+  const int64_t chunks = ReduceChunks(n), per = ReduceRowsPerChunk(n);
+  if (chunks == 1) {
+    ReduceColumnsKernel<A, W><<<dim3(col_tiles, 1), block, 0, stream>>>(partial, n, cols, per, out);
+    return cudaGetLastError();
+  }
+  ReduceColumnsKernel<A, A><<<dim3(col_tiles, static_cast<unsigned>(chunks)), block, 0, stream>>>(partial, n, cols,
+                                                                                                   per, scratch);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  ReduceColumnsKernel<A, W><<<dim3(col_tiles, 1), block, 0, stream>>>(scratch, chunks, cols, chunks, out);
   return cudaGetLastError();
 }
 
@@ -176,8 +210,9 @@ cudaError_t Backward(const ConvShape& s, const void* x, const void* w, const voi
       static_cast<const T*>(x), s.ld_x, static_cast<const W*>(w), static_cast<const T*>(dout), static_cast<T*>(dx),
       static_cast<A*>(workspace), s.time, s.channels, s.width);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  return ReduceColumns(static_cast<const A*>(workspace), static_cast<int64_t>(grid.y) * grid.z,
-                       static_cast<int64_t>(s.channels) * (s.width + 1), static_cast<W*>(dw_and_bias), stream);
+  const int64_t n = static_cast<int64_t>(grid.y) * grid.z, cols = static_cast<int64_t>(s.channels) * (s.width + 1);
+  return ReduceColumns(static_cast<const A*>(workspace), n, cols, static_cast<W*>(dw_and_bias),
+                       static_cast<A*>(workspace) + n * cols, stream);
 }
 
 // ---- RMSNorm: y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) over each row of `cols` ----------
@@ -328,7 +363,8 @@ cudaError_t NormBackward(const NormShape& s, const void* x, const void* w, const
     return cudaGetLastError();
   });
   if (e != cudaSuccess) return e;
-  return ReduceColumns(static_cast<const A*>(workspace), NormUnits(s), s.cols, static_cast<TW*>(dw), stream);
+  return ReduceColumns(static_cast<const A*>(workspace), NormUnits(s), s.cols, static_cast<TW*>(dw),
+                       static_cast<A*>(workspace) + NormUnits(s) * s.cols, stream);
 }
 
 // ---- RoPE: out[.., i] = x_i c - x_{i+h} s, out[.., i+h] = x_{i+h} c + x_i s (h = dh/2, s negated for the
@@ -953,7 +989,7 @@ cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const f
 bool NormColsSupported(int cols) { return cols >= 1 && cols <= 1024 * kMaxColsPerThread; }
 
 int64_t NormWorkspaceBytes(NormTypes t, const NormShape& s) {
-  return NormUnits(s) * s.cols * (t == NormTypes::kF64 ? 8 : 4);
+  return (NormUnits(s) * s.cols + ReduceScratchElems(NormUnits(s), s.cols)) * (t == NormTypes::kF64 ? 8 : 4);
 }
 
 cudaError_t RmsNormForward(NormTypes t, const NormShape& s, const void* x, const void* w, void* y, void* rstd,
@@ -999,7 +1035,8 @@ cudaError_t CausalConvForward(ActDType dtype, const ConvShape& s, const void* x,
 
 int64_t ConvWorkspaceBytes(ActDType dtype, const ConvShape& s) {
   const int64_t tiles = (s.rows / s.time) * ((s.time + kTimeTile - 1) / kTimeTile);
-  return tiles * s.channels * (s.width + 1) * (dtype == ActDType::kF64 ? 8 : 4);
+  const int64_t cols = static_cast<int64_t>(s.channels) * (s.width + 1);
+  return (tiles * cols + ReduceScratchElems(tiles, cols)) * (dtype == ActDType::kF64 ? 8 : 4);
 }
 
 cudaError_t CausalConvBackward(ActDType dtype, const ConvShape& s, const void* x, const void* w, const void* dout,
