@@ -21,6 +21,12 @@ struct Acc<double> {
   using type = double;
 };
 
+// kVec consecutive elements, loaded and stored as one access (kVec * sizeof(T) bytes, at most 16).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
 // ---- Column sums of per-tile partials: out[j] = sum_i partial[i][j] -------------------------------------
 // The conv and RMSNorm backward kernels below write partials instead of adding atomically, so every sum is
 // taken in the same order and the gradients do not depend on scheduling. (ReduceColumns, below the block
@@ -368,31 +374,49 @@ cudaError_t NormBackward(const NormShape& s, const void* x, const void* w, const
 }
 
 // ---- RoPE: out[.., i] = x_i c - x_{i+h} s, out[.., i+h] = x_{i+h} c + x_i s (h = dh/2, s negated for the
-// backward). One block per (b, t); its threads cover (head, i) pairs.
-template <typename T>
+// backward). One block per (b, t); each thread takes kVec consecutive pairs (i .. i+kVec-1) of one head,
+// as kVec-wide accesses where the strides and pointers allow.
+template <typename T, int kVec>
 __global__ void RopeKernel(const T* x, int64_t sb, int64_t st, int64_t sh, const float* cos, const float* sin,
                            T* out, int time, int heads, int half, float sign) {
   using A = typename Acc<T>::type;
+  using P = Pack<T, kVec>;
+  using F = Pack<float, kVec>;
   const int64_t bt = blockIdx.x;
   const int64_t b = bt / time;
   const int t = static_cast<int>(bt - b * time);
   const T* xr = x + b * sb + t * st;
   T* o = out + bt * heads * 2 * half;
-  for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
-    const int h = j / half, i = j - h * half;
-    const A c = static_cast<A>(cos[t * half + i]), s = sign * static_cast<A>(sin[t * half + i]);
-    const A x1 = static_cast<A>(xr[h * sh + i]), x2 = static_cast<A>(xr[h * sh + half + i]);
-    o[h * 2 * half + i] = static_cast<T>(x1 * c - x2 * s);
-    o[h * 2 * half + half + i] = static_cast<T>(x2 * c + x1 * s);
+  const int groups = half / kVec;
+  for (int j = threadIdx.x; j < heads * groups; j += blockDim.x) {
+    const int h = j / groups, i = (j - h * groups) * kVec;
+    const F cv = *reinterpret_cast<const F*>(cos + t * half + i), sv = *reinterpret_cast<const F*>(sin + t * half + i);
+    const P p1 = *reinterpret_cast<const P*>(xr + h * sh + i), p2 = *reinterpret_cast<const P*>(xr + h * sh + half + i);
+    P o1, o2;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const A c = static_cast<A>(cv.v[e]), s = sign * static_cast<A>(sv.v[e]);
+      const A x1 = static_cast<A>(p1.v[e]), x2 = static_cast<A>(p2.v[e]);
+      o1.v[e] = static_cast<T>(x1 * c - x2 * s);
+      o2.v[e] = static_cast<T>(x2 * c + x1 * s);
+    }
+    *reinterpret_cast<P*>(o + h * 2 * half + i) = o1;
+    *reinterpret_cast<P*>(o + h * 2 * half + half + i) = o2;
   }
 }
 
 template <typename T>
 cudaError_t Rope(const RopeShape& r, const void* x, const float* cos, const float* sin, void* out, bool inverse,
                  cudaStream_t stream) {
-  const int pairs = r.heads * r.half;
-  const int threads = pairs < 1024 ? (pairs + 31) / 32 * 32 : 1024;
-  RopeKernel<T><<<static_cast<unsigned>(r.batch * r.time), threads, 0, stream>>>(
+  constexpr int kVec = 4;
+  auto aligned = [](const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  const bool vector = r.half % kVec == 0 && r.sb % kVec == 0 && r.st % kVec == 0 && r.sh % kVec == 0 &&
+                      aligned(x, kVec * sizeof(T)) && aligned(out, kVec * sizeof(T)) &&
+                      aligned(cos, kVec * sizeof(float)) && aligned(sin, kVec * sizeof(float));
+  const int units = r.heads * (vector ? r.half / kVec : r.half);
+  const int threads = units < 1024 ? (units + 31) / 32 * 32 : 1024;
+  const auto kernel = vector ? RopeKernel<T, kVec> : RopeKernel<T, 1>;
+  kernel<<<static_cast<unsigned>(r.batch * r.time), threads, 0, stream>>>(
       static_cast<const T*>(x), r.sb, r.st, r.sh, cos, sin, static_cast<T*>(out), r.time, r.heads, r.half,
       inverse ? -1.0f : 1.0f);
   return cudaGetLastError();
@@ -872,12 +896,6 @@ cudaError_t ChunkBackwardTc(int64_t chunks, const void* q, const void* k, const 
 // (column tile, rows).
 constexpr int kGateThreads = 256;
 constexpr unsigned kGateMaxRowBlocks = 65535;
-
-// kVec consecutive elements per thread (16-byte loads where the rows allow it, else 1).
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 template <typename T, bool kBackward, int kVec>
 __global__ void SiluMulKernel(GateShape s, const T* gate, const T* x, const T* dout, T* out, T* dgate) {

@@ -200,23 +200,27 @@ TEST(FusedRope, EqualsTheLibTorchRotationForwardAndBackward) {
   torch::manual_seed(23);
   const int64_t B = 2, T = 19, H = 3, dh = 16;
   auto [cos, sin] = RopeTables(10000.0, dh, 0, T, kCuda);
-  for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
-    // A strided view, as q and k are: heads of a wider projection.
-    auto wide = torch::randn({B, T, H * dh + 8}, torch::dtype(dtype).device(kCuda));
-    auto x = wide.narrow(-1, 8, H * dh).view({B, T, H, dh}).detach().requires_grad_(true);
-    auto y = FusedRope(x, cos, sin);
-    EXPECT_TRUE(y.is_contiguous());
-    auto dy = torch::randn_like(y);
-    auto dx = torch::autograd::grad({y}, {x}, {dy})[0];
-    // The reference: the same rotation in fp64, written out with LibTorch ops.
-    auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
-    auto c = cos.to(torch::kFloat64).unsqueeze(-2), s = sin.to(torch::kFloat64).unsqueeze(-2);
-    auto x1 = x64.narrow(-1, 0, dh / 2), x2 = x64.narrow(-1, dh / 2, dh / 2);
-    auto ref = torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
-    auto ref_dx = torch::autograd::grad({ref}, {x64}, {dy.to(torch::kFloat64)})[0];
-    const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-6 : 1e-2;
-    EXPECT_LE(RelativeError(y, ref), tol) << dtype;
-    EXPECT_LE(RelativeError(dx, ref_dx), tol) << "dx " << dtype;
+  // A strided view, as q and k are: heads of a wider projection. At an offset of 8 the kernel takes 4 pairs
+  // per thread; at 2 (strides and start not multiples of 4) one.
+  for (int64_t offset : {8, 2}) {
+    for (auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE("offset " + std::to_string(offset));
+      auto wide = torch::randn({B, T, H * dh + offset}, torch::dtype(dtype).device(kCuda));
+      auto x = wide.narrow(-1, offset, H * dh).view({B, T, H, dh}).detach().requires_grad_(true);
+      auto y = FusedRope(x, cos, sin);
+      EXPECT_TRUE(y.is_contiguous());
+      auto dy = torch::randn_like(y);
+      auto dx = torch::autograd::grad({y}, {x}, {dy})[0];
+      // The reference: the same rotation in fp64, written out with LibTorch ops.
+      auto x64 = x.detach().to(torch::kFloat64).requires_grad_(true);
+      auto c = cos.to(torch::kFloat64).unsqueeze(-2), s = sin.to(torch::kFloat64).unsqueeze(-2);
+      auto x1 = x64.narrow(-1, 0, dh / 2), x2 = x64.narrow(-1, dh / 2, dh / 2);
+      auto ref = torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+      auto ref_dx = torch::autograd::grad({ref}, {x64}, {dy.to(torch::kFloat64)})[0];
+      const double tol = dtype == torch::kFloat64 ? 1e-12 : dtype == torch::kFloat32 ? 1e-6 : 1e-2;
+      EXPECT_LE(RelativeError(y, ref), tol) << dtype;
+      EXPECT_LE(RelativeError(dx, ref_dx), tol) << "dx " << dtype;
+    }
   }
 }
 
