@@ -100,9 +100,13 @@ cudaError_t ReduceColumns(const A* partial, int64_t n, int64_t cols, W* out, A* 
 
 // The causal conv works on tiles of kTimeTile steps of one sequence and kThreads channels (one channel per
 // thread, consecutive threads on consecutive channels), sliding a window of the last `width` inputs (or
-// the next `width` output gradients) through registers, so each element is loaded once.
+// the next `width` output gradients) through registers, so each element is loaded once; kAhead steps'
+// loads are issued together.
 constexpr int kMaxWidth = 8;
 constexpr int kTimeTile = 32;
+// Steps whose loads a thread issues together: one 2-byte load per warp at a time left each SM with too
+// little in flight (a reading of the code, not yet measured).
+constexpr int kAhead = 8;
 constexpr int kThreads = 128;
 
 // out[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - (W-1) + j, c]. Grid: (channel tiles, time tiles, batch).
@@ -125,14 +129,22 @@ __global__ void CausalConvForwardKernel(const T* x, int64_t ld_x, const W* w, co
     hist[k] = k > kMaxWidth - width && tt >= 0 ? static_cast<A>(x[(row0 + tt) * ld_x + c]) : static_cast<A>(0);
   }
   const A b = static_cast<A>(bias[c]);
-  for (int t = t0; t < t1; ++t) {
+  for (int tb = t0; tb < t1; tb += kAhead) {
+    A xv[kAhead];  // the next kAhead inputs, loaded together
 #pragma unroll
-    for (int k = 0; k < kMaxWidth - 1; ++k) hist[k] = hist[k + 1];
-    hist[kMaxWidth - 1] = static_cast<A>(x[(row0 + t) * ld_x + c]);
-    A acc = b;
+    for (int j = 0; j < kAhead; ++j) xv[j] = tb + j < t1 ? static_cast<A>(x[(row0 + tb + j) * ld_x + c]) : A(0);
 #pragma unroll
-    for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * hist[kMaxWidth - 1 - k];
-    out[(row0 + t) * channels + c] = static_cast<T>(acc);
+    for (int j = 0; j < kAhead; ++j) {
+      const int t = tb + j;
+      if (t >= t1) break;
+#pragma unroll
+      for (int k = 0; k < kMaxWidth - 1; ++k) hist[k] = hist[k + 1];
+      hist[kMaxWidth - 1] = xv[j];
+      A acc = b;
+#pragma unroll
+      for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * hist[kMaxWidth - 1 - k];
+      out[(row0 + t) * channels + c] = static_cast<T>(acc);
+    }
   }
 }
 
@@ -162,28 +174,39 @@ __global__ void CausalConvBackwardKernel(const T* x, int64_t ld_x, const W* w, c
     dw[k] = 0;
   }
   A db = 0;
-  for (int t = t1 - 1; t >= t0; --t) {
-    // next: [dout[t], dout[t+1], ...]
+  for (int tb = t1 - 1; tb >= t0; tb -= kAhead) {
+    // The next kAhead steps' dout[t] and x[t-(width-1)], loaded together.
+    A dv[kAhead], xv[kAhead];
 #pragma unroll
-    for (int k = kMaxWidth - 1; k > 0; --k) next[k] = next[k - 1];
-    next[0] = static_cast<A>(dout[(row0 + t) * channels + c]);
-    // prev: [x[t], x[t-1], ..., x[t-(width-1)]]: drop x[t+1], load x[t-(width-1)]
-#pragma unroll
-    for (int k = 0; k < kMaxWidth - 1; ++k) prev[k] = prev[k + 1];
-    const int tp = t - (width - 1);
-    const A incoming = tp >= 0 ? static_cast<A>(x[(row0 + tp) * ld_x + c]) : static_cast<A>(0);
-#pragma unroll
-    for (int k = 0; k < kMaxWidth; ++k) {
-      if (k == width - 1) prev[k] = incoming;
+    for (int j = 0; j < kAhead; ++j) {
+      const int t = tb - j, tp = t - (width - 1);
+      dv[j] = t >= t0 ? static_cast<A>(dout[(row0 + t) * channels + c]) : A(0);
+      xv[j] = t >= t0 && tp >= 0 ? static_cast<A>(x[(row0 + tp) * ld_x + c]) : A(0);
     }
-    A acc = 0;
 #pragma unroll
-    for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * next[k];
-    dx[(row0 + t) * channels + c] = static_cast<T>(acc);
-    const A d = next[0];
-    db += d;
+    for (int j = 0; j < kAhead; ++j) {
+      const int t = tb - j;
+      if (t < t0) break;
+      // next: [dout[t], dout[t+1], ...]
 #pragma unroll
-    for (int k = 0; k < kMaxWidth; ++k) dw[k] += d * prev[k];
+      for (int k = kMaxWidth - 1; k > 0; --k) next[k] = next[k - 1];
+      next[0] = dv[j];
+      // prev: [x[t], x[t-1], ..., x[t-(width-1)]]: drop x[t+1], take x[t-(width-1)]
+#pragma unroll
+      for (int k = 0; k < kMaxWidth - 1; ++k) prev[k] = prev[k + 1];
+#pragma unroll
+      for (int k = 0; k < kMaxWidth; ++k) {
+        if (k == width - 1) prev[k] = xv[j];
+      }
+      A acc = 0;
+#pragma unroll
+      for (int k = 0; k < kMaxWidth; ++k) acc += wr[k] * next[k];
+      dx[(row0 + t) * channels + c] = static_cast<T>(acc);
+      const A d = next[0];
+      db += d;
+#pragma unroll
+      for (int k = 0; k < kMaxWidth; ++k) dw[k] += d * prev[k];
+    }
   }
   A* out = partial + (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * channels * (width + 1);
 #pragma unroll
