@@ -227,7 +227,114 @@ class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
   }
 };
 
+cuda::CombineShape::Strides StridesOf(const torch::Tensor& t) {
+  if (!t.defined()) return {};
+  return {.b = t.stride(0), .t = t.stride(1), .h = t.stride(2)};
+}
+
+// attn, skip and is_attn are absent when empty (CombineMixers passes them so).
+class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& attn_in,
+                               const torch::Tensor& lin, const torch::Tensor& v, const torch::Tensor& skip_in,
+                               const torch::Tensor& is_attn_in) {
+    const auto attn = Given(attn_in), skip = Given(skip_in), is_attn = Given(is_attn_in);
+    auto s = ShapeOf(lin);
+    s.attn = StridesOf(attn);
+    s.lin = StridesOf(lin);
+    s.v = StridesOf(v);
+    auto out = torch::empty(lin.sizes(), lin.options().memory_format(torch::MemoryFormat::Contiguous));
+    const auto attn_dtype = attn.defined() ? DTypeOf(attn) : DTypeOf(v);
+    Check(cuda::CombineMixersForward(attn_dtype, DTypeOf(v), s, Ptr(attn), lin.data_ptr(), v.data_ptr(), Ptr(skip),
+                                     is_attn.defined() ? is_attn.data_ptr<bool>() : nullptr, out.data_ptr(),
+                                     StreamOf(lin)),
+          "combine mixers forward");
+    ctx->save_for_backward({v, skip_in, is_attn_in});
+    ctx->saved_data["attn_dtype"] = attn.defined() ? attn.scalar_type() : torch::ScalarType::Undefined;
+    ctx->saved_data["lin_strides"] = lin.strides().vec();
+    return out;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &v = saved[0], skip = Given(saved[1]), is_attn = Given(saved[2]);
+    const auto attn_type = ctx->saved_data["attn_dtype"].toScalarType();
+    auto dout = grads[0].contiguous();
+    auto s = ShapeOf(dout);
+    s.v = StridesOf(v);
+    // lin's gradient in lin's own layout (for ScanChunked's view, the head-major layout its producer wrote),
+    // so that no copy packs it on the way back.
+    const auto lin_strides = ctx->saved_data["lin_strides"].toIntVector();
+    auto dlin = torch::empty_strided(dout.sizes(), lin_strides, dout.options());
+    if (!dlin.is_non_overlapping_and_dense()) dlin = torch::empty_like(dout);
+    s.dlin = StridesOf(dlin);
+    torch::Tensor dattn, dv, dskip_cols, workspace;
+    if (attn_type != torch::ScalarType::Undefined) dattn = torch::empty(dout.sizes(), dout.options().dtype(attn_type));
+    if (skip.defined()) {
+      dv = torch::empty(dout.sizes(), v.options().memory_format(torch::MemoryFormat::Contiguous));
+      dskip_cols = torch::empty({s.heads * s.head_dim}, skip.options());
+      workspace = torch::empty({cuda::CombineWorkspaceBytes(DTypeOf(v), s)}, dout.options().dtype(torch::kUInt8));
+    }
+    const auto attn_dtype = dattn.defined() ? DTypeOf(dattn) : DTypeOf(v);
+    Check(cuda::CombineMixersBackward(attn_dtype, DTypeOf(v), s, v.data_ptr(), Ptr(skip),
+                                      is_attn.defined() ? is_attn.data_ptr<bool>() : nullptr, dout.data_ptr(),
+                                      Ptr(dattn), dlin.data_ptr(), Ptr(dv), Ptr(dskip_cols), Ptr(workspace),
+                                      StreamOf(dout)),
+          "combine mixers backward");
+    auto dskip = skip.defined() ? dskip_cols.view({s.heads, s.head_dim}).sum(1) : torch::Tensor();
+    return {dattn, dlin, dv, dskip, torch::Tensor()};
+  }
+
+ private:
+  static torch::Tensor Given(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
+  static void* Ptr(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+  static cuda::CombineShape ShapeOf(const torch::Tensor& x) {
+    cuda::CombineShape s;
+    s.batch = x.size(0);
+    s.time = static_cast<int>(x.size(1));
+    s.heads = static_cast<int>(x.size(2));
+    s.head_dim = static_cast<int>(x.size(3));
+    return s;
+  }
+};
+
 }  // namespace
+
+torch::Tensor CombineMixers(const torch::Tensor& attn, const torch::Tensor& lin, const torch::Tensor& v,
+                            const torch::Tensor& skip, const torch::Tensor& is_attn) {
+  TORCH_CHECK(lin.is_cuda() && lin.dim() == 4 && lin.stride(3) == 1 && v.sizes() == lin.sizes() &&
+                  v.stride(3) == 1 && v.device() == lin.device() &&
+                  lin.size(1) <= std::numeric_limits<int>::max() &&
+                  lin.size(2) * lin.size(3) <= std::numeric_limits<int>::max(),
+              "CombineMixers: lin and v must be [B, T, H, dh] CUDA tensors with a packed last dimension, got ",
+              lin.sizes(), " and ", v.sizes());
+  TORCH_CHECK(attn.defined() == is_attn.defined(), "CombineMixers: attn and is_attn come together");
+  const bool f64 = lin.scalar_type() == torch::kFloat64;
+  auto fits = [&](const torch::Tensor& t) {
+    return f64 ? t.scalar_type() == torch::kFloat64
+               : t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat32;
+  };
+  TORCH_CHECK((f64 || lin.scalar_type() == torch::kFloat32) && fits(v) && (!attn.defined() || fits(attn)) &&
+                  (!skip.defined() || skip.scalar_type() == lin.scalar_type()),
+              "CombineMixers: attn and v bf16 or fp32 with lin and skip fp32, or all fp64");
+  torch::Tensor mask;
+  if (attn.defined()) {
+    TORCH_CHECK(attn.sizes() == lin.sizes() && attn.stride(3) == 1 && attn.device() == lin.device(),
+                "CombineMixers: attn must be ", lin.sizes(), " with a packed last dimension, got ", attn.sizes());
+    TORCH_CHECK(is_attn.scalar_type() == torch::kBool && is_attn.numel() == lin.size(0) * lin.size(1) &&
+                    is_attn.device() == lin.device(),
+                "CombineMixers: is_attn must be a bool [B, T] on lin's device");
+    mask = is_attn.reshape({lin.size(0), lin.size(1)}).contiguous();
+  }
+  TORCH_CHECK(!skip.defined() || (skip.dim() == 1 && skip.size(0) == lin.size(2) && skip.is_contiguous() &&
+                                  skip.device() == lin.device()),
+              "CombineMixers: skip must be a packed [H] on lin's device");
+  // autograd takes no undefined inputs: an absent one travels as an empty tensor.
+  auto present = [&](const torch::Tensor& t) { return t.defined() ? t : lin.new_empty({0}); };
+  return CombineMixersFunction::apply(present(attn), lin, v, present(skip),
+                                      mask.defined() ? mask : torch::empty({0}, lin.options().dtype(torch::kBool)));
+}
 
 bool ChunkOutputAvailable(const torch::Tensor& q) {
   const bool f64 = q.scalar_type() == torch::kFloat64;
@@ -314,6 +421,11 @@ torch::Tensor ChunkOutput(const torch::Tensor&, const torch::Tensor&, const torc
 
 torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "FusedSiluMul: this build has no CUDA kernels for the trainer");
+}
+
+torch::Tensor CombineMixers(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                            const torch::Tensor&) {
+  TORCH_CHECK(false, "CombineMixers: this build has no CUDA kernels for the trainer");
 }
 
 #endif

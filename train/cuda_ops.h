@@ -30,6 +30,15 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 // stride (a split of a wider tensor is taken as is); the output is packed. Differentiable in both.
 torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x);
 
+// The two mixers' outputs per token, as train/model.cc combines them, in one kernel each way:
+//   where(is_attn [B, T], attn, lin + skip[h] * v)  over [B, T, H, dh]
+// attn and is_attn undefined when no token runs attention; skip [H] undefined without the skip term (GDN).
+// attn and v bf16 or fp32 with lin and skip fp32, or all fp64, on the GPU; any strides with a packed last
+// dimension (lin may be ScanChunked's head-major view, v a split of the conv output). Returns a packed
+// tensor of lin's dtype. Differentiable in attn, lin, v and skip.
+torch::Tensor CombineMixers(const torch::Tensor& attn, const torch::Tensor& lin, const torch::Tensor& v,
+                            const torch::Tensor& skip, const torch::Tensor& is_attn);
+
 // The chunked scan's output inside each chunk (train/linear_mixers.cc) as one kernel each way: q, k, u
 // [..., C, dh], g [..., C] (cumulative log decay within the chunk), s0 [..., dh, dh] (state entering it):
 //   out[t] = exp(g_t) s0^T q_t + sum_{s<=t} exp(g_t - g_s) (q_t . k_s) u_s

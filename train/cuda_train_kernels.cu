@@ -4,7 +4,9 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "train/cuda_train_kernels.h"
 
@@ -978,6 +980,141 @@ cudaError_t SiluMul(const GateShape& s, const void* gate, const void* x, const v
                 : LaunchSiluMul<T, 1>(s, gate, x, dout, out, dgate, stream);
 }
 
+// ---- The mixers' outputs combined per token: out = is_attn ? attn : lin + skip[h] v ------------------
+// Replaces a cast of each operand, the skip's product and sum, the select, and a copy that packed lin, each
+// with its backward; a row reads only the operand its mode takes. Threads over columns (kVec of one head
+// each where strides and pointers allow), blocks over (column tile, kCombineRows rows); the backward sums
+// dout * v for the skip gradient over a block's rows in registers, as partials for ReduceColumns.
+constexpr int kCombineMaxThreads = 256, kCombineRows = 16;
+constexpr unsigned kCombineMaxRowBlocks = 65535;
+
+__device__ inline int64_t At(const CombineShape::Strides& s, int64_t b, int64_t t, int h) {
+  return b * s.b + t * s.t + h * s.h;
+}
+
+template <typename TA, typename TV, typename TL, int kVec>
+__global__ void CombineForwardKernel(CombineShape s, const TA* __restrict__ attn, const TL* __restrict__ lin,
+                                     const TV* __restrict__ v, const TL* __restrict__ skip,
+                                     const bool* __restrict__ is_attn, TL* __restrict__ out) {
+  const int cols = s.heads * s.head_dim, c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+  if (c >= cols) return;
+  const int h = c / s.head_dim, d = c - h * s.head_dim;
+  const TL sk = skip != nullptr ? skip[h] : TL(0);
+  const int64_t rows = s.batch * s.time;
+  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < rows; r0 += int64_t(gridDim.y) * kCombineRows) {
+    const int64_t r1 = min(rows, r0 + kCombineRows);
+#pragma unroll 4
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / s.time, t = r - b * s.time;
+      Pack<TL, kVec> o;
+      if (is_attn != nullptr && is_attn[r]) {
+        const auto a = *reinterpret_cast<const Pack<TA, kVec>*>(attn + At(s.attn, b, t, h) + d);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) o.v[e] = static_cast<TL>(a.v[e]);
+      } else {
+        o = *reinterpret_cast<const Pack<TL, kVec>*>(lin + At(s.lin, b, t, h) + d);
+        if (skip != nullptr) {
+          const auto x = *reinterpret_cast<const Pack<TV, kVec>*>(v + At(s.v, b, t, h) + d);
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) o.v[e] += sk * static_cast<TL>(x.v[e]);
+        }
+      }
+      *reinterpret_cast<Pack<TL, kVec>*>(out + r * cols + c) = o;
+    }
+  }
+}
+
+// dattn = is_attn ? dout : 0; dlin = is_attn ? 0 : dout; dv = is_attn ? 0 : skip[h] dout;
+// partial[row tile][col] = sum over the tile's linear rows of dout * v.
+template <typename TA, typename TV, typename TL, int kVec>
+__global__ void CombineBackwardKernel(CombineShape s, const TV* __restrict__ v, const TL* __restrict__ skip,
+                                      const bool* __restrict__ is_attn, const TL* __restrict__ dout,
+                                      TA* __restrict__ dattn, TL* __restrict__ dlin, TV* __restrict__ dv,
+                                      TL* __restrict__ partial) {
+  const int cols = s.heads * s.head_dim, c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+  if (c >= cols) return;
+  const int h = c / s.head_dim, d = c - h * s.head_dim;
+  const TL sk = skip != nullptr ? skip[h] : TL(0);
+  const int64_t rows = s.batch * s.time;
+  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < rows; r0 += int64_t(gridDim.y) * kCombineRows) {
+    const int64_t r1 = min(rows, r0 + kCombineRows);
+    TL acc[kVec] = {};
+#pragma unroll 4
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / s.time, t = r - b * s.time;
+      const bool attn_row = is_attn != nullptr && is_attn[r];
+      const auto g = *reinterpret_cast<const Pack<TL, kVec>*>(dout + r * cols + c);
+      Pack<TL, kVec> gl;
+      Pack<TA, kVec> ga;
+      Pack<TV, kVec> gv;
+      Pack<TV, kVec> x;
+      if (skip != nullptr && !attn_row) x = *reinterpret_cast<const Pack<TV, kVec>*>(v + At(s.v, b, t, h) + d);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        ga.v[e] = static_cast<TA>(attn_row ? g.v[e] : TL(0));
+        gl.v[e] = attn_row ? TL(0) : g.v[e];
+        if (skip != nullptr) {
+          gv.v[e] = static_cast<TV>(attn_row ? TL(0) : sk * g.v[e]);
+          if (!attn_row) acc[e] += g.v[e] * static_cast<TL>(x.v[e]);
+        }
+      }
+      if (dattn != nullptr) *reinterpret_cast<Pack<TA, kVec>*>(dattn + r * cols + c) = ga;
+      *reinterpret_cast<Pack<TL, kVec>*>(dlin + At(s.dlin, b, t, h) + d) = gl;
+      if (skip != nullptr) *reinterpret_cast<Pack<TV, kVec>*>(dv + r * cols + c) = gv;
+    }
+    if (skip != nullptr) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) partial[(r0 / kCombineRows) * cols + c + e] = acc[e];
+    }
+  }
+}
+
+int64_t CombineRowTiles(const CombineShape& s) { return (s.batch * s.time + kCombineRows - 1) / kCombineRows; }
+
+// Whether every operand allows vec-wide accesses (sizes in bytes of one element).
+bool CombineVectorizes(const CombineShape& s, int vec, std::initializer_list<std::pair<const void*, int>> ptrs) {
+  auto strides_ok = [&](const CombineShape::Strides& st) { return st.b % vec == 0 && st.t % vec == 0 && st.h % vec == 0; };
+  if (s.head_dim % vec != 0 || !strides_ok(s.attn) || !strides_ok(s.lin) || !strides_ok(s.v) || !strides_ok(s.dlin)) {
+    return false;
+  }
+  for (const auto& [p, size] : ptrs) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % (size * vec) != 0) return false;
+  }
+  return true;
+}
+
+template <typename TA, typename TV, typename TL>
+cudaError_t Combine(const CombineShape& s, const void* attn, const void* lin, const void* v, const void* skip,
+                    const bool* is_attn, const void* dout, void* out_or_dlin, void* dattn, void* dv, void* dskip_cols,
+                    void* workspace, cudaStream_t stream) {
+  if (s.batch * s.time == 0 || s.heads * s.head_dim == 0) return cudaSuccess;
+  constexpr int kVec = 4;
+  const bool vector = CombineVectorizes(
+      s, kVec, {{attn, sizeof(TA)}, {lin, sizeof(TL)}, {v, sizeof(TV)}, {dout, sizeof(TL)},
+                {out_or_dlin, sizeof(TL)}, {dattn, sizeof(TA)}, {dv, sizeof(TV)}});
+  const int vec = vector ? kVec : 1, units = s.heads * s.head_dim / vec;
+  const int64_t tiles = CombineRowTiles(s);
+  const int threads = units < kCombineMaxThreads ? (units + 31) / 32 * 32 : kCombineMaxThreads;
+  const dim3 grid((units + threads - 1) / threads,
+                  static_cast<unsigned>(tiles < kCombineMaxRowBlocks ? tiles : kCombineMaxRowBlocks));
+  const auto *a = static_cast<const TA*>(attn);
+  const auto *l = static_cast<const TL*>(lin), *sk = static_cast<const TL*>(skip);
+  const auto *x = static_cast<const TV*>(v);
+  if (dout == nullptr) {
+    const auto kernel = vector ? CombineForwardKernel<TA, TV, TL, kVec> : CombineForwardKernel<TA, TV, TL, 1>;
+    kernel<<<grid, threads, 0, stream>>>(s, a, l, x, sk, is_attn, static_cast<TL*>(out_or_dlin));
+    return cudaGetLastError();
+  }
+  const int64_t cols = int64_t(s.heads) * s.head_dim;
+  auto* partial = static_cast<TL*>(workspace);
+  const auto kernel = vector ? CombineBackwardKernel<TA, TV, TL, kVec> : CombineBackwardKernel<TA, TV, TL, 1>;
+  kernel<<<grid, threads, 0, stream>>>(s, x, sk, is_attn, static_cast<const TL*>(dout),
+                                               static_cast<TA*>(dattn), static_cast<TL*>(out_or_dlin),
+                                               static_cast<TV*>(dv), partial);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || skip == nullptr) return e;
+  return ReduceColumns<TL, TL>(partial, tiles, cols, static_cast<TL*>(dskip_cols), partial + tiles * cols, stream);
+}
+
 template <typename F>
 cudaError_t ForActDType(ActDType dtype, F&& f) {
   switch (dtype) {
@@ -1020,6 +1157,46 @@ cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate,
 cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate, const void* x, const void* dout,
                             void* dgate, void* dx, cudaStream_t stream) {
   return ForActDType(dtype, [&](auto t) { return SiluMul<decltype(t)>(s, gate, x, dout, dx, dgate, stream); });
+}
+
+// attn and v bf16 or fp32 with lin fp32, or all three fp64.
+template <typename F>
+cudaError_t ForCombineTypes(ActDType attn_dtype, ActDType v_dtype, F&& f) {
+  if ((attn_dtype == ActDType::kF64) != (v_dtype == ActDType::kF64)) return cudaErrorInvalidValue;
+  if (v_dtype == ActDType::kF64) return f(double{}, double{}, double{});
+  return ForActDType(attn_dtype, [&](auto a) {
+    return ForActDType(v_dtype, [&](auto x) {
+      if constexpr (std::is_same_v<decltype(a), double> || std::is_same_v<decltype(x), double>) {
+        return cudaErrorInvalidValue;
+      } else {
+        return f(a, x, float{});
+      }
+    });
+  });
+}
+
+cudaError_t CombineMixersForward(ActDType attn_dtype, ActDType v_dtype, const CombineShape& s, const void* attn,
+                                 const void* lin, const void* v, const void* skip, const bool* is_attn, void* out,
+                                 cudaStream_t stream) {
+  return ForCombineTypes(attn_dtype, v_dtype, [&](auto a, auto x, auto l) {
+    return Combine<decltype(a), decltype(x), decltype(l)>(s, attn, lin, v, skip, is_attn, nullptr, out, nullptr,
+                                                          nullptr, nullptr, nullptr, stream);
+  });
+}
+
+int64_t CombineWorkspaceBytes(ActDType v_dtype, const CombineShape& s) {
+  const int64_t tiles = CombineRowTiles(s), cols = int64_t(s.heads) * s.head_dim;
+  return (tiles * cols + ReduceScratchElems(tiles, cols)) * (v_dtype == ActDType::kF64 ? 8 : 4);
+}
+
+cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const CombineShape& s, const void* v,
+                                  const void* skip, const bool* is_attn, const void* dout, void* dattn, void* dlin,
+                                  void* dv, void* dskip_cols, void* workspace, cudaStream_t stream) {
+  if (dout == nullptr) return cudaErrorInvalidValue;
+  return ForCombineTypes(attn_dtype, v_dtype, [&](auto a, auto x, auto l) {
+    return Combine<decltype(a), decltype(x), decltype(l)>(s, nullptr, nullptr, v, skip, is_attn, dout, dlin, dattn,
+                                                          dv, dskip_cols, workspace, stream);
+  });
 }
 
 cudaError_t ApplyRope(ActDType dtype, const RopeShape& r, const void* x, const float* cos, const float* sin,

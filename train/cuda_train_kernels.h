@@ -77,6 +77,30 @@ cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate,
 cudaError_t SiluMulBackward(ActDType dtype, const GateShape& s, const void* gate, const void* x, const void* dout,
                             void* dgate, void* dx, cudaStream_t stream);
 
+// The two mixers' outputs combined per token (train/model.cc), over [batch, time, heads, head_dim] with
+// the head dim packed and each operand's own element strides of batch, time and head:
+//   out = is_attn[b, t] ? attn : lin + skip[h] * v
+// attn and is_attn (packed [batch, time]) null when no token runs attention; skip null without the skip
+// term (GDN). out is packed, in lin's dtype. Types: attn and v bf16 or fp32 with lin fp32, or all fp64.
+struct CombineShape {
+  struct Strides {
+    int64_t b = 0, t = 0, h = 0;
+  };
+  int64_t batch = 0;
+  int time = 0, heads = 0, head_dim = 0;
+  Strides attn, lin, v, dlin;  // dlin: where the backward writes lin's gradient
+};
+cudaError_t CombineMixersForward(ActDType attn_dtype, ActDType v_dtype, const CombineShape& s, const void* attn,
+                                 const void* lin, const void* v, const void* skip, const bool* is_attn, void* out,
+                                 cudaStream_t stream);
+// Device scratch the backward needs (per-tile partial sums of the skip gradient).
+int64_t CombineWorkspaceBytes(ActDType v_dtype, const CombineShape& s);
+// From a packed dout (lin's dtype): dattn (packed; with attn), dlin (at s.dlin), and with skip dv (packed)
+// and dskip_cols [heads * head_dim], the skip gradient before its sum over each head's columns.
+cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const CombineShape& s, const void* v,
+                                  const void* skip, const bool* is_attn, const void* dout, void* dattn, void* dlin,
+                                  void* dv, void* dskip_cols, void* workspace, cudaStream_t stream);
+
 // The chunked scan's output inside each chunk (train/linear_mixers.cc), for `chunks` chunks of `chunk`
 // steps and head dim `head_dim`, all packed: q, k, u, out [chunks, chunk, head_dim], g [chunks, chunk] (the
 // cumulative log decay within the chunk), s0 [chunks, head_dim, head_dim] (the state entering it):

@@ -39,7 +39,9 @@ torch::Tensor CausalDecay(const torch::Tensor& g, bool strict) {
 // the state entering chunk n is S_n = exp(sum_{j<n} log_a_j) S_0 + sum_{m<n} exp(sum_{m<j<n} log_a_j) C_m.
 // One batched product over all chunks instead of a sequential loop; each exponent is summed over its own
 // span (not a difference of two long prefix sums), so long sequences lose no precision.
-// log_a [B,H,N], contribution [B,H,N,dh,dh], initial [B,H,dh,dh] -> (starts [B,H,N,dh,dh], final state).
+// log_a [B,H,N], contribution [B,H,N,dh,dh], initial [B,H,dh,dh] or undefined (zero: its term is skipped,
+// which in training saves a product, a sum and their backwards over all N+1 states)
+// -> (starts [B,H,N,dh,dh], final state).
 std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& log_a, const torch::Tensor& contribution,
                                                          const torch::Tensor& initial) {
   const int64_t N = log_a.size(-1), dh = contribution.size(-1);
@@ -50,9 +52,12 @@ std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& lo
   auto span = torch::cat({torch::zeros_like(z.narrow(-2, 0, 1)), z.cumsum(-2)}, -2);     // [B,H,N+1,m]
   auto before = torch::ones({N + 1, N}, opts).tril(-1);                     // [n, m]: m < n
   auto weights = torch::where(before, span, torch::full({}, -INFINITY, span.options())).exp();
-  auto prefix = torch::cat({torch::zeros_like(log_a.narrow(-1, 0, 1)), log_a.cumsum(-1)}, -1);  // [B,H,N+1]
-  auto flat = contribution.flatten(-2);                                   // [B,H,N,dh*dh]
-  auto states = torch::matmul(weights, flat) + prefix.exp().unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
+  auto flat = contribution.flatten(-2);  // [B,H,N,dh*dh]
+  auto states = torch::matmul(weights, flat);
+  if (initial.defined()) {
+    auto prefix = torch::cat({torch::zeros_like(log_a.narrow(-1, 0, 1)), log_a.cumsum(-1)}, -1);  // [B,H,N+1]
+    states = states + prefix.exp().unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
+  }
   states = states.unflatten(-1, {dh, dh});                               // [B,H,N+1,dh,dh]
   // split, not narrow + select: each of those has a backward that writes a zero tensor of the states' size.
   const auto parts = states.split({N, 1}, 2);
@@ -115,6 +120,7 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
     return t.reshape(shape);
   };
   auto q = chunks(in.q), k = chunks(in.k), v = chunks(in.v), sc = chunks(in.scale);
+  const auto initial = state.defined() ? state.to(dtype) : torch::Tensor();
   auto g = chunks(in.log_decay).cumsum(-1);  // [B,H,N,C] G_t = sum_{r<=t in chunk} log a_r
   auto gamma = g.exp();                      // decay from chunk start to t
   auto g_last = g.narrow(-1, C - 1, 1);      // [B,H,N,1]
@@ -140,7 +146,7 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   torch::Tensor s0;                                             // [B,H,N,dh,dh]
   torch::Tensor s;                                              // the final state
   if (kind == ScanKind::kMamba2) {
-    std::tie(s0, s) = PassStatesLinear(g_last.squeeze(-1), contribution, state.to(dtype));
+    std::tie(s0, s) = PassStatesLinear(g_last.squeeze(-1), contribution, initial);
   } else {
     // GDN's passing is not linear in the state (the W_n S_n term): chunk by chunk. unbind() once rather
     // than select() per chunk: each select's backward would allocate a full-size zero tensor, unbind's
@@ -148,7 +154,7 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
     auto chunk_decay = g_last.exp().unsqueeze(-1);  // [B,H,N,1,1]
     const auto decay_n = chunk_decay.unbind(2), contribution_n = contribution.unbind(2);
     const auto kt_end_n = kt_end.unbind(2), w_n = w.unbind(2);
-    s = state.to(dtype);
+    s = initial.defined() ? initial : torch::zeros({B, H, dh, dh}, q.options());
     std::vector<torch::Tensor> starts;
     starts.reserve(N);
     for (int64_t n = 0; n < N; ++n) {
@@ -166,8 +172,9 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   // [B,H,N,C,dh]
   out = out.reshape({B, H, N * C, dh});
   if (pad > 0) out = out.narrow(2, 0, T);  // (a narrow to the whole length would still copy in the backward)
-  out = out.transpose(1, 2).contiguous();  // [B,T,H,dh]
-  return {out, s};
+  // [B,T,H,dh] as a view of the head-major layout: the caller's next op reads it where it lies (the
+  // trainer's CombineMixers does; a copy to pack it was a forward and a backward pass over the output).
+  return {out.transpose(1, 2), s};
 }
 
 }  // namespace oryx::train

@@ -21,7 +21,8 @@ struct ScanInputs {
 };
 
 struct ScanResult {
-  torch::Tensor out;    // [B, T, H, dh]   Read(S_t, q_t), without the mamba2 D-skip term
+  torch::Tensor out;    // [B, T, H, dh]   Read(S_t, q_t), without the mamba2 D-skip term (ScanChunked's:
+                        //                 a strided view)
   torch::Tensor state;  // [B, H, dh, dh]  S after the last token
 };
 
@@ -35,7 +36,8 @@ ScanResult ScanStep(ScanKind kind, const torch::Tensor& state, const torch::Tens
 ScanResult ScanRecurrent(ScanKind kind, const ScanInputs& in, const torch::Tensor& state);
 
 // The chunked parallel form (Mamba-2 SSD chunks; GDN chunked delta rule in WY/UT form), differentiable.
-// T need not be a multiple of `chunk`. Computes in fp32 whatever the input dtype.
+// T need not be a multiple of `chunk`. Computes in fp32 whatever the input dtype. An undefined `state` is
+// the zero state, without the work of carrying it through.
 ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor& state, int64_t chunk = 64);
 
 }  // namespace oryx::train

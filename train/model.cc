@@ -191,15 +191,24 @@ torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor
     w_in.push_back(q_attn_);
     widths.push_back(HD);
   }
+  // The mixer's projections (H or 2H rows) take a part of a multiple of 8 rows, zeros after them: with
+  // every part's offset a multiple of 16 bytes, the split's backward concatenates with 16-byte accesses
+  // (measured: with the mamba2 part at an odd offset, LibTorch took its one-element cat, 189 us a layer for
+  // the 205M config at batch 8 against about 66 us).
+  const int64_t mixer_rows = any_lin ? MixerProjection().size(0) : 0, mixer_part = (mixer_rows + 7) / 8 * 8;
   if (any_lin) {
     w_in.push_back(q_linear_);
     w_in.push_back(MixerProjection());
+    if (mixer_part > mixer_rows) w_in.push_back(torch::zeros({mixer_part - mixer_rows, u.size(-1)}, k_proj_.options()));
     widths.push_back(HD);
-    widths.push_back(w_in.back().size(0));
+    widths.push_back(mixer_part);
   }
   // Rows padded with zeros to a multiple of 64: cuBLAS runs an odd width (5 HD + H) several times slower
   // (measured: 0.43 ms instead of about 0.15 for the 205M config's [16384, 768] x [768, 3852] in bf16).
   const int64_t rows = std::accumulate(widths.begin(), widths.end(), int64_t{0}), padded = (rows + 63) / 64 * 64;
+  TORCH_CHECK(rows == std::accumulate(w_in.begin(), w_in.end(), int64_t{0},
+                                      [](int64_t n, const torch::Tensor& w) { return n + w.size(0); }),
+              "projection parts out of step");
   if (padded > rows) {
     w_in.push_back(torch::zeros({padded - rows, u.size(-1)}, k_proj_.options()));
     widths.push_back(padded - rows);
@@ -256,19 +265,24 @@ torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor
   }
   if (any_lin) {
     auto ql = take(HD).reshape({B, T, H, dh});
-    auto mixer_in = take(config_.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H);
+    auto mixer_in = take(mixer_part).narrow(-1, 0, mixer_rows);
     Prepared p = PrepareScan(config_, mixer_in, ql, k, v, dt_bias_, a_log_);
-    auto init = torch::zeros({B, H, dh, dh}, Wide(x).options());
-    o_lin = ScanChunked(KindOf(config_), {p.q, p.k, p.v, p.log_decay, p.scale}, init, scan_chunk).out;
-    if (config_.linear_mixer == LinearMixer::kMamba2) {
-      o_lin = o_lin + d_skip_.view({1, 1, H, 1}) * Wide(v);
-    }
+    // From the zero state (undefined: ScanChunked skips its terms).
+    o_lin = ScanChunked(KindOf(config_), {p.q, p.k, p.v, p.log_decay, p.scale}, torch::Tensor(), scan_chunk).out;
   }
+  const bool mamba2 = config_.linear_mixer == LinearMixer::kMamba2;
   torch::Tensor o;
-  if (any_attn && any_lin) {
-    o = torch::where(is_attn.view({B, T, 1, 1}), Wide(o_attn), o_lin);
+  if (any_lin && x.is_cuda() && HaveCudaTrainOps()) {
+    // One kernel each way for the skip term, the select by mode and the casts.
+    o = CombineMixers(any_attn ? o_attn : torch::Tensor(), o_lin, v, mamba2 ? d_skip_ : torch::Tensor(),
+                      any_attn ? is_attn : torch::Tensor());
   } else {
-    o = any_attn ? o_attn : o_lin;
+    if (any_lin && mamba2) o_lin = o_lin + d_skip_.view({1, 1, H, 1}) * Wide(v);
+    if (any_attn && any_lin) {
+      o = torch::where(is_attn.view({B, T, 1, 1}), Wide(o_attn), o_lin);
+    } else {
+      o = any_attn ? o_attn : o_lin;
+    }
   }
   auto h = x + Mix(g, o.to(x.scalar_type()));
   return h + Mlp(h);

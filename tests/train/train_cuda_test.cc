@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -253,6 +254,74 @@ TEST(FusedSiluMul, EqualsTheLibTorchFormulaForwardAndBackward) {
   EXPECT_THROW(FusedSiluMul(torch::zeros({3}, torch::dtype(torch::kFloat32).device(kCuda)),
                             torch::zeros({4}, torch::dtype(torch::kFloat32).device(kCuda))),
                c10::Error);
+}
+
+// The mixers' combination against model.cc's LibTorch form, where(is_attn, attn, lin + skip v), in fp64:
+// lin as ScanChunked's head-major view (with padding), v as a split of a wider tensor, with and without
+// attention tokens and the skip term, on the kernel's 4-wide path (dh 8) and its one-element path (dh 6).
+TEST(CombineMixers, EqualsTheLibTorchFormForwardAndBackward) {
+  torch::manual_seed(31);
+  struct Types {
+    torch::Dtype attn, v, lin;
+  };
+  const int64_t B = 2, T = 37, H = 3, pad = 11;
+  for (const Types ty : {Types{torch::kFloat64, torch::kFloat64, torch::kFloat64},
+                         Types{torch::kBFloat16, torch::kBFloat16, torch::kFloat32},
+                         Types{torch::kBFloat16, torch::kFloat32, torch::kFloat32}}) {
+    for (int64_t dh : {8, 6}) {
+      for (bool with_attn : {true, false}) {
+        for (bool with_skip : {true, false}) {
+          SCOPED_TRACE(testing::Message() << "attn " << ty.attn << " v " << ty.v << " lin " << ty.lin << " dh " << dh
+                                          << " attn " << with_attn << " skip " << with_skip);
+          auto leaf = [](torch::Tensor t) { return t.requires_grad_(true); };
+          auto lin_base = leaf(torch::randn({B, H, T + pad, dh}, torch::dtype(ty.lin).device(kCuda)));
+          auto v_base = leaf(torch::randn({B, T, 2 * H * dh}, torch::dtype(ty.v).device(kCuda)));
+          auto attn_base = leaf(torch::randn({B, H, T, dh}, torch::dtype(ty.attn).device(kCuda)));
+          auto skip = leaf(torch::randn({H}, torch::dtype(ty.lin).device(kCuda)));
+          auto is_attn = torch::rand({B, T}, torch::dtype(torch::kFloat32).device(kCuda)) < 0.5;
+          auto views = [&](const torch::Tensor& lb, const torch::Tensor& vb, const torch::Tensor& ab) {
+            return std::tuple{lb.narrow(2, 0, T).transpose(1, 2), vb.narrow(-1, H * dh, H * dh).reshape({B, T, H, dh}),
+                              ab.transpose(1, 2)};
+          };
+          auto [lin, v, attn] = views(lin_base, v_base, attn_base);
+          auto out = CombineMixers(with_attn ? attn : torch::Tensor(), lin, v, with_skip ? skip : torch::Tensor(),
+                                   with_attn ? is_attn : torch::Tensor());
+          EXPECT_TRUE(out.is_contiguous());
+          EXPECT_EQ(out.scalar_type(), ty.lin);
+          auto dout = torch::randn_like(out);
+          std::vector<torch::Tensor> inputs = {lin_base, v_base, attn_base, skip};
+          auto grads = torch::autograd::grad({out}, inputs, {dout}, /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
+
+          auto w = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat64).requires_grad_(true); };
+          std::vector<torch::Tensor> inputs64 = {w(lin_base), w(v_base), w(attn_base), w(skip)};
+          auto [lin64, v64, attn64] = views(inputs64[0], inputs64[1], inputs64[2]);
+          auto ref = with_skip ? lin64 + inputs64[3].view({1, 1, H, 1}) * v64 : lin64;
+          if (with_attn) ref = torch::where(is_attn.view({B, T, 1, 1}), attn64, ref);
+          auto ref_grads = torch::autograd::grad({ref}, inputs64, {dout.to(torch::kFloat64)}, false, false, true);
+          // fp64 to rounding; fp32 to its rounding of lin + skip v; a bf16 gradient is dout rounded once (2^-9).
+          auto tol = [](torch::Dtype t) { return t == torch::kFloat64 ? 1e-12 : t == torch::kFloat32 ? 1e-6 : 4e-3; };
+          EXPECT_LE(RelativeError(out, ref), tol(ty.lin));
+          EXPECT_LE(RelativeError(grads[0], ref_grads[0]), tol(ty.lin)) << "dlin";
+          EXPECT_EQ(grads[1].defined(), with_skip);
+          EXPECT_EQ(grads[2].defined(), with_attn);
+          EXPECT_EQ(grads[3].defined(), with_skip);
+          if (with_skip) {
+            EXPECT_LE(RelativeError(grads[1], ref_grads[1]), tol(ty.v)) << "dv";
+            // dskip: fp32 sums of B T dh = 592 products, each rounded to 2^-24.
+            EXPECT_LE(RelativeError(grads[3], ref_grads[3]), ty.lin == torch::kFloat64 ? 1e-12 : 1e-4) << "dskip";
+          }
+          if (with_attn) {
+            EXPECT_LE(RelativeError(grads[2], ref_grads[2]), tol(ty.attn)) << "dattn";
+          }
+        }
+      }
+    }
+  }
+  auto f32 = torch::dtype(torch::kFloat32).device(kCuda);
+  EXPECT_THROW(CombineMixers(torch::zeros({1, 2, 3, 4}, f32), torch::zeros({1, 2, 3, 4}, f32),
+                             torch::zeros({1, 2, 3, 4}, f32), torch::Tensor(), torch::Tensor()),
+               c10::Error);  // attn without is_attn
 }
 
 // The chunk-output kernel against its LibTorch form (ScanChunked's fallback), forward and backward.
