@@ -992,20 +992,40 @@ __device__ inline int64_t At(const CombineShape::Strides& s, int64_t b, int64_t 
   return b * s.b + t * s.t + h * s.h;
 }
 
+// A thread's kVec columns: the first, c, at feature d of head h; and that head's skip weight.
+template <typename TL>
+struct CombineColumns {
+  __device__ CombineColumns(const CombineShape& s, int vec, const TL* skip_ptr)
+      : cols(s.heads * s.head_dim), c((blockIdx.x * blockDim.x + threadIdx.x) * vec), rows(s.batch * s.time) {
+    h = c < cols ? c / s.head_dim : 0;
+    d = c - h * s.head_dim;
+    skip = skip_ptr != nullptr ? skip_ptr[h] : TL(0);
+  }
+  int cols, c, h = 0, d = 0;
+  int64_t rows;
+  TL skip;
+};
+
+// Calls row(r, b, t) for each row r (sequence b, step t) of the tile that starts at row r0.
+template <typename F>
+__device__ __forceinline__ void ForTileRows(const CombineShape& s, int64_t rows, int64_t r0, F&& row) {
+  const int64_t r1 = min(rows, r0 + kCombineRows);
+#pragma unroll 4
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t b = r / s.time;
+    row(r, b, r - b * s.time);
+  }
+}
+
 template <typename TA, typename TV, typename TL, int kVec>
 __global__ void CombineForwardKernel(CombineShape s, const TA* __restrict__ attn, const TL* __restrict__ lin,
                                      const TV* __restrict__ v, const TL* __restrict__ skip,
                                      const bool* __restrict__ is_attn, TL* __restrict__ out) {
-  const int cols = s.heads * s.head_dim, c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= cols) return;
-  const int h = c / s.head_dim, d = c - h * s.head_dim;
-  const TL sk = skip != nullptr ? skip[h] : TL(0);
-  const int64_t rows = s.batch * s.time;
-  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < rows; r0 += int64_t(gridDim.y) * kCombineRows) {
-    const int64_t r1 = min(rows, r0 + kCombineRows);
-#pragma unroll 4
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / s.time, t = r - b * s.time;
+  const CombineColumns<TL> col(s, kVec, skip);
+  if (col.c >= col.cols) return;
+  const int h = col.h, d = col.d;
+  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < col.rows; r0 += int64_t(gridDim.y) * kCombineRows) {
+    ForTileRows(s, col.rows, r0, [&](int64_t r, int64_t b, int64_t t) {
       Pack<TL, kVec> o;
       if (is_attn != nullptr && is_attn[r]) {
         const auto a = *reinterpret_cast<const Pack<TA, kVec>*>(attn + At(s.attn, b, t, h) + d);
@@ -1016,11 +1036,11 @@ __global__ void CombineForwardKernel(CombineShape s, const TA* __restrict__ attn
         if (skip != nullptr) {
           const auto x = *reinterpret_cast<const Pack<TV, kVec>*>(v + At(s.v, b, t, h) + d);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) o.v[e] += sk * static_cast<TL>(x.v[e]);
+          for (int e = 0; e < kVec; ++e) o.v[e] += col.skip * static_cast<TL>(x.v[e]);
         }
       }
-      *reinterpret_cast<Pack<TL, kVec>*>(out + r * cols + c) = o;
-    }
+      *reinterpret_cast<Pack<TL, kVec>*>(out + r * col.cols + col.c) = o;
+    });
   }
 }
 
@@ -1031,17 +1051,13 @@ __global__ void CombineBackwardKernel(CombineShape s, const TV* __restrict__ v, 
                                       const bool* __restrict__ is_attn, const TL* __restrict__ dout,
                                       TA* __restrict__ dattn, TL* __restrict__ dlin, TV* __restrict__ dv,
                                       TL* __restrict__ partial) {
-  const int cols = s.heads * s.head_dim, c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= cols) return;
-  const int h = c / s.head_dim, d = c - h * s.head_dim;
-  const TL sk = skip != nullptr ? skip[h] : TL(0);
-  const int64_t rows = s.batch * s.time;
-  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < rows; r0 += int64_t(gridDim.y) * kCombineRows) {
-    const int64_t r1 = min(rows, r0 + kCombineRows);
+  const CombineColumns<TL> col(s, kVec, skip);
+  if (col.c >= col.cols) return;
+  const int cols = col.cols, c = col.c, h = col.h, d = col.d;
+  const TL sk = col.skip;
+  for (int64_t r0 = int64_t(blockIdx.y) * kCombineRows; r0 < col.rows; r0 += int64_t(gridDim.y) * kCombineRows) {
     TL acc[kVec] = {};
-#pragma unroll 4
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / s.time, t = r - b * s.time;
+    ForTileRows(s, col.rows, r0, [&](int64_t r, int64_t b, int64_t t) {
       const bool attn_row = is_attn != nullptr && is_attn[r];
       const auto g = *reinterpret_cast<const Pack<TL, kVec>*>(dout + r * cols + c);
       Pack<TL, kVec> gl;
@@ -1061,7 +1077,7 @@ __global__ void CombineBackwardKernel(CombineShape s, const TV* __restrict__ v, 
       if (dattn != nullptr) *reinterpret_cast<Pack<TA, kVec>*>(dattn + r * cols + c) = ga;
       *reinterpret_cast<Pack<TL, kVec>*>(dlin + At(s.dlin, b, t, h) + d) = gl;
       if (skip != nullptr) *reinterpret_cast<Pack<TV, kVec>*>(dv + r * cols + c) = gv;
-    }
+    });
     if (skip != nullptr) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) partial[(r0 / kCombineRows) * cols + c + e] = acc[e];
