@@ -260,7 +260,8 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
     const auto saved = ctx->get_saved_variables();
     const auto &v = saved[0], skip = Given(saved[1]), is_attn = Given(saved[2]);
     const auto attn_type = ctx->saved_data["attn_dtype"].toScalarType();
-    auto dout = grads[0].contiguous();
+    // dout in the output's dtype, lin's: fp64 with fp64 operands, else fp32.
+    auto dout = grads[0].to(v.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32).contiguous();
     auto s = ShapeOf(dout);
     s.v = StridesOf(v);
     // lin's gradient in lin's own layout (for ScanChunked's view, the head-major layout its producer wrote),
