@@ -300,7 +300,104 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
   }
 };
 
+// t with strides and pointer that allow 4-element accesses: as it is, or a packed copy.
+torch::Tensor FourAligned(const torch::Tensor& t) {
+  auto fits = [](const torch::Tensor& x) {
+    if (x.stride(-1) != 1) return false;
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+      if (x.stride(d) % 4 != 0) return false;
+    }
+    return reinterpret_cast<uintptr_t>(x.data_ptr()) % (4 * x.element_size()) == 0;
+  };
+  if (fits(t)) return t;
+  auto c = t.contiguous();
+  return fits(c) ? c : c.clone();
+}
+
+class ChunkPrepareFunction : public torch::autograd::Function<ChunkPrepareFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q_in,
+                                                const torch::Tensor& k_in, const torch::Tensor& v_in,
+                                                const torch::Tensor& dt_in, const torch::Tensor& to_end_in) {
+    auto q = FourAligned(q_in), k = FourAligned(k_in), v = FourAligned(v_in);
+    auto dt = dt_in.contiguous(), to_end = to_end_in.contiguous();
+    auto s = ShapeOf(q, dt);
+    s.q = StridesOf(q);
+    s.k = StridesOf(k);
+    s.v = StridesOf(v);
+    std::vector<int64_t> out_shape = dt.sizes().vec();
+    out_shape.push_back(q.size(3));
+    auto q32 = torch::empty(out_shape, dt.options()), k32 = torch::empty(out_shape, dt.options()),
+         u = torch::empty(out_shape, dt.options()), kend = torch::empty(out_shape, dt.options());
+    Check(cuda::ChunkPrepareForward(DTypeOf(q), s, q.data_ptr(), k.data_ptr(), v.data_ptr(), dt.data_ptr(),
+                                    to_end.data_ptr(), q32.data_ptr(), k32.data_ptr(), u.data_ptr(), kend.data_ptr(),
+                                    StreamOf(q)),
+          "chunk prepare forward");
+    ctx->save_for_backward({k, v, dt, to_end});
+    return {q32, k32, u, kend};
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &k = saved[0], &v = saved[1], &dt = saved[2], &to_end = saved[3];
+    std::vector<torch::Tensor> g(4);
+    for (int i = 0; i < 4; ++i) {
+      if (grads[i].defined()) g[i] = grads[i].to(dt.scalar_type()).contiguous();
+    }
+    auto dq = torch::empty(k.sizes(), k.options().memory_format(torch::MemoryFormat::Contiguous));
+    auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
+    auto ddt = torch::empty_like(dt), dto_end = torch::empty_like(dt);
+    auto s = ShapeOf(k, dt);
+    s.q = StridesOf(dq);
+    s.k = StridesOf(k);
+    s.v = StridesOf(v);
+    auto ptr = [](const torch::Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
+    Check(cuda::ChunkPrepareBackward(DTypeOf(k), s, k.data_ptr(), v.data_ptr(), dt.data_ptr(), to_end.data_ptr(),
+                                     ptr(g[0]), ptr(g[1]), ptr(g[2]), ptr(g[3]), dq.data_ptr(), dk.data_ptr(),
+                                     dv.data_ptr(), ddt.data_ptr(), dto_end.data_ptr(), StreamOf(k)),
+          "chunk prepare backward");
+    return {dq, dk, dv, ddt, dto_end};
+  }
+
+ private:
+  static cuda::ChunkPrepShape ShapeOf(const torch::Tensor& x, const torch::Tensor& dt) {
+    cuda::ChunkPrepShape s;
+    s.batch = x.size(0);
+    s.time = static_cast<int>(x.size(1));
+    s.heads = static_cast<int>(x.size(2));
+    s.head_dim = static_cast<int>(x.size(3));
+    s.padded = static_cast<int>(dt.size(2) * dt.size(3));
+    return s;
+  }
+};
+
 }  // namespace
+
+bool ChunkPrepareAvailable(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& dt) {
+  if (!q.is_cuda() || q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes()) return false;
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return false;
+  const bool f64 = q.scalar_type() == torch::kFloat64;
+  if (!(f64 || q.scalar_type() == torch::kFloat32 || q.scalar_type() == torch::kBFloat16)) return false;
+  if (dt.scalar_type() != (f64 ? torch::kFloat64 : torch::kFloat32)) return false;
+  const int64_t dh = q.size(3);
+  return dh >= 4 && dh <= 128 && (dh & (dh - 1)) == 0 && q.size(1) <= std::numeric_limits<int>::max();
+}
+
+std::vector<torch::Tensor> ChunkPrepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const torch::Tensor& dt, const torch::Tensor& to_end) {
+  TORCH_CHECK(ChunkPrepareAvailable(q, k, v, dt), "ChunkPrepare: no kernel for q ", q.sizes(), " ",
+              q.scalar_type(), " on ", q.device(), " with dt ", dt.scalar_type());
+  TORCH_CHECK(dt.dim() == 4 && dt.size(0) == q.size(0) && dt.size(1) == q.size(2) &&
+                  dt.size(2) * dt.size(3) >= q.size(1) && to_end.sizes() == dt.sizes() &&
+                  to_end.scalar_type() == dt.scalar_type() && dt.device() == q.device() &&
+                  to_end.device() == q.device() &&
+                  dt.size(2) * dt.size(3) <= std::numeric_limits<int>::max(),
+              "ChunkPrepare: dt and to_end must be [B, H, N, C] with N C >= T, got ", dt.sizes(), " and ",
+              to_end.sizes(), " for q ", q.sizes());
+  return ChunkPrepareFunction::apply(q, k, v, dt, to_end);
+}
 
 torch::Tensor CombineMixers(const torch::Tensor& attn, const torch::Tensor& lin, const torch::Tensor& v,
                             const torch::Tensor& skip, const torch::Tensor& is_attn) {
@@ -422,6 +519,15 @@ torch::Tensor ChunkOutput(const torch::Tensor&, const torch::Tensor&, const torc
 
 torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "FusedSiluMul: this build has no CUDA kernels for the trainer");
+}
+
+bool ChunkPrepareAvailable(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  return false;
+}
+
+std::vector<torch::Tensor> ChunkPrepare(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                        const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "ChunkPrepare: this build has no CUDA kernels for the trainer");
 }
 
 torch::Tensor CombineMixers(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,

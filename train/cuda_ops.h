@@ -39,6 +39,17 @@ torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x);
 torch::Tensor CombineMixers(const torch::Tensor& attn, const torch::Tensor& lin, const torch::Tensor& v,
                             const torch::Tensor& skip, const torch::Tensor& is_attn);
 
+// The Mamba-2 chunked scan's operands in its chunk layout (train/linear_mixers.cc), in one kernel each way:
+// from q, k, v [B, T, H, dh] (any strides with a packed last dimension) and dt, to_end [B, H, N, C]
+// (N C >= T), the packed [B, H, N, C, dh] tensors
+//   q, k, dt * v, to_end * k      in dt's dtype, zero at the padded steps t >= T.
+// q, k, v of one dtype, bf16 or fp32 with dt and to_end fp32, or all fp64, on the GPU; dh a power of two
+// from 4 to 128 (ChunkPrepareAvailable). Differentiable in all five.
+bool ChunkPrepareAvailable(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& dt);
+std::vector<torch::Tensor> ChunkPrepare(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                        const torch::Tensor& dt, const torch::Tensor& to_end);
+
 // The chunked scan's output inside each chunk (train/linear_mixers.cc) as one kernel each way: q, k, u
 // [..., C, dh], g [..., C] (cumulative log decay within the chunk), s0 [..., dh, dh] (state entering it):
 //   out[t] = exp(g_t) s0^T q_t + sum_{s<=t} exp(g_t - g_s) (q_t . k_s) u_s

@@ -1131,6 +1131,133 @@ cudaError_t Combine(const CombineShape& s, const void* attn, const void* lin, co
   return ReduceColumns<TL, TL>(partial, tiles, cols, static_cast<TL*>(dskip_cols), partial + tiles * cols, stream);
 }
 
+// ---- The Mamba-2 scan's chunk operands: q32 = q, k32 = k, u = dt v, kend = to_end k ----------------------
+// Replaces three converting copies into the chunk layout and two products, each with its backward. Threads
+// over (b, h, t, 4 features) in the outputs' order, so that stores are packed and a row's head_dim / 4
+// threads are neighbouring lanes of one warp: the backward sums ddt and dto_end over them by shuffles.
+constexpr int kPrepVec = 4, kPrepThreads = 256;
+
+struct PrepIndex {
+  int64_t row = 0;  // (b * heads + h) * padded + t: the row of dt, to_end and the outputs
+  int64_t b = 0;
+  int h = 0, t = 0, d = 0;
+};
+
+__device__ inline PrepIndex PrepAt(const ChunkPrepShape& s, int64_t unit) {
+  const int per_row = s.head_dim / kPrepVec;
+  PrepIndex i;
+  i.row = unit / per_row;
+  i.d = static_cast<int>(unit - i.row * per_row) * kPrepVec;
+  const int64_t bh = i.row / s.padded;
+  i.t = static_cast<int>(i.row - bh * s.padded);
+  i.b = bh / s.heads;
+  i.h = static_cast<int>(bh - i.b * s.heads);
+  return i;
+}
+
+__host__ __device__ inline int64_t PrepUnits(const ChunkPrepShape& s) { return s.batch * s.heads * s.padded * (s.head_dim / kPrepVec); }
+
+template <typename T>
+__device__ inline Pack<T, kPrepVec> LoadOrZero(const T* p, int64_t offset) {
+  if (p != nullptr) return *reinterpret_cast<const Pack<T, kPrepVec>*>(p + offset);
+  Pack<T, kPrepVec> zero;
+#pragma unroll
+  for (int e = 0; e < kPrepVec; ++e) zero.v[e] = T(0);
+  return zero;
+}
+
+template <typename TI, typename TL>
+__global__ void ChunkPrepForwardKernel(ChunkPrepShape s, const TI* __restrict__ q, const TI* __restrict__ k,
+                                       const TI* __restrict__ v, const TL* __restrict__ dt,
+                                       const TL* __restrict__ to_end, TL* __restrict__ q32, TL* __restrict__ k32,
+                                       TL* __restrict__ u, TL* __restrict__ kend) {
+  using In = Pack<TI, kPrepVec>;
+  using Out = Pack<TL, kPrepVec>;
+  const int64_t units = PrepUnits(s), stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; unit < units; unit += stride) {
+    const PrepIndex i = PrepAt(s, unit);
+    Out oq, ok, ou, oe;
+    if (i.t < s.time) {
+      const In pq = *reinterpret_cast<const In*>(q + At(s.q, i.b, i.t, i.h) + i.d);
+      const In pk = *reinterpret_cast<const In*>(k + At(s.k, i.b, i.t, i.h) + i.d);
+      const In pv = *reinterpret_cast<const In*>(v + At(s.v, i.b, i.t, i.h) + i.d);
+      const TL a = dt[i.row], e = to_end[i.row];
+#pragma unroll
+      for (int j = 0; j < kPrepVec; ++j) {
+        oq.v[j] = static_cast<TL>(pq.v[j]);
+        ok.v[j] = static_cast<TL>(pk.v[j]);
+        ou.v[j] = a * static_cast<TL>(pv.v[j]);
+        oe.v[j] = e * ok.v[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPrepVec; ++j) oq.v[j] = ok.v[j] = ou.v[j] = oe.v[j] = TL(0);
+    }
+    const int64_t o = i.row * s.head_dim + i.d;
+    *reinterpret_cast<Out*>(q32 + o) = oq;
+    *reinterpret_cast<Out*>(k32 + o) = ok;
+    *reinterpret_cast<Out*>(u + o) = ou;
+    *reinterpret_cast<Out*>(kend + o) = oe;
+  }
+}
+
+// dq = dq32, dk = dk32 + to_end dkend, dv = dt du; ddt = sum_d du v, dto_end = sum_d dkend k.
+template <typename TI, typename TL>
+__global__ void ChunkPrepBackwardKernel(ChunkPrepShape s, const TI* __restrict__ k, const TI* __restrict__ v,
+                                        const TL* __restrict__ dt, const TL* __restrict__ to_end,
+                                        const TL* __restrict__ dq32, const TL* __restrict__ dk32,
+                                        const TL* __restrict__ du, const TL* __restrict__ dkend, TI* __restrict__ dq,
+                                        TI* __restrict__ dk, TI* __restrict__ dv, TL* __restrict__ ddt,
+                                        TL* __restrict__ dto_end) {
+  using In = Pack<TI, kPrepVec>;
+  const int per_row = s.head_dim / kPrepVec;
+  const int64_t units = PrepUnits(s), stride = int64_t(gridDim.x) * blockDim.x;
+  // Whole warps step together (stride and block size are multiples of 32), so each row's lanes meet in
+  // the shuffles below, idle lanes included.
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < units; base += stride) {
+    const int64_t unit = base + threadIdx.x;
+    PrepIndex i;
+    TL sum_dt = 0, sum_end = 0;
+    if (unit < units) {
+      i = PrepAt(s, unit);
+      if (i.t < s.time) {
+        const int64_t o = i.row * s.head_dim + i.d;
+        const auto gq = LoadOrZero(dq32, o), gk = LoadOrZero(dk32, o), gu = LoadOrZero(du, o),
+                   ge = LoadOrZero(dkend, o);
+        const In pk = *reinterpret_cast<const In*>(k + At(s.k, i.b, i.t, i.h) + i.d);
+        const In pv = *reinterpret_cast<const In*>(v + At(s.v, i.b, i.t, i.h) + i.d);
+        const TL a = dt[i.row], e = to_end[i.row];
+        In oq, ok, ov;
+#pragma unroll
+        for (int j = 0; j < kPrepVec; ++j) {
+          oq.v[j] = static_cast<TI>(gq.v[j]);
+          ok.v[j] = static_cast<TI>(gk.v[j] + e * ge.v[j]);
+          ov.v[j] = static_cast<TI>(a * gu.v[j]);
+          sum_dt += gu.v[j] * static_cast<TL>(pv.v[j]);
+          sum_end += ge.v[j] * static_cast<TL>(pk.v[j]);
+        }
+        const int64_t packed = ((i.b * s.time + i.t) * s.heads + i.h) * s.head_dim + i.d;
+        *reinterpret_cast<In*>(dq + packed) = oq;
+        *reinterpret_cast<In*>(dk + packed) = ok;
+        *reinterpret_cast<In*>(dv + packed) = ov;
+      }
+    }
+    for (int o = per_row / 2; o > 0; o >>= 1) {
+      sum_dt += __shfl_xor_sync(0xffffffffu, sum_dt, o);
+      sum_end += __shfl_xor_sync(0xffffffffu, sum_end, o);
+    }
+    if (unit < units && i.d == 0) {  // padded steps: both sums are zero
+      ddt[i.row] = sum_dt;
+      dto_end[i.row] = sum_end;
+    }
+  }
+}
+
+unsigned PrepBlocks(const ChunkPrepShape& s) {
+  const int64_t blocks = (PrepUnits(s) + kPrepThreads - 1) / kPrepThreads;
+  return static_cast<unsigned>(blocks < (int64_t{1} << 20) ? blocks : (int64_t{1} << 20));
+}
+
 template <typename F>
 cudaError_t ForActDType(ActDType dtype, F&& f) {
   switch (dtype) {
@@ -1212,6 +1339,60 @@ cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const C
   return ForCombineTypes(attn_dtype, v_dtype, [&](auto a, auto x, auto l) {
     return Combine<decltype(a), decltype(x), decltype(l)>(s, nullptr, nullptr, v, skip, is_attn, dout, dlin, dattn,
                                                           dv, dskip_cols, workspace, stream);
+  });
+}
+
+bool ChunkPrepareSupported(const ChunkPrepShape& s, const void* q, const void* k, const void* v, int elem_bytes) {
+  const int dh = s.head_dim;
+  if (dh < kPrepVec || dh > 32 * kPrepVec || (dh & (dh - 1)) != 0 || s.padded < s.time) return false;
+  auto ok = [&](const CombineShape::Strides& st, const void* p) {
+    return st.b % kPrepVec == 0 && st.t % kPrepVec == 0 && st.h % kPrepVec == 0 &&
+           reinterpret_cast<uintptr_t>(p) % (kPrepVec * elem_bytes) == 0;
+  };
+  return ok(s.q, q) && ok(s.k, k) && ok(s.v, v);
+}
+
+// The operands' dtype with the accumulation type: bf16 and fp32 with fp32, fp64 with fp64.
+template <typename F>
+cudaError_t ForPrepTypes(ActDType dtype, F&& f) {
+  return ForActDType(dtype, [&](auto t) {
+    using TI = decltype(t);
+    return f(t, typename Acc<TI>::type{});
+  });
+}
+
+cudaError_t ChunkPrepareForward(ActDType in_dtype, const ChunkPrepShape& s, const void* q, const void* k,
+                                const void* v, const void* dt, const void* to_end, void* q32, void* k32, void* u,
+                                void* kend, cudaStream_t stream) {
+  if (PrepUnits(s) == 0) return cudaSuccess;
+  return ForPrepTypes(in_dtype, [&](auto ti, auto tl) {
+    using TI = decltype(ti);
+    using TL = decltype(tl);
+    if (!ChunkPrepareSupported(s, q, k, v, sizeof(TI))) return cudaErrorInvalidValue;
+    ChunkPrepForwardKernel<TI, TL><<<PrepBlocks(s), kPrepThreads, 0, stream>>>(
+        s, static_cast<const TI*>(q), static_cast<const TI*>(k), static_cast<const TI*>(v),
+        static_cast<const TL*>(dt), static_cast<const TL*>(to_end), static_cast<TL*>(q32), static_cast<TL*>(k32),
+        static_cast<TL*>(u), static_cast<TL*>(kend));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t ChunkPrepareBackward(ActDType in_dtype, const ChunkPrepShape& s, const void* k, const void* v,
+                                 const void* dt, const void* to_end, const void* dq32, const void* dk32,
+                                 const void* du, const void* dkend, void* dq, void* dk, void* dv, void* ddt,
+                                 void* dto_end, cudaStream_t stream) {
+  if (PrepUnits(s) == 0) return cudaSuccess;
+  return ForPrepTypes(in_dtype, [&](auto ti, auto tl) {
+    using TI = decltype(ti);
+    using TL = decltype(tl);
+    // (q itself is not read: its stride check stands in for dq's, which is packed.)
+    if (!ChunkPrepareSupported(s, dq, k, v, sizeof(TI))) return cudaErrorInvalidValue;
+    ChunkPrepBackwardKernel<TI, TL><<<PrepBlocks(s), kPrepThreads, 0, stream>>>(
+        s, static_cast<const TI*>(k), static_cast<const TI*>(v), static_cast<const TL*>(dt),
+        static_cast<const TL*>(to_end), static_cast<const TL*>(dq32), static_cast<const TL*>(dk32),
+        static_cast<const TL*>(du), static_cast<const TL*>(dkend), static_cast<TI*>(dq), static_cast<TI*>(dk),
+        static_cast<TI*>(dv), static_cast<TL*>(ddt), static_cast<TL*>(dto_end));
+    return cudaGetLastError();
   });
 }
 

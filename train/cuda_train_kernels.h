@@ -101,6 +101,29 @@ cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const C
                                   const void* skip, const bool* is_attn, const void* dout, void* dattn, void* dlin,
                                   void* dv, void* dskip_cols, void* workspace, cudaStream_t stream);
 
+// The Mamba-2 chunked scan's operands in its chunk layout (train/linear_mixers.cc), in one pass. From q, k, v
+// [batch, time, heads, head_dim] (each with its own element strides, the head dim packed), dt and to_end
+// [batch, heads, padded] packed (padded = chunks * chunk >= time), writes [batch, heads, padded, head_dim]
+// packed:
+//   q32 = q, k32 = k, u = dt v, kend = to_end k        (zeros at steps t >= time)
+// The operands bf16 or fp32 with the rest fp32, or all fp64; head_dim in {4, 8, 16, 32, 64, 128}, and q, k,
+// v 4-element aligned (strides and pointers): ChunkPrepareSupported.
+struct ChunkPrepShape {
+  int64_t batch = 0;
+  int time = 0, padded = 0, heads = 0, head_dim = 0;
+  CombineShape::Strides q, k, v;
+};
+bool ChunkPrepareSupported(const ChunkPrepShape& s, const void* q, const void* k, const void* v, int elem_bytes);
+cudaError_t ChunkPrepareForward(ActDType in_dtype, const ChunkPrepShape& s, const void* q, const void* k,
+                                const void* v, const void* dt, const void* to_end, void* q32, void* k32, void* u,
+                                void* kend, cudaStream_t stream);
+// From the outputs' gradients (null where there is none; packed like the outputs): dq, dk, dv packed
+// [batch, time, heads, head_dim] in the operands' dtype, ddt and dto_end like dt (zero at padded steps).
+cudaError_t ChunkPrepareBackward(ActDType in_dtype, const ChunkPrepShape& s, const void* k, const void* v,
+                                 const void* dt, const void* to_end, const void* dq32, const void* dk32,
+                                 const void* du, const void* dkend, void* dq, void* dk, void* dv, void* ddt,
+                                 void* dto_end, cudaStream_t stream);
+
 // The chunked scan's output inside each chunk (train/linear_mixers.cc), for `chunks` chunks of `chunk`
 // steps and head dim `head_dim`, all packed: q, k, u, out [chunks, chunk, head_dim], g [chunks, chunk] (the
 // cumulative log decay within the chunk), s0 [chunks, head_dim, head_dim] (the state entering it):

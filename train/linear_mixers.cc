@@ -119,29 +119,38 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
     if (x.dim() == 4) shape.push_back(dh);
     return t.reshape(shape);
   };
-  auto q = chunks(in.q), k = chunks(in.k), v = chunks(in.v), sc = chunks(in.scale);
+  auto sc = chunks(in.scale);
   const auto initial = state.defined() ? state.to(dtype) : torch::Tensor();
   auto g = chunks(in.log_decay).cumsum(-1);  // [B,H,N,C] G_t = sum_{r<=t in chunk} log a_r
-  auto gamma = g.exp();                      // decay from chunk start to t
   auto g_last = g.narrow(-1, C - 1, 1);      // [B,H,N,1]
   auto to_end = (g_last - g).exp();          // decay from t to chunk end
 
   // u, the values that enter the state, is U0 - W S0 with S0 the state at the chunk's start (W = 0 for
   // mamba2). GDN's WY/UT form: (I + diag(beta) A) U = diag(beta) (V - diag(gamma) K S0) with
-  // A[t,s] = gamma_t/gamma_s k_t.k_s for s < t, solved once for both right-hand sides.
-  torch::Tensor u0, w;
-  if (kind == ScanKind::kMamba2) {
-    u0 = sc.unsqueeze(-1) * v;
+  // A[t,s] = gamma_t/gamma_s k_t.k_s for s < t (gamma = exp(G), the decay from the chunk's start to t),
+  // solved once for both right-hand sides.
+  torch::Tensor q, k, u0, k_end, w;  // k_end = diag(to_end) K
+  if (kind == ScanKind::kMamba2 && ChunkPrepareAvailable(in.q, in.k, in.v, sc)) {
+    // One kernel each way for the chunk copies and both products (on the GPU).
+    const auto parts = ChunkPrepare(in.q, in.k, in.v, sc, to_end);
+    q = parts[0], k = parts[1], u0 = parts[2], k_end = parts[3];
   } else {
-    auto a_mat = torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
-    auto lhs = torch::eye(C, q.options()) + sc.unsqueeze(-1) * a_mat;
-    auto rhs = torch::cat({sc.unsqueeze(-1) * v, (sc * gamma).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
-    auto x = torch::linalg_solve_triangular(lhs, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-    u0 = x.narrow(-1, 0, dh);
-    w = x.narrow(-1, dh, dh);
+    q = chunks(in.q), k = chunks(in.k);
+    const auto v = chunks(in.v);
+    if (kind == ScanKind::kMamba2) {
+      u0 = sc.unsqueeze(-1) * v;
+    } else {
+      auto a_mat = torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
+      auto lhs = torch::eye(C, q.options()) + sc.unsqueeze(-1) * a_mat;
+      auto rhs = torch::cat({sc.unsqueeze(-1) * v, (sc * g.exp()).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
+      auto x = torch::linalg_solve_triangular(lhs, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+      u0 = x.narrow(-1, 0, dh);
+      w = x.narrow(-1, dh, dh);
+    }
+    k_end = to_end.unsqueeze(-1) * k;
   }
   // State entering each chunk: S_n+1 = a_n S_n + K_n^T diag(to_end) (U0_n - W_n S_n).
-  auto kt_end = (to_end.unsqueeze(-1) * k).transpose(-1, -2);  // [B,H,N,dh,C]
+  auto kt_end = k_end.transpose(-1, -2);  // [B,H,N,dh,C]
   auto contribution = torch::matmul(kt_end, u0);               // [B,H,N,dh,dh]
   torch::Tensor s0;                                             // [B,H,N,dh,dh]
   torch::Tensor s;                                              // the final state
@@ -167,7 +176,7 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s: one kernel each way on the GPU.
   auto out = ChunkOutputAvailable(q)
                  ? ChunkOutput(q, k, u, g, s0)
-                 : gamma.unsqueeze(-1) * torch::matmul(q, s0) +
+                 : g.exp().unsqueeze(-1) * torch::matmul(q, s0) +
                        torch::matmul(torch::matmul(q, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/false), u);
   // [B,H,N,C,dh]
   out = out.reshape({B, H, N * C, dh});

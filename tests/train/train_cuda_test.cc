@@ -324,6 +324,73 @@ TEST(CombineMixers, EqualsTheLibTorchFormForwardAndBackward) {
                c10::Error);  // attn without is_attn
 }
 
+// The chunk operands' kernel against ScanChunked's LibTorch form (transposed, padded copies and the two
+// products), forward and backward: q a strided part of a wider tensor, T not a multiple of the chunk (a
+// padded tail), and the operand dtypes the trainer gives it.
+TEST(ChunkPrepare, EqualsTheLibTorchFormForwardAndBackward) {
+  torch::manual_seed(37);
+  const int64_t B = 2, T = 37, H = 3, C = 16, N = 3;
+  for (const auto dtype : {torch::kFloat64, torch::kFloat32, torch::kBFloat16}) {
+    for (int64_t dh : {8, 64}) {
+      SCOPED_TRACE(testing::Message() << dtype << " dh " << dh);
+      const auto wide = dtype == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+      auto leaf = [](torch::Tensor t) { return t.requires_grad_(true); };
+      auto q_base = leaf(torch::randn({B, T, H * dh + 8}, torch::dtype(dtype).device(kCuda)));
+      auto k = leaf(torch::randn({B, T, H, dh}, torch::dtype(dtype).device(kCuda)));
+      auto v = leaf(torch::randn({B, T, H, dh}, torch::dtype(dtype).device(kCuda)));
+      auto dt = leaf(torch::rand({B, H, N, C}, torch::dtype(wide).device(kCuda)));
+      auto to_end = leaf(torch::rand({B, H, N, C}, torch::dtype(wide).device(kCuda)));
+      auto q = q_base.narrow(-1, 8, H * dh).view({B, T, H, dh});
+      ASSERT_TRUE(ChunkPrepareAvailable(q, k, v, dt));
+      const auto outs = ChunkPrepare(q, k, v, dt, to_end);
+      ASSERT_EQ(outs.size(), 4u);
+      std::vector<torch::Tensor> douts;
+      for (const auto& o : outs) {
+        EXPECT_EQ(o.sizes(), (std::vector<int64_t>{B, H, N, C, dh}));
+        EXPECT_EQ(o.scalar_type(), wide);
+        douts.push_back(torch::randn_like(o));
+      }
+      std::vector<torch::Tensor> inputs = {q_base, k, v, dt, to_end};
+      auto grads = torch::autograd::grad(outs, inputs, douts);
+
+      auto w = [](const torch::Tensor& t) { return t.detach().to(torch::kFloat64).requires_grad_(true); };
+      std::vector<torch::Tensor> in64;
+      for (const auto& t : inputs) in64.push_back(w(t));
+      auto chunks = [&](const torch::Tensor& x) {  // [B,T,H,dh] -> [B,H,N,C,dh], zeros past T
+        return torch::constant_pad_nd(x.transpose(1, 2), {0, 0, 0, N * C - T}, 0).reshape({B, H, N, C, dh});
+      };
+      auto q64 = chunks(in64[0].narrow(-1, 8, H * dh).view({B, T, H, dh})), k64 = chunks(in64[1]),
+           v64 = chunks(in64[2]);
+      std::vector<torch::Tensor> refs = {q64, k64, in64[3].unsqueeze(-1) * v64, in64[4].unsqueeze(-1) * k64};
+      std::vector<torch::Tensor> douts64;
+      for (const auto& d : douts) douts64.push_back(d.to(torch::kFloat64));
+      auto ref_grads = torch::autograd::grad(refs, in64, douts64);
+      // The outputs: exact conversions, and one product rounded in fp32 (2^-24). The operands' gradients are
+      // rounded to their dtype once (bf16: 2^-9); dk adds two terms first. dt and to_end: fp32 sums of dh
+      // products.
+      const double out_tol = dtype == torch::kFloat64 ? 1e-14 : 1e-6;
+      const double grad_tol = dtype == torch::kFloat64 ? 1e-14 : dtype == torch::kFloat32 ? 1e-6 : 4e-3;
+      const double sum_tol = dtype == torch::kFloat64 ? 1e-12 : 1e-5;
+      const char* names[] = {"q", "k", "u", "kend"};
+      for (int i = 0; i < 4; ++i) EXPECT_LE(RelativeError(outs[i], refs[i]), out_tol) << names[i];
+      EXPECT_LE(RelativeError(grads[0], ref_grads[0]), grad_tol) << "dq";
+      EXPECT_LE(RelativeError(grads[1], ref_grads[1]), grad_tol) << "dk";
+      EXPECT_LE(RelativeError(grads[2], ref_grads[2]), grad_tol) << "dv";
+      EXPECT_LE(RelativeError(grads[3], ref_grads[3]), sum_tol) << "ddt";
+      EXPECT_LE(RelativeError(grads[4], ref_grads[4]), sum_tol) << "dto_end";
+      // The padded steps' gradients are zero.
+      EXPECT_EQ(grads[3].flatten(2).narrow(-1, T, N * C - T).abs().max().item<double>(), 0.0);
+    }
+  }
+  const auto f32 = torch::dtype(torch::kFloat32).device(kCuda);
+  EXPECT_FALSE(ChunkPrepareAvailable(torch::zeros({1, 4, 2, 6}, f32), torch::zeros({1, 4, 2, 6}, f32),
+                                     torch::zeros({1, 4, 2, 6}, f32), torch::zeros({1, 2, 1, 4}, f32)));  // dh 6
+  EXPECT_THROW(ChunkPrepare(torch::zeros({1, 4, 2, 8}, f32), torch::zeros({1, 4, 2, 8}, f32),
+                            torch::zeros({1, 4, 2, 8}, f32), torch::zeros({1, 2, 1, 2}, f32),
+                            torch::zeros({1, 2, 1, 2}, f32)),
+               c10::Error);  // N C = 2 < T = 4
+}
+
 // The chunk-output kernel against its LibTorch form (ScanChunked's fallback), forward and backward.
 TEST(ChunkOutput, EqualsTheLibTorchFormForwardAndBackward) {
   torch::manual_seed(24);
