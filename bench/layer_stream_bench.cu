@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/common.cuh"
+
 namespace {
 
 #define CHECK(x)                                                                                           \
@@ -44,14 +46,6 @@ struct Phases {
   int count = 0;
 };
 
-__device__ __forceinline__ uint4 LoadNoL1(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
 // This block's share of a phase: pieces [begin, end) of the buffer.
 struct Share {
   int64_t begin, end;
@@ -66,7 +60,7 @@ __device__ __forceinline__ void LoadBatch(const uint4* base, Share s, int64_t at
 #pragma unroll
   for (int b = 0; b < kBatch; ++b) {
     const int64_t i = at + threadIdx.x + int64_t{b} * kThreads;
-    r[b] = i < s.end ? LoadNoL1(base + i) : make_uint4(0, 0, 0, 0);
+    r[b] = i < s.end ? oryx::kernels::cuda::LoadWeight(base + i) : make_uint4(0, 0, 0, 0);
   }
 }
 

@@ -46,6 +46,16 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return m;
 }
 
+// A weight piece: streamed once per step, so it is not kept in L1 (measured on the H200: the fused input
+// projection of 1.4b alone took 14.1 against 16.0 µs with L1-allocating loads).
+__device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
 // torch's softplus (threshold 20: linear above it), as the CPU backend computes it.
 __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }

@@ -23,15 +23,6 @@ constexpr int kGemvWarps = 8;
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 constexpr int kMaxHeadPieces = 4;  // the gated norm reads a head of up to 32 * 4 values into registers
-// A weight piece: streamed once per step, so it is not kept in L1 (measured on the H200: the fused input
-// projection of 1.4b alone took 14.1 against 16.0 µs with L1-allocating loads).
-__device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 // Pieces of each weight row a lane loads at once: 8 loads in flight (16 would not fit in 64 registers).
 constexpr int BatchFor(int rows) { return rows >= 8 ? 1 : 8 / rows; }
