@@ -232,6 +232,19 @@ cuda::CombineShape::Strides StridesOf(const torch::Tensor& t) {
   return {.b = t.stride(0), .t = t.stride(1), .h = t.stride(2)};
 }
 
+void* DataOrNull(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// A kernel shape's batch, time, heads and head_dim from x [B, T, H, dh].
+template <typename Shape>
+Shape HeadsShapeOf(const torch::Tensor& x) {
+  Shape s;
+  s.batch = x.size(0);
+  s.time = static_cast<int>(x.size(1));
+  s.heads = static_cast<int>(x.size(2));
+  s.head_dim = static_cast<int>(x.size(3));
+  return s;
+}
+
 // attn, skip and is_attn are absent when empty (CombineMixers passes them so).
 class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunction> {
  public:
@@ -239,13 +252,13 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
                                const torch::Tensor& lin, const torch::Tensor& v, const torch::Tensor& skip_in,
                                const torch::Tensor& is_attn_in) {
     const auto attn = Given(attn_in), skip = Given(skip_in), is_attn = Given(is_attn_in);
-    auto s = ShapeOf(lin);
+    auto s = HeadsShapeOf<cuda::CombineShape>(lin);
     s.attn = StridesOf(attn);
     s.lin = StridesOf(lin);
     s.v = StridesOf(v);
     auto out = torch::empty(lin.sizes(), lin.options().memory_format(torch::MemoryFormat::Contiguous));
     const auto attn_dtype = attn.defined() ? DTypeOf(attn) : DTypeOf(v);
-    Check(cuda::CombineMixersForward(attn_dtype, DTypeOf(v), s, Ptr(attn), lin.data_ptr(), v.data_ptr(), Ptr(skip),
+    Check(cuda::CombineMixersForward(attn_dtype, DTypeOf(v), s, DataOrNull(attn), lin.data_ptr(), v.data_ptr(), DataOrNull(skip),
                                      is_attn.defined() ? is_attn.data_ptr<bool>() : nullptr, out.data_ptr(),
                                      StreamOf(lin)),
           "combine mixers forward");
@@ -262,7 +275,7 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
     const auto attn_type = ctx->saved_data["attn_dtype"].toScalarType();
     // dout in the output's dtype, lin's: fp64 with fp64 operands, else fp32.
     auto dout = grads[0].to(v.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32).contiguous();
-    auto s = ShapeOf(dout);
+    auto s = HeadsShapeOf<cuda::CombineShape>(dout);
     s.v = StridesOf(v);
     // lin's gradient in lin's own layout (for ScanChunked's view, the head-major layout its producer wrote),
     // so that no copy packs it on the way back.
@@ -278,9 +291,9 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
       workspace = torch::empty({cuda::CombineWorkspaceBytes(DTypeOf(v), s)}, dout.options().dtype(torch::kUInt8));
     }
     const auto attn_dtype = dattn.defined() ? DTypeOf(dattn) : DTypeOf(v);
-    Check(cuda::CombineMixersBackward(attn_dtype, DTypeOf(v), s, v.data_ptr(), Ptr(skip),
+    Check(cuda::CombineMixersBackward(attn_dtype, DTypeOf(v), s, v.data_ptr(), DataOrNull(skip),
                                       is_attn.defined() ? is_attn.data_ptr<bool>() : nullptr, dout.data_ptr(),
-                                      Ptr(dattn), dlin.data_ptr(), Ptr(dv), Ptr(dskip_cols), Ptr(workspace),
+                                      DataOrNull(dattn), dlin.data_ptr(), DataOrNull(dv), DataOrNull(dskip_cols), DataOrNull(workspace),
                                       StreamOf(dout)),
           "combine mixers backward");
     auto dskip = skip.defined() ? dskip_cols.view({s.heads, s.head_dim}).sum(1) : torch::Tensor();
@@ -289,15 +302,6 @@ class CombineMixersFunction : public torch::autograd::Function<CombineMixersFunc
 
  private:
   static torch::Tensor Given(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
-  static void* Ptr(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-  static cuda::CombineShape ShapeOf(const torch::Tensor& x) {
-    cuda::CombineShape s;
-    s.batch = x.size(0);
-    s.time = static_cast<int>(x.size(1));
-    s.heads = static_cast<int>(x.size(2));
-    s.head_dim = static_cast<int>(x.size(3));
-    return s;
-  }
 };
 
 // t with strides and pointer that allow 4-element accesses: as it is, or a packed copy.
@@ -349,12 +353,11 @@ class ChunkPrepareFunction : public torch::autograd::Function<ChunkPrepareFuncti
     auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
     auto ddt = torch::empty_like(dt), dto_end = torch::empty_like(dt);
     auto s = ShapeOf(k, dt);
-    s.q = StridesOf(dq);
     s.k = StridesOf(k);
     s.v = StridesOf(v);
-    auto ptr = [](const torch::Tensor& t) -> const void* { return t.defined() ? t.data_ptr() : nullptr; };
     Check(cuda::ChunkPrepareBackward(DTypeOf(k), s, k.data_ptr(), v.data_ptr(), dt.data_ptr(), to_end.data_ptr(),
-                                     ptr(g[0]), ptr(g[1]), ptr(g[2]), ptr(g[3]), dq.data_ptr(), dk.data_ptr(),
+                                     DataOrNull(g[0]), DataOrNull(g[1]), DataOrNull(g[2]), DataOrNull(g[3]),
+                                     dq.data_ptr(), dk.data_ptr(),
                                      dv.data_ptr(), ddt.data_ptr(), dto_end.data_ptr(), StreamOf(k)),
           "chunk prepare backward");
     return {dq, dk, dv, ddt, dto_end};
@@ -362,11 +365,7 @@ class ChunkPrepareFunction : public torch::autograd::Function<ChunkPrepareFuncti
 
  private:
   static cuda::ChunkPrepShape ShapeOf(const torch::Tensor& x, const torch::Tensor& dt) {
-    cuda::ChunkPrepShape s;
-    s.batch = x.size(0);
-    s.time = static_cast<int>(x.size(1));
-    s.heads = static_cast<int>(x.size(2));
-    s.head_dim = static_cast<int>(x.size(3));
+    auto s = HeadsShapeOf<cuda::ChunkPrepShape>(x);
     s.padded = static_cast<int>(dt.size(2) * dt.size(3));
     return s;
   }

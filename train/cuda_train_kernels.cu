@@ -1342,38 +1342,46 @@ cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const C
   });
 }
 
+namespace {
+
+// Whether the kernels take this shape, and 4-element accesses the operands (q null where it is not read).
 bool ChunkPrepareSupported(const ChunkPrepShape& s, const void* q, const void* k, const void* v, int elem_bytes) {
   const int dh = s.head_dim;
   if (dh < kPrepVec || dh > 32 * kPrepVec || (dh & (dh - 1)) != 0 || s.padded < s.time) return false;
   auto ok = [&](const CombineShape::Strides& st, const void* p) {
-    return st.b % kPrepVec == 0 && st.t % kPrepVec == 0 && st.h % kPrepVec == 0 &&
-           reinterpret_cast<uintptr_t>(p) % (kPrepVec * elem_bytes) == 0;
+    return p == nullptr || (st.b % kPrepVec == 0 && st.t % kPrepVec == 0 && st.h % kPrepVec == 0 &&
+                            reinterpret_cast<uintptr_t>(p) % (kPrepVec * elem_bytes) == 0);
   };
   return ok(s.q, q) && ok(s.k, k) && ok(s.v, v);
 }
 
-// The operands' dtype with the accumulation type: bf16 and fp32 with fp32, fp64 with fp64.
+// Calls launch(TI{}, TL{}) for the operands' dtype TI and its accumulation type TL (bf16 and fp32 with
+// fp32, fp64 with fp64), once the shape and the operands pass ChunkPrepareSupported; nothing to do for an
+// empty shape.
 template <typename F>
-cudaError_t ForPrepTypes(ActDType dtype, F&& f) {
+cudaError_t ForChunkPrepare(ActDType dtype, const ChunkPrepShape& s, const void* q, const void* k, const void* v,
+                            F&& launch) {
+  if (PrepUnits(s) == 0) return cudaSuccess;
   return ForActDType(dtype, [&](auto t) {
     using TI = decltype(t);
-    return f(t, typename Acc<TI>::type{});
+    if (!ChunkPrepareSupported(s, q, k, v, sizeof(TI))) return cudaErrorInvalidValue;
+    launch(t, typename Acc<TI>::type{});
+    return cudaGetLastError();
   });
 }
+
+}  // namespace
 
 cudaError_t ChunkPrepareForward(ActDType in_dtype, const ChunkPrepShape& s, const void* q, const void* k,
                                 const void* v, const void* dt, const void* to_end, void* q32, void* k32, void* u,
                                 void* kend, cudaStream_t stream) {
-  if (PrepUnits(s) == 0) return cudaSuccess;
-  return ForPrepTypes(in_dtype, [&](auto ti, auto tl) {
+  return ForChunkPrepare(in_dtype, s, q, k, v, [&](auto ti, auto tl) {
     using TI = decltype(ti);
     using TL = decltype(tl);
-    if (!ChunkPrepareSupported(s, q, k, v, sizeof(TI))) return cudaErrorInvalidValue;
     ChunkPrepForwardKernel<TI, TL><<<PrepBlocks(s), kPrepThreads, 0, stream>>>(
         s, static_cast<const TI*>(q), static_cast<const TI*>(k), static_cast<const TI*>(v),
         static_cast<const TL*>(dt), static_cast<const TL*>(to_end), static_cast<TL*>(q32), static_cast<TL*>(k32),
         static_cast<TL*>(u), static_cast<TL*>(kend));
-    return cudaGetLastError();
   });
 }
 
@@ -1381,18 +1389,14 @@ cudaError_t ChunkPrepareBackward(ActDType in_dtype, const ChunkPrepShape& s, con
                                  const void* dt, const void* to_end, const void* dq32, const void* dk32,
                                  const void* du, const void* dkend, void* dq, void* dk, void* dv, void* ddt,
                                  void* dto_end, cudaStream_t stream) {
-  if (PrepUnits(s) == 0) return cudaSuccess;
-  return ForPrepTypes(in_dtype, [&](auto ti, auto tl) {
+  return ForChunkPrepare(in_dtype, s, nullptr, k, v, [&](auto ti, auto tl) {
     using TI = decltype(ti);
     using TL = decltype(tl);
-    // (q itself is not read: its stride check stands in for dq's, which is packed.)
-    if (!ChunkPrepareSupported(s, dq, k, v, sizeof(TI))) return cudaErrorInvalidValue;
     ChunkPrepBackwardKernel<TI, TL><<<PrepBlocks(s), kPrepThreads, 0, stream>>>(
         s, static_cast<const TI*>(k), static_cast<const TI*>(v), static_cast<const TL*>(dt),
         static_cast<const TL*>(to_end), static_cast<const TL*>(dq32), static_cast<const TL*>(dk32),
         static_cast<const TL*>(du), static_cast<const TL*>(dkend), static_cast<TI*>(dq), static_cast<TI*>(dk),
         static_cast<TI*>(dv), static_cast<TL*>(ddt), static_cast<TL*>(dto_end));
-    return cudaGetLastError();
   });
 }
 

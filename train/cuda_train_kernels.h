@@ -107,13 +107,12 @@ cudaError_t CombineMixersBackward(ActDType attn_dtype, ActDType v_dtype, const C
 // packed:
 //   q32 = q, k32 = k, u = dt v, kend = to_end k        (zeros at steps t >= time)
 // The operands bf16 or fp32 with the rest fp32, or all fp64; head_dim in {4, 8, 16, 32, 64, 128}, and q, k,
-// v 4-element aligned (strides and pointers): ChunkPrepareSupported.
+// v 4-element aligned (strides and pointers); otherwise cudaErrorInvalidValue.
 struct ChunkPrepShape {
   int64_t batch = 0;
   int time = 0, padded = 0, heads = 0, head_dim = 0;
-  CombineShape::Strides q, k, v;
+  CombineShape::Strides q, k, v;  // (the backward reads no q)
 };
-bool ChunkPrepareSupported(const ChunkPrepShape& s, const void* q, const void* k, const void* v, int elem_bytes);
 cudaError_t ChunkPrepareForward(ActDType in_dtype, const ChunkPrepShape& s, const void* q, const void* k,
                                 const void* v, const void* dt, const void* to_end, void* q32, void* k32, void* u,
                                 void* kend, cudaStream_t stream);
