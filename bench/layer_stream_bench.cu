@@ -225,18 +225,18 @@ Options Parse(int argc, char** argv) {
   return o;
 }
 
-// Best mean µs per step over 3 rounds of `steps` steps (after one warm-up step).
+// Best mean µs per step over 3 rounds of `steps` steps on `stream` (after one warm-up step).
 template <typename Step>
-double TimeSteps(int steps, Step&& step) {
+double TimeSteps(cudaStream_t stream, int steps, Step&& step) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   step();
   double best = 1e30;
   for (int round = 0; round < 3; ++round) {
-    CHECK(cudaEventRecord(start));
+    CHECK(cudaEventRecord(start, stream));
     for (int i = 0; i < steps; ++i) step();
-    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventRecord(stop, stream));
     CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
       CHECK(cudaStreamEndCapture(stream, &graph));
       CHECK(cudaGraphInstantiate(&exec, graph, 0));
       emit(pdl ? "pdl" : "kernels", blocks, 0,
-           TimeSteps(opt.steps, [&] { CHECK(cudaGraphLaunch(exec, stream)); }));
+           TimeSteps(stream, opt.steps, [&] { CHECK(cudaGraphLaunch(exec, stream)); }));
       CHECK(cudaGraphExecDestroy(exec));
       CHECK(cudaGraphDestroy(graph));
     }
@@ -336,7 +336,7 @@ int main(int argc, char** argv) {
       const int blocks = use * sms;
       int64_t prefetch_pieces = static_cast<int64_t>(smem / 16);
       void* args[] = {const_cast<Phases*>(&ph), &prefetch_pieces, &result, &arrive};
-      const double us = TimeSteps(opt.steps, [&] {  // (one memset per step, as the graphs above have)
+      const double us = TimeSteps(stream, opt.steps, [&] {  // (one memset per step, as the graphs above have)
         CHECK(cudaMemsetAsync(arrive, 0, sizeof(unsigned), stream));
         CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(PersistentKernel), dim3(blocks), dim3(kThreads),
                                           args, smem, stream));
@@ -348,7 +348,7 @@ int main(int argc, char** argv) {
   // The ceiling: the step's bytes in one read.
   for (int per_sm : {2, 4}) {
     const int blocks = per_sm * sms;
-    emit("one-read", blocks, 0, TimeSteps(opt.steps, [&] {
+    emit("one-read", blocks, 0, TimeSteps(stream, opt.steps, [&] {
            OneReadKernel<<<blocks, kThreads, 0, stream>>>(ph, 0, total / 16, result);
          }));
   }
