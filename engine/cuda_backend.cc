@@ -730,6 +730,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                                sc.proj + 3 * HD, w.gate_norm, w.o_proj, sc.x, true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
     o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
+    o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between
     kc::FusedGemv(o_proj, s);
     mark("o_proj (gated norm fused)");
     // SwiGLU in the up projection's epilogue (each warp takes a gate row and its up row); the down

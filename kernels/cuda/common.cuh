@@ -56,6 +56,27 @@ __device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
   return r;
 }
 
+// n floats from global to shared memory without holding registers (cp.async, 16 bytes a copy; both pointers
+// 16-byte aligned, n a multiple of 4), spread over the block's threads; WaitCopies() then a barrier make them
+// visible. Kernels use it before the programmatic-launch wait for constants their prologue reads, so that
+// no DRAM round trip (behind the weights' early loads) follows the wait.
+__device__ __forceinline__ void CopyToSharedAsync(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 4 * int64_t(threadIdx.x); i < n; i += 4 * int64_t(blockDim.x)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src + i) : "memory");
+#else
+    *reinterpret_cast<float4*>(dst + i) = *reinterpret_cast<const float4*>(src + i);
+#endif
+  }
+}
+
+__device__ __forceinline__ void WaitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // torch's softplus (threshold 20: linear above it), as the CPU backend computes it.
 __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }

@@ -14,6 +14,7 @@ namespace oryx::kernels::cuda {
 namespace {
 
 constexpr int kLanes = 32, kGroups = 8;
+constexpr int kMaxTaps = 8;  // conv widths up to this keep their taps and window in registers
 
 // Waits until every thread of every block of the cluster has arrived (release / acquire at cluster scope).
 __device__ __forceinline__ void ClusterSync() {
@@ -42,15 +43,46 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   float S[kKeys];
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
+  // So are the conv's taps, its bias and its window (written only by this layer's mixer), and the head's
+  // constants: with them loaded here, the loads after the wait are only the input projection's outputs, in
+  // one round trip.
+  const bool conv_thread = tid < kDh + kLanes, taps_in_registers = w <= kMaxTaps;
+  const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
+  const float* weight = p.conv_weight_ptr + ch * w;
+  float taps[kMaxTaps], past[kMaxTaps], last_tap = 0.f, bias = 0.f;
+  if (conv_thread && taps_in_registers) {
+    bias = p.conv_bias_ptr[ch];
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      if (t < W) {
+        taps[t] = weight[t];
+        past[t] = window[t * C + ch];
+      } else if (t == W) {
+        last_tap = weight[t];
+      }
+    }
+  }
+  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h];
+  const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
   if (p.early_loads) AfterPrevious();
+  const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
-  if (tid < kDh + kLanes) {
-    const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
-    const float* weight = p.conv_weight_ptr + ch * w;
-    float acc = p.conv_bias_ptr[ch];
-    for (int64_t t = 0; t < W; ++t) acc += weight[t] * window[t * C + ch];
-    acc += weight[W] * proj[ch];
+  if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
+  if (conv_thread) {
+    float acc;
+    if (taps_in_registers) {
+      acc = bias;
+#pragma unroll
+      for (int t = 0; t < kMaxTaps; ++t) {
+        if (t < W) acc += taps[t] * past[t];
+      }
+      acc += last_tap * proj[ch];
+    } else {
+      acc = p.conv_bias_ptr[ch];
+      for (int64_t t = 0; t < W; ++t) acc += weight[t] * window[t * C + ch];
+      acc += weight[W] * proj[ch];
+    }
     const float out = p.dims.conv_silu ? Silu(acc) : acc;
     if (tid < kDh) {
       ks[tid] = out;
@@ -58,7 +90,6 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
       vs[tid - kDh] = out;
     }
   }
-  if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
   // Every block of the head has read the windows (and this block's ks, vs, qs are in place): each moves
   // its own slice, k channels j0.. (threads 0..31) and v channels j0.. (32..63), past the token.
   ClusterSync();
@@ -95,22 +126,22 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     __syncthreads();
     return sum;
   };
-  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h], v = vs[x];
+  const float v = vs[x];
   float out = 0.f;
   if (!p.dims.gdn) {
-    const float dt = Softplus(proj[4 * HD + h] + dt_bias), a = expf(-dt * a_exp);
+    const float dt = Softplus(head_in + dt_bias), a = expf(-dt * a_exp);
 #pragma unroll
     for (int k = 0; k < kKeys; ++k) {
       const int i = y + kGroups * k;
       S[k] = a * S[k] + dt * ks[i] * v;
       out += S[k] * qs[i];
     }
-    out = column_sum(out) + p.maybe_d_skip_ptr[h] * v;
+    out = column_sum(out) + d_skip * v;
   } else {
     GdnNorms(ks, qs, kDh, tid, norms);
     const float kn_scale = norms[0], qn_scale = norms[1];
-    const float beta = Sigmoid(proj[4 * HD + h]);
-    const float alpha = expf(-a_exp * Softplus(proj[4 * HD + H + h] + dt_bias));
+    const float beta = Sigmoid(head_in);
+    const float alpha = expf(-a_exp * Softplus(head_in2 + dt_bias));
     float kts = 0.f;  // (kn^T S)[j]
 #pragma unroll
     for (int k = 0; k < kKeys; ++k) kts += ks[y + kGroups * k] * kn_scale * S[k];

@@ -190,14 +190,32 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
   // that the final store waits for.
   __shared__ float prior[kGemvWarps * kRows];
   const bool early_prior = p.early_loads && p.y_written_earlier && p.accumulate && kM == 1 && !kSwiGluOut;
+  // The prologue's constants -- the norm weight, and the gate where it was written two or more kernels ago --
+  // copied into shared memory behind the first weight loads (p.stage, set by the launcher where they fit and
+  // are aligned). After the wait they would be a DRAM round trip queued behind those loads: on the H200 the
+  // prologues took 5-5.5 us of a 1.4b layer's products, of which that round trip was the larger part.
+  const int64_t norm_size = p.input == GemvInput::kRmsNorm ? K : p.head_dim;
+  float* norm_weight = reinterpret_cast<float*>(xs + kM * K);  // (kM * K * 2 bytes: a multiple of 16)
+  float* gate_staged = norm_weight + norm_size;                 // [kM, K] (norm_size: a multiple of 4)
+  const bool stage = p.early_loads && p.stage;
+  const bool stage_gate = stage && p.input == GemvInput::kGatedNorm && p.gate_written_earlier;
   if (p.early_loads) {
     load(lane);
+    if (stage) {
+      CopyToSharedAsync(norm_weight, p.weight_ptr, norm_size);
+      for (int m = 0; stage_gate && m < kM; ++m) CopyToSharedAsync(gate_staged + m * K, p.gate_ptr + m * p.gate_row_stride, K);
+    }
     if (early_prior && lane == 0) {
 #pragma unroll
       for (int k = 0; k < kRows; ++k) prior[warp * kRows + k] = out[k] >= 0 ? p.y_ptr[out[k]] : 0.f;
     }
   }
   AfterPrevious();
+  if (stage) {
+    WaitCopies();
+    __syncthreads();
+  }
+  const float* weight = stage ? norm_weight : p.weight_ptr;
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
     switch (p.input) {
@@ -206,13 +224,13 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
         float sum = 0.f;
         for (int64_t c = threadIdx.x; c < K; c += blockDim.x) sum += x[c] * x[c];
         const float scale = rsqrtf(BlockSum(sum, scratch) / K + p.eps);
-        for (int64_t c = threadIdx.x; c < K; c += blockDim.x) row[c] = __float2bfloat16(x[c] * scale * p.weight_ptr[c]);
+        for (int64_t c = threadIdx.x; c < K; c += blockDim.x) row[c] = __float2bfloat16(x[c] * scale * weight[c]);
         break;
       }
       case GemvInput::kGatedNorm: {
         const int64_t dh = p.head_dim;
         const float* o = p.in_ptr + m * p.in_row_stride;
-        const float* g = p.gate_ptr + m * p.gate_row_stride;
+        const float* g = stage_gate ? gate_staged + m * K : p.gate_ptr + m * p.gate_row_stride;
         for (int64_t h = warp; h < K / dh; h += kGemvWarps) {
           if (dh % 32 == 0 && dh <= 32 * kMaxHeadPieces) {  // o and g read once, into registers
             float ov[kMaxHeadPieces], gv[kMaxHeadPieces], sum = 0.f;
@@ -228,7 +246,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
             for (int t = 0; t < kMaxHeadPieces; ++t) {
               if (32 * t >= dh) break;
               const int64_t i = lane + 32 * t;
-              row[h * dh + i] = __float2bfloat16(ov[t] * scale * p.weight_ptr[i] * Silu(gv[t]));
+              row[h * dh + i] = __float2bfloat16(ov[t] * scale * weight[i] * Silu(gv[t]));
             }
             continue;
           }
@@ -236,7 +254,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
           for (int64_t i = lane; i < dh; i += 32) sum += o[h * dh + i] * o[h * dh + i];
           const float scale = rsqrtf(WarpSum(sum) / dh + p.eps);
           for (int64_t i = lane; i < dh; i += 32) {
-            row[h * dh + i] = __float2bfloat16(o[h * dh + i] * scale * p.weight_ptr[i] * Silu(g[h * dh + i]));
+            row[h * dh + i] = __float2bfloat16(o[h * dh + i] * scale * weight[i] * Silu(g[h * dh + i]));
           }
         }
         break;
@@ -298,6 +316,20 @@ int DefaultRowsPerWarp(int64_t n) {
   return 8;
 }
 
+// Shared memory for the prologue's staged constants (FusedGemvKernel's `stage`): the norm weight, and the
+// gate where it may be read early; 0 where they cannot be copied 16 bytes at a time.
+size_t StageBytes(const FusedGemvParams& p, int64_t m) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const int64_t norm_size = p.input == GemvInput::kRmsNorm ? p.k : p.head_dim;
+  if (norm_size % 4 != 0 || !aligned(p.weight_ptr)) return 0;
+  size_t bytes = norm_size * sizeof(float);
+  if (p.input == GemvInput::kGatedNorm && p.gate_written_earlier) {
+    if (p.gate_row_stride % 4 != 0 || !aligned(p.gate_ptr)) return 0;
+    bytes += m * p.k * sizeof(float);
+  }
+  return bytes;
+}
+
 template <int kM, int kRows, bool kSwiGluOut>
 void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   // (Several input rows, only in tests, hold their accumulators too: two pieces per row at once.)
@@ -311,9 +343,12 @@ void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   (void)configured;
   FusedGemvParams q = p;
   q.early_loads = EarlyLoads();
+  const size_t input_bytes = kM * p.k * sizeof(bf16);
+  const size_t stage_bytes = StageBytes(q, kM);
+  q.stage = stage_bytes > 0 && input_bytes + stage_bytes <= kMaxFusedInputBytes;
   const int64_t units = kSwiGluOut ? CeilDiv(p.n / 2, kRows / 2) : CeilDiv(p.n, kRows);
   LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(units, kGemvWarps)), 32 * kGemvWarps,
-                      kM * p.k * sizeof(bf16), stream, q);
+                      input_bytes + (q.stage ? stage_bytes : 0), stream, q);
 }
 
 

@@ -91,7 +91,11 @@ struct FusedGemvParams {
   bf16* maybe_swiglu_ptr = nullptr;
   int rows_per_warp = 0;  // weight rows each warp streams: 1, 2, 4 or 8 (0: chosen by n)
   bool early_loads = false;  // set by FusedGemv (EarlyLoads in common.cuh)
+  bool stage = false;        // set by FusedGemv: the prologue's constants go through shared memory
   bool y_written_earlier = false;  // as GemmParams's
+  // kGatedNorm: the gate was last written by a kernel two or more launches before this one, so it may be
+  // read before the programmatic-launch wait (staged into shared memory with the norm weight).
+  bool gate_written_earlier = false;
 };
 bool FusedGemvApplies(int64_t m, int64_t k);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
