@@ -231,25 +231,42 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
         const int64_t dh = p.head_dim;
         const float* o = p.in_ptr + m * p.in_row_stride;
         const float* g = stage_gate ? gate_staged + m * K : p.gate_ptr + m * p.gate_row_stride;
-        for (int64_t h = warp; h < K / dh; h += kGemvWarps) {
-          if (dh % 32 == 0 && dh <= 32 * kMaxHeadPieces) {  // o and g read once, into registers
-            float ov[kMaxHeadPieces], gv[kMaxHeadPieces], sum = 0.f;
+        const int64_t heads = K / dh;
+        if (dh % 32 == 0 && dh <= 32 * kMaxHeadPieces) {
+          // o read once, into registers, two heads of the warp at a time: their loads in flight together
+          // (o was written by the kernel just before; the gate is in shared memory when staged).
+          for (int64_t h0 = warp; h0 < heads; h0 += 2 * kGemvWarps) {
+            float ov[2][kMaxHeadPieces], sum[2] = {0.f, 0.f};
 #pragma unroll
-            for (int t = 0; t < kMaxHeadPieces; ++t) {
-              if (32 * t >= dh) break;
-              ov[t] = o[h * dh + lane + 32 * t];
-              gv[t] = g[h * dh + lane + 32 * t];
-              sum += ov[t] * ov[t];
-            }
-            const float scale = rsqrtf(WarpSum(sum) / dh + p.eps);
+            for (int u = 0; u < 2; ++u) {
+              const int64_t h = h0 + u * kGemvWarps;
 #pragma unroll
-            for (int t = 0; t < kMaxHeadPieces; ++t) {
-              if (32 * t >= dh) break;
-              const int64_t i = lane + 32 * t;
-              row[h * dh + i] = __float2bfloat16(ov[t] * scale * weight[i] * Silu(gv[t]));
+              for (int t = 0; t < kMaxHeadPieces; ++t) {
+                if (32 * t >= dh || h >= heads) break;
+                ov[u][t] = o[h * dh + lane + 32 * t];
+              }
             }
-            continue;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const int64_t h = h0 + u * kGemvWarps;
+              if (h >= heads) break;
+#pragma unroll
+              for (int t = 0; t < kMaxHeadPieces; ++t) {
+                if (32 * t >= dh) break;
+                sum[u] += ov[u][t] * ov[u][t];
+              }
+              const float scale = rsqrtf(WarpSum(sum[u]) / dh + p.eps);
+#pragma unroll
+              for (int t = 0; t < kMaxHeadPieces; ++t) {
+                if (32 * t >= dh) break;
+                const int64_t i = lane + 32 * t;
+                row[h * dh + i] = __float2bfloat16(ov[u][t] * scale * weight[i] * Silu(g[h * dh + i]));
+              }
+            }
           }
+          break;
+        }
+        for (int64_t h = warp; h < heads; h += kGemvWarps) {
           float sum = 0.f;
           for (int64_t i = lane; i < dh; i += 32) sum += o[h * dh + i] * o[h * dh + i];
           const float scale = rsqrtf(WarpSum(sum) / dh + p.eps);

@@ -134,66 +134,78 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
 
 // The decode-step products with their input op fused in: against the reference op, rounded to bf16, then
 // MatMulReference. The fused prologue's bf16 rounding can land one step away from the reference's for an
-// element whose fp32 value differs in the last bits (rarely); the tolerance is kFp32Tol's 10x.
+// element whose fp32 value differs in the last bits (rarely); the tolerance is kFp32Tol's 10x. K = 2560 gives
+// every row count several batches per row, so the second batch goes through the shared-memory prefetch
+// (partly past the row's end at one and two rows per warp).
 TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
-  const int64_t H = 4, dh = 64, K = H * dh, N = 72;
-  for (int64_t m : {1, 3, 8}) {
-    for (cuda::GemvInput input : {cuda::GemvInput::kRmsNorm, cuda::GemvInput::kGatedNorm}) {
-      SCOPED_TRACE("m=" + std::to_string(m) + " input=" + std::to_string(static_cast<int>(input)));
-      const int64_t in_stride = K + 8, gate_stride = 3 * K;
-      const std::vector<float> in = Random(m * in_stride, 50, -2, 2), gate = Random(m * gate_stride, 51, -3, 3);
-      const std::vector<float> weight = Random(K, 52, 0.5f, 1.5f), w = RoundBf16(Random(N * K, 53));
-      const std::vector<float> y0 = Random(m * N, 54);
-      std::vector<float> x(m * K);
-      if (input == cuda::GemvInput::kRmsNorm) {
-        cpu::RmsNormReference({m, K, 1e-6f, in_stride, K, in.data(), weight.data(), x.data()});
-      } else {
-        cpu::GatedRmsNormReference({m, H, dh, 1e-6f, in_stride, gate_stride, K, in.data(), gate.data(), weight.data(), x.data()});
-      }
-      x = RoundBf16(x);
-      std::vector<float> ref(m * N);
-      cpu::MatMulReference({m, N, K, K, K, N, x.data(), w.data(), ref.data()});
-      for (int64_t i = 0; i < m * N; ++i) ref[i] += y0[i];  // accumulate: y += x W^T
-      DeviceBuffer<float> din(in), dgate(gate), dweight(weight);
-      DeviceBuffer<bf16> dw(ToBf16(w));
-      std::vector<float> product(m * N);  // without the accumulated y0
-      for (int64_t i = 0; i < m * N; ++i) product[i] = ref[i] - y0[i];
-      // Every count of weight rows per warp (single rows take 1, 2, 4, 8; 0 lets the kernel choose; 72 rows
-      // leave the last block partly empty at 4 and 8).
-      for (int rows : m == 1 ? std::vector<int>{0, 1, 2, 4, 8} : std::vector<int>{0}) {
-        SCOPED_TRACE("rows per warp " + std::to_string(rows));
-        DeviceBuffer<float> dy(y0);
-        cuda::FusedGemvParams plain{m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(),
-                                    dweight.get(), dw.get(), dy.get(), true};
-        plain.rows_per_warp = rows;
-        cuda::FusedGemv(plain, nullptr);
-        ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
-        // Skipping weight rows [24, 40): those columns of y keep their old values, the others are as above.
-        DeviceBuffer<float> dskip(y0);
-        cuda::FusedGemvParams skip = plain;
-        skip.n = N - 16, skip.y_ptr = dskip.get(), skip.skip_begin = 24, skip.skip_rows = 16;
-        cuda::FusedGemv(skip, nullptr);
-        std::vector<float> skip_ref = ref;
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t n = 24; n < 40; ++n) skip_ref[r * N + n] = y0[r * N + n];
+  const int64_t dh = 64, N = 72;
+  for (int64_t H : {4, 40}) {
+    const int64_t K = H * dh;
+    for (int64_t m : {1, 3, 8}) {
+      for (cuda::GemvInput input : {cuda::GemvInput::kRmsNorm, cuda::GemvInput::kGatedNorm}) {
+        SCOPED_TRACE("K=" + std::to_string(K) + " m=" + std::to_string(m) + " input=" + std::to_string(static_cast<int>(input)));
+        const int64_t in_stride = K + 8, gate_stride = 3 * K;
+        const std::vector<float> in = Random(m * in_stride, 50, -2, 2), gate = Random(m * gate_stride, 51, -3, 3);
+        const std::vector<float> weight = Random(K, 52, 0.5f, 1.5f), w = RoundBf16(Random(N * K, 53));
+        const std::vector<float> y0 = Random(m * N, 54);
+        std::vector<float> x(m * K);
+        if (input == cuda::GemvInput::kRmsNorm) {
+          cpu::RmsNormReference({m, K, 1e-6f, in_stride, K, in.data(), weight.data(), x.data()});
+        } else {
+          cpu::GatedRmsNormReference({m, H, dh, 1e-6f, in_stride, gate_stride, K, in.data(), gate.data(), weight.data(), x.data()});
         }
-        ExpectClose(dskip.Host(), skip_ref, 10 * kFp32Tol, "FusedGemv with skipped rows", std::sqrt(double(K)));
-        // The SwiGLU epilogue: rows j and j + N/2 are feature j's gate and up products. bf16 output: one
-        // rounding (2^-9 of the value) on top of the products' fp32 differences.
-        DeviceBuffer<bf16> dact(m * (N / 2 + 5));
-        cuda::FusedGemvParams swiglu = plain;
-        swiglu.accumulate = false, swiglu.y_row_stride = N / 2 + 5, swiglu.maybe_swiglu_ptr = dact.get();
-        cuda::FusedGemv(swiglu, nullptr);
-        const std::vector<float> act = ToFloat(dact.Host());
-        std::vector<float> got(m * N / 2), want(m * N / 2);
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t j = 0; j < N / 2; ++j) {
-            const float g = product[r * N + j], u = product[r * N + N / 2 + j];
-            want[r * N / 2 + j] = g / (1 + std::exp(-g)) * u;
-            got[r * N / 2 + j] = act[r * (N / 2 + 5) + j];
+        x = RoundBf16(x);
+        std::vector<float> ref(m * N);
+        cpu::MatMulReference({m, N, K, K, K, N, x.data(), w.data(), ref.data()});
+        for (int64_t i = 0; i < m * N; ++i) ref[i] += y0[i];  // accumulate: y += x W^T
+        DeviceBuffer<float> din(in), dgate(gate), dweight(weight);
+        DeviceBuffer<bf16> dw(ToBf16(w));
+        std::vector<float> product(m * N);  // without the accumulated y0
+        for (int64_t i = 0; i < m * N; ++i) product[i] = ref[i] - y0[i];
+        // Every count of weight rows per warp (single rows take 1, 2, 4, 8; 0 lets the kernel choose; 72 rows
+        // leave the last block partly empty at 4 and 8).
+        for (int rows : m == 1 ? std::vector<int>{0, 1, 2, 4, 8} : std::vector<int>{0}) {
+          SCOPED_TRACE("rows per warp " + std::to_string(rows));
+          DeviceBuffer<float> dy(y0);
+          cuda::FusedGemvParams plain{m, N, K, input, 1e-6f, dh, in_stride, gate_stride, N, din.get(), dgate.get(),
+                                      dweight.get(), dw.get(), dy.get(), true};
+          plain.rows_per_warp = rows;
+          cuda::FusedGemv(plain, nullptr);
+          ExpectClose(dy.Host(), ref, 10 * kFp32Tol, "FusedGemv", std::sqrt(double(K)));
+          if (input == cuda::GemvInput::kGatedNorm) {  // the gate read before the wait, through shared memory
+            DeviceBuffer<float> dearly(y0);
+            cuda::FusedGemvParams early = plain;
+            early.y_ptr = dearly.get(), early.gate_written_earlier = true;
+            cuda::FusedGemv(early, nullptr);
+            ExpectClose(dearly.Host(), ref, 10 * kFp32Tol, "FusedGemv with the gate staged", std::sqrt(double(K)));
           }
+          // Skipping weight rows [24, 40): those columns of y keep their old values, the others are as above.
+          DeviceBuffer<float> dskip(y0);
+          cuda::FusedGemvParams skip = plain;
+          skip.n = N - 16, skip.y_ptr = dskip.get(), skip.skip_begin = 24, skip.skip_rows = 16;
+          cuda::FusedGemv(skip, nullptr);
+          std::vector<float> skip_ref = ref;
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t n = 24; n < 40; ++n) skip_ref[r * N + n] = y0[r * N + n];
+          }
+          ExpectClose(dskip.Host(), skip_ref, 10 * kFp32Tol, "FusedGemv with skipped rows", std::sqrt(double(K)));
+          // The SwiGLU epilogue: rows j and j + N/2 are feature j's gate and up products. bf16 output: one
+          // rounding (2^-9 of the value) on top of the products' fp32 differences.
+          DeviceBuffer<bf16> dact(m * (N / 2 + 5));
+          cuda::FusedGemvParams swiglu = plain;
+          swiglu.accumulate = false, swiglu.y_row_stride = N / 2 + 5, swiglu.maybe_swiglu_ptr = dact.get();
+          cuda::FusedGemv(swiglu, nullptr);
+          const std::vector<float> act = ToFloat(dact.Host());
+          std::vector<float> got(m * N / 2), want(m * N / 2);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t j = 0; j < N / 2; ++j) {
+              const float g = product[r * N + j], u = product[r * N + N / 2 + j];
+              want[r * N / 2 + j] = g / (1 + std::exp(-g)) * u;
+              got[r * N / 2 + j] = act[r * (N / 2 + 5) + j];
+            }
+          }
+          ExpectClose(got, want, kBf16Tol, "FusedGemv with the SwiGLU epilogue");
         }
-        ExpectClose(got, want, kBf16Tol, "FusedGemv with the SwiGLU epilogue");
       }
     }
   }
