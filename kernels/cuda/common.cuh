@@ -126,11 +126,12 @@ __device__ __forceinline__ void AfterPrevious() {
 #endif
 }
 
-// Whether kernels launched by LaunchAfterPrevious may load, before AfterPrevious(), what no kernel of the
-// last two in the stream writes: the weights, and the decode mixer's recurrent state (written only by the
-// same layer's mixer a step earlier). That is safe because a kernel is scheduled only once its predecessor
-// has passed its own AfterPrevious(), that is, once every kernel before the predecessor has finished. The
-// loads then stream during the previous kernel's tail. On the H200 it took 1.4b's steps at 32K from 1.353 to
+// Whether kernels launched by LaunchAfterPrevious may load, before AfterPrevious(), what the kernel just
+// before them in the stream does not write: the weights and other constants, the decode mixer's recurrent
+// state and conv window (written only by the same layer's mixer a step earlier), and what the caller marks
+// as written two or more kernels back (y_written_earlier, gate_written_earlier). That is safe because a
+// kernel is scheduled only once its predecessor has passed its own AfterPrevious(), that is, once every
+// kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On the H200 it took 1.4b's steps at 32K from 1.353 to
 // 1.257 ms (linear) and from 3.137 to 3.031 ms (attention), and 130m's linear step at 1K from 0.523 to 0.463
 // ms (each pair in one call; bench/results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads
 // everything after the wait.
