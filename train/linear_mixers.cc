@@ -53,15 +53,22 @@ std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& lo
   auto before = torch::ones({N + 1, N}, opts).tril(-1);                     // [n, m]: m < n
   auto weights = torch::where(before, span, torch::full({}, -INFINITY, span.options())).exp();
   auto flat = contribution.flatten(-2);  // [B,H,N,dh*dh]
-  auto states = torch::matmul(weights, flat);
+  torch::Tensor decay_from_start;         // [B,H,N+1]: exp(sum_{j<n} log_a_j)
   if (initial.defined()) {
-    auto prefix = torch::cat({torch::zeros_like(log_a.narrow(-1, 0, 1)), log_a.cumsum(-1)}, -1);  // [B,H,N+1]
-    states = states + prefix.exp().unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
+    decay_from_start = torch::cat({torch::zeros_like(log_a.narrow(-1, 0, 1)), log_a.cumsum(-1)}, -1).exp();
   }
-  states = states.unflatten(-1, {dh, dh});                               // [B,H,N+1,dh,dh]
-  // split, not narrow + select: each of those has a backward that writes a zero tensor of the states' size.
-  const auto parts = states.split({N, 1}, 2);
-  return {parts[0], parts[1].squeeze(2)};
+  // The starts and the final state as two products, not one split afterwards: the starts come out packed
+  // (the chunk output takes them without a copy), and the final state, unused in training, takes no
+  // backward. (split, not narrow: a narrow's backward writes a zero tensor of its input's size.)
+  const auto rows = weights.split({N, 1}, -2);
+  auto states = [&](int part, int64_t first, int64_t count) {  // [B,H,count,dh,dh]
+    auto s = torch::matmul(rows[part], flat);
+    if (initial.defined()) {
+      s = s + decay_from_start.narrow(-1, first, count).unsqueeze(-1) * initial.flatten(-2).unsqueeze(2);
+    }
+    return s.unflatten(-1, {dh, dh});
+  };
+  return {states(0, 0, N), states(1, N, 1).squeeze(2)};
 }
 
 }  // namespace
