@@ -71,6 +71,23 @@ __device__ __forceinline__ void CopyToSharedAsync(float* dst, const float* src, 
   }
 }
 
+// One 4-byte cp.async (L1-allocating, as a plain load would be).
+__device__ __forceinline__ void CopyWordAsync(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem), "l"(src) : "memory");
+#else
+  *dst = *src;
+#endif
+}
+
+// Closes the thread's current group of cp.async copies (WaitCopies waits for all of them anyway).
+__device__ __forceinline__ void CommitCopies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void WaitCopies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");

@@ -14,7 +14,7 @@ namespace oryx::kernels::cuda {
 namespace {
 
 constexpr int kLanes = 32, kGroups = 8;
-constexpr int kMaxTaps = 8;  // conv widths up to this keep their taps and window in registers
+constexpr int kMaxTaps = 4;  // conv widths up to this keep their taps and window in registers (wider: read after the wait)
 
 // Waits until every thread of every block of the cluster has arrived (release / acquire at cluster scope).
 __device__ __forceinline__ void ClusterSync() {
@@ -37,15 +37,9 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   const float* proj = p.proj_ptr + r * P;
   float* window = s.conv + int64_t(p.layer) * W * C;
 
-  // The state slice first, so that its loads are in flight during the conv (and, with early loads, during
-  // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
-  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
-  float S[kKeys];
-#pragma unroll
-  for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
-  // So are the conv's taps, its bias and its window (written only by this layer's mixer), and the head's
-  // constants: with them loaded here, the loads after the wait are only the input projection's outputs, in
-  // one round trip.
+  // First the conv's taps, its bias and its window (written only by this layer's mixer), and the head's
+  // constants (few, and not to queue behind the state): with them loaded before the wait, the loads after it
+  // are only the input projection's outputs, in one round trip.
   const bool conv_thread = tid < kDh + kLanes, taps_in_registers = w <= kMaxTaps;
   const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
   const float* weight = p.conv_weight_ptr + ch * w;
@@ -62,10 +56,17 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
       }
     }
   }
-  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h];
+  const float a_log = p.a_log_ptr[h], dt_bias = p.dt_bias_ptr[h];  // (exp'd after the wait: no stall here)
   const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
+  // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
+  // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
+  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
+  float S[kKeys];
+#pragma unroll
+  for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
+  const float a_exp = expf(a_log);
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear

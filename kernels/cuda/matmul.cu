@@ -200,21 +200,24 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedG
   const bool stage = p.early_loads && p.stage;
   const bool stage_gate = stage && p.input == GemvInput::kGatedNorm && p.gate_written_earlier;
   if (p.early_loads) {
-    load(lane);
+    // The small copies first, so that they do not queue behind the block's weight loads, and asynchronous,
+    // so that no lane waits for them before the weights are requested.
     if (stage) {
       CopyToSharedAsync(norm_weight, p.weight_ptr, norm_size);
       for (int m = 0; stage_gate && m < kM; ++m) CopyToSharedAsync(gate_staged + m * K, p.gate_ptr + m * p.gate_row_stride, K);
     }
     if (early_prior && lane == 0) {
 #pragma unroll
-      for (int k = 0; k < kRows; ++k) prior[warp * kRows + k] = out[k] >= 0 ? p.y_ptr[out[k]] : 0.f;
+      for (int k = 0; k < kRows; ++k) {
+        if (out[k] >= 0) CopyWordAsync(&prior[warp * kRows + k], p.y_ptr + out[k]);
+      }
     }
+    CommitCopies();
+    load(lane);
   }
   AfterPrevious();
-  if (stage) {
-    WaitCopies();
-    __syncthreads();
-  }
+  if (stage || early_prior) WaitCopies();
+  if (stage) __syncthreads();
   const float* weight = stage ? norm_weight : p.weight_ptr;
   for (int m = 0; m < kM; ++m) {
     bf16* row = xs + m * K;
