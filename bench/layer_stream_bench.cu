@@ -10,7 +10,9 @@
 //                   phase's first batch in registers before the barrier;
 //   - "persistent+smem": the same, the next phase's first `prefetch` bytes per block copied into shared
 //                   memory by cp.async before the barrier;
-//   - "one-read":   the step's bytes read by one kernel with no phases (the streaming ceiling).
+//   - "one-read":   the step's bytes read by one kernel with no phases (the streaming ceiling);
+//   - "pdl+prologue/R": "pdl" with the fused GEMVs' RMSNorm prologue after each wait, every block reading
+//                   the same 8 KB vector (R = 1) or one of R copies of it.
 // One JSON line per way and size: µs per step and GB/s.
 //
 //   bench_layer_stream [--layers N] [--steps N]
@@ -104,7 +106,26 @@ __device__ __forceinline__ unsigned Depend(const unsigned* result, int p) {
   return *reinterpret_cast<const volatile unsigned*>(result + int64_t{p - 1} * gridDim.x + block);
 }
 
-__global__ void PhaseKernel(Phases ph, int p, bool early, unsigned* result) {
+// A GEMV's RMSNorm prologue, as the engine's fused GEMVs run it after their wait: every block reads a
+// vector of kVector floats (the residual, which the kernel before wrote), sums its squares and shares the sum
+// through shared memory. With `replicas` > 1, block b reads copy b % replicas of the vector (the question:
+// do thousands of blocks reading the same 8 KB at once queue at its L2 slices?).
+constexpr int kVector = 2048;
+__device__ __forceinline__ unsigned Prologue(const float* vector, int replicas) {
+  __shared__ float warps[kThreads / 32];
+  const float* x = vector + int64_t(blockIdx.x % replicas) * kVector;
+  float sum = 0.f;
+  for (int c = threadIdx.x; c < kVector; c += kThreads) sum += x[c] * x[c];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float all = 0.f;
+  for (int w = 0; w < kThreads / 32; ++w) all += warps[w];
+  __syncthreads();
+  return __float_as_uint(all);
+}
+
+__global__ void PhaseKernel(Phases ph, int p, bool early, unsigned* result, const float* vector, int replicas) {
   const Share s = ShareOf(ph, p);
   uint4 r[kBatch];
   if (early) LoadBatch(ph.base, s, s.begin, r);
@@ -113,6 +134,7 @@ __global__ void PhaseKernel(Phases ph, int p, bool early, unsigned* result) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
   unsigned acc = Depend(result, p);
+  if (replicas > 0) acc ^= Prologue(vector, replicas);
   acc ^= StreamFrom(ph.base, s, s.begin, r, early);
   Publish(acc, result, p);
 }
@@ -295,9 +317,21 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   };
 
-  // One kernel per phase, as a graph; pdl adds programmatic launch and the early batch.
-  for (int pdl = 0; pdl < (major >= 9 ? 2 : 1); ++pdl) {
-    for (int per_sm : {2, 4}) {
+  float* vector = nullptr;  // up to 64 copies of the prologue's vector
+  CHECK(cudaMalloc(&vector, 64 * kVector * sizeof(float)));
+  CHECK(cudaMemset(vector, 0, 64 * kVector * sizeof(float)));
+  // One kernel per phase, as a graph; pdl adds programmatic launch and the early batch; with pdl at 4 blocks
+  // per SM, also each phase with the RMSNorm prologue over one shared vector or over 8 or 64 copies.
+  struct Chain {
+    int pdl, per_sm, replicas;
+  };
+  std::vector<Chain> chains = {{0, 2, 0}, {0, 4, 0}};
+  if (major >= 9) {
+    for (Chain c : std::vector<Chain>{{1, 2, 0}, {1, 4, 0}, {1, 4, 1}, {1, 4, 8}, {1, 4, 64}}) chains.push_back(c);
+  }
+  for (const Chain& chain : chains) {
+    {
+      const int pdl = chain.pdl, per_sm = chain.per_sm, replicas = chain.replicas;
       const int blocks = per_sm * sms;
       cudaGraph_t graph;
       cudaGraphExec_t exec;
@@ -313,12 +347,14 @@ int main(int argc, char** argv) {
         config.stream = stream;
         config.attrs = attr;
         config.numAttrs = 1;
-        CHECK(cudaLaunchKernelEx(&config, PhaseKernel, ph, p, pdl == 1, result));
+        CHECK(cudaLaunchKernelEx(&config, PhaseKernel, ph, p, pdl == 1, result, static_cast<const float*>(vector),
+                                 replicas));
       }
       CHECK(cudaStreamEndCapture(stream, &graph));
       CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      emit(pdl ? "pdl" : "kernels", blocks, 0,
-           TimeSteps(stream, opt.steps, [&] { CHECK(cudaGraphLaunch(exec, stream)); }));
+      const std::string way = std::string(pdl ? "pdl" : "kernels") +
+                              (replicas > 0 ? "+prologue/" + std::to_string(replicas) : std::string());
+      emit(way.c_str(), blocks, 0, TimeSteps(stream, opt.steps, [&] { CHECK(cudaGraphLaunch(exec, stream)); }));
       CHECK(cudaGraphExecDestroy(exec));
       CHECK(cudaGraphDestroy(graph));
     }
@@ -358,5 +394,6 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(d_pieces));
   CHECK(cudaFree(result));
   CHECK(cudaFree(arrive));
+  CHECK(cudaFree(vector));
   return 0;
 }
