@@ -24,6 +24,16 @@ constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 constexpr int kMaxHeadPieces = 4;  // the gated norm reads a head of up to 32 * 4 values into registers
 
+// Whether a product of 4 rows per warp whose grid fits 3 blocks per SM runs the wide kernel (LaunchFusedGemvAs);
+// ORYX_CUDA_GEMV_WIDE=0: not.
+bool WideGemv() {
+  static const bool on = [] {
+    const char* env = std::getenv("ORYX_CUDA_GEMV_WIDE");
+    return env == nullptr || env[0] != '0';
+  }();
+  return on;
+}
+
 // Pieces of each weight row a lane loads at once: 8 loads in flight (16 would not fit in 64 registers).
 constexpr int BatchFor(int rows) { return rows >= 8 ? 1 : 8 / rows; }
 
@@ -147,8 +157,8 @@ bool GemvApplies(const GemmParams& p) {
 // spread the prologue over more weight bytes; fewer give more blocks to fill the GPU (DefaultRowsPerWarp).
 // kSwiGluOut: the warp's rows are kRows / 2 pairs (gate row j, up row j + n/2) and it writes
 // bf16(SiLU(gate) * up) for feature j instead of the two products.
-template <int kM, int kRows, bool kSwiGluOut, int kBatch>
-__global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) FusedGemvKernel(FusedGemvParams p) {
+template <int kM, int kRows, bool kSwiGluOut, int kBatch, int kBlocksPerSm = kFusedGemvBlocksPerSm>
+__global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel(FusedGemvParams p) {
   static_assert(!kSwiGluOut || kRows % 2 == 0);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [kM, K]
@@ -350,10 +360,15 @@ size_t StageBytes(const FusedGemvParams& p, int64_t m) {
   return bytes;
 }
 
-template <int kM, int kRows, bool kSwiGluOut>
+// kWide: a grid of at most 3 blocks per SM, whose blocks may then take 85 registers a thread: 1.5x the weight
+// pieces in flight per lane, so 1.5x the bytes requested before the wait (4 rows per warp only: the up
+// projection of 1.4b, 340 blocks, took its linear step at 32K from 1.099-1.111 to 1.064-1.079 ms on the H200,
+// three alternating reps in one call).
+template <int kM, int kRows, bool kSwiGluOut, bool kWide = false>
 void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   // (Several input rows, only in tests, hold their accumulators too: two pieces per row at once.)
-  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut, kM == 1 ? BatchFor(kRows) : 2>;
+  constexpr int kBatchOf = kM == 1 ? (kWide ? BatchFor(kRows) * 3 / 2 : BatchFor(kRows)) : 2;
+  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut, kBatchOf, kWide ? 3 : kFusedGemvBlocksPerSm>;
   // Up to kMaxFusedInputBytes of staged input (more than the default 48 KiB), configured once.
   static const bool configured = [&] {
     ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -388,6 +403,10 @@ void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
       }
     };
     if (rows >= 8) return launch(std::integral_constant<int, 8>{});
+    if (rows == 4 && WideGemv() && CeilDiv(p.n, kGemvWarps * 4) <= int64_t{3} * MultiprocessorCount()) {
+      if (swiglu) return LaunchFusedGemvAs<kM, 4, true, true>(p, stream);
+      return LaunchFusedGemvAs<kM, 4, false, true>(p, stream);
+    }
     if (rows >= 4) return launch(std::integral_constant<int, 4>{});
     if (rows >= 2) return launch(std::integral_constant<int, 2>{});
     return LaunchFusedGemvAs<kM, 1, false>(p, stream);  // (swiglu has rows >= 2)
