@@ -153,26 +153,15 @@ __device__ __forceinline__ void GridBarrier(unsigned* arrive, unsigned target) {
   __syncthreads();
 }
 
-// Asynchronous 16-byte copies (cp.async, compute capability 8 on; plain copies before it), awaited by
-// WaitShared().
+// n 16-byte pieces to shared memory by cp.async (CopyToSharedAsync, kernels/cuda/common.cuh), then awaited
+// by WaitShared().
 __device__ __forceinline__ void CopyToShared(const uint4* src, uint4* dst, int64_t n) {
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src + i) : "memory");
-#else
-    dst[i] = src[i];
-#endif
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
+  oryx::kernels::cuda::CopyToSharedAsync(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), 4 * n);
+  oryx::kernels::cuda::CommitCopies();
 }
 
 __device__ __forceinline__ void WaitShared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
+  oryx::kernels::cuda::WaitCopies();
   __syncthreads();
 }
 
