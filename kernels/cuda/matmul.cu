@@ -201,9 +201,9 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
   __shared__ float prior[kGemvWarps * kRows];
   const bool early_prior = p.early_loads && p.y_written_earlier && p.accumulate && kM == 1 && !kSwiGluOut;
   // The prologue's constants -- the norm weight, and the gate where it was written two or more kernels ago --
-  // copied into shared memory behind the first weight loads (p.stage, set by the launcher where they fit and
-  // are aligned). After the wait they would be a DRAM round trip queued behind those loads: on the H200 the
-  // prologues took 5-5.5 us of a 1.4b layer's products, of which that round trip was the larger part.
+  // copied into shared memory before the wait, ahead of the first weight loads (p.stage, set by the launcher
+  // where they fit and are aligned). After the wait they would be a DRAM round trip queued behind those
+  // loads: on the H200 the prologues took 5-5.5 us of a 1.4b layer's products, that round trip the most of it.
   const int64_t norm_size = p.input == GemvInput::kRmsNorm ? K : p.head_dim;
   float* norm_weight = reinterpret_cast<float*>(xs + kM * K);  // (kM * K * 2 bytes: a multiple of 16)
   float* gate_staged = norm_weight + norm_size;                 // [kM, K] (norm_size: a multiple of 4)
