@@ -157,7 +157,6 @@ __device__ __forceinline__ void GridBarrier(unsigned* arrive, unsigned target) {
 // by WaitShared().
 __device__ __forceinline__ void CopyToShared(const uint4* src, uint4* dst, int64_t n) {
   oryx::kernels::cuda::CopyToSharedAsync(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), 4 * n);
-  oryx::kernels::cuda::CommitCopies();
 }
 
 __device__ __forceinline__ void WaitShared() {

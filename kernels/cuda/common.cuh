@@ -81,13 +81,7 @@ __device__ __forceinline__ void CopyWordAsync(float* dst, const float* src) {
 #endif
 }
 
-// Closes the thread's current group of cp.async copies (WaitCopies waits for all of them anyway).
-__device__ __forceinline__ void CommitCopies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
+// Waits for all of the thread's cp.async copies (committed or not).
 __device__ __forceinline__ void WaitCopies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;" ::: "memory");
@@ -148,10 +142,10 @@ __device__ __forceinline__ void AfterPrevious() {
 // state and conv window (written only by the same layer's mixer a step earlier), and what the caller marks
 // as written two or more kernels back (y_written_earlier, gate_written_earlier). That is safe because a
 // kernel is scheduled only once its predecessor has passed its own AfterPrevious(), that is, once every
-// kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On the H200 it took 1.4b's steps at 32K from 1.353 to
-// 1.257 ms (linear) and from 3.137 to 3.031 ms (attention), and 130m's linear step at 1K from 0.523 to 0.463
-// ms (each pair in one call; bench/results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads
-// everything after the wait.
+// kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On
+// the H200 it took 1.4b's steps at 32K from 1.353 to 1.257 ms (linear) and from 3.137 to 3.031 ms
+// (attention), and 130m's linear step at 1K from 0.523 to 0.463 ms (each pair in one call;
+// bench/results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
 inline bool EarlyLoads() {
   static const bool on = [] {
     const char* env = std::getenv("ORYX_CUDA_EARLY_LOADS");

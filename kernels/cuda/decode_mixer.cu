@@ -14,7 +14,7 @@ namespace oryx::kernels::cuda {
 namespace {
 
 constexpr int kLanes = 32, kGroups = 8;
-constexpr int kMaxTaps = 4;  // conv widths up to this keep their taps and window in registers (wider: read after the wait)
+constexpr int kMaxTaps = 4;  // the widest conv the kernel takes (DecodeMixerApplies): taps and window in registers
 
 // Waits until every thread of every block of the cluster has arrived (release / acquire at cluster scope).
 __device__ __forceinline__ void ClusterSync() {
@@ -40,11 +40,11 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   // First the conv's taps, its bias and its window (written only by this layer's mixer), and the head's
   // constants (few, and not to queue behind the state): with them loaded before the wait, the loads after it
   // are only the input projection's outputs, in one round trip.
-  const bool conv_thread = tid < kDh + kLanes, taps_in_registers = w <= kMaxTaps;
+  const bool conv_thread = tid < kDh + kLanes;
   const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
   const float* weight = p.conv_weight_ptr + ch * w;
   float taps[kMaxTaps], past[kMaxTaps], last_tap = 0.f, bias = 0.f;
-  if (conv_thread && taps_in_registers) {
+  if (conv_thread) {
     bias = p.conv_bias_ptr[ch];
 #pragma unroll
     for (int t = 0; t < kMaxTaps; ++t) {
@@ -71,19 +71,12 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
   if (conv_thread) {
-    float acc;
-    if (taps_in_registers) {
-      acc = bias;
+    float acc = bias;
 #pragma unroll
-      for (int t = 0; t < kMaxTaps; ++t) {
-        if (t < W) acc += taps[t] * past[t];
-      }
-      acc += last_tap * proj[ch];
-    } else {
-      acc = p.conv_bias_ptr[ch];
-      for (int64_t t = 0; t < W; ++t) acc += weight[t] * window[t * C + ch];
-      acc += weight[W] * proj[ch];
+    for (int t = 0; t < kMaxTaps; ++t) {
+      if (t < W) acc += taps[t] * past[t];
     }
+    acc += last_tap * proj[ch];
     const float out = p.dims.conv_silu ? Silu(acc) : acc;
     if (tid < kDh) {
       ks[tid] = out;
@@ -165,7 +158,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
 
 bool DecodeMixerApplies(const ModelDims& dims) {
   return HopperOrLater() && (dims.head_dim == 32 || dims.head_dim == 64 || dims.head_dim == 128) &&
-         dims.conv_width >= 1;
+         dims.conv_width >= 1 && dims.conv_width <= kMaxTaps;
 }
 
 void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {

@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
   const int64_t norm_size = p.input == GemvInput::kRmsNorm ? K : p.head_dim;
   float* norm_weight = reinterpret_cast<float*>(xs + kM * K);  // (kM * K * 2 bytes: a multiple of 16)
   float* gate_staged = norm_weight + norm_size;                 // [kM, K] (norm_size: a multiple of 4)
-  const bool stage = p.early_loads && p.stage;
+  const bool stage = p.stage;
   const bool stage_gate = stage && p.input == GemvInput::kGatedNorm && p.gate_written_earlier;
   if (p.early_loads) {
     // The small copies first, so that they do not queue behind the block's weight loads, and asynchronous,
@@ -222,7 +222,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
         if (out[k] >= 0) CopyWordAsync(&prior[warp * kRows + k], p.y_ptr + out[k]);
       }
     }
-    CommitCopies();
     load(lane);
   }
   AfterPrevious();
@@ -380,7 +379,7 @@ void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   q.early_loads = EarlyLoads();
   const size_t input_bytes = kM * p.k * sizeof(bf16);
   const size_t stage_bytes = StageBytes(q, kM);
-  q.stage = stage_bytes > 0 && input_bytes + stage_bytes <= kMaxFusedInputBytes;
+  q.stage = q.early_loads && stage_bytes > 0 && input_bytes + stage_bytes <= kMaxFusedInputBytes;
   const int64_t units = kSwiGluOut ? CeilDiv(p.n / 2, kRows / 2) : CeilDiv(p.n, kRows);
   LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(units, kGemvWarps)), 32 * kGemvWarps,
                       input_bytes + (q.stage ? stage_bytes : 0), stream, q);
@@ -395,20 +394,20 @@ void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
   int rows = p.rows_per_warp > 0 ? p.rows_per_warp : DefaultRowsPerWarp(p.n);
   if (swiglu) rows = std::max(rows, 2);
   if constexpr (kM == 1) {
-    auto launch = [&](auto kRows) {
+    auto launch = [&](auto kRows, auto kWide) {
       if (swiglu) {
-        LaunchFusedGemvAs<kM, kRows.value, true>(p, stream);
+        LaunchFusedGemvAs<kM, kRows.value, true, kWide.value>(p, stream);
       } else {
-        LaunchFusedGemvAs<kM, kRows.value, false>(p, stream);
+        LaunchFusedGemvAs<kM, kRows.value, false, kWide.value>(p, stream);
       }
     };
-    if (rows >= 8) return launch(std::integral_constant<int, 8>{});
+    const std::false_type narrow;
+    if (rows >= 8) return launch(std::integral_constant<int, 8>{}, narrow);
     if (rows == 4 && WideGemv() && CeilDiv(p.n, kGemvWarps * 4) <= int64_t{3} * MultiprocessorCount()) {
-      if (swiglu) return LaunchFusedGemvAs<kM, 4, true, true>(p, stream);
-      return LaunchFusedGemvAs<kM, 4, false, true>(p, stream);
+      return launch(std::integral_constant<int, 4>{}, std::true_type{});
     }
-    if (rows >= 4) return launch(std::integral_constant<int, 4>{});
-    if (rows >= 2) return launch(std::integral_constant<int, 2>{});
+    if (rows >= 4) return launch(std::integral_constant<int, 4>{}, narrow);
+    if (rows >= 2) return launch(std::integral_constant<int, 2>{}, narrow);
     return LaunchFusedGemvAs<kM, 1, false>(p, stream);  // (swiglu has rows >= 2)
   } else {
     if (swiglu) return LaunchFusedGemvAs<kM, 2, true>(p, stream);
