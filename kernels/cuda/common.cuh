@@ -111,15 +111,20 @@ __device__ __forceinline__ void GdnNorms(const float* ks, const float* qs, int64
 }
 
 // Half-split RoPE of element i of a head whose pair partner is `other` (angles as kernels/cpu/rope.cc:
-// double pos * theta^(-2i/dh), cast to float, then float cos/sin).
+// double pos * theta^(-2i/dh), cast to float, then float cos/sin). RopeAngle gives the angle's sine and
+// cosine alone, for kernels that compute it before their inputs arrive.
+__device__ __forceinline__ void RopeAngle(int64_t i, int64_t dh, int64_t pos, double theta, const double* freq,
+                                          float* sin_out, float* cos_out) {
+  const int64_t f = i < dh / 2 ? i : i - dh / 2;
+  const double inv_freq = freq != nullptr ? freq[f] : pow(theta, -2.0 * static_cast<double>(f) / dh);
+  sincosf(static_cast<float>(static_cast<double>(pos) * inv_freq), sin_out, cos_out);
+}
+
 __device__ __forceinline__ float Rotate(float self, float other, int64_t i, int64_t dh, int64_t pos, double theta,
                                         const double* freq) {
-  const int64_t half = dh / 2, f = i < half ? i : i - half;
-  const double inv_freq = freq != nullptr ? freq[f] : pow(theta, -2.0 * static_cast<double>(f) / dh);
-  const float a = static_cast<float>(static_cast<double>(pos) * inv_freq);
   float s, c;
-  sincosf(a, &s, &c);
-  return i < half ? self * c - other * s : self * c + other * s;
+  RopeAngle(i, dh, pos, theta, freq, &s, &c);
+  return i < dh / 2 ? self * c - other * s : self * c + other * s;
 }
 
 // Programmatic dependent launch (Hopper): a kernel launched by LaunchAfterPrevious may be scheduled while the

@@ -57,6 +57,11 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
   }
   const float a_log = p.a_log_ptr[h], dt_bias = p.dt_bias_ptr[h];  // (exp'd after the wait: no stall here)
+  // The row's mode (uploaded with the forward's metadata) and RoPE's angle for feature j at this position:
+  // neither depends on the input projection, so neither is left for after the wait.
+  const bool rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
+  float rope_cos = 1.f, rope_sin = 0.f;
+  if (rope && threadIdx.y == 0) RopeAngle(j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &rope_sin, &rope_cos);
   const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
   // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
   // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
@@ -70,13 +75,15 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
+  float conv_in = 0.f;
   if (conv_thread) {
     float acc = bias;
 #pragma unroll
     for (int t = 0; t < kMaxTaps; ++t) {
       if (t < W) acc += taps[t] * past[t];
     }
-    acc += last_tap * proj[ch];
+    conv_in = proj[ch];
+    acc += last_tap * conv_in;
     const float out = p.dims.conv_silu ? Silu(acc) : acc;
     if (tid < kDh) {
       ks[tid] = out;
@@ -85,29 +92,34 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
   }
   // Every block of the head has read the windows (and this block's ks, vs, qs are in place): each moves
-  // its own slice, k channels j0.. (threads 0..31) and v channels j0.. (32..63), past the token.
+  // its own slice, k channels j0.. and v channels j0.., past the token, from the registers of the threads
+  // that loaded them (a move through memory would be two dependent round trips after the wait).
   ClusterSync();
   __syncthreads();
-  if (tid < 2 * kLanes && W > 0) {
-    const int64_t ch = (tid < kLanes ? 0 : HD) + h * kDh + j0 + tid % kLanes;
-    for (int64_t t = 0; t + 1 < W; ++t) window[t * C + ch] = window[(t + 1) * C + ch];
-    window[(W - 1) * C + ch] = proj[ch];
+  const bool own_k = tid >= j0 && tid < j0 + kLanes, own_v = tid >= kDh && tid < kDh + kLanes;
+  if (own_k || own_v) {
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      if (t + 1 < W) window[t * C + ch] = past[t + 1];
+    }
+    if (W > 0) window[(W - 1) * C + ch] = conv_in;
   }
 
   // This slice of RoPE(k) and v into the cache; of the rotated attention query.
-  const bool rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
   if (y == 0) {
     const int64_t partner = j < kDh / 2 ? j + kDh / 2 : j - kDh / 2;
+    auto rotate = [&](float self, float other) {
+      return j < kDh / 2 ? self * rope_cos - other * rope_sin : self * rope_cos + other * rope_sin;
+    };
     if (s.kv_cap > 0) {
-      const float k = rope ? Rotate(ks[j], ks[partner], j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : ks[j];
+      const float k = rope ? rotate(ks[j], ks[partner]) : ks[j];
       const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD + h * kDh + j;
       s.k_cache[at] = __float2bfloat16(k);
       s.v_cache[at] = __float2bfloat16(vs[x]);
     }
     if (attention_row) {
       const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns
-      p.qa_ptr[r * HD + h * kDh + j] =
-          rope ? Rotate(q[j], q[partner], j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : q[j];
+      p.qa_ptr[r * HD + h * kDh + j] = rope ? rotate(q[j], q[partner]) : q[j];
     }
   }
 

@@ -23,6 +23,7 @@ constexpr int kGemvWarps = 8;
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 constexpr int kMaxHeadPieces = 4;  // the gated norm reads a head of up to 32 * 4 values into registers
+constexpr int kMaxNormPieces = 2;  // the RMSNorm reads up to 2 16-byte pieces of x per thread (K <= 2048) into registers
 
 // Whether a product of 4 rows per warp whose grid fits 3 blocks per SM runs the wide kernel (LaunchFusedGemvAs);
 // ORYX_CUDA_GEMV_WIDE=0: not.
@@ -233,6 +234,29 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
     switch (p.input) {
       case GemvInput::kRmsNorm: {
         const float* x = p.in_ptr + m * p.in_row_stride;
+        if (K % 4 == 0 && K <= 4 * 32 * kGemvWarps * kMaxNormPieces && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+          // x (written by the kernel just before) read once, into registers, all of a thread's 16-byte
+          // pieces in flight together: one round trip.
+          float4 xv[kMaxNormPieces];
+          float sum = 0.f;
+#pragma unroll
+          for (int t = 0; t < kMaxNormPieces; ++t) {
+            const int64_t c = 4 * (threadIdx.x + int64_t{32 * kGemvWarps} * t);
+            xv[t] = c < K ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+#pragma unroll
+          for (int t = 0; t < kMaxNormPieces; ++t) sum += xv[t].x * xv[t].x + xv[t].y * xv[t].y + xv[t].z * xv[t].z + xv[t].w * xv[t].w;
+          const float scale = rsqrtf(BlockSum(sum, scratch) / K + p.eps);
+#pragma unroll
+          for (int t = 0; t < kMaxNormPieces; ++t) {
+            const int64_t c = 4 * (threadIdx.x + int64_t{32 * kGemvWarps} * t);
+            if (c >= K) break;
+            const float v[4] = {xv[t].x, xv[t].y, xv[t].z, xv[t].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) row[c + e] = __float2bfloat16(v[e] * scale * weight[c + e]);
+          }
+          break;
+        }
         float sum = 0.f;
         for (int64_t c = threadIdx.x; c < K; c += blockDim.x) sum += x[c] * x[c];
         const float scale = rsqrtf(BlockSum(sum, scratch) / K + p.eps);
