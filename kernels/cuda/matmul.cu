@@ -23,6 +23,7 @@ constexpr int kGemvWarps = 8;
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 constexpr int kMaxHeadPieces = 4;  // the gated norm reads a head of up to 32 * 4 values into registers
+constexpr int64_t kMaxGemvStagedBytes = 48 * 1024;  // GemvKernel's x in shared memory (the default limit)
 constexpr int kMaxNormPieces = 2;  // the RMSNorm reads up to 2 16-byte pieces of x per thread (K <= 2048) into registers
 
 // Whether a product of 4 rows per warp whose grid fits 3 blocks per SM runs the wide kernel (LaunchFusedGemvAs);
@@ -53,7 +54,7 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
 // kSplit > 1 the warps of a feature take every kSplit-th stretch of 32 pieces and add up through shared
 // memory. Splitting keeps enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
 template <int kSplit, int kBatch>
-__global__ void GemvKernel(GemmParams p) {
+__global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKernel(GemmParams p) {
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   __shared__ float partial[kGemvWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % kSplit;
@@ -83,6 +84,15 @@ __global__ void GemvKernel(GemmParams p) {
     if (early_prior && active && part == 0 && lane == 0) prior = p.y_ptr[n];
   }
   AfterPrevious();
+  // x, which the kernel just before wrote, copied into shared memory at once: read piece by piece in the
+  // loop below, it would be one round trip per piece (the loads cannot move above the loop's exits).
+  extern __shared__ __align__(16) uint4 xs[];
+  const bool stage = p.k * int64_t{sizeof(bf16)} <= kMaxGemvStagedBytes;
+  if (stage) {
+    CopyToSharedAsync(reinterpret_cast<float*>(xs), reinterpret_cast<const float*>(p.x_ptr), p.k / 2);
+    WaitCopies();
+    __syncthreads();
+  }
   float acc = 0.f;
   for (int64_t base = first; base < pieces; base += kStride * kBatch) {
     if (!p.early_loads || base != first) load(base);
@@ -92,7 +102,7 @@ __global__ void GemvKernel(GemmParams p) {
       if (i >= pieces) break;
       float wf[8], xf[8];
       Unpack8(raw[b], wf);
-      Unpack8(__ldg(x + i), xf);
+      Unpack8(stage ? xs[i] : __ldg(x + i), xf);
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
     }
@@ -136,8 +146,10 @@ void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   GemmParams p = p_in;
   p.early_loads = EarlyLoads();
   constexpr int kBatch = 8;
+  const size_t x_bytes = p.k * sizeof(bf16) <= kMaxGemvStagedBytes ? p.k * sizeof(bf16) : 0;
   auto launch = [&](auto kernel, int split) {
-    LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / split)), 32 * kGemvWarps, 0, stream, p);
+    LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / split)), 32 * kGemvWarps, x_bytes,
+                        stream, p);
   };
   switch (GemvSplit(p.n)) {
     case 1: return launch(GemvKernel<1, kBatch>, 1);

@@ -109,10 +109,11 @@ cublasHandle_t Cublas() {
 
 TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS. The single-row
-  // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048).
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{1, 300, 256}, {3, 77, 64}, {8, 129, 520},
-                                                                     {9, 64, 128},  {40, 33, 96}, {2, 17, 10},
-                                                                     {1, 8200, 64}, {1, 2048, 512}};
+  // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048); K =
+  // 24592 is past what the GEMV copies into shared memory (48 KiB of x), so it reads x from global memory.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {1, 300, 256}, {3, 77, 64}, {8, 129, 520}, {9, 64, 128}, {40, 33, 96}, {2, 17, 10}, {1, 8200, 64},
+      {1, 2048, 512}, {1, 40, 24592}};
   for (auto [m, n, k] : shapes) {
     const std::vector<float> x = RoundBf16(Random(m * k, 1)), w = RoundBf16(Random(n * k, 2));
     std::vector<float> ref(m * n);
@@ -211,28 +212,33 @@ TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
   }
 }
 
+// d = 300 and 2048 hold the row in registers (up to 2 16-byte pieces a thread); 2050 (not a multiple of 4)
+// and 2052 (too long) take the loop.
 TEST(OpsCuda, AddRmsNormMatchesRmsNormReference) {
-  const int64_t rows = 5, d = 300;
-  const float eps = 1e-5f;
-  std::vector<float> x = Random(rows * d, 3), delta = Random(rows * d, 4), weight = Random(d, 5, 0.5f, 1.5f);
-  std::vector<float> sum(rows * d), ref(rows * d);
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
-  cpu::RmsNormReference({rows, d, eps, d, d, sum.data(), weight.data(), ref.data()});
-  DeviceBuffer<float> dx(x), ddelta(delta), dweight(weight);
-  DeviceBuffer<bf16> dy(rows * d);
-  cuda::AddRmsNorm({rows, d, eps, dx.get(), ddelta.get(), dweight.get(), nullptr, dy.get()}, nullptr);
-  ExpectClose(dx.Host(), sum, 1e-7, "residual x + delta");
-  ExpectBf16Close(ToFloat(dy.Host()), ref, "AddRmsNorm");
-  // Selected rows (the final norm of logit rows), no delta: rows 4 and 1 of the updated x, written densely.
-  std::vector<int32_t> pick = {4, 1};
-  DeviceBuffer<int32_t> dpick(pick);
-  DeviceBuffer<bf16> dz(2 * d);
-  cuda::AddRmsNorm({2, d, eps, dx.get(), nullptr, dweight.get(), dpick.get(), dz.get()}, nullptr);
-  const std::vector<float> z = ToFloat(dz.Host());
-  ExpectBf16Close(std::vector<float>(z.begin(), z.begin() + d), std::vector<float>(ref.begin() + 4 * d, ref.begin() + 5 * d),
-                  "row 4");
-  ExpectBf16Close(std::vector<float>(z.begin() + d, z.end()), std::vector<float>(ref.begin() + d, ref.begin() + 2 * d),
-                  "row 1");
+  for (int64_t d : {300, 2048, 2050, 2052}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    const int64_t rows = 5;
+    const float eps = 1e-5f;
+    std::vector<float> x = Random(rows * d, 3), delta = Random(rows * d, 4), weight = Random(d, 5, 0.5f, 1.5f);
+    std::vector<float> sum(rows * d), ref(rows * d);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + delta[i];
+    cpu::RmsNormReference({rows, d, eps, d, d, sum.data(), weight.data(), ref.data()});
+    DeviceBuffer<float> dx(x), ddelta(delta), dweight(weight);
+    DeviceBuffer<bf16> dy(rows * d);
+    cuda::AddRmsNorm({rows, d, eps, dx.get(), ddelta.get(), dweight.get(), nullptr, dy.get()}, nullptr);
+    ExpectClose(dx.Host(), sum, 1e-7, "residual x + delta");
+    ExpectBf16Close(ToFloat(dy.Host()), ref, "AddRmsNorm");
+    // Selected rows (the final norm of logit rows), no delta: rows 4 and 1 of the updated x, written densely.
+    std::vector<int32_t> pick = {4, 1};
+    DeviceBuffer<int32_t> dpick(pick);
+    DeviceBuffer<bf16> dz(2 * d);
+    cuda::AddRmsNorm({2, d, eps, dx.get(), nullptr, dweight.get(), dpick.get(), dz.get()}, nullptr);
+    const std::vector<float> z = ToFloat(dz.Host());
+    ExpectBf16Close(std::vector<float>(z.begin(), z.begin() + d), std::vector<float>(ref.begin() + 4 * d, ref.begin() + 5 * d),
+                    "row 4");
+    ExpectBf16Close(std::vector<float>(z.begin() + d, z.end()), std::vector<float>(ref.begin() + d, ref.begin() + 2 * d),
+                    "row 1");
+  }
 }
 
 TEST(OpsCuda, GatedNormAndSwiGluMatchTheirReferences) {
