@@ -35,6 +35,34 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
+// A row of d floats held in registers by the block: thread i holds the 16-byte pieces at columns
+// RowPieceColumn(t) = 4 (i + t blockDim.x), t < kPieces, zeros past d. Loading them all at once is one
+// round trip (a strided loop over the row takes one per unrolled group). RowFitsPieces: the row is 16-byte
+// aligned and short enough.
+__device__ __forceinline__ int64_t RowPieceColumn(int t) { return 4 * (threadIdx.x + int64_t(blockDim.x) * t); }
+
+template <int kPieces>
+__device__ __forceinline__ bool RowFitsPieces(const float* row, int64_t d) {
+  return d % 4 == 0 && d <= 4 * int64_t(blockDim.x) * kPieces && reinterpret_cast<uintptr_t>(row) % 16 == 0;
+}
+
+template <int kPieces>
+__device__ __forceinline__ void LoadRowPieces(const float* row, int64_t d, float4 (&v)[kPieces]) {
+#pragma unroll
+  for (int t = 0; t < kPieces; ++t) {
+    const int64_t c = RowPieceColumn(t);
+    v[t] = c < d ? *reinterpret_cast<const float4*>(row + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <int kPieces>
+__device__ __forceinline__ float SumOfSquares(const float4 (&v)[kPieces]) {
+  float sum = 0.f;
+#pragma unroll
+  for (int t = 0; t < kPieces; ++t) sum += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+  return sum;
+}
+
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = WarpMax(v);

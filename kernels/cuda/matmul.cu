@@ -23,8 +23,9 @@ constexpr int kGemvWarps = 8;
 constexpr int kFusedGemvBlocksPerSm = 4;
 constexpr int64_t kMaxFusedInputBytes = 200 * 1024;  // shared memory of a Hopper SM: 227 KiB
 constexpr int kMaxHeadPieces = 4;  // the gated norm reads a head of up to 32 * 4 values into registers
-constexpr int64_t kMaxGemvStagedBytes = 48 * 1024;  // GemvKernel's x in shared memory (the default limit)
-constexpr int kMaxNormPieces = 2;  // the RMSNorm reads up to 2 16-byte pieces of x per thread (K <= 2048) into registers
+// GemvKernel copies x into shared memory where it takes at most the default 48 KiB.
+__host__ __device__ constexpr bool GemvStagesX(int64_t k) { return k * 2 <= 48 * 1024; }
+constexpr int kMaxNormPieces = 2;  // the RMSNorm holds x in registers for K <= 4 * 256 * 2 (LoadRowPieces)
 
 // Whether a product of 4 rows per warp whose grid fits 3 blocks per SM runs the wide kernel (LaunchFusedGemvAs);
 // ORYX_CUDA_GEMV_WIDE=0: not.
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
   // x, which the kernel just before wrote, copied into shared memory at once: read piece by piece in the
   // loop below, it would be one round trip per piece (the loads cannot move above the loop's exits).
   extern __shared__ __align__(16) uint4 xs[];
-  const bool stage = p.k * int64_t{sizeof(bf16)} <= kMaxGemvStagedBytes;
+  const bool stage = GemvStagesX(p.k);
   if (stage) {
     CopyToSharedAsync(reinterpret_cast<float*>(xs), reinterpret_cast<const float*>(p.x_ptr), p.k / 2);
     WaitCopies();
@@ -146,7 +147,7 @@ void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   GemmParams p = p_in;
   p.early_loads = EarlyLoads();
   constexpr int kBatch = 8;
-  const size_t x_bytes = p.k * sizeof(bf16) <= kMaxGemvStagedBytes ? p.k * sizeof(bf16) : 0;
+  const size_t x_bytes = GemvStagesX(p.k) ? p.k * sizeof(bf16) : 0;
   auto launch = [&](auto kernel, int split) {
     LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / split)), 32 * kGemvWarps, x_bytes,
                         stream, p);
@@ -246,22 +247,14 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
     switch (p.input) {
       case GemvInput::kRmsNorm: {
         const float* x = p.in_ptr + m * p.in_row_stride;
-        if (K % 4 == 0 && K <= 4 * 32 * kGemvWarps * kMaxNormPieces && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-          // x (written by the kernel just before) read once, into registers, all of a thread's 16-byte
-          // pieces in flight together: one round trip.
+        if (RowFitsPieces<kMaxNormPieces>(x, K)) {
+          // x (written by the kernel just before) read once, into registers: one round trip.
           float4 xv[kMaxNormPieces];
-          float sum = 0.f;
+          LoadRowPieces(x, K, xv);
+          const float scale = rsqrtf(BlockSum(SumOfSquares(xv), scratch) / K + p.eps);
 #pragma unroll
           for (int t = 0; t < kMaxNormPieces; ++t) {
-            const int64_t c = 4 * (threadIdx.x + int64_t{32 * kGemvWarps} * t);
-            xv[t] = c < K ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-          }
-#pragma unroll
-          for (int t = 0; t < kMaxNormPieces; ++t) sum += xv[t].x * xv[t].x + xv[t].y * xv[t].y + xv[t].z * xv[t].z + xv[t].w * xv[t].w;
-          const float scale = rsqrtf(BlockSum(sum, scratch) / K + p.eps);
-#pragma unroll
-          for (int t = 0; t < kMaxNormPieces; ++t) {
-            const int64_t c = 4 * (threadIdx.x + int64_t{32 * kGemvWarps} * t);
+            const int64_t c = RowPieceColumn(t);
             if (c >= K) break;
             const float v[4] = {xv[t].x, xv[t].y, xv[t].z, xv[t].w};
 #pragma unroll

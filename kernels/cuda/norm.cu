@@ -11,47 +11,32 @@ constexpr int kThreads = 256;
 
 constexpr int kMaxPieces = 2;  // rows of up to 4 * kThreads * kMaxPieces floats are held in registers
 
-__device__ __forceinline__ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 __global__ void AddRmsNormKernel(AddRmsNormParams p) {
   __shared__ float scratch[32];
   // The row index (metadata of the forward) and the weight before the wait: no kernel writes them.
   const int64_t src = p.maybe_rows_ptr != nullptr ? p.maybe_rows_ptr[blockIdx.x] : blockIdx.x;
   float* x = p.x_ptr + src * p.d;
   const float* delta = p.maybe_delta_ptr != nullptr ? p.maybe_delta_ptr + src * p.d : nullptr;
-  if (p.d % 4 == 0 && p.d <= 4 * kThreads * kMaxPieces && Aligned16(p.x_ptr) && Aligned16(p.weight_ptr) &&
-      (delta == nullptr || Aligned16(p.maybe_delta_ptr))) {
-    // The row in registers, 16-byte pieces, all of a thread's loads in flight together: one round trip
-    // after the wait (the strided loop below takes one per unrolled group).
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 w[kMaxPieces], v[kMaxPieces], dv[kMaxPieces];
-#pragma unroll
-    for (int t = 0; t < kMaxPieces; ++t) {
-      const int64_t c = 4 * (threadIdx.x + int64_t{kThreads} * t);
-      w[t] = c < p.d ? *reinterpret_cast<const float4*>(p.weight_ptr + c) : zero;
-    }
+  if (RowFitsPieces<kMaxPieces>(x, p.d) && RowFitsPieces<kMaxPieces>(p.weight_ptr, p.d) &&
+      (delta == nullptr || RowFitsPieces<kMaxPieces>(delta, p.d))) {
+    float4 w[kMaxPieces], v[kMaxPieces];
+    LoadRowPieces(p.weight_ptr, p.d, w);
     AfterPrevious();
+    LoadRowPieces(x, p.d, v);
+    if (delta != nullptr) {
+      float4 dv[kMaxPieces];
+      LoadRowPieces(delta, p.d, dv);
 #pragma unroll
-    for (int t = 0; t < kMaxPieces; ++t) {
-      const int64_t c = 4 * (threadIdx.x + int64_t{kThreads} * t);
-      v[t] = c < p.d ? *reinterpret_cast<const float4*>(x + c) : zero;
-      dv[t] = c < p.d && delta != nullptr ? *reinterpret_cast<const float4*>(delta + c) : zero;
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int t = 0; t < kMaxPieces; ++t) {
-      const int64_t c = 4 * (threadIdx.x + int64_t{kThreads} * t);
-      if (delta != nullptr) {
+      for (int t = 0; t < kMaxPieces; ++t) {
         v[t] = make_float4(v[t].x + dv[t].x, v[t].y + dv[t].y, v[t].z + dv[t].z, v[t].w + dv[t].w);
-        if (c < p.d) *reinterpret_cast<float4*>(x + c) = v[t];
+        if (RowPieceColumn(t) < p.d) *reinterpret_cast<float4*>(x + RowPieceColumn(t)) = v[t];
       }
-      sum += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
     }
-    const float scale = rsqrtf(BlockSum(sum, scratch) / p.d + p.eps);
+    const float scale = rsqrtf(BlockSum(SumOfSquares(v), scratch) / p.d + p.eps);
     bf16* y = p.y_ptr + int64_t(blockIdx.x) * p.d;
 #pragma unroll
     for (int t = 0; t < kMaxPieces; ++t) {
-      const int64_t c = 4 * (threadIdx.x + int64_t{kThreads} * t);
+      const int64_t c = RowPieceColumn(t);
       if (c >= p.d) break;
       y[c] = __float2bfloat16(v[t].x * scale * w[t].x);
       y[c + 1] = __float2bfloat16(v[t].y * scale * w[t].y);
