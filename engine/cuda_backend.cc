@@ -350,7 +350,7 @@ struct CudaBackend::Plan {
   bool skip_q_linear = false;      // every row attends: the q_linear rows are not
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
-  bool chunked_scan = false;       // kc::Recurrent's chunked scan for long mamba2 spans (never in a graph)
+  bool chunked_scan = false;       // kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
@@ -865,7 +865,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
                kc::FusedGemvApplies(plan.N, F);
   plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
   plan.chunked_scan =
-      chunked_scan_ && !ctx_->dims.gdn && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
+      chunked_scan_ && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
         return !it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen;
       });
   return plan;

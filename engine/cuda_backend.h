@@ -95,7 +95,7 @@ class CudaBackend final : public Backend {
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends
-  bool chunked_scan_ = true;   // CHUNKED_SCAN: long mamba2 spans in chunks
+  bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   std::mutex forward_mu_;

@@ -164,10 +164,11 @@ void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream);
 // with g the gate columns of proj. Writes out for linear-mode rows only (attention rows take Attention's
 // output); records the state after each token where the sequence keeps its span. One block per
 // (sequence, head, 32 value features): that slice of S stays in shared memory over the whole span.
-// Chunked scan: with chunked_min_len > 0, a mamba2 sequence whose span has at least that many tokens and
-// keeps no states runs in chunks of 64 tokens instead (SSD form: per chunk the decay-masked 64 x 64 scores
-// q_t . k_s, the contribution of the state entering the chunk, then the chunk's state update; chunks in
-// order), the same fp32 math regrouped. gdn and state-capturing spans always run token by token.
+// Chunked scan: with chunked_min_len > 0, a sequence whose span has at least that many tokens and keeps no
+// states runs in chunks of 64 tokens instead (per chunk the decay-masked 64 x 64 scores q_t . k_s, what
+// each token writes into the state (gdn: by the chunked delta rule's triangular solve), the contribution of
+// the state entering the chunk, then the chunk's state update; chunks in order), the same fp32 math
+// regrouped. State-capturing spans always run token by token.
 inline constexpr int32_t kChunkedScanMinLen = 128;  // the backend's threshold (> its 64-row graph limit)
 struct RecurrentParams {
   ModelDims dims;

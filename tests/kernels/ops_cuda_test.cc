@@ -559,21 +559,26 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
   }
 }
 
-// The chunked mamba2 scan against the token-by-token kernel, on one batch run both ways (chunked_min_len 0,
-// then kChunkedScanMinLen): spans of 200 and 128 tokens (3.1 and exactly 2 chunks of 64) take the chunked
-// scan from non-zero states; a 150-token span that captures its states and a 5-token span stay token by
-// token, so theirs must come out bit for bit the same. Two gate regimes: fast decay (a_t in 0.03..0.95,
-// the state entering a chunk mostly forgotten within it) and slow decay (a_t in 0.93..0.998, the state
-// carried over the whole span). Tolerance kFp32Tol (1e-4 of the scale): both sides are fp32; the chunked
-// scan regroups the sums (over up to dh + 64 terms per output) and takes a decay product over a chunk as
-// one expf of a log-decay sum kept in double, where the token kernel multiplies up to 64 expf values: each
-// a relative error of at most ~64 ulp (4e-6), 25x inside the tolerance.
+// The chunked scans (mamba2's SSD form, gdn's chunked delta rule) against the token-by-token kernel, on one
+// batch run both ways (chunked_min_len 0, then kChunkedScanMinLen): spans of 200 and 128 tokens (3.1 and
+// exactly 2 chunks of 64) take the chunked scan from non-zero states; a 150-token span that captures its
+// states and a 5-token span stay token by token, so theirs must come out bit for bit the same. Two gate
+// regimes: fast decay (a_t, or gdn's alpha_t, in about 0.03..0.95 for mamba2 and 0.15..0.9 for gdn: the
+// state entering a chunk mostly forgotten within it) and slow decay (about 0.93..0.998: the state carried
+// over the whole span). Tolerance kFp32Tol (1e-4 of the scale): both sides are fp32; the chunked scan
+// regroups the sums (over up to dh + 64 terms per output) and takes a decay product over a chunk as one expf
+// of a log-decay sum kept in double, where the token kernel multiplies up to 64 expf values: each a relative
+// error of at most ~64 ulp (4e-6), 25x inside the tolerance. gdn's substitution carries each token's
+// rounding into the later ones through the delta rule's own factors (I - beta k k^T), whose norms are at
+// most 1, so it does not grow along the chunk.
 TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
-  for (bool slow : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool gdn = variant & 2, slow = variant & 1;
     for (int64_t dh : {5, 64, 128, 256}) {
-      SCOPED_TRACE((slow ? "slow decay dh=" : "fast decay dh=") + std::to_string(dh));
+      SCOPED_TRACE(std::string(gdn ? "gdn, " : "mamba2, ") + (slow ? "slow decay dh=" : "fast decay dh=") +
+                   std::to_string(dh));
       const std::vector<int> lens = {200, 128, 150, 5};
-      Batch b = MakeBatch(2, dh, /*gdn=*/false, lens, {0, 0, 0, 0}, 3);
+      Batch b = MakeBatch(2, dh, gdn, lens, {0, 0, 0, 0}, 3);
       const int64_t H = b.H, HD = b.HD, dd = dh * dh, L = b.L, layer = b.layer, P = b.P;
       const std::vector<float> proj = Random(b.N * P, 40), kv = Random(b.N * 2 * HD, 41);
       const std::vector<float> dt_bias = Random(H, 42, -1, 0), d_skip = Random(H, 44);
