@@ -351,13 +351,14 @@ struct CudaBackend::Plan {
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
   bool chunked_scan = false;       // kc::Recurrent's chunked scan for long spans (never in a graph)
+  int64_t scan_chunks = 0;         // the chunks it runs (mamba2: their states in the partials' scratch)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
-                    decode_mixer, chunked_scan, tiled_attention, group_size);
+                    decode_mixer, chunked_scan, scan_chunks, tiled_attention, group_size);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
@@ -708,8 +709,10 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mark("conv_rope_append");
     kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
     mark("conv_window");
+    // The mamba2 chunked scan's state scratch shares the attention partials' buffer: the scan is done with
+    // it before the attention below starts.
     kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
-                   plan.chunked_scan ? kc::kChunkedScanMinLen : 0}, s);
+                   plan.chunked_scan ? kc::kChunkedScanMinLen : 0, plan.scan_chunks, sc.partial}, s);
     mark("recurrent");
   }
   const kc::AttentionParams attention{dims,  layer,      NA,   plan.chunk, plan.max_chunks, sc.attn_rows,   sc.row_seq,
@@ -864,10 +867,14 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D) && kc::FusedGemvApplies(plan.N, HD) &&
                kc::FusedGemvApplies(plan.N, F);
   plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
-  plan.chunked_scan =
-      chunked_scan_ && std::any_of(batch.begin(), batch.end(), [](const ForwardItem& it) {
-        return !it.keep_states && static_cast<int64_t>(it.tokens.size()) >= kc::kChunkedScanMinLen;
-      });
+  if (chunked_scan_) {
+    std::vector<int64_t> free_spans;  // the spans that keep no states
+    for (const ForwardItem& it : batch) {
+      if (!it.keep_states) free_spans.push_back(static_cast<int64_t>(it.tokens.size()));
+    }
+    plan.scan_chunks = kc::ChunkedScanChunks(free_spans, kc::kChunkedScanMinLen);
+    plan.chunked_scan = plan.scan_chunks > 0;
+  }
   return plan;
 }
 
@@ -953,7 +960,7 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
   }
   if (partial > sc.partial_cap) {
     const int64_t n = std::max(partial, 2 * sc.partial_cap);
-    ORYX_RETURN_IF_ERROR(replace({Field(sc.partial, n * 4)}, nullptr, "attention partials"));
+    ORYX_RETURN_IF_ERROR(replace({Field(sc.partial, n * 4)}, nullptr, "attention partials and scan states"));
     sc.partial_cap = n;
   }
   if (meta_bytes > sc.meta_cap) {
@@ -974,8 +981,9 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
 }
 
 int64_t CudaBackend::PartialFloats(const Plan& plan) const {
-  if (plan.tiled_attention) return 0;
-  return plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2);
+  const int64_t scan = kc::ChunkedScanScratchFloats(ctx_->dims, plan.scan_chunks);
+  if (plan.tiled_attention) return scan;
+  return std::max(scan, plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2));
 }
 
 void CudaBackend::WriteMeta(std::span<const ForwardItem> batch, const Plan& plan, int64_t pos_shift,

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace oryx::kernels::cuda {
 
@@ -167,8 +168,10 @@ void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream);
 // Chunked scan: with chunked_min_len > 0, a sequence whose span has at least that many tokens and keeps no
 // states runs in chunks of 64 tokens instead (per chunk the decay-masked 64 x 64 scores q_t . k_s, what
 // each token writes into the state (gdn: by the chunked delta rule's triangular solve), the contribution of
-// the state entering the chunk, then the chunk's state update; chunks in order), the same fp32 math
-// regrouped. State-capturing spans always run token by token.
+// the state entering the chunk, then the chunk's state update), the same fp32 math regrouped. gdn runs a
+// span's chunks in order; mamba2 runs all chunks in parallel and passes the state between them after, in
+// scan_scratch (ChunkedScanScratchFloats of scan_chunks, the count ChunkedScanChunks gives; with
+// scan_chunks 0 every mamba2 span runs token by token). State-capturing spans always run token by token.
 inline constexpr int32_t kChunkedScanMinLen = 128;  // the backend's threshold (> its 64-row graph limit)
 struct RecurrentParams {
   ModelDims dims;
@@ -183,8 +186,14 @@ struct RecurrentParams {
   const float* maybe_d_skip_ptr;  // [H] mamba2
   float* out_ptr;               // [N, HD]
   int32_t chunked_min_len = 0;  // 0: every span token by token
+  int64_t scan_chunks = 0;      // mamba2: the chunks of the spans that take the chunked scan
+  float* scan_scratch = nullptr;  // mamba2: [ChunkedScanScratchFloats]
 };
 void Recurrent(const RecurrentParams& p, cudaStream_t stream);
+// The chunks of the spans that take the chunked scan, from the lengths of the spans that keep no states.
+int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked_min_len);
+// Floats of scan_scratch for that many chunks (0 for gdn).
+int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks);
 
 // A decode step's ConvRopeAppend + ConvWindowUpdate + Recurrent in one kernel, for batches whose every
 // sequence's span is one token and keeps nothing for rollback (no maybe_span_states / maybe_span_inputs):

@@ -116,242 +116,443 @@ __global__ void RecurrentKernel(RecurrentParams p) {
 //     which over the chunk is the unit lower-triangular system
 //       u_t + sum_{s<t} beta_t exp(cum_t - cum_s) (k_t . k_s) u_s = beta_t (v_t - exp(cum_t) S0^T k_t),
 //     solved by forward substitution (each value feature's column on its own).
-// That is the token-by-token recurrence of RecurrentKernel regrouped. Chunks run in order; one block per
-// (sequence, head, 32 value features j) as in RecurrentKernel, the state slice S[:, j-slice] in shared
-// memory. Threads (32 x 8) = (x: value feature, y: group). Per chunk: (1) stage k, q (rows padded to dh+1
-// floats against bank conflicts), v's slice, the gates and cum (gdn: normalise k and q); (2) the
-// decay-masked scores W[t][s] (gdn: and the system's A[t][s]) in 4x4 register tiles; (3) gdn: u from S0,
-// then the substitution; (4) the outputs from S0 and W; (5) the state update.
+// That is the token-by-token recurrence of RecurrentKernel regrouped. Blocks are per (..., head, 32 value
+// features j), the state slice S[:, j-slice] in shared memory; threads (32 x 8) = (x: value feature, y:
+// group). Per chunk: (1) stage k, q (rows padded to dh+1 floats against bank conflicts), v's slice, the
+// gates and cum (gdn: normalise k and q); (2) the decay-masked scores W[t][s] (gdn: and the system's
+// A[t][s]) in 4x4 register tiles; (3) gdn: u from S0, then the substitution; (4) the outputs from S0 and W;
+// (5) the state update.
+//
+// mamba2's S_end depends on S0 only through exp(cum_last) S0, so its chunks run in parallel, in three
+// kernels: every chunk's own contribution to the state (Mamba2ChunkStatesKernel, (1) and (5) from a zero
+// state), the pass over chunks in order that turns those into the state entering each chunk
+// (ChunkStatePassKernel, elementwise), and every chunk's outputs from the state entering it
+// (Mamba2ChunkOutputsKernel, (1) to (4)). gdn's S_end depends on S0 through the chunk's keys (a dh x dh
+// product per chunk), so its chunks run one after the other in one block (GdnChunkedScanKernel).
 constexpr int kChunk = 64;
+constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread in (3) and (4)
 
-size_t ChunkedScanSmem(int64_t dh, bool gdn) {
-  const int64_t scores = kChunk * (kChunk + 1);
-  return (dh * kLanes + 2 * kChunk * (dh + 1) + kChunk * kLanes + (gdn ? 2 : 1) * scores + 2 * kChunk) * sizeof(float) +
-         kChunk * sizeof(double);
+// The chunk's shared memory: [C] doubles, then floats.
+struct ChunkSmem {
+  double* cum;   // [C] cumulative log-decay within the chunk
+  float* S;      // [dh, 32] the state slice
+  float* Ks;     // [C, dh+1]
+  float* Qs;     // [C, dh+1] (not with_q: absent)
+  float* Vs;     // [C, 32] v's slice; gdn: then u's
+  float* Wm;     // [C, C+1] decay-masked scores (not with_q: absent)
+  float* gate;   // [C] mamba2: dt; gdn: beta
+  float* ucoef;  // [C] exp(cum_last - cum_s) (mamba2: times dt_s)
+  float* Am;     // [C, C+1] gdn: the system's strictly lower part
+  int ld;        // dh + 1
+};
+constexpr int kScoresLd = kChunk + 1;
+
+size_t ChunkSmemBytes(int64_t dh, bool with_q, bool gdn) {
+  const int64_t scores = kChunk * kScoresLd;
+  const int64_t floats = dh * kLanes + (with_q ? 2 : 1) * kChunk * (dh + 1) + kChunk * kLanes +
+                         (with_q ? scores : 0) + (gdn ? scores : 0) + 2 * kChunk;
+  return floats * sizeof(float) + kChunk * sizeof(double);
 }
 
+__device__ ChunkSmem CarveChunkSmem(double* base, int64_t dh, bool with_q, bool gdn) {
+  ChunkSmem m;
+  m.ld = static_cast<int>(dh) + 1;
+  m.cum = base;
+  m.S = reinterpret_cast<float*>(base + kChunk);
+  m.Ks = m.S + dh * kLanes;
+  m.Qs = with_q ? m.Ks + kChunk * m.ld : nullptr;
+  m.Vs = m.Ks + (with_q ? 2 : 1) * kChunk * m.ld;
+  m.Wm = with_q ? m.Vs + kChunk * kLanes : nullptr;
+  m.gate = m.Vs + kChunk * kLanes + (with_q ? kChunk * kScoresLd : 0);
+  m.ucoef = m.gate + kChunk;
+  m.Am = gdn ? m.ucoef + kChunk : nullptr;
+  return m;
+}
+
+// (1) Stages the chunk of n tokens at rows r0.. (q only where m.Qs is set), its gates and cum, and ucoef;
+// gdn normalises k and q. Ends with a barrier.
 template <bool kGdn>
-__global__ void ChunkedScanKernel(RecurrentParams p) {
+__device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t h, int64_t j, int64_t r0, int n) {
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, P = p.dims.proj_width;
+  const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x, ld = m.ld;
+  const bool col = j < dh;
+  // By cp.async, all in flight at once (plain loads stored to shared memory through these generic pointers
+  // would each wait for the one before).
+  for (int t = y; t < n; t += kGroups) {
+    const int64_t r = r0 + t;
+    for (int64_t d = x; d < dh; d += kLanes) {
+      CopyWordAsync(m.Ks + t * ld + d, p.kv_ptr + r * 2 * HD + h * dh + d);
+      if (m.Qs != nullptr) CopyWordAsync(m.Qs + t * ld + d, p.proj_ptr + r * P + 2 * HD + h * dh + d);
+    }
+    if (col) {
+      CopyWordAsync(m.Vs + t * kLanes + x, p.kv_ptr + r * 2 * HD + HD + h * dh + j);
+    } else {
+      m.Vs[t * kLanes + x] = 0.f;
+    }
+  }
+  if (tid < kLanes) {  // warp 0: the gates and the inclusive scan of la over the chunk
+    const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h];
+    double carry = 0;
+    for (int base = 0; base < n; base += kLanes) {
+      const int t = base + x;
+      float g = 0.f;
+      double la = 0;
+      if (t < n) {
+        const float* gates = p.proj_ptr + (r0 + t) * P + 4 * HD;
+        if constexpr (kGdn) {  // the float exponents RecurrentKernel takes expf of
+          g = Sigmoid(gates[h]);
+          la = static_cast<double>(-a_exp * Softplus(gates[H + h] + dt_bias));
+        } else {
+          g = Softplus(gates[h] + dt_bias);
+          la = static_cast<double>(-g * a_exp);
+        }
+      }
+      for (int off = 1; off < kLanes; off *= 2) {
+        const double up = __shfl_up_sync(0xffffffffu, la, off);
+        if (x >= off) la += up;
+      }
+      la += carry;
+      if (t < n) m.gate[t] = g, m.cum[t] = la;
+      carry = __shfl_sync(0xffffffffu, la, kLanes - 1);
+    }
+    __syncwarp();
+    for (int t = x; t < n; t += kLanes) {
+      m.ucoef[t] = expf(static_cast<float>(m.cum[n - 1] - m.cum[t])) * (kGdn ? 1.f : m.gate[t]);
+    }
+  }
+  WaitCopies();
+  __syncthreads();
+  if constexpr (kGdn) {  // kn = k / |k|, qn = q / |q| / sqrt(dh), as GdnNorms; warp y takes tokens y + 8k
+    for (int t = y; t < n; t += kGroups) {
+      float kk = 0.f, qq = 0.f;
+      for (int64_t d = x; d < dh; d += kLanes) kk += m.Ks[t * ld + d] * m.Ks[t * ld + d], qq += m.Qs[t * ld + d] * m.Qs[t * ld + d];
+      kk = WarpSum(kk);
+      qq = WarpSum(qq);
+      const float k_scale = 1.f / sqrtf(kk + 1e-6f), q_scale = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
+      for (int64_t d = x; d < dh; d += kLanes) m.Ks[t * ld + d] *= k_scale, m.Qs[t * ld + d] *= q_scale;
+    }
+    __syncthreads();
+  }
+}
+
+// (2) W[t][s] = exp(cum_t - cum_s) (q_t . k_s) (mamba2: times dt_s) for s <= t, 0 above the diagonal;
+// gdn: A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. Thread tile: t = tr + 16a, s = tc + 16b.
+// No barrier at the end.
+template <bool kGdn>
+__device__ void ChunkScores(const ChunkSmem& m, int64_t dh, int n) {
+  const int tid = threadIdx.y * kLanes + threadIdx.x, tr = tid / 16, tc = tid % 16, ld = m.ld;
+  float acc[4][4] = {}, kk[4][4] = {};
+  for (int d = 0; d < dh; ++d) {
+    float qv[4], kv[4], kt[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      qv[a] = m.Qs[(tr + 16 * a) * ld + d], kv[a] = m.Ks[(tc + 16 * a) * ld + d];
+      if constexpr (kGdn) kt[a] = m.Ks[(tr + 16 * a) * ld + d];
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        acc[a][b] += qv[a] * kv[b];
+        if constexpr (kGdn) kk[a][b] += kt[a] * kv[b];
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    const int t = tr + 16 * a;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const int u = tc + 16 * b;
+      if (t < n && u < n) {
+        const float decay = u <= t ? expf(static_cast<float>(m.cum[t] - m.cum[u])) : 0.f;
+        if constexpr (kGdn) {
+          m.Wm[t * kScoresLd + u] = decay * acc[a][b];
+          m.Am[t * kScoresLd + u] = u < t ? m.gate[t] * decay * kk[a][b] : 0.f;
+        } else {
+          m.Wm[t * kScoresLd + u] = decay * m.gate[u] * acc[a][b];
+        }
+      }
+    }
+  }
+}
+
+// (3) and (4): the outputs of tokens t = y + 8k from the state slice entering the chunk (m.S) and the
+// scores; gdn first turns Vs into u (the substitution). Ends with a barrier.
+template <bool kGdn>
+__device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64_t h, int64_t j, int64_t r0, int n) {
+  const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh;
+  const int x = threadIdx.x, y = threadIdx.y, ld = m.ld;
+  float from_state[kPer] = {};
+  if constexpr (kGdn) {  // u_t = beta_t (v_t - exp(cum_t) S0^T k_t); S0^T q_t summed while S0's column is read
+    float s0k[kPer] = {};
+    for (int64_t i = 0; i < dh; ++i) {
+      const float sv = m.S[i * kLanes + x];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
+        s0k[k] += m.Ks[(y + kGroups * k) * ld + i] * sv;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int t = y + kGroups * k;
+      if (t < n) m.Vs[t * kLanes + x] = m.gate[t] * (m.Vs[t * kLanes + x] - expf(static_cast<float>(m.cum[t])) * s0k[k]);
+    }
+    __syncthreads();  // A, and every token's right-hand side
+    if (y == 0) {  // warp 0: lane x solves column x on its own, in four partial sums
+      for (int t = 1; t < n; ++t) {
+        float part[4] = {m.Vs[t * kLanes + x], 0.f, 0.f, 0.f};
+        int u = 0;
+        for (; u + 4 <= t; u += 4) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) part[q] -= m.Am[t * kScoresLd + u + q] * m.Vs[(u + q) * kLanes + x];
+        }
+        for (; u < t; ++u) part[0] -= m.Am[t * kScoresLd + u] * m.Vs[u * kLanes + x];
+        m.Vs[t * kLanes + x] = (part[0] + part[1]) + (part[2] + part[3]);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < dh; ++i) {
+      const float sv = m.S[i * kLanes + x];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
+    }
+  }
+  __syncthreads();
+  float from_chunk[kPer] = {};
+  for (int u = 0; u < n; ++u) {
+    const float vv = m.Vs[u * kLanes + x];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) from_chunk[k] += m.Wm[(y + kGroups * k) * kScoresLd + u] * vv;
+  }
+  const float d_skip = kGdn ? 0.f : p.maybe_d_skip_ptr[h];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int t = y + kGroups * k;
+    if (t < n && j < dh && p.row_mode_ptr[r0 + t] == 0) {
+      float out = expf(static_cast<float>(m.cum[t])) * from_state[k] + from_chunk[k];
+      if constexpr (!kGdn) out += d_skip * m.Vs[t * kLanes + x];
+      p.out_ptr[(r0 + t) * HD + h * dh + j] = out;
+    }
+  }
+  __syncthreads();
+}
+
+// (5) S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x], i = y + 8m, 8 rows at a time (mamba2: u_s =
+// v_s, its dt_s being in ucoef). decay 0 starts from a zero state (whatever S holds). Ends with a barrier.
+__device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float decay) {
+  const int x = threadIdx.x, y = threadIdx.y;
+  for (int64_t i0 = y; i0 < dh; i0 += kGroups * 8) {
+    float acc[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int64_t i = i0 + kGroups * q;
+      acc[q] = i < dh && decay != 0.f ? decay * m.S[i * kLanes + x] : 0.f;
+    }
+    for (int u = 0; u < n; ++u) {
+      const float w = m.ucoef[u] * m.Vs[u * kLanes + x];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int64_t i = i0 + kGroups * q;
+        if (i < dh) acc[q] += m.Ks[u * m.ld + i] * w;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int64_t i = i0 + kGroups * q;
+      if (i < dh) m.S[i * kLanes + x] = acc[q];
+    }
+  }
+  __syncthreads();
+}
+
+// gdn: a span's chunks in order, the state slice kept in shared memory.
+__global__ void GdnChunkedScanKernel(RecurrentParams p) {
   extern __shared__ double smem_d[];
   AfterPrevious();
   const SeqDesc s = p.seqs_ptr[blockIdx.x];
   if (!TakesChunkedScan(p, s)) return;
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, P = p.dims.proj_width, dd = dh * dh;
+  const int64_t dh = p.dims.head_dim, dd = dh * dh;
   const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x;
+  const int x = threadIdx.x, y = threadIdx.y;
   const bool col = j < dh;
-  const int ld = static_cast<int>(dh) + 1, lw = kChunk + 1;
-  double* cum = smem_d;                                  // [C] cumulative log-decay within the chunk
-  float* S = reinterpret_cast<float*>(cum + kChunk);     // [dh, 32]
-  float* Ks = S + dh * kLanes;                           // [C, dh+1]
-  float* Qs = Ks + kChunk * ld;                          // [C, dh+1]
-  float* Vs = Qs + kChunk * ld;                          // [C, 32] v's slice; gdn: then u's
-  float* Wm = Vs + kChunk * kLanes;                      // [C, C+1] decay-masked scores
-  float* gate = Wm + kChunk * lw;                        // [C] mamba2: dt; gdn: beta
-  float* ucoef = gate + kChunk;                          // [C] exp(cum_last - cum_s) (mamba2: times dt_s)
-  float* Am = ucoef + kChunk;                            // [C, C+1] gdn: the system's strictly lower part
-  float* state = s.state + (int64_t(p.layer) * H + h) * dd;
-  for (int64_t i = y; i < dh; i += kGroups) S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
-  const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h];
-  const float d_skip = kGdn ? 0.f : p.maybe_d_skip_ptr[h];
-  constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread in (3) and (4)
+  const ChunkSmem m = CarveChunkSmem(smem_d, dh, true, true);
+  float* state = s.state + (int64_t(p.layer) * p.dims.heads + h) * dd;
+  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
   for (int64_t c0 = 0; c0 < s.len; c0 += kChunk) {
     const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
-    const int64_t r0 = s.row + c0;
-    // (1) Stage the chunk.
-    for (int64_t e = tid; e < n * dh; e += kLanes * kGroups) {
-      const int64_t t = e / dh, d = e - t * dh, r = r0 + t;
-      Ks[t * ld + d] = p.kv_ptr[r * 2 * HD + h * dh + d];
-      Qs[t * ld + d] = p.proj_ptr[r * P + 2 * HD + h * dh + d];
-    }
-    for (int t = y; t < n; t += kGroups) Vs[t * kLanes + x] = col ? p.kv_ptr[(r0 + t) * 2 * HD + HD + h * dh + j] : 0.f;
-    if (tid < kLanes) {  // warp 0: the gates and the inclusive scan of la over the chunk
-      double carry = 0;
-      for (int base = 0; base < n; base += kLanes) {
-        const int t = base + x;
-        float g = 0.f;
-        double la = 0;
-        if (t < n) {
-          const float* gates = p.proj_ptr + (r0 + t) * P + 4 * HD;
-          if constexpr (kGdn) {  // the float exponents RecurrentKernel takes expf of
-            g = Sigmoid(gates[h]);
-            la = static_cast<double>(-a_exp * Softplus(gates[H + h] + dt_bias));
-          } else {
-            g = Softplus(gates[h] + dt_bias);
-            la = static_cast<double>(-g * a_exp);
-          }
-        }
-        for (int off = 1; off < kLanes; off *= 2) {
-          const double up = __shfl_up_sync(0xffffffffu, la, off);
-          if (x >= off) la += up;
-        }
-        la += carry;
-        if (t < n) gate[t] = g, cum[t] = la;
-        carry = __shfl_sync(0xffffffffu, la, kLanes - 1);
-      }
-    }
-    __syncthreads();
-    if constexpr (kGdn) {  // kn = k / |k|, qn = q / |q| / sqrt(dh), as GdnNorms; warp y takes tokens y + 8k
-      for (int t = y; t < n; t += kGroups) {
-        float kk = 0.f, qq = 0.f;
-        for (int64_t d = x; d < dh; d += kLanes) kk += Ks[t * ld + d] * Ks[t * ld + d], qq += Qs[t * ld + d] * Qs[t * ld + d];
-        kk = WarpSum(kk);
-        qq = WarpSum(qq);
-        const float k_scale = 1.f / sqrtf(kk + 1e-6f), q_scale = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
-        for (int64_t d = x; d < dh; d += kLanes) Ks[t * ld + d] *= k_scale, Qs[t * ld + d] *= q_scale;
-      }
-      __syncthreads();
-    }
-    // (2) W[t][s] = exp(cum_t - cum_s) (q_t . k_s) (mamba2: times dt_s) for s <= t, 0 above the diagonal;
-    // gdn: A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. Thread tile: t = tr + 16a, s = tc + 16b.
-    {
-      const int tr = tid / 16, tc = tid % 16;
-      float acc[4][4] = {}, kk[4][4] = {};
-      for (int d = 0; d < dh; ++d) {
-        float qv[4], kv[4], kt[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-          qv[a] = Qs[(tr + 16 * a) * ld + d], kv[a] = Ks[(tc + 16 * a) * ld + d];
-          if constexpr (kGdn) kt[a] = Ks[(tr + 16 * a) * ld + d];
-        }
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            acc[a][b] += qv[a] * kv[b];
-            if constexpr (kGdn) kk[a][b] += kt[a] * kv[b];
-          }
-        }
-      }
-#pragma unroll
-      for (int a = 0; a < 4; ++a) {
-        const int t = tr + 16 * a;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const int u = tc + 16 * b;
-          if (t < n && u < n) {
-            const float decay = u <= t ? expf(static_cast<float>(cum[t] - cum[u])) : 0.f;
-            if constexpr (kGdn) {
-              Wm[t * lw + u] = decay * acc[a][b];
-              Am[t * lw + u] = u < t ? gate[t] * decay * kk[a][b] : 0.f;
-            } else {
-              Wm[t * lw + u] = decay * gate[u] * acc[a][b];
-            }
-          }
-        }
-      }
-      if (tid < n) ucoef[tid] = expf(static_cast<float>(cum[n - 1] - cum[tid])) * (kGdn ? 1.f : gate[tid]);
-    }
-    // (3) gdn: u_t = beta_t (v_t - exp(cum_t) S0^T k_t), then the substitution. from_state (S0^T q_t) is
-    // summed here too, while S0's column is read.
-    float from_state[kPer] = {};
-    if constexpr (kGdn) {
-      float s0k[kPer] = {};
-      for (int64_t i = 0; i < dh; ++i) {
-        const float sv = S[i * kLanes + x];
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-          from_state[k] += Qs[(y + kGroups * k) * ld + i] * sv;
-          s0k[k] += Ks[(y + kGroups * k) * ld + i] * sv;
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int t = y + kGroups * k;
-        if (t < n) Vs[t * kLanes + x] = gate[t] * (Vs[t * kLanes + x] - expf(static_cast<float>(cum[t])) * s0k[k]);
-      }
-      __syncthreads();  // A, and every token's right-hand side
-      if (y == 0) {  // warp 0: lane x solves column x on its own, in four partial sums
-        for (int t = 1; t < n; ++t) {
-          float part[4] = {Vs[t * kLanes + x], 0.f, 0.f, 0.f};
-          int u = 0;
-          for (; u + 4 <= t; u += 4) {
-#pragma unroll
-            for (int m = 0; m < 4; ++m) part[m] -= Am[t * lw + u + m] * Vs[(u + m) * kLanes + x];
-          }
-          for (; u < t; ++u) part[0] -= Am[t * lw + u] * Vs[u * kLanes + x];
-          Vs[t * kLanes + x] = (part[0] + part[1]) + (part[2] + part[3]);
-        }
-      }
-    } else {
-      for (int64_t i = 0; i < dh; ++i) {
-        const float sv = S[i * kLanes + x];
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) from_state[k] += Qs[(y + kGroups * k) * ld + i] * sv;
-      }
-    }
-    __syncthreads();
-    // (4) Outputs of tokens t = y + 8k.
-    {
-      float from_chunk[kPer] = {};
-      for (int u = 0; u < n; ++u) {
-        const float vv = Vs[u * kLanes + x];
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) from_chunk[k] += Wm[(y + kGroups * k) * lw + u] * vv;
-      }
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int t = y + kGroups * k;
-        if (t < n && col && p.row_mode_ptr[r0 + t] == 0) {
-          float out = expf(static_cast<float>(cum[t])) * from_state[k] + from_chunk[k];
-          if constexpr (!kGdn) out += d_skip * Vs[t * kLanes + x];
-          p.out_ptr[(r0 + t) * HD + h * dh + j] = out;
-        }
-      }
-    }
-    __syncthreads();
-    // (5) S[i][x] = exp(cum_last) S0[i][x] + sum_s ucoef_s k_s[i] u_s[x], i = y + 8m, 8 rows at a time
-    // (mamba2: u_s = v_s, its dt_s being in ucoef).
-    {
-      const float decay = expf(static_cast<float>(cum[n - 1]));
-      for (int64_t i0 = y; i0 < dh; i0 += kGroups * 8) {
-        float acc[8];
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const int64_t i = i0 + kGroups * m;
-          acc[m] = i < dh ? decay * S[i * kLanes + x] : 0.f;
-        }
-        for (int u = 0; u < n; ++u) {
-          const float w = ucoef[u] * Vs[u * kLanes + x];
-#pragma unroll
-          for (int m = 0; m < 8; ++m) {
-            const int64_t i = i0 + kGroups * m;
-            if (i < dh) acc[m] += Ks[u * ld + i] * w;
-          }
-        }
-#pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const int64_t i = i0 + kGroups * m;
-          if (i < dh) S[i * kLanes + x] = acc[m];
-        }
-      }
-    }
-    __syncthreads();
+    StageChunk<true>(p, m, h, j, s.row + c0, n);
+    ChunkScores<true>(m, dh, n);
+    ChunkOutputs<true>(p, m, h, j, s.row + c0, n);
+    ChunkStateUpdate(m, dh, n, expf(static_cast<float>(m.cum[n - 1])));
   }
   if (col) {
-    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = S[i * kLanes + x];
+    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = m.S[i * kLanes + x];
   }
 }
 
-template <bool kGdn>
+// The chunks that sequence b's span takes in the chunked scan (0: it does not take it).
+__device__ __forceinline__ int64_t ChunksOf(const RecurrentParams& p, int64_t b) {
+  const SeqDesc& s = p.seqs_ptr[b];
+  return TakesChunkedScan(p, s) ? (s.len + kChunk - 1) / kChunk : 0;
+}
+
+// Flat chunk `index` over the sequences' chunks in order: its sequence and chunk within it; false past the
+// last.
+__device__ bool LocateChunk(const RecurrentParams& p, int64_t index, int64_t* seq, int64_t* chunk) {
+  for (int64_t b = 0; b < p.seqs; ++b) {
+    const int64_t n = ChunksOf(p, b);
+    if (index < n) {
+      *seq = b, *chunk = index;
+      return true;
+    }
+    index -= n;
+  }
+  return false;
+}
+
+// mamba2 scratch: [chunks, H, dh, dh] chunk states, then [chunks, H] chunk decays exp(cum_last).
+__device__ __forceinline__ float* ChunkDecays(const RecurrentParams& p) {
+  const int64_t dh = p.dims.head_dim;
+  return p.scan_scratch + p.scan_chunks * p.dims.heads * dh * dh;
+}
+
+// mamba2 (1), (5): chunk blockIdx.x's own contribution sum_s ucoef_s k_s v_s^T to the state, and its decay.
+__global__ void Mamba2ChunkStatesKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  int64_t b = 0, c = 0;
+  if (!LocateChunk(p, blockIdx.x, &b, &c)) return;
+  const SeqDesc s = p.seqs_ptr[b];
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh;
+  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y;
+  const ChunkSmem m = CarveChunkSmem(smem_d, dh, false, false);
+  const int64_t c0 = c * kChunk;
+  const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
+  StageChunk<false>(p, m, h, j, s.row + c0, n);
+  ChunkStateUpdate(m, dh, n, 0.f);
+  float* dst = p.scan_scratch + (int64_t(blockIdx.x) * H + h) * dd;
+  if (j < dh) {
+    for (int64_t i = y; i < dh; i += kGroups) dst[i * dh + j] = m.S[i * kLanes + x];
+  }
+  if (blockIdx.z == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    ChunkDecays(p)[int64_t(blockIdx.x) * H + h] = expf(static_cast<float>(m.cum[n - 1]));
+  }
+}
+
+// mamba2: for each state element of (sequence blockIdx.x, head blockIdx.y), the chunks in order: the
+// chunk's scratch state becomes the state entering it, and the state moves on by the chunk's decay and
+// contribution; the sequence's state ends after its last chunk.
+__global__ void ChunkStatePassKernel(RecurrentParams p) {
+  AfterPrevious();
+  const int64_t b = blockIdx.x;
+  const int64_t chunks = ChunksOf(p, b);
+  if (chunks == 0) return;
+  int64_t first = 0;
+  for (int64_t q = 0; q < b; ++q) first += ChunksOf(p, q);
+  if (first + chunks > p.scan_chunks) __trap();  // the caller's count is short: never silently skip chunks
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh, h = blockIdx.y;
+  const int64_t e = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
+  if (e >= dd) return;
+  float* state = p.seqs_ptr[b].state + (int64_t(p.layer) * H + h) * dd + e;
+  const float* decays = ChunkDecays(p);
+  float S = *state;
+  // Eight chunks at a time, their loads in flight together.
+  constexpr int kBatch = 8;
+  for (int64_t c0 = first; c0 < first + chunks; c0 += kBatch) {
+    float own[kBatch], decay[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + k;
+      if (c < first + chunks) own[k] = p.scan_scratch[(c * H + h) * dd + e], decay[k] = decays[c * H + h];
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int64_t c = c0 + k;
+      if (c < first + chunks) {
+        p.scan_scratch[(c * H + h) * dd + e] = S;
+        S = decay[k] * S + own[k];
+      }
+    }
+  }
+  *state = S;
+}
+
+// mamba2 (1) to (4): chunk blockIdx.x's outputs from the state entering it.
+__global__ void Mamba2ChunkOutputsKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  int64_t b = 0, c = 0;
+  if (!LocateChunk(p, blockIdx.x, &b, &c)) return;
+  const SeqDesc s = p.seqs_ptr[b];
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh;
+  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y;
+  const ChunkSmem m = CarveChunkSmem(smem_d, dh, true, false);
+  const float* entering = p.scan_scratch + (int64_t(blockIdx.x) * H + h) * dd;
+  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = j < dh ? entering[i * dh + j] : 0.f;
+  const int64_t c0 = c * kChunk;
+  const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
+  StageChunk<false>(p, m, h, j, s.row + c0, n);
+  ChunkScores<false>(m, dh, n);
+  ChunkOutputs<false>(p, m, h, j, s.row + c0, n);  // reads the scores only after its first barrier
+}
+
+// Sets a kernel's dynamic shared memory limit to `bytes` once.
+template <typename Kernel>
+void AllowSmem(Kernel kernel, size_t bytes) {
+  ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream) {
+  const int64_t dh = p.dims.head_dim;
+  const dim3 block(kLanes, kGroups);
   // Up to the shared memory of head_dim kMaxHeadDimCuda (202 KiB for gdn), configured once.
   static const bool configured = [] {
-    ORYX_CUDA_CHECK(cudaFuncSetAttribute(ChunkedScanKernel<kGdn>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(ChunkedScanSmem(kMaxHeadDimCuda, kGdn))));
+    AllowSmem(GdnChunkedScanKernel, ChunkSmemBytes(kMaxHeadDimCuda, true, true));
+    AllowSmem(Mamba2ChunkStatesKernel, ChunkSmemBytes(kMaxHeadDimCuda, false, false));
+    AllowSmem(Mamba2ChunkOutputsKernel, ChunkSmemBytes(kMaxHeadDimCuda, true, false));
     return true;
   }();
   (void)configured;
-  LaunchAfterPrevious(ChunkedScanKernel<kGdn>, grid, dim3(kLanes, kGroups), ChunkedScanSmem(p.dims.head_dim, kGdn),
-                      stream, p);
+  if (p.dims.gdn) {
+    LaunchAfterPrevious(GdnChunkedScanKernel, grid, block, ChunkSmemBytes(dh, true, true), stream, p);
+    ORYX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  const dim3 chunks(static_cast<unsigned>(p.scan_chunks), grid.y, grid.z);
+  LaunchAfterPrevious(Mamba2ChunkStatesKernel, chunks, block, ChunkSmemBytes(dh, false, false), stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+  constexpr int kPassThreads = 256;
+  const dim3 pass(grid.x, grid.y, static_cast<unsigned>(CeilDiv(dh * dh, kPassThreads)));
+  LaunchAfterPrevious(ChunkStatePassKernel, pass, dim3(kPassThreads), 0, stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+  LaunchAfterPrevious(Mamba2ChunkOutputsKernel, chunks, block, ChunkSmemBytes(dh, true, false), stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
+int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked_min_len) {
+  int64_t chunks = 0;
+  for (int64_t len : span_lens) {
+    if (chunked_min_len > 0 && len >= chunked_min_len) chunks += (len + kChunk - 1) / kChunk;
+  }
+  return chunks;
+}
+
+int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks) {
+  if (dims.gdn) return 0;
+  const int64_t dh = dims.head_dim;
+  return chunks * dims.heads * (dh * dh + 1);
+}
+
 void Recurrent(const RecurrentParams& params, cudaStream_t stream) {
   if (params.seqs == 0) return;
   RecurrentParams p = params;
+  if (!p.dims.gdn && p.scan_chunks == 0) p.chunked_min_len = 0;  // no mamba2 span takes the chunked scan
   const int64_t dh = p.dims.head_dim;
   const size_t smem = (dh * kLanes + 2 * dh + kGroups * kLanes + 2) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads),
@@ -359,11 +560,7 @@ void Recurrent(const RecurrentParams& params, cudaStream_t stream) {
   LaunchAfterPrevious(RecurrentKernel, grid, dim3(kLanes, kGroups), smem, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
   if (p.chunked_min_len <= 0) return;
-  if (p.dims.gdn) {
-    LaunchChunkedScan<true>(p, grid, stream);
-  } else {
-    LaunchChunkedScan<false>(p, grid, stream);
-  }
+  LaunchChunkedScan(p, grid, stream);
 }
 
 }  // namespace oryx::kernels::cuda

@@ -592,7 +592,7 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
         std::vector<float> out, saved;
         std::vector<std::vector<float>> after;
       };
-      auto run = [&](int32_t chunked_min_len) {
+      auto run = [&](int32_t chunked_min_len, bool count_chunks) {
         std::vector<std::unique_ptr<DeviceBuffer<float>>> ds;
         for (const auto& st : states) ds.push_back(std::make_unique<DeviceBuffer<float>>(st));
         DeviceBuffer<float> dout(out_init), dsaved(L * H * (lens[2] + 1) * dd);
@@ -604,14 +604,23 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
           row += lens[q];
         }
         DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
+        // The spans that keep no states: 200, 128 and 5 tokens (4 + 2 chunks of 64 at kChunkedScanMinLen).
+        const int64_t chunks = count_chunks ? cuda::ChunkedScanChunks(std::vector<int64_t>{200, 128, 5}, chunked_min_len) : 0;
+        DeviceBuffer<float> dscratch(std::max<int64_t>(1, cuda::ChunkedScanScratchFloats(b.dims, chunks)));
         cuda::Recurrent({b.dims, static_cast<int32_t>(layer), static_cast<int64_t>(lens.size()), dseqs.get(), dmode.get(),
-                         dproj.get(), dkv.get(), ddt.get(), dalog.get(), dd_skip.get(), dout.get(), chunked_min_len},
+                         dproj.get(), dkv.get(), ddt.get(), dalog.get(), dd_skip.get(), dout.get(), chunked_min_len,
+                         chunks, dscratch.get()},
                         nullptr);
         Run r{dout.Host(), dsaved.Host(), {}};
         for (auto& d : ds) r.after.push_back(d->Host());
         return r;
       };
-      const Run token = run(0), chunked = run(cuda::kChunkedScanMinLen);
+      const Run token = run(0, true), chunked = run(cuda::kChunkedScanMinLen, true);
+      if (!gdn) {  // mamba2 told of no chunks runs every span token by token
+        const Run uncounted = run(cuda::kChunkedScanMinLen, false);
+        EXPECT_EQ(uncounted.out, token.out) << "no chunks counted: outputs";
+        EXPECT_EQ(uncounted.after, token.after) << "no chunks counted: states";
+      }
       int64_t row = 0;
       for (size_t q = 0; q < lens.size(); ++q) {
         const int64_t T = lens[q];
