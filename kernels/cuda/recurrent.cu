@@ -113,69 +113,86 @@ __global__ void RecurrentKernel(RecurrentParams p) {
 // where u_s is what token s writes into the state:
 //   mamba2 (SSD form): u_s = dt_s v_s;
 //   gdn (the chunked delta rule, with k and q L2-normalised): u_t = beta_t (v_t - alpha_t S_{t-1}^T k_t),
-//     which over the chunk is the unit lower-triangular system
-//       u_t + sum_{s<t} beta_t exp(cum_t - cum_s) (k_t . k_s) u_s = beta_t (v_t - exp(cum_t) S0^T k_t),
-//     solved by forward substitution (each value feature's column on its own).
-// That is the token-by-token recurrence of RecurrentKernel regrouped. Blocks are per (..., head, 32 value
-// features j), the state slice S[:, j-slice] in shared memory; threads (32 x 8) = (x: value feature, y:
-// group). Per chunk: (1) stage k, q (rows padded to dh+1 floats against bank conflicts), v's slice, the
-// gates and cum (gdn: normalise k and q); (2) the decay-masked scores W[t][s] (gdn: and the system's
-// A[t][s]) in 4x4 register tiles; (3) gdn: u from S0, then the substitution; (4) the outputs from S0 and W;
-// (5) the state update.
-//
-// mamba2's S_end depends on S0 only through exp(cum_last) S0, so its chunks run in parallel, in three
-// kernels: every chunk's own contribution to the state (Mamba2ChunkStatesKernel, (1) and (5) from a zero
-// state), the pass over chunks in order that turns those into the state entering each chunk
-// (ChunkStatePassKernel, elementwise), and every chunk's outputs from the state entering it
-// (Mamba2ChunkOutputsKernel, (1) to (4)). gdn's S_end depends on S0 through the chunk's keys (a dh x dh
-// product per chunk), so its chunks run one after the other in one block (GdnChunkedScanKernel).
+//     which over the chunk is the unit lower-triangular system (I + A) u = diag(beta) V - diag(beta e^cum) K S0
+//     with A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. Its solution is u = U - W S0 with
+//     (I + A) [U W] = [diag(beta) V, diag(beta e^cum) K] (the UT transform's form): U and W do not depend
+//     on S0.
+// That is the token-by-token recurrence of RecurrentKernel regrouped. All chunks run in parallel except for
+// a pass over each span's chunks in order that carries the state from one chunk to the next:
+//   mamba2: every chunk's own contribution sum_s exp(cum_last - cum_s) k_s u_s^T (Mamba2ChunkStatesKernel);
+//     the pass, elementwise: S <- exp(cum_last) S + contribution (ChunkStatePassKernel);
+//   gdn: every chunk's U and W, by forward substitution over its 2 dh columns (GdnChunkSolveKernel); the
+//     pass: u = U - W S, then S <- exp(cum_last) S + sum_s exp(cum_last - cum_s) k_s u_s^T, two products
+//     per chunk (GdnChunkPassKernel);
+// each records the state entering every chunk, and every chunk's outputs follow from it
+// (ChunkOutputsKernel). Blocks of the per-chunk kernels are per (chunk, head, 32 value features j),
+// threads (32 x 8) = (x: value feature, y: group), the state slice S[:, j-slice] in shared memory. A chunk
+// is staged by cp.async: k, q (rows padded to dh+1 floats against bank conflicts), v's slice, the gates and
+// cum (gdn: k and q normalised); the decay-masked scores W[t][s] come in 4x4 register tiles.
 constexpr int kChunk = 64;
-constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread in (3) and (4)
+constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread
+constexpr int kScoresLd = kChunk + 1;
 
-// The chunk's shared memory: [C] doubles, then floats.
+// Which parts of ChunkSmem a kernel uses (the chunk's k, gates, cum and ucoef always).
+enum ChunkPart : unsigned {
+  kPartS = 1,        // the state slice
+  kPartQ = 2,        // q
+  kPartV = 4,        // v's slice (or u's)
+  kPartScores = 8,   // W
+  kPartA = 16,       // gdn's system
+  kPartSolve = 32,   // gdn's right-hand sides and solution [C, 2dh]
+  kPartW = 64,       // gdn's W rows
+};
+
+// A chunk's shared memory, carved from `base` (null: only count the bytes).
 struct ChunkSmem {
   double* cum;   // [C] cumulative log-decay within the chunk
   float* S;      // [dh, 32] the state slice
   float* Ks;     // [C, dh+1]
-  float* Qs;     // [C, dh+1] (not with_q: absent)
-  float* Vs;     // [C, 32] v's slice; gdn: then u's
-  float* Wm;     // [C, C+1] decay-masked scores (not with_q: absent)
+  float* Qs;     // [C, dh+1]
+  float* Vs;     // [C, 32] v's slice (gdn: u's)
+  float* Wm;     // [C, C+1] decay-masked scores
+  float* Am;     // [C, C+1] gdn: the system's strictly lower part
+  float* X;      // [C, 2dh] gdn: [beta V, beta e^cum K], then [U W]
+  float* Wg;     // [C, dh+1] gdn: W
   float* gate;   // [C] mamba2: dt; gdn: beta
   float* ucoef;  // [C] exp(cum_last - cum_s) (mamba2: times dt_s)
-  float* Am;     // [C, C+1] gdn: the system's strictly lower part
   int ld;        // dh + 1
+  size_t bytes;
 };
-constexpr int kScoresLd = kChunk + 1;
 
-size_t ChunkSmemBytes(int64_t dh, bool with_q, bool gdn) {
-  const int64_t scores = kChunk * kScoresLd;
-  const int64_t floats = dh * kLanes + (with_q ? 2 : 1) * kChunk * (dh + 1) + kChunk * kLanes +
-                         (with_q ? scores : 0) + (gdn ? scores : 0) + 2 * kChunk;
-  return floats * sizeof(float) + kChunk * sizeof(double);
-}
-
-__device__ ChunkSmem CarveChunkSmem(double* base, int64_t dh, bool with_q, bool gdn) {
-  ChunkSmem m;
+__host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, unsigned parts) {
+  ChunkSmem m{};
   m.ld = static_cast<int>(dh) + 1;
-  m.cum = base;
-  m.S = reinterpret_cast<float*>(base + kChunk);
-  m.Ks = m.S + dh * kLanes;
-  m.Qs = with_q ? m.Ks + kChunk * m.ld : nullptr;
-  m.Vs = m.Ks + (with_q ? 2 : 1) * kChunk * m.ld;
-  m.Wm = with_q ? m.Vs + kChunk * kLanes : nullptr;
-  m.gate = m.Vs + kChunk * kLanes + (with_q ? kChunk * kScoresLd : 0);
-  m.ucoef = m.gate + kChunk;
-  m.Am = gdn ? m.ucoef + kChunk : nullptr;
+  size_t at = 0;
+  auto take = [&](size_t floats, unsigned part) -> float* {
+    if (part != 0 && (parts & part) == 0) return nullptr;
+    float* p = base != nullptr ? reinterpret_cast<float*>(base + at) : nullptr;
+    at += (floats * sizeof(float) + 15) / 16 * 16;
+    return p;
+  };
+  m.cum = base != nullptr ? reinterpret_cast<double*>(base) : nullptr;
+  at = kChunk * sizeof(double);
+  m.S = take(dh * kLanes, kPartS);
+  m.Ks = take(kChunk * m.ld, 0);
+  m.Qs = take(kChunk * m.ld, kPartQ);
+  m.Vs = take(kChunk * kLanes, kPartV);
+  m.Wm = take(kChunk * kScoresLd, kPartScores);
+  m.Am = take(kChunk * kScoresLd, kPartA);
+  m.X = take(kChunk * 2 * dh, kPartSolve);
+  m.Wg = take(kChunk * m.ld, kPartW);
+  m.gate = take(kChunk, 0);
+  m.ucoef = take(kChunk, 0);
+  m.bytes = at;
   return m;
 }
 
-// (1) Stages the chunk of n tokens at rows r0.. (q only where m.Qs is set), its gates and cum, and ucoef;
-// gdn normalises k and q. Ends with a barrier.
+// Stages the chunk of n tokens at rows r0.. (q and v's slice where m has them), its gates and cum, and
+// ucoef; gdn normalises k and q. Ends with a barrier.
 template <bool kGdn>
 __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t h, int64_t j, int64_t r0, int n) {
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, P = p.dims.proj_width;
   const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x, ld = m.ld;
-  const bool col = j < dh;
   // By cp.async, all in flight at once (plain loads stored to shared memory through these generic pointers
   // would each wait for the one before).
   for (int t = y; t < n; t += kGroups) {
@@ -184,7 +201,8 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
       CopyWordAsync(m.Ks + t * ld + d, p.kv_ptr + r * 2 * HD + h * dh + d);
       if (m.Qs != nullptr) CopyWordAsync(m.Qs + t * ld + d, p.proj_ptr + r * P + 2 * HD + h * dh + d);
     }
-    if (col) {
+    if (m.Vs == nullptr) continue;
+    if (j < dh) {
       CopyWordAsync(m.Vs + t * kLanes + x, p.kv_ptr + r * 2 * HD + HD + h * dh + j);
     } else {
       m.Vs[t * kLanes + x] = 0.f;
@@ -225,37 +243,38 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
   if constexpr (kGdn) {  // kn = k / |k|, qn = q / |q| / sqrt(dh), as GdnNorms; warp y takes tokens y + 8k
     for (int t = y; t < n; t += kGroups) {
       float kk = 0.f, qq = 0.f;
-      for (int64_t d = x; d < dh; d += kLanes) kk += m.Ks[t * ld + d] * m.Ks[t * ld + d], qq += m.Qs[t * ld + d] * m.Qs[t * ld + d];
+      for (int64_t d = x; d < dh; d += kLanes) {
+        kk += m.Ks[t * ld + d] * m.Ks[t * ld + d];
+        if (m.Qs != nullptr) qq += m.Qs[t * ld + d] * m.Qs[t * ld + d];
+      }
       kk = WarpSum(kk);
       qq = WarpSum(qq);
       const float k_scale = 1.f / sqrtf(kk + 1e-6f), q_scale = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
-      for (int64_t d = x; d < dh; d += kLanes) m.Ks[t * ld + d] *= k_scale, m.Qs[t * ld + d] *= q_scale;
+      for (int64_t d = x; d < dh; d += kLanes) {
+        m.Ks[t * ld + d] *= k_scale;
+        if (m.Qs != nullptr) m.Qs[t * ld + d] *= q_scale;
+      }
     }
     __syncthreads();
   }
 }
 
-// (2) W[t][s] = exp(cum_t - cum_s) (q_t . k_s) (mamba2: times dt_s) for s <= t, 0 above the diagonal;
-// gdn: A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. Thread tile: t = tr + 16a, s = tc + 16b.
-// No barrier at the end.
-template <bool kGdn>
-__device__ void ChunkScores(const ChunkSmem& m, int64_t dh, int n) {
+// The decay-masked products of the chunk's rows in 4x4 register tiles (thread tile t = tr + 16a, s = tc +
+// 16b), below the diagonal: kScores: W[t][s] = exp(cum_t - cum_s) (q_t . k_s) for s <= t (mamba2: times
+// dt_s); otherwise gdn's A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. No barrier at the end.
+template <bool kScores, bool kGdn>
+__device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
   const int tid = threadIdx.y * kLanes + threadIdx.x, tr = tid / 16, tc = tid % 16, ld = m.ld;
-  float acc[4][4] = {}, kk[4][4] = {};
+  const float* rows = kScores ? m.Qs : m.Ks;
+  float acc[4][4] = {};
   for (int d = 0; d < dh; ++d) {
-    float qv[4], kv[4], kt[4];
+    float a_val[4], b_val[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) {
-      qv[a] = m.Qs[(tr + 16 * a) * ld + d], kv[a] = m.Ks[(tc + 16 * a) * ld + d];
-      if constexpr (kGdn) kt[a] = m.Ks[(tr + 16 * a) * ld + d];
-    }
+    for (int a = 0; a < 4; ++a) a_val[a] = rows[(tr + 16 * a) * ld + d], b_val[a] = m.Ks[(tc + 16 * a) * ld + d];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        acc[a][b] += qv[a] * kv[b];
-        if constexpr (kGdn) kk[a][b] += kt[a] * kv[b];
-      }
+      for (int b = 0; b < 4; ++b) acc[a][b] += a_val[a] * b_val[b];
     }
   }
 #pragma unroll
@@ -264,63 +283,29 @@ __device__ void ChunkScores(const ChunkSmem& m, int64_t dh, int n) {
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       const int u = tc + 16 * b;
-      if (t < n && u < n) {
-        const float decay = u <= t ? expf(static_cast<float>(m.cum[t] - m.cum[u])) : 0.f;
-        if constexpr (kGdn) {
-          m.Wm[t * kScoresLd + u] = decay * acc[a][b];
-          m.Am[t * kScoresLd + u] = u < t ? m.gate[t] * decay * kk[a][b] : 0.f;
-        } else {
-          m.Wm[t * kScoresLd + u] = decay * m.gate[u] * acc[a][b];
-        }
+      if (t >= n || u >= n) continue;
+      const float decay = u <= t ? expf(static_cast<float>(m.cum[t] - m.cum[u])) : 0.f;
+      if constexpr (kScores) {
+        m.Wm[t * kScoresLd + u] = kGdn ? decay * acc[a][b] : decay * m.gate[u] * acc[a][b];
+      } else {
+        m.Am[t * kScoresLd + u] = u < t ? m.gate[t] * decay * acc[a][b] : 0.f;
       }
     }
   }
 }
 
-// (3) and (4): the outputs of tokens t = y + 8k from the state slice entering the chunk (m.S) and the
-// scores; gdn first turns Vs into u (the substitution). Ends with a barrier.
+// The outputs of tokens t = y + 8k from the state slice entering the chunk (m.S), the scores and m.Vs (v's
+// slice for mamba2, u's for gdn). Ends with a barrier.
 template <bool kGdn>
 __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64_t h, int64_t j, int64_t r0, int n) {
   const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh;
   const int x = threadIdx.x, y = threadIdx.y, ld = m.ld;
-  float from_state[kPer] = {};
-  if constexpr (kGdn) {  // u_t = beta_t (v_t - exp(cum_t) S0^T k_t); S0^T q_t summed while S0's column is read
-    float s0k[kPer] = {};
-    for (int64_t i = 0; i < dh; ++i) {
-      const float sv = m.S[i * kLanes + x];
+  float from_state[kPer] = {}, from_chunk[kPer] = {};
+  for (int64_t i = 0; i < dh; ++i) {
+    const float sv = m.S[i * kLanes + x];
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
-        s0k[k] += m.Ks[(y + kGroups * k) * ld + i] * sv;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int t = y + kGroups * k;
-      if (t < n) m.Vs[t * kLanes + x] = m.gate[t] * (m.Vs[t * kLanes + x] - expf(static_cast<float>(m.cum[t])) * s0k[k]);
-    }
-    __syncthreads();  // A, and every token's right-hand side
-    if (y == 0) {  // warp 0: lane x solves column x on its own, in four partial sums
-      for (int t = 1; t < n; ++t) {
-        float part[4] = {m.Vs[t * kLanes + x], 0.f, 0.f, 0.f};
-        int u = 0;
-        for (; u + 4 <= t; u += 4) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) part[q] -= m.Am[t * kScoresLd + u + q] * m.Vs[(u + q) * kLanes + x];
-        }
-        for (; u < t; ++u) part[0] -= m.Am[t * kScoresLd + u] * m.Vs[u * kLanes + x];
-        m.Vs[t * kLanes + x] = (part[0] + part[1]) + (part[2] + part[3]);
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < dh; ++i) {
-      const float sv = m.S[i * kLanes + x];
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
-    }
+    for (int k = 0; k < kPer; ++k) from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
   }
-  __syncthreads();
-  float from_chunk[kPer] = {};
   for (int u = 0; u < n; ++u) {
     const float vv = m.Vs[u * kLanes + x];
 #pragma unroll
@@ -339,8 +324,8 @@ __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64
   __syncthreads();
 }
 
-// (5) S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x], i = y + 8m, 8 rows at a time (mamba2: u_s =
-// v_s, its dt_s being in ucoef). decay 0 starts from a zero state (whatever S holds). Ends with a barrier.
+// S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x], i = y + 8m, 8 rows at a time (mamba2: u_s = v_s,
+// its dt_s being in ucoef). decay 0 starts from a zero state (whatever S holds). Ends with a barrier.
 __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float decay) {
   const int x = threadIdx.x, y = threadIdx.y;
   for (int64_t i0 = y; i0 < dh; i0 += kGroups * 8) {
@@ -367,31 +352,6 @@ __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float de
   __syncthreads();
 }
 
-// gdn: a span's chunks in order, the state slice kept in shared memory.
-__global__ void GdnChunkedScanKernel(RecurrentParams p) {
-  extern __shared__ double smem_d[];
-  AfterPrevious();
-  const SeqDesc s = p.seqs_ptr[blockIdx.x];
-  if (!TakesChunkedScan(p, s)) return;
-  const int64_t dh = p.dims.head_dim, dd = dh * dh;
-  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const int x = threadIdx.x, y = threadIdx.y;
-  const bool col = j < dh;
-  const ChunkSmem m = CarveChunkSmem(smem_d, dh, true, true);
-  float* state = s.state + (int64_t(p.layer) * p.dims.heads + h) * dd;
-  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
-  for (int64_t c0 = 0; c0 < s.len; c0 += kChunk) {
-    const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
-    StageChunk<true>(p, m, h, j, s.row + c0, n);
-    ChunkScores<true>(m, dh, n);
-    ChunkOutputs<true>(p, m, h, j, s.row + c0, n);
-    ChunkStateUpdate(m, dh, n, expf(static_cast<float>(m.cum[n - 1])));
-  }
-  if (col) {
-    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = m.S[i * kLanes + x];
-  }
-}
-
 // The chunks that sequence b's span takes in the chunked scan (0: it does not take it).
 __device__ __forceinline__ int64_t ChunksOf(const RecurrentParams& p, int64_t b) {
   const SeqDesc& s = p.seqs_ptr[b];
@@ -412,33 +372,66 @@ __device__ bool LocateChunk(const RecurrentParams& p, int64_t index, int64_t* se
   return false;
 }
 
-// mamba2 scratch: [chunks, H, dh, dh] chunk states, then [chunks, H] chunk decays exp(cum_last).
-__device__ __forceinline__ float* ChunkDecays(const RecurrentParams& p) {
-  const int64_t dh = p.dims.head_dim;
-  return p.scan_scratch + p.scan_chunks * p.dims.heads * dh * dh;
+// Sequence b's first flat chunk; traps when the caller's count falls short of its chunks (never silently
+// skip chunks).
+__device__ int64_t FirstChunkOf(const RecurrentParams& p, int64_t b) {
+  int64_t first = 0;
+  for (int64_t q = 0; q < b; ++q) first += ChunksOf(p, q);
+  if (first + ChunksOf(p, b) > p.scan_chunks) __trap();
+  return first;
 }
 
-// mamba2 (1), (5): chunk blockIdx.x's own contribution sum_s ucoef_s k_s v_s^T to the state, and its decay.
+// The scratch (ChunkedScanScratchFloats), per flat chunk c and head h:
+//   states [chunks, H, dh, dh]: the state entering the chunk (mamba2: first the chunk's own contribution)
+//   decays [chunks, H]:         exp(cum_last)
+//   gdn: keys [chunks, H, C, dh] (normalised), w [chunks, H, C, dh], u [chunks, H, C, dh] (U, then u),
+//        ucoef [chunks, H, C]
+struct ScanScratch {
+  float *states, *decays, *keys, *w, *u, *ucoef;
+  __device__ explicit ScanScratch(const RecurrentParams& p) {
+    const int64_t dh = p.dims.head_dim, rows = p.scan_chunks * p.dims.heads;
+    states = p.scan_scratch;
+    decays = states + rows * dh * dh;
+    keys = decays + rows;
+    w = keys + rows * kChunk * dh;
+    u = w + rows * kChunk * dh;
+    ucoef = u + rows * kChunk * dh;
+  }
+};
+
+// Chunk blockIdx.x of head blockIdx.y: its sequence, first row and length; false for blocks past the last.
+struct ChunkAt {
+  int64_t seq, row;
+  int n;
+};
+__device__ bool LocateBlockChunk(const RecurrentParams& p, ChunkAt* at) {
+  int64_t c = 0;
+  if (!LocateChunk(p, blockIdx.x, &at->seq, &c)) return false;
+  const SeqDesc& s = p.seqs_ptr[at->seq];
+  at->row = s.row + c * kChunk;
+  at->n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
+  return true;
+}
+
+// mamba2: chunk blockIdx.x's own contribution sum_s ucoef_s k_s v_s^T to the state (value slice
+// blockIdx.z), and its decay.
 __global__ void Mamba2ChunkStatesKernel(RecurrentParams p) {
   extern __shared__ double smem_d[];
   AfterPrevious();
-  int64_t b = 0, c = 0;
-  if (!LocateChunk(p, blockIdx.x, &b, &c)) return;
-  const SeqDesc s = p.seqs_ptr[b];
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh;
-  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const int x = threadIdx.x, y = threadIdx.y;
-  const ChunkSmem m = CarveChunkSmem(smem_d, dh, false, false);
-  const int64_t c0 = c * kChunk;
-  const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
-  StageChunk<false>(p, m, h, j, s.row + c0, n);
-  ChunkStateUpdate(m, dh, n, 0.f);
-  float* dst = p.scan_scratch + (int64_t(blockIdx.x) * H + h) * dd;
+  ChunkAt at;
+  if (!LocateBlockChunk(p, &at)) return;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = blockIdx.y;
+  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartV);
+  StageChunk<false>(p, m, h, j, at.row, at.n);
+  ChunkStateUpdate(m, dh, at.n, 0.f);
+  const ScanScratch scratch(p);
+  float* dst = scratch.states + (int64_t(blockIdx.x) * H + h) * dh * dh;
   if (j < dh) {
-    for (int64_t i = y; i < dh; i += kGroups) dst[i * dh + j] = m.S[i * kLanes + x];
+    for (int64_t i = threadIdx.y; i < dh; i += kGroups) dst[i * dh + j] = m.S[i * kLanes + threadIdx.x];
   }
   if (blockIdx.z == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
-    ChunkDecays(p)[int64_t(blockIdx.x) * H + h] = expf(static_cast<float>(m.cum[n - 1]));
+    scratch.decays[int64_t(blockIdx.x) * H + h] = expf(static_cast<float>(m.cum[at.n - 1]));
   }
 }
 
@@ -450,14 +443,12 @@ __global__ void ChunkStatePassKernel(RecurrentParams p) {
   const int64_t b = blockIdx.x;
   const int64_t chunks = ChunksOf(p, b);
   if (chunks == 0) return;
-  int64_t first = 0;
-  for (int64_t q = 0; q < b; ++q) first += ChunksOf(p, q);
-  if (first + chunks > p.scan_chunks) __trap();  // the caller's count is short: never silently skip chunks
+  const int64_t first = FirstChunkOf(p, b);
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh, h = blockIdx.y;
   const int64_t e = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
   if (e >= dd) return;
+  const ScanScratch scratch(p);
   float* state = p.seqs_ptr[b].state + (int64_t(p.layer) * H + h) * dd + e;
-  const float* decays = ChunkDecays(p);
   float S = *state;
   // Eight chunks at a time, their loads in flight together.
   constexpr int kBatch = 8;
@@ -466,13 +457,13 @@ __global__ void ChunkStatePassKernel(RecurrentParams p) {
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int64_t c = c0 + k;
-      if (c < first + chunks) own[k] = p.scan_scratch[(c * H + h) * dd + e], decay[k] = decays[c * H + h];
+      if (c < first + chunks) own[k] = scratch.states[(c * H + h) * dd + e], decay[k] = scratch.decays[c * H + h];
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int64_t c = c0 + k;
       if (c < first + chunks) {
-        p.scan_scratch[(c * H + h) * dd + e] = S;
+        scratch.states[(c * H + h) * dd + e] = S;
         S = decay[k] * S + own[k];
       }
     }
@@ -480,56 +471,206 @@ __global__ void ChunkStatePassKernel(RecurrentParams p) {
   *state = S;
 }
 
-// mamba2 (1) to (4): chunk blockIdx.x's outputs from the state entering it.
-__global__ void Mamba2ChunkOutputsKernel(RecurrentParams p) {
+// gdn: chunk blockIdx.x's U and W for head blockIdx.y: (I + A) [U W] = [diag(beta) V, diag(beta e^cum) K]
+// by forward substitution, thread c taking columns c, c + 256, ... of the 2 dh; then U, W, the normalised
+// keys, ucoef and the decay to the scratch.
+__global__ void GdnChunkSolveKernel(RecurrentParams p) {
   extern __shared__ double smem_d[];
   AfterPrevious();
-  int64_t b = 0, c = 0;
-  if (!LocateChunk(p, blockIdx.x, &b, &c)) return;
-  const SeqDesc s = p.seqs_ptr[b];
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh;
-  const int64_t h = blockIdx.y, j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const int x = threadIdx.x, y = threadIdx.y;
-  const ChunkSmem m = CarveChunkSmem(smem_d, dh, true, false);
-  const float* entering = p.scan_scratch + (int64_t(blockIdx.x) * H + h) * dd;
-  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = j < dh ? entering[i * dh + j] : 0.f;
-  const int64_t c0 = c * kChunk;
-  const int n = static_cast<int>(s.len - c0 < kChunk ? s.len - c0 : kChunk);
-  StageChunk<false>(p, m, h, j, s.row + c0, n);
-  ChunkScores<false>(m, dh, n);
-  ChunkOutputs<false>(p, m, h, j, s.row + c0, n);  // reads the scores only after its first barrier
+  ChunkAt at;
+  if (!LocateBlockChunk(p, &at)) return;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = blockIdx.y, cols = 2 * dh;
+  const int tid = threadIdx.y * kLanes + threadIdx.x, n = at.n;
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartA | kPartSolve);
+  for (int t = threadIdx.y; t < n; t += kGroups) {  // v into X's left half (StageChunk waits for the copies)
+    for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
+      CopyWordAsync(m.X + t * cols + d, p.kv_ptr + (at.row + t) * 2 * HD + HD + h * dh + d);
+    }
+  }
+  StageChunk<true>(p, m, h, dh, at.row, n);
+  ChunkProducts<false, true>(m, dh, n);
+  for (int t = threadIdx.y; t < n; t += kGroups) {  // each thread the elements it copied
+    const float beta = m.gate[t], beta_decay = beta * expf(static_cast<float>(m.cum[t]));
+    for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
+      m.X[t * cols + d] *= beta;
+      m.X[t * cols + dh + d] = beta_decay * m.Ks[t * m.ld + d];
+    }
+  }
+  __syncthreads();
+  for (int64_t c = tid; c < cols; c += kLanes * kGroups) {  // each column on its own, in four partial sums
+    for (int t = 1; t < n; ++t) {
+      float part[4] = {m.X[t * cols + c], 0.f, 0.f, 0.f};
+      int u = 0;
+      for (; u + 4 <= t; u += 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) part[q] -= m.Am[t * kScoresLd + u + q] * m.X[(u + q) * cols + c];
+      }
+      for (; u < t; ++u) part[0] -= m.Am[t * kScoresLd + u] * m.X[u * cols + c];
+      m.X[t * cols + c] = (part[0] + part[1]) + (part[2] + part[3]);
+    }
+  }
+  __syncthreads();
+  const ScanScratch scratch(p);
+  const int64_t rec = int64_t(blockIdx.x) * H + h;
+  float *keys = scratch.keys + rec * kChunk * dh, *w = scratch.w + rec * kChunk * dh, *u = scratch.u + rec * kChunk * dh;
+  for (int64_t e = tid; e < n * dh; e += kLanes * kGroups) {
+    const int64_t t = e / dh, d = e - t * dh;
+    u[e] = m.X[t * cols + d];
+    w[e] = m.X[t * cols + dh + d];
+    keys[e] = m.Ks[t * m.ld + d];
+  }
+  if (tid < n) scratch.ucoef[rec * kChunk + tid] = m.ucoef[tid];
+  if (tid == 0) scratch.decays[rec] = expf(static_cast<float>(m.cum[n - 1]));
 }
 
-// Sets a kernel's dynamic shared memory limit to `bytes` once.
+// gdn: the chunks of (sequence blockIdx.x, head blockIdx.y, value slice blockIdx.z) in order: record the
+// state entering the chunk, u = U - W S, then S <- decay S + sum_s ucoef_s k_s u_s^T; u to the scratch.
+__global__ void GdnChunkPassKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  const int64_t b = blockIdx.x;
+  const int64_t chunks = ChunksOf(p, b);
+  if (chunks == 0) return;
+  const int64_t first = FirstChunkOf(p, b);
+  const SeqDesc s = p.seqs_ptr[b];
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh, h = blockIdx.y;
+  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x;
+  const bool col = j < dh;
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartV | kPartW);
+  const ScanScratch scratch(p);
+  float* state = s.state + (int64_t(p.layer) * H + h) * dd;
+  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t rec = (first + c) * H + h;
+    const int n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
+    const float* keys = scratch.keys + rec * kChunk * dh;
+    const float* w = scratch.w + rec * kChunk * dh;
+    float* u = scratch.u + rec * kChunk * dh;
+    for (int t = y; t < n; t += kGroups) {
+      for (int64_t d = x; d < dh; d += kLanes) {
+        CopyWordAsync(m.Ks + t * m.ld + d, keys + t * dh + d);
+        CopyWordAsync(m.Wg + t * m.ld + d, w + t * dh + d);
+      }
+    }
+    if (tid < n) CopyWordAsync(m.ucoef + tid, scratch.ucoef + rec * kChunk + tid);
+    float* entering = scratch.states + rec * dd;
+    if (col) {
+      for (int64_t i = y; i < dh; i += kGroups) entering[i * dh + j] = m.S[i * kLanes + x];
+    }
+    float big_u[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int t = y + kGroups * k;
+      big_u[k] = t < n && col ? u[t * dh + j] : 0.f;
+    }
+    WaitCopies();
+    __syncthreads();
+    // u_t = U_t - W_t . S for tokens t = y + 8k.
+    float ws[kPer] = {};
+    for (int64_t i = 0; i < dh; ++i) {
+      const float sv = m.S[i * kLanes + x];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) ws[k] += m.Wg[(y + kGroups * k) * m.ld + i] * sv;
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int t = y + kGroups * k;
+      const float value = big_u[k] - ws[k];
+      m.Vs[t * kLanes + x] = t < n ? value : 0.f;
+      if (t < n && col) u[t * dh + j] = value;
+    }
+    __syncthreads();
+    ChunkStateUpdate(m, dh, n, scratch.decays[rec]);
+  }
+  if (col) {
+    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = m.S[i * kLanes + x];
+  }
+}
+
+// Chunk blockIdx.x's outputs (head blockIdx.y, value slice blockIdx.z) from the state entering it (mamba2:
+// and v; gdn: and u, from the scratch).
+template <bool kGdn>
+__global__ void ChunkOutputsKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  ChunkAt at;
+  if (!LocateBlockChunk(p, &at)) return;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = blockIdx.y;
+  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y;
+  ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartQ | kPartV | kPartScores);
+  const ScanScratch scratch(p);
+  const int64_t rec = int64_t(blockIdx.x) * H + h;
+  // The state entering the chunk (gdn: and u in place of v) by cp.async, which StageChunk waits for.
+  const float* entering = scratch.states + rec * dh * dh;
+  for (int64_t i = y; i < dh; i += kGroups) {
+    if (j < dh) {
+      CopyWordAsync(m.S + i * kLanes + x, entering + i * dh + j);
+    } else {
+      m.S[i * kLanes + x] = 0.f;
+    }
+  }
+  if constexpr (kGdn) {
+    for (int t = y; t < kChunk; t += kGroups) {
+      if (t < at.n && j < dh) {
+        CopyWordAsync(m.Vs + t * kLanes + x, scratch.u + rec * kChunk * dh + t * dh + j);
+      } else {
+        m.Vs[t * kLanes + x] = 0.f;
+      }
+    }
+    float* vs = m.Vs;
+    m.Vs = nullptr;
+    StageChunk<true>(p, m, h, j, at.row, at.n);
+    m.Vs = vs;
+  } else {
+    StageChunk<false>(p, m, h, j, at.row, at.n);
+  }
+  ChunkProducts<true, kGdn>(m, dh, at.n);
+  __syncthreads();
+  ChunkOutputs<kGdn>(p, m, h, j, at.row, at.n);
+}
+
+// Sets a kernel's dynamic shared memory limit to `bytes`.
 template <typename Kernel>
 void AllowSmem(Kernel kernel, size_t bytes) {
   ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+size_t SmemBytes(int64_t dh, unsigned parts) { return LayoutChunkSmem(nullptr, dh, parts).bytes; }
+
 void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream) {
   const int64_t dh = p.dims.head_dim;
   const dim3 block(kLanes, kGroups);
-  // Up to the shared memory of head_dim kMaxHeadDimCuda (202 KiB for gdn), configured once.
+  constexpr unsigned kOutputs = kPartS | kPartQ | kPartV | kPartScores, kStates = kPartS | kPartV;
+  constexpr unsigned kSolve = kPartA | kPartSolve, kPass = kPartS | kPartV | kPartW;
+  // Up to the shared memory of head_dim kMaxHeadDimCuda, configured once.
   static const bool configured = [] {
-    AllowSmem(GdnChunkedScanKernel, ChunkSmemBytes(kMaxHeadDimCuda, true, true));
-    AllowSmem(Mamba2ChunkStatesKernel, ChunkSmemBytes(kMaxHeadDimCuda, false, false));
-    AllowSmem(Mamba2ChunkOutputsKernel, ChunkSmemBytes(kMaxHeadDimCuda, true, false));
+    AllowSmem(Mamba2ChunkStatesKernel, SmemBytes(kMaxHeadDimCuda, kStates));
+    AllowSmem(ChunkOutputsKernel<false>, SmemBytes(kMaxHeadDimCuda, kOutputs));
+    AllowSmem(ChunkOutputsKernel<true>, SmemBytes(kMaxHeadDimCuda, kOutputs));
+    AllowSmem(GdnChunkSolveKernel, SmemBytes(kMaxHeadDimCuda, kSolve));
+    AllowSmem(GdnChunkPassKernel, SmemBytes(kMaxHeadDimCuda, kPass));
     return true;
   }();
   (void)configured;
+  const dim3 chunks(static_cast<unsigned>(p.scan_chunks), grid.y, grid.z);
   if (p.dims.gdn) {
-    LaunchAfterPrevious(GdnChunkedScanKernel, grid, block, ChunkSmemBytes(dh, true, true), stream, p);
+    LaunchAfterPrevious(GdnChunkSolveKernel, dim3(chunks.x, grid.y), block, SmemBytes(dh, kSolve), stream, p);
+    ORYX_CUDA_CHECK(cudaGetLastError());
+    LaunchAfterPrevious(GdnChunkPassKernel, grid, block, SmemBytes(dh, kPass), stream, p);
+    ORYX_CUDA_CHECK(cudaGetLastError());
+    LaunchAfterPrevious(ChunkOutputsKernel<true>, chunks, block, SmemBytes(dh, kOutputs), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const dim3 chunks(static_cast<unsigned>(p.scan_chunks), grid.y, grid.z);
-  LaunchAfterPrevious(Mamba2ChunkStatesKernel, chunks, block, ChunkSmemBytes(dh, false, false), stream, p);
+  LaunchAfterPrevious(Mamba2ChunkStatesKernel, chunks, block, SmemBytes(dh, kStates), stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
   constexpr int kPassThreads = 256;
   const dim3 pass(grid.x, grid.y, static_cast<unsigned>(CeilDiv(dh * dh, kPassThreads)));
   LaunchAfterPrevious(ChunkStatePassKernel, pass, dim3(kPassThreads), 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
-  LaunchAfterPrevious(Mamba2ChunkOutputsKernel, chunks, block, ChunkSmemBytes(dh, true, false), stream, p);
+  LaunchAfterPrevious(ChunkOutputsKernel<false>, chunks, block, SmemBytes(dh, kOutputs), stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -544,15 +685,15 @@ int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked
 }
 
 int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks) {
-  if (dims.gdn) return 0;
-  const int64_t dh = dims.head_dim;
-  return chunks * dims.heads * (dh * dh + 1);
+  const int64_t dh = dims.head_dim, rows = chunks * dims.heads;
+  const int64_t mamba2 = rows * (dh * dh + 1);
+  return dims.gdn ? mamba2 + rows * (3 * kChunk * dh + kChunk) : mamba2;
 }
 
 void Recurrent(const RecurrentParams& params, cudaStream_t stream) {
   if (params.seqs == 0) return;
   RecurrentParams p = params;
-  if (!p.dims.gdn && p.scan_chunks == 0) p.chunked_min_len = 0;  // no mamba2 span takes the chunked scan
+  if (p.scan_chunks == 0) p.chunked_min_len = 0;  // no span takes the chunked scan
   const int64_t dh = p.dims.head_dim;
   const size_t smem = (dh * kLanes + 2 * dh + kGroups * kLanes + 2) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads),

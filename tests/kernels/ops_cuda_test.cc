@@ -616,7 +616,7 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
         return r;
       };
       const Run token = run(0, true), chunked = run(cuda::kChunkedScanMinLen, true);
-      if (!gdn) {  // mamba2 told of no chunks runs every span token by token
+      {  // told of no chunks, every span runs token by token
         const Run uncounted = run(cuda::kChunkedScanMinLen, false);
         EXPECT_EQ(uncounted.out, token.out) << "no chunks counted: outputs";
         EXPECT_EQ(uncounted.after, token.after) << "no chunks counted: states";
