@@ -1,5 +1,7 @@
 // The shared causal conv fused with its activation, RoPE of the keys, the bf16 KV cache append and RoPE
-// of the attention queries; and the conv window update after it. Parallel over (row, channel).
+// of the attention queries; and the conv window update after it. Parallel over (row, channel pair).
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -23,28 +25,43 @@ __device__ __forceinline__ float ConvAt(const ConvRopeAppendParams& p, const Seq
   return p.dims.conv_silu ? Silu(acc) : acc;
 }
 
+// One thread per (row, head, pair i / i + half of the head's features): RoPE rotates exactly those two
+// (half = dh / 2 when it applies; dh is even then), so each conv output is computed once and the angle once.
+// Rows r = blockIdx.y, blockIdx.y + gridDim.y, ...
 __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
   AfterPrevious();
-  const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh, P = p.dims.proj_width;
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.rows * HD) return;
-  const int64_t r = idx / HD, c = idx % HD, i = c % dh, half = dh / 2;
-  const SeqDesc s = p.seqs_ptr[p.row_seq_ptr[r]];
-  const int64_t t = r - s.row, pos = s.pos + t;
-  const bool rope = p.dims.rope_theta > 0;
-  const int64_t partner = i < half ? c + half : c - half;
-  const float k = ConvAt(p, s, t, c), v = ConvAt(p, s, t, HD + c);
-  p.kv_ptr[r * 2 * HD + c] = k;
-  p.kv_ptr[r * 2 * HD + HD + c] = v;
-  if (s.kv_cap > 0) {
-    const float k_rot = rope ? Rotate(k, ConvAt(p, s, t, partner), i, dh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : k;
-    const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD + c;
-    s.k_cache[at] = __float2bfloat16(k_rot);
-    s.v_cache[at] = __float2bfloat16(v);
-  }
-  if (p.row_mode_ptr[r] != 0) {
-    const float* q = p.proj_ptr + r * P + P - HD;  // q_attn: the last HD columns
-    p.qa_ptr[r * HD + c] = rope ? Rotate(q[c], q[partner], i, dh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr) : q[c];
+  const int dh = p.dims.head_dim, half = (dh + 1) / 2, HD = p.dims.heads * dh;
+  const int pair = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (pair >= p.dims.heads * half) return;
+  const int i = pair % half, c_lo = (pair / half) * dh + i, c_hi = c_lo + half;
+  const bool has_hi = i + half < dh, rope = p.dims.rope_theta > 0;
+  const int64_t P = p.dims.proj_width;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const SeqDesc s = p.seqs_ptr[p.row_seq_ptr[r]];
+    const int64_t t = r - s.row, pos = s.pos + t;
+    float sn = 0.f, cs = 1.f;
+    if (rope) RopeAngle(i, dh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &sn, &cs);
+    const float k_lo = ConvAt(p, s, t, c_lo), v_lo = ConvAt(p, s, t, HD + c_lo);
+    const float k_hi = has_hi ? ConvAt(p, s, t, c_hi) : 0.f, v_hi = has_hi ? ConvAt(p, s, t, HD + c_hi) : 0.f;
+    float* kv = p.kv_ptr + r * 2 * HD;
+    kv[c_lo] = k_lo, kv[HD + c_lo] = v_lo;
+    if (has_hi) kv[c_hi] = k_hi, kv[HD + c_hi] = v_hi;
+    if (s.kv_cap > 0) {
+      const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD;
+      s.k_cache[at + c_lo] = __float2bfloat16(rope ? k_lo * cs - k_hi * sn : k_lo);
+      s.v_cache[at + c_lo] = __float2bfloat16(v_lo);
+      if (has_hi) {
+        s.k_cache[at + c_hi] = __float2bfloat16(rope ? k_hi * cs + k_lo * sn : k_hi);
+        s.v_cache[at + c_hi] = __float2bfloat16(v_hi);
+      }
+    }
+    if (p.row_mode_ptr[r] != 0) {
+      const float* q = p.proj_ptr + r * P + P - HD;  // q_attn: the last HD columns
+      const float q_lo = q[c_lo], q_hi = has_hi ? q[c_hi] : 0.f;
+      float* qa = p.qa_ptr + r * HD;
+      qa[c_lo] = rope ? q_lo * cs - q_hi * sn : q_lo;
+      if (has_hi) qa[c_hi] = rope ? q_hi * cs + q_lo * sn : q_hi;
+    }
   }
 }
 
@@ -71,9 +88,10 @@ __global__ void ConvWindowUpdateKernel(ConvWindowUpdateParams p) {
 }  // namespace
 
 void ConvRopeAppend(const ConvRopeAppendParams& p, cudaStream_t stream) {
-  const int64_t n = p.rows * p.dims.heads * p.dims.head_dim;
-  if (n == 0) return;
-  LaunchAfterPrevious(ConvRopeAppendKernel, static_cast<unsigned>(CeilDiv(n, kThreads)), kThreads, 0, stream, p);
+  const int64_t pairs = p.dims.heads * ((p.dims.head_dim + 1) / 2);
+  if (p.rows == 0 || pairs == 0) return;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(pairs, kThreads)), static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
+  LaunchAfterPrevious(ConvRopeAppendKernel, grid, kThreads, 0, stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -131,7 +131,7 @@ __global__ void RecurrentKernel(RecurrentParams p) {
 // cum (gdn: k and q normalised); the decay-masked scores W[t][s] come in 4x4 register tiles.
 constexpr int kChunk = 64;
 constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread
-constexpr int kScoresLd = kChunk + 1;
+constexpr int kScoresLd = kChunk + 4;  // rows of 16 bytes' multiple, read as float4 along s
 
 // Which parts of ChunkSmem a kernel uses (the chunk's k, gates, cum and ucoef always).
 enum ChunkPart : unsigned {
@@ -157,13 +157,15 @@ struct ChunkSmem {
   float* Wg;     // [C, dh+1] gdn: W
   float* gate;   // [C] mamba2: dt; gdn: beta
   float* ucoef;  // [C] exp(cum_last - cum_s) (mamba2: times dt_s)
-  int ld;        // dh + 1
+  int pad;       // dh rounded up to 4: the rows of S and the columns of Ks, Qs, Wg, read as float4 (past dh: 0)
+  int ld;        // pad + 4: rows 16-byte aligned
   size_t bytes;
 };
 
 __host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, unsigned parts) {
   ChunkSmem m{};
-  m.ld = static_cast<int>(dh) + 1;
+  m.pad = static_cast<int>((dh + 3) / 4 * 4);
+  m.ld = m.pad + 4;
   size_t at = 0;
   auto take = [&](size_t floats, unsigned part) -> float* {
     if (part != 0 && (parts & part) == 0) return nullptr;
@@ -173,7 +175,7 @@ __host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, uns
   };
   m.cum = base != nullptr ? reinterpret_cast<double*>(base) : nullptr;
   at = kChunk * sizeof(double);
-  m.S = take(dh * kLanes, kPartS);
+  m.S = take(m.pad * kLanes, kPartS);
   m.Ks = take(kChunk * m.ld, 0);
   m.Qs = take(kChunk * m.ld, kPartQ);
   m.Vs = take(kChunk * kLanes, kPartV);
@@ -200,6 +202,10 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
     for (int64_t d = x; d < dh; d += kLanes) {
       CopyWordAsync(m.Ks + t * ld + d, p.kv_ptr + r * 2 * HD + h * dh + d);
       if (m.Qs != nullptr) CopyWordAsync(m.Qs + t * ld + d, p.proj_ptr + r * P + 2 * HD + h * dh + d);
+    }
+    for (int64_t d = dh + x; d < m.pad; d += kLanes) {
+      m.Ks[t * ld + d] = 0.f;
+      if (m.Qs != nullptr) m.Qs[t * ld + d] = 0.f;
     }
     if (m.Vs == nullptr) continue;
     if (j < dh) {
@@ -294,6 +300,31 @@ __device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
   }
 }
 
+// acc[k] += sum_{i < len} rows[k * row_step + i] * column[i * 32] for the kPer rows: the rows (16-byte
+// aligned, all lanes of a warp on the same ones) read as float4 broadcasts, the column (each lane its own)
+// as floats, four i at a time, then the last len % 4 one by one.
+__device__ __forceinline__ void RowsTimesColumn(const float* rows, int row_step, const float* column, int64_t len,
+                                                float (&acc)[kPer]) {
+  int64_t i = 0;
+  for (; i + 4 <= len; i += 4) {
+    const float c0 = column[i * kLanes], c1 = column[(i + 1) * kLanes], c2 = column[(i + 2) * kLanes],
+                c3 = column[(i + 3) * kLanes];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const float4 r = *reinterpret_cast<const float4*>(rows + k * row_step + i);
+      acc[k] += r.x * c0;
+      acc[k] += r.y * c1;
+      acc[k] += r.z * c2;
+      acc[k] += r.w * c3;
+    }
+  }
+  for (; i < len; ++i) {
+    const float c = column[i * kLanes];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[k] += rows[k * row_step + i] * c;
+  }
+}
+
 // The outputs of tokens t = y + 8k from the state slice entering the chunk (m.S), the scores and m.Vs (v's
 // slice for mamba2, u's for gdn). Ends with a barrier.
 template <bool kGdn>
@@ -301,16 +332,8 @@ __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64
   const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh;
   const int x = threadIdx.x, y = threadIdx.y, ld = m.ld;
   float from_state[kPer] = {}, from_chunk[kPer] = {};
-  for (int64_t i = 0; i < dh; ++i) {
-    const float sv = m.S[i * kLanes + x];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) from_state[k] += m.Qs[(y + kGroups * k) * ld + i] * sv;
-  }
-  for (int u = 0; u < n; ++u) {
-    const float vv = m.Vs[u * kLanes + x];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) from_chunk[k] += m.Wm[(y + kGroups * k) * kScoresLd + u] * vv;
-  }
+  RowsTimesColumn(m.Qs + y * ld, kGroups * ld, m.S + x, m.pad, from_state);
+  RowsTimesColumn(m.Wm + y * kScoresLd, kGroups * kScoresLd, m.Vs + x, n, from_chunk);
   const float d_skip = kGdn ? 0.f : p.maybe_d_skip_ptr[h];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
@@ -324,29 +347,43 @@ __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64
   __syncthreads();
 }
 
-// S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x], i = y + 8m, 8 rows at a time (mamba2: u_s = v_s,
-// its dt_s being in ucoef). decay 0 starts from a zero state (whatever S holds). Ends with a barrier.
+// S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x] (mamba2: u_s = v_s, its dt_s being in ucoef) for
+// i < dh, in quads of rows 4q..4q+3, q = y + 8m, four quads at a time (k_s's quad read as a float4
+// broadcast). decay 0 starts from a zero state (whatever S holds). S's rows past dh stay as they are. Ends
+// with a barrier.
 __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float decay) {
-  const int x = threadIdx.x, y = threadIdx.y;
-  for (int64_t i0 = y; i0 < dh; i0 += kGroups * 8) {
-    float acc[8];
+  constexpr int kQuads = 4;
+  const int x = threadIdx.x, y = threadIdx.y, quads = m.pad / 4;
+  for (int q0 = y; q0 < quads; q0 += kGroups * kQuads) {
+    float acc[kQuads][4];
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const int64_t i = i0 + kGroups * q;
-      acc[q] = i < dh && decay != 0.f ? decay * m.S[i * kLanes + x] : 0.f;
+    for (int a = 0; a < kQuads; ++a) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = 4 * (q0 + kGroups * a) + e;
+        acc[a][e] = i < dh && decay != 0.f ? decay * m.S[i * kLanes + x] : 0.f;
+      }
     }
     for (int u = 0; u < n; ++u) {
       const float w = m.ucoef[u] * m.Vs[u * kLanes + x];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int64_t i = i0 + kGroups * q;
-        if (i < dh) acc[q] += m.Ks[u * m.ld + i] * w;
+      for (int a = 0; a < kQuads; ++a) {
+        const int q = q0 + kGroups * a;
+        if (q >= quads) break;
+        const float4 k = *reinterpret_cast<const float4*>(m.Ks + u * m.ld + 4 * q);
+        acc[a][0] += k.x * w;
+        acc[a][1] += k.y * w;
+        acc[a][2] += k.z * w;
+        acc[a][3] += k.w * w;
       }
     }
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const int64_t i = i0 + kGroups * q;
-      if (i < dh) m.S[i * kLanes + x] = acc[q];
+    for (int a = 0; a < kQuads; ++a) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = 4 * (q0 + kGroups * a) + e;
+        if (i < dh) m.S[i * kLanes + x] = acc[a][e];
+      }
     }
   }
   __syncthreads();
@@ -502,8 +539,11 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
       float part[4] = {m.X[t * cols + c], 0.f, 0.f, 0.f};
       int u = 0;
       for (; u + 4 <= t; u += 4) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) part[q] -= m.Am[t * kScoresLd + u + q] * m.X[(u + q) * cols + c];
+        const float4 a = *reinterpret_cast<const float4*>(m.Am + t * kScoresLd + u);
+        part[0] -= a.x * m.X[u * cols + c];
+        part[1] -= a.y * m.X[(u + 1) * cols + c];
+        part[2] -= a.z * m.X[(u + 2) * cols + c];
+        part[3] -= a.w * m.X[(u + 3) * cols + c];
       }
       for (; u < t; ++u) part[0] -= m.Am[t * kScoresLd + u] * m.X[u * cols + c];
       m.X[t * cols + c] = (part[0] + part[1]) + (part[2] + part[3]);
@@ -540,7 +580,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartV | kPartW);
   const ScanScratch scratch(p);
   float* state = s.state + (int64_t(p.layer) * H + h) * dd;
-  for (int64_t i = y; i < dh; i += kGroups) m.S[i * kLanes + x] = col ? state[i * dh + j] : 0.f;
+  for (int64_t i = y; i < m.pad; i += kGroups) m.S[i * kLanes + x] = col && i < dh ? state[i * dh + j] : 0.f;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t rec = (first + c) * H + h;
     const int n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
@@ -552,6 +592,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
         CopyWordAsync(m.Ks + t * m.ld + d, keys + t * dh + d);
         CopyWordAsync(m.Wg + t * m.ld + d, w + t * dh + d);
       }
+      for (int64_t d = dh + x; d < m.pad; d += kLanes) m.Wg[t * m.ld + d] = 0.f;
     }
     if (tid < n) CopyWordAsync(m.ucoef + tid, scratch.ucoef + rec * kChunk + tid);
     float* entering = scratch.states + rec * dd;
@@ -568,11 +609,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
     __syncthreads();
     // u_t = U_t - W_t . S for tokens t = y + 8k.
     float ws[kPer] = {};
-    for (int64_t i = 0; i < dh; ++i) {
-      const float sv = m.S[i * kLanes + x];
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) ws[k] += m.Wg[(y + kGroups * k) * m.ld + i] * sv;
-    }
+    RowsTimesColumn(m.Wg + y * m.ld, kGroups * m.ld, m.S + x, m.pad, ws);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int t = y + kGroups * k;
@@ -604,8 +641,8 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
   const int64_t rec = int64_t(blockIdx.x) * H + h;
   // The state entering the chunk (gdn: and u in place of v) by cp.async, which StageChunk waits for.
   const float* entering = scratch.states + rec * dh * dh;
-  for (int64_t i = y; i < dh; i += kGroups) {
-    if (j < dh) {
+  for (int64_t i = y; i < m.pad; i += kGroups) {
+    if (j < dh && i < dh) {
       CopyWordAsync(m.S + i * kLanes + x, entering + i * dh + j);
     } else {
       m.S[i * kLanes + x] = 0.f;
