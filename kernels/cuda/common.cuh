@@ -109,6 +109,16 @@ __device__ __forceinline__ void CopyWordAsync(float* dst, const float* src) {
 #endif
 }
 
+// One 16-byte cp.async (both pointers 16-byte aligned; not L1-allocating).
+__device__ __forceinline__ void CopyQuadAsync(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
+#else
+  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+#endif
+}
+
 // Waits for all of the thread's cp.async copies (committed or not).
 __device__ __forceinline__ void WaitCopies() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -142,6 +142,7 @@ enum ChunkPart : unsigned {
   kPartA = 16,       // gdn's system
   kPartSolve = 32,   // gdn's right-hand sides and solution [C, 2dh]
   kPartW = 64,       // gdn's W rows
+  kPartK = 128,      // k
 };
 
 // A chunk's shared memory, carved from `base` (null: only count the bytes).
@@ -176,7 +177,7 @@ __host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, uns
   m.cum = base != nullptr ? reinterpret_cast<double*>(base) : nullptr;
   at = kChunk * sizeof(double);
   m.S = take(m.pad * kLanes, kPartS);
-  m.Ks = take(kChunk * m.ld, 0);
+  m.Ks = take(kChunk * m.ld, kPartK);
   m.Qs = take(kChunk * m.ld, kPartQ);
   m.Vs = take(kChunk * kLanes, kPartV);
   m.Wm = take(kChunk * kScoresLd, kPartScores);
@@ -200,11 +201,11 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
   for (int t = y; t < n; t += kGroups) {
     const int64_t r = r0 + t;
     for (int64_t d = x; d < dh; d += kLanes) {
-      CopyWordAsync(m.Ks + t * ld + d, p.kv_ptr + r * 2 * HD + h * dh + d);
+      if (m.Ks != nullptr) CopyWordAsync(m.Ks + t * ld + d, p.kv_ptr + r * 2 * HD + h * dh + d);
       if (m.Qs != nullptr) CopyWordAsync(m.Qs + t * ld + d, p.proj_ptr + r * P + 2 * HD + h * dh + d);
     }
     for (int64_t d = dh + x; d < m.pad; d += kLanes) {
-      m.Ks[t * ld + d] = 0.f;
+      if (m.Ks != nullptr) m.Ks[t * ld + d] = 0.f;
       if (m.Qs != nullptr) m.Qs[t * ld + d] = 0.f;
     }
     if (m.Vs == nullptr) continue;
@@ -250,14 +251,14 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
     for (int t = y; t < n; t += kGroups) {
       float kk = 0.f, qq = 0.f;
       for (int64_t d = x; d < dh; d += kLanes) {
-        kk += m.Ks[t * ld + d] * m.Ks[t * ld + d];
+        if (m.Ks != nullptr) kk += m.Ks[t * ld + d] * m.Ks[t * ld + d];
         if (m.Qs != nullptr) qq += m.Qs[t * ld + d] * m.Qs[t * ld + d];
       }
       kk = WarpSum(kk);
       qq = WarpSum(qq);
       const float k_scale = 1.f / sqrtf(kk + 1e-6f), q_scale = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
       for (int64_t d = x; d < dh; d += kLanes) {
-        m.Ks[t * ld + d] *= k_scale;
+        if (m.Ks != nullptr) m.Ks[t * ld + d] *= k_scale;
         if (m.Qs != nullptr) m.Qs[t * ld + d] *= q_scale;
       }
     }
@@ -418,18 +419,22 @@ __device__ int64_t FirstChunkOf(const RecurrentParams& p, int64_t b) {
   return first;
 }
 
-// The scratch (ChunkedScanScratchFloats), per flat chunk c and head h:
+// The scratch (ChunkedScanScratchFloats), per flat chunk c and head h, each region padded to a multiple of
+// 4 floats (the scores are read in 16-byte pieces):
 //   states [chunks, H, dh, dh]: the state entering the chunk (mamba2: first the chunk's own contribution)
 //   decays [chunks, H]:         exp(cum_last)
+//   scores [chunks, H, C, C]:   W, the decay-masked scores
 //   gdn: keys [chunks, H, C, dh] (normalised), w [chunks, H, C, dh], u [chunks, H, C, dh] (U, then u),
 //        ucoef [chunks, H, C]
+__host__ __device__ constexpr int64_t Pad4(int64_t floats) { return (floats + 3) / 4 * 4; }
 struct ScanScratch {
-  float *states, *decays, *keys, *w, *u, *ucoef;
+  float *states, *decays, *scores, *keys, *w, *u, *ucoef;
   __device__ explicit ScanScratch(const RecurrentParams& p) {
     const int64_t dh = p.dims.head_dim, rows = p.scan_chunks * p.dims.heads;
     states = p.scan_scratch;
-    decays = states + rows * dh * dh;
-    keys = decays + rows;
+    decays = states + Pad4(rows * dh * dh);
+    scores = decays + Pad4(rows);
+    keys = scores + rows * kChunk * kChunk;
     w = keys + rows * kChunk * dh;
     u = w + rows * kChunk * dh;
     ucoef = u + rows * kChunk * dh;
@@ -459,7 +464,7 @@ __global__ void Mamba2ChunkStatesKernel(RecurrentParams p) {
   if (!LocateBlockChunk(p, &at)) return;
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = blockIdx.y;
   const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartV);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartS | kPartV);
   StageChunk<false>(p, m, h, j, at.row, at.n);
   ChunkStateUpdate(m, dh, at.n, 0.f);
   const ScanScratch scratch(p);
@@ -518,7 +523,7 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
   if (!LocateBlockChunk(p, &at)) return;
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = blockIdx.y, cols = 2 * dh;
   const int tid = threadIdx.y * kLanes + threadIdx.x, n = at.n;
-  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartA | kPartSolve);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartA | kPartSolve);
   for (int t = threadIdx.y; t < n; t += kGroups) {  // v into X's left half (StageChunk waits for the copies)
     for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
       CopyWordAsync(m.X + t * cols + d, p.kv_ptr + (at.row + t) * 2 * HD + HD + h * dh + d);
@@ -577,7 +582,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
   const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x;
   const bool col = j < dh;
-  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartV | kPartW);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartS | kPartV | kPartW);
   const ScanScratch scratch(p);
   float* state = s.state + (int64_t(p.layer) * H + h) * dd;
   for (int64_t i = y; i < m.pad; i += kGroups) m.S[i * kLanes + x] = col && i < dh ? state[i * dh + j] : 0.f;
@@ -625,8 +630,30 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   }
 }
 
-// Chunk blockIdx.x's outputs (head blockIdx.y, value slice blockIdx.z) from the state entering it (mamba2:
-// and v; gdn: and u, from the scratch).
+// Chunk blockIdx.x's decay-masked scores W for head blockIdx.y, once for all its value slices, to the
+// scratch (rows t < n, each as 16 float4s; the columns past n are not read).
+template <bool kGdn>
+__global__ void ChunkScoresKernel(RecurrentParams p) {
+  extern __shared__ double smem_d[];
+  AfterPrevious();
+  ChunkAt at;
+  if (!LocateBlockChunk(p, &at)) return;
+  const int64_t dh = p.dims.head_dim, h = blockIdx.y;
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartQ | kPartScores);
+  StageChunk<kGdn>(p, m, h, dh, at.row, at.n);
+  ChunkProducts<true, kGdn>(m, dh, at.n);
+  __syncthreads();
+  const ScanScratch scratch(p);
+  float* dst = scratch.scores + (int64_t(blockIdx.x) * p.dims.heads + h) * kChunk * kChunk;
+  constexpr int kQuadsPerRow = kChunk / 4;
+  for (int e = threadIdx.y * kLanes + threadIdx.x; e < at.n * kQuadsPerRow; e += kLanes * kGroups) {
+    const int t = e / kQuadsPerRow, q = e % kQuadsPerRow;
+    *reinterpret_cast<float4*>(dst + t * kChunk + 4 * q) = *reinterpret_cast<const float4*>(m.Wm + t * kScoresLd + 4 * q);
+  }
+}
+
+// Chunk blockIdx.x's outputs (head blockIdx.y, value slice blockIdx.z) from the state entering it, the
+// scores (ChunkScoresKernel) and v (gdn: u, from the scratch).
 template <bool kGdn>
 __global__ void ChunkOutputsKernel(RecurrentParams p) {
   extern __shared__ double smem_d[];
@@ -639,7 +666,14 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
   ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartQ | kPartV | kPartScores);
   const ScanScratch scratch(p);
   const int64_t rec = int64_t(blockIdx.x) * H + h;
-  // The state entering the chunk (gdn: and u in place of v) by cp.async, which StageChunk waits for.
+  // The scores, the state entering the chunk (gdn: and u in place of v) by cp.async, which StageChunk
+  // waits for.
+  const float* scores = scratch.scores + rec * kChunk * kChunk;
+  constexpr int kQuadsPerRow = kChunk / 4;
+  for (int e = y * kLanes + x; e < at.n * kQuadsPerRow; e += kLanes * kGroups) {
+    const int t = e / kQuadsPerRow, q = e % kQuadsPerRow;
+    CopyQuadAsync(m.Wm + t * kScoresLd + 4 * q, scores + t * kChunk + 4 * q);
+  }
   const float* entering = scratch.states + rec * dh * dh;
   for (int64_t i = y; i < m.pad; i += kGroups) {
     if (j < dh && i < dh) {
@@ -663,8 +697,6 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
   } else {
     StageChunk<false>(p, m, h, j, at.row, at.n);
   }
-  ChunkProducts<true, kGdn>(m, dh, at.n);
-  __syncthreads();
   ChunkOutputs<kGdn>(p, m, h, j, at.row, at.n);
 }
 
@@ -679,21 +711,26 @@ size_t SmemBytes(int64_t dh, unsigned parts) { return LayoutChunkSmem(nullptr, d
 void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream) {
   const int64_t dh = p.dims.head_dim;
   const dim3 block(kLanes, kGroups);
-  constexpr unsigned kOutputs = kPartS | kPartQ | kPartV | kPartScores, kStates = kPartS | kPartV;
-  constexpr unsigned kSolve = kPartA | kPartSolve, kPass = kPartS | kPartV | kPartW;
+  constexpr unsigned kOutputs = kPartS | kPartQ | kPartV | kPartScores, kScores = kPartK | kPartQ | kPartScores;
+  constexpr unsigned kStates = kPartK | kPartS | kPartV, kSolve = kPartK | kPartA | kPartSolve;
+  constexpr unsigned kPass = kPartK | kPartS | kPartV | kPartW;
   // Up to the shared memory of head_dim kMaxHeadDimCuda, configured once.
   static const bool configured = [] {
     AllowSmem(Mamba2ChunkStatesKernel, SmemBytes(kMaxHeadDimCuda, kStates));
     AllowSmem(ChunkOutputsKernel<false>, SmemBytes(kMaxHeadDimCuda, kOutputs));
     AllowSmem(ChunkOutputsKernel<true>, SmemBytes(kMaxHeadDimCuda, kOutputs));
+    AllowSmem(ChunkScoresKernel<false>, SmemBytes(kMaxHeadDimCuda, kScores));
+    AllowSmem(ChunkScoresKernel<true>, SmemBytes(kMaxHeadDimCuda, kScores));
     AllowSmem(GdnChunkSolveKernel, SmemBytes(kMaxHeadDimCuda, kSolve));
     AllowSmem(GdnChunkPassKernel, SmemBytes(kMaxHeadDimCuda, kPass));
     return true;
   }();
   (void)configured;
-  const dim3 chunks(static_cast<unsigned>(p.scan_chunks), grid.y, grid.z);
+  const dim3 chunks(static_cast<unsigned>(p.scan_chunks), grid.y, grid.z), chunk_heads(chunks.x, grid.y);
   if (p.dims.gdn) {
-    LaunchAfterPrevious(GdnChunkSolveKernel, dim3(chunks.x, grid.y), block, SmemBytes(dh, kSolve), stream, p);
+    LaunchAfterPrevious(ChunkScoresKernel<true>, chunk_heads, block, SmemBytes(dh, kScores), stream, p);
+    ORYX_CUDA_CHECK(cudaGetLastError());
+    LaunchAfterPrevious(GdnChunkSolveKernel, chunk_heads, block, SmemBytes(dh, kSolve), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
     LaunchAfterPrevious(GdnChunkPassKernel, grid, block, SmemBytes(dh, kPass), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
@@ -701,6 +738,8 @@ void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream)
     ORYX_CUDA_CHECK(cudaGetLastError());
     return;
   }
+  LaunchAfterPrevious(ChunkScoresKernel<false>, chunk_heads, block, SmemBytes(dh, kScores), stream, p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
   LaunchAfterPrevious(Mamba2ChunkStatesKernel, chunks, block, SmemBytes(dh, kStates), stream, p);
   ORYX_CUDA_CHECK(cudaGetLastError());
   constexpr int kPassThreads = 256;
@@ -723,7 +762,7 @@ int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked
 
 int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks) {
   const int64_t dh = dims.head_dim, rows = chunks * dims.heads;
-  const int64_t mamba2 = rows * (dh * dh + 1);
+  const int64_t mamba2 = Pad4(rows * dh * dh) + Pad4(rows) + rows * kChunk * kChunk;
   return dims.gdn ? mamba2 + rows * (3 * kChunk * dh + kChunk) : mamba2;
 }
 
