@@ -301,17 +301,18 @@ __device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
   }
 }
 
-// acc[k] += sum_{i < len} rows[k * row_step + i] * column[i * 32] for the kPer rows: the rows (16-byte
+// acc[k] += sum_{i < len} rows[k * row_step + i] * column[i * kStride] for kRows rows: the rows (16-byte
 // aligned, all lanes of a warp on the same ones) read as float4 broadcasts, the column (each lane its own)
 // as floats, four i at a time, then the last len % 4 one by one.
+template <int kRows, int kStride>
 __device__ __forceinline__ void RowsTimesColumn(const float* rows, int row_step, const float* column, int64_t len,
-                                                float (&acc)[kPer]) {
+                                                float (&acc)[kRows]) {
   int64_t i = 0;
   for (; i + 4 <= len; i += 4) {
-    const float c0 = column[i * kLanes], c1 = column[(i + 1) * kLanes], c2 = column[(i + 2) * kLanes],
-                c3 = column[(i + 3) * kLanes];
+    const float c0 = column[i * kStride], c1 = column[(i + 1) * kStride], c2 = column[(i + 2) * kStride],
+                c3 = column[(i + 3) * kStride];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
+    for (int k = 0; k < kRows; ++k) {
       const float4 r = *reinterpret_cast<const float4*>(rows + k * row_step + i);
       acc[k] += r.x * c0;
       acc[k] += r.y * c1;
@@ -320,9 +321,9 @@ __device__ __forceinline__ void RowsTimesColumn(const float* rows, int row_step,
     }
   }
   for (; i < len; ++i) {
-    const float c = column[i * kLanes];
+    const float c = column[i * kStride];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) acc[k] += rows[k * row_step + i] * c;
+    for (int k = 0; k < kRows; ++k) acc[k] += rows[k * row_step + i] * c;
   }
 }
 
@@ -333,8 +334,8 @@ __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64
   const int64_t dh = p.dims.head_dim, HD = p.dims.heads * dh;
   const int x = threadIdx.x, y = threadIdx.y, ld = m.ld;
   float from_state[kPer] = {}, from_chunk[kPer] = {};
-  RowsTimesColumn(m.Qs + y * ld, kGroups * ld, m.S + x, m.pad, from_state);
-  RowsTimesColumn(m.Wm + y * kScoresLd, kGroups * kScoresLd, m.Vs + x, n, from_chunk);
+  RowsTimesColumn<kPer, kLanes>(m.Qs + y * ld, kGroups * ld, m.S + x, m.pad, from_state);
+  RowsTimesColumn<kPer, kLanes>(m.Wm + y * kScoresLd, kGroups * kScoresLd, m.Vs + x, n, from_chunk);
   const float d_skip = kGdn ? 0.f : p.maybe_d_skip_ptr[h];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
@@ -349,27 +350,28 @@ __device__ void ChunkOutputs(const RecurrentParams& p, const ChunkSmem& m, int64
 }
 
 // S[i][x] = decay S[i][x] + sum_s ucoef_s k_s[i] u_s[x] (mamba2: u_s = v_s, its dt_s being in ucoef) for
-// i < dh, in quads of rows 4q..4q+3, q = y + 8m, four quads at a time (k_s's quad read as a float4
-// broadcast). decay 0 starts from a zero state (whatever S holds). S's rows past dh stay as they are. Ends
-// with a barrier.
+// i < dh, in quads of rows 4q..4q+3, q = y + kRowGroups m, four quads at a time (k_s's quad read as a float4
+// broadcast); S and u's rows kCols floats apart (threads kCols x kRowGroups). decay 0 starts from a zero
+// state (whatever S holds). S's rows past dh stay as they are. Ends with a barrier.
+template <int kCols = kLanes, int kRowGroups = kGroups>
 __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float decay) {
   constexpr int kQuads = 4;
   const int x = threadIdx.x, y = threadIdx.y, quads = m.pad / 4;
-  for (int q0 = y; q0 < quads; q0 += kGroups * kQuads) {
+  for (int q0 = y; q0 < quads; q0 += kRowGroups * kQuads) {
     float acc[kQuads][4];
 #pragma unroll
     for (int a = 0; a < kQuads; ++a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t i = 4 * (q0 + kGroups * a) + e;
-        acc[a][e] = i < dh && decay != 0.f ? decay * m.S[i * kLanes + x] : 0.f;
+        const int64_t i = 4 * (q0 + kRowGroups * a) + e;
+        acc[a][e] = i < dh && decay != 0.f ? decay * m.S[i * kCols + x] : 0.f;
       }
     }
     for (int u = 0; u < n; ++u) {
-      const float w = m.ucoef[u] * m.Vs[u * kLanes + x];
+      const float w = m.ucoef[u] * m.Vs[u * kCols + x];
 #pragma unroll
       for (int a = 0; a < kQuads; ++a) {
-        const int q = q0 + kGroups * a;
+        const int q = q0 + kRowGroups * a;
         if (q >= quads) break;
         const float4 k = *reinterpret_cast<const float4*>(m.Ks + u * m.ld + 4 * q);
         acc[a][0] += k.x * w;
@@ -382,8 +384,8 @@ __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float de
     for (int a = 0; a < kQuads; ++a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t i = 4 * (q0 + kGroups * a) + e;
-        if (i < dh) m.S[i * kLanes + x] = acc[a][e];
+        const int64_t i = 4 * (q0 + kRowGroups * a) + e;
+        if (i < dh) m.S[i * kCols + x] = acc[a][e];
       }
     }
   }
@@ -568,8 +570,11 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
   if (tid == 0) scratch.decays[rec] = expf(static_cast<float>(m.cum[n - 1]));
 }
 
-// gdn: the chunks of (sequence blockIdx.x, head blockIdx.y, value slice blockIdx.z) in order: record the
-// state entering the chunk, u = U - W S, then S <- decay S + sum_s ucoef_s k_s u_s^T; u to the scratch.
+// gdn: the chunks of (sequence blockIdx.x, head blockIdx.y, value slice blockIdx.z of kPassCols) in order:
+// record the state entering the chunk, u = U - W S, then S <- decay S + sum_s ucoef_s k_s u_s^T; u to the
+// scratch. Slices of 16 value features (threads 16 x 16, tokens t = y + 16k) give 128 blocks at 1.4b's 16
+// heads of 128, where 32 gave 64 for the H200's 132 SMs; each block reads the chunk's keys and W whole.
+constexpr int kPassCols = 16, kPassGroups = 16, kPassPer = kChunk / kPassGroups;
 __global__ void GdnChunkPassKernel(RecurrentParams p) {
   extern __shared__ double smem_d[];
   AfterPrevious();
@@ -579,54 +584,54 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   const int64_t first = FirstChunkOf(p, b);
   const SeqDesc s = p.seqs_ptr[b];
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, dd = dh * dh, h = blockIdx.y;
-  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
-  const int x = threadIdx.x, y = threadIdx.y, tid = y * kLanes + x;
+  const int64_t j = int64_t(blockIdx.z) * kPassCols + threadIdx.x;
+  const int x = threadIdx.x, y = threadIdx.y, tid = y * kPassCols + x;
   const bool col = j < dh;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartS | kPartV | kPartW);
   const ScanScratch scratch(p);
   float* state = s.state + (int64_t(p.layer) * H + h) * dd;
-  for (int64_t i = y; i < m.pad; i += kGroups) m.S[i * kLanes + x] = col && i < dh ? state[i * dh + j] : 0.f;
+  for (int64_t i = y; i < m.pad; i += kPassGroups) m.S[i * kPassCols + x] = col && i < dh ? state[i * dh + j] : 0.f;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t rec = (first + c) * H + h;
     const int n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
     const float* keys = scratch.keys + rec * kChunk * dh;
     const float* w = scratch.w + rec * kChunk * dh;
     float* u = scratch.u + rec * kChunk * dh;
-    for (int t = y; t < n; t += kGroups) {
-      for (int64_t d = x; d < dh; d += kLanes) {
+    for (int t = y; t < n; t += kPassGroups) {
+      for (int64_t d = x; d < dh; d += kPassCols) {
         CopyWordAsync(m.Ks + t * m.ld + d, keys + t * dh + d);
         CopyWordAsync(m.Wg + t * m.ld + d, w + t * dh + d);
       }
-      for (int64_t d = dh + x; d < m.pad; d += kLanes) m.Wg[t * m.ld + d] = 0.f;
+      for (int64_t d = dh + x; d < m.pad; d += kPassCols) m.Wg[t * m.ld + d] = 0.f;
     }
     if (tid < n) CopyWordAsync(m.ucoef + tid, scratch.ucoef + rec * kChunk + tid);
     float* entering = scratch.states + rec * dd;
     if (col) {
-      for (int64_t i = y; i < dh; i += kGroups) entering[i * dh + j] = m.S[i * kLanes + x];
+      for (int64_t i = y; i < dh; i += kPassGroups) entering[i * dh + j] = m.S[i * kPassCols + x];
     }
-    float big_u[kPer];
+    float big_u[kPassPer];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int t = y + kGroups * k;
+    for (int k = 0; k < kPassPer; ++k) {
+      const int t = y + kPassGroups * k;
       big_u[k] = t < n && col ? u[t * dh + j] : 0.f;
     }
     WaitCopies();
     __syncthreads();
-    // u_t = U_t - W_t . S for tokens t = y + 8k.
-    float ws[kPer] = {};
-    RowsTimesColumn(m.Wg + y * m.ld, kGroups * m.ld, m.S + x, m.pad, ws);
+    // u_t = U_t - W_t . S for tokens t = y + 16k.
+    float ws[kPassPer] = {};
+    RowsTimesColumn<kPassPer, kPassCols>(m.Wg + y * m.ld, kPassGroups * m.ld, m.S + x, m.pad, ws);
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int t = y + kGroups * k;
+    for (int k = 0; k < kPassPer; ++k) {
+      const int t = y + kPassGroups * k;
       const float value = big_u[k] - ws[k];
-      m.Vs[t * kLanes + x] = t < n ? value : 0.f;
+      m.Vs[t * kPassCols + x] = t < n ? value : 0.f;
       if (t < n && col) u[t * dh + j] = value;
     }
     __syncthreads();
-    ChunkStateUpdate(m, dh, n, scratch.decays[rec]);
+    ChunkStateUpdate<kPassCols, kPassGroups>(m, dh, n, scratch.decays[rec]);
   }
   if (col) {
-    for (int64_t i = y; i < dh; i += kGroups) state[i * dh + j] = m.S[i * kLanes + x];
+    for (int64_t i = y; i < dh; i += kPassGroups) state[i * dh + j] = m.S[i * kPassCols + x];
   }
 }
 
@@ -732,7 +737,8 @@ void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream)
     ORYX_CUDA_CHECK(cudaGetLastError());
     LaunchAfterPrevious(GdnChunkSolveKernel, chunk_heads, block, SmemBytes(dh, kSolve), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
-    LaunchAfterPrevious(GdnChunkPassKernel, grid, block, SmemBytes(dh, kPass), stream, p);
+    const dim3 pass(grid.x, grid.y, static_cast<unsigned>(CeilDiv(dh, kPassCols)));
+    LaunchAfterPrevious(GdnChunkPassKernel, pass, dim3(kPassCols, kPassGroups), SmemBytes(dh, kPass), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
     LaunchAfterPrevious(ChunkOutputsKernel<true>, chunks, block, SmemBytes(dh, kOutputs), stream, p);
     ORYX_CUDA_CHECK(cudaGetLastError());
