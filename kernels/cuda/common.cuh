@@ -84,19 +84,22 @@ __device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
   return r;
 }
 
+// One 16-byte cp.async (both pointers 16-byte aligned; not L1-allocating).
+__device__ __forceinline__ void CopyQuadAsync(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
+#else
+  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+#endif
+}
+
 // n floats from global to shared memory without holding registers (cp.async, 16 bytes a copy; both pointers
 // 16-byte aligned, n a multiple of 4), spread over the block's threads; WaitCopies() then a barrier make them
 // visible. Kernels use it before the programmatic-launch wait for constants their prologue reads, so that
 // no DRAM round trip (behind the weights' early loads) follows the wait.
 __device__ __forceinline__ void CopyToSharedAsync(float* dst, const float* src, int64_t n) {
-  for (int64_t i = 4 * int64_t(threadIdx.x); i < n; i += 4 * int64_t(blockDim.x)) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst + i));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src + i) : "memory");
-#else
-    *reinterpret_cast<float4*>(dst + i) = *reinterpret_cast<const float4*>(src + i);
-#endif
-  }
+  for (int64_t i = 4 * int64_t(threadIdx.x); i < n; i += 4 * int64_t(blockDim.x)) CopyQuadAsync(dst + i, src + i);
 }
 
 // One 4-byte cp.async (L1-allocating, as a plain load would be).
@@ -106,16 +109,6 @@ __device__ __forceinline__ void CopyWordAsync(float* dst, const float* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem), "l"(src) : "memory");
 #else
   *dst = *src;
-#endif
-}
-
-// One 16-byte cp.async (both pointers 16-byte aligned; not L1-allocating).
-__device__ __forceinline__ void CopyQuadAsync(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto smem = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(src) : "memory");
-#else
-  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
 #endif
 }
 

@@ -447,6 +447,8 @@ struct ScanScratch {
 struct ChunkAt {
   int64_t seq, row;
   int n;
+  int64_t h = blockIdx.y;                                      // the head
+  int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;      // the thread's value feature (slice blockIdx.z)
 };
 __device__ bool LocateBlockChunk(const RecurrentParams& p, ChunkAt* at) {
   int64_t c = 0;
@@ -464,8 +466,7 @@ __global__ void Mamba2ChunkStatesKernel(RecurrentParams p) {
   AfterPrevious();
   ChunkAt at;
   if (!LocateBlockChunk(p, &at)) return;
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = blockIdx.y;
-  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = at.h, j = at.j;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartS | kPartV);
   StageChunk<false>(p, m, h, j, at.row, at.n);
   ChunkStateUpdate(m, dh, at.n, 0.f);
@@ -523,7 +524,7 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
   AfterPrevious();
   ChunkAt at;
   if (!LocateBlockChunk(p, &at)) return;
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = blockIdx.y, cols = 2 * dh;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = at.h, cols = 2 * dh;
   const int tid = threadIdx.y * kLanes + threadIdx.x, n = at.n;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartA | kPartSolve);
   for (int t = threadIdx.y; t < n; t += kGroups) {  // v into X's left half (StageChunk waits for the copies)
@@ -643,7 +644,7 @@ __global__ void ChunkScoresKernel(RecurrentParams p) {
   AfterPrevious();
   ChunkAt at;
   if (!LocateBlockChunk(p, &at)) return;
-  const int64_t dh = p.dims.head_dim, h = blockIdx.y;
+  const int64_t dh = p.dims.head_dim, h = at.h;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartQ | kPartScores);
   StageChunk<kGdn>(p, m, h, dh, at.row, at.n);
   ChunkProducts<true, kGdn>(m, dh, at.n);
@@ -665,8 +666,7 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
   AfterPrevious();
   ChunkAt at;
   if (!LocateBlockChunk(p, &at)) return;
-  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = blockIdx.y;
-  const int64_t j = int64_t(blockIdx.z) * kLanes + threadIdx.x;
+  const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = at.h, j = at.j;
   const int x = threadIdx.x, y = threadIdx.y;
   ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartQ | kPartV | kPartScores);
   const ScanScratch scratch(p);
