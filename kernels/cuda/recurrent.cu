@@ -143,6 +143,7 @@ enum ChunkPart : unsigned {
   kPartSolve = 32,   // gdn's right-hand sides and solution [C, 2dh]
   kPartW = 64,       // gdn's W rows
   kPartK = 128,      // k
+  kPartAInK = 256,   // gdn's system in k's place (written once k is read), the region sized for either
 };
 
 // A chunk's shared memory, carved from `base` (null: only count the bytes).
@@ -177,11 +178,12 @@ __host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, uns
   m.cum = base != nullptr ? reinterpret_cast<double*>(base) : nullptr;
   at = kChunk * sizeof(double);
   m.S = take(m.pad * kLanes, kPartS);
-  m.Ks = take(kChunk * m.ld, kPartK);
+  const size_t k_floats = size_t(kChunk) * m.ld, a_floats = size_t(kChunk) * kScoresLd;
+  m.Ks = take((parts & kPartAInK) != 0 && a_floats > k_floats ? a_floats : k_floats, kPartK);
   m.Qs = take(kChunk * m.ld, kPartQ);
   m.Vs = take(kChunk * kLanes, kPartV);
   m.Wm = take(kChunk * kScoresLd, kPartScores);
-  m.Am = take(kChunk * kScoresLd, kPartA);
+  m.Am = (parts & kPartAInK) != 0 ? m.Ks : take(kChunk * kScoresLd, kPartA);
   m.X = take(kChunk * 2 * dh, kPartSolve);
   m.Wg = take(kChunk * m.ld, kPartW);
   m.gate = take(kChunk, 0);
@@ -268,8 +270,9 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
 
 // The decay-masked products of the chunk's rows in 4x4 register tiles (thread tile t = tr + 16a, s = tc +
 // 16b), below the diagonal: kScores: W[t][s] = exp(cum_t - cum_s) (q_t . k_s) for s <= t (mamba2: times
-// dt_s); otherwise gdn's A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. No barrier at the end.
-template <bool kScores, bool kGdn>
+// dt_s); otherwise gdn's A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. kStoreOverInputs: a
+// barrier between the products and their stores (which may then overwrite the rows). No barrier at the end.
+template <bool kScores, bool kGdn, bool kStoreOverInputs = false>
 __device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
   const int tid = threadIdx.y * kLanes + threadIdx.x, tr = tid / 16, tc = tid % 16, ld = m.ld;
   const float* rows = kScores ? m.Qs : m.Ks;
@@ -284,6 +287,7 @@ __device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
       for (int b = 0; b < 4; ++b) acc[a][b] += a_val[a] * b_val[b];
     }
   }
+  if constexpr (kStoreOverInputs) __syncthreads();
 #pragma unroll
   for (int a = 0; a < 4; ++a) {
     const int t = tr + 16 * a;
@@ -526,46 +530,48 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
   if (!LocateBlockChunk(p, &at)) return;
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = at.h, cols = 2 * dh;
   const int tid = threadIdx.y * kLanes + threadIdx.x, n = at.n;
-  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartA | kPartSolve);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartAInK | kPartSolve);
   for (int t = threadIdx.y; t < n; t += kGroups) {  // v into X's left half (StageChunk waits for the copies)
     for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
       CopyWordAsync(m.X + t * cols + d, p.kv_ptr + (at.row + t) * 2 * HD + HD + h * dh + d);
     }
   }
   StageChunk<true>(p, m, h, dh, at.row, n);
-  ChunkProducts<false, true>(m, dh, n);
-  for (int t = threadIdx.y; t < n; t += kGroups) {  // each thread the elements it copied
+  // The right-hand sides (each thread the elements it copied) and the normalised keys to the scratch, all
+  // from k before A takes its place.
+  const ScanScratch scratch(p);
+  const int64_t rec = int64_t(blockIdx.x) * H + h;
+  float *keys = scratch.keys + rec * kChunk * dh, *w = scratch.w + rec * kChunk * dh, *u = scratch.u + rec * kChunk * dh;
+  for (int t = threadIdx.y; t < n; t += kGroups) {
     const float beta = m.gate[t], beta_decay = beta * expf(static_cast<float>(m.cum[t]));
     for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
       m.X[t * cols + d] *= beta;
       m.X[t * cols + dh + d] = beta_decay * m.Ks[t * m.ld + d];
+      keys[t * dh + d] = m.Ks[t * m.ld + d];
     }
   }
+  ChunkProducts<false, true, /*kStoreOverInputs=*/true>(m, dh, n);
   __syncthreads();
   for (int64_t c = tid; c < cols; c += kLanes * kGroups) {  // each column on its own, in four partial sums
     for (int t = 1; t < n; ++t) {
       float part[4] = {m.X[t * cols + c], 0.f, 0.f, 0.f};
-      int u = 0;
-      for (; u + 4 <= t; u += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(m.Am + t * kScoresLd + u);
-        part[0] -= a.x * m.X[u * cols + c];
-        part[1] -= a.y * m.X[(u + 1) * cols + c];
-        part[2] -= a.z * m.X[(u + 2) * cols + c];
-        part[3] -= a.w * m.X[(u + 3) * cols + c];
+      int v = 0;
+      for (; v + 4 <= t; v += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(m.Am + t * kScoresLd + v);
+        part[0] -= a.x * m.X[v * cols + c];
+        part[1] -= a.y * m.X[(v + 1) * cols + c];
+        part[2] -= a.z * m.X[(v + 2) * cols + c];
+        part[3] -= a.w * m.X[(v + 3) * cols + c];
       }
-      for (; u < t; ++u) part[0] -= m.Am[t * kScoresLd + u] * m.X[u * cols + c];
+      for (; v < t; ++v) part[0] -= m.Am[t * kScoresLd + v] * m.X[v * cols + c];
       m.X[t * cols + c] = (part[0] + part[1]) + (part[2] + part[3]);
     }
   }
   __syncthreads();
-  const ScanScratch scratch(p);
-  const int64_t rec = int64_t(blockIdx.x) * H + h;
-  float *keys = scratch.keys + rec * kChunk * dh, *w = scratch.w + rec * kChunk * dh, *u = scratch.u + rec * kChunk * dh;
   for (int64_t e = tid; e < n * dh; e += kLanes * kGroups) {
     const int64_t t = e / dh, d = e - t * dh;
     u[e] = m.X[t * cols + d];
     w[e] = m.X[t * cols + dh + d];
-    keys[e] = m.Ks[t * m.ld + d];
   }
   if (tid < n) scratch.ucoef[rec * kChunk + tid] = m.ucoef[tid];
   if (tid == 0) scratch.decays[rec] = expf(static_cast<float>(m.cum[n - 1]));
@@ -717,7 +723,7 @@ void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream)
   const int64_t dh = p.dims.head_dim;
   const dim3 block(kLanes, kGroups);
   constexpr unsigned kOutputs = kPartS | kPartQ | kPartV | kPartScores, kScores = kPartK | kPartQ | kPartScores;
-  constexpr unsigned kStates = kPartK | kPartS | kPartV, kSolve = kPartK | kPartA | kPartSolve;
+  constexpr unsigned kStates = kPartK | kPartS | kPartV, kSolve = kPartK | kPartAInK | kPartSolve;
   constexpr unsigned kPass = kPartK | kPartS | kPartV | kPartW;
   // Up to the shared memory of head_dim kMaxHeadDimCuda, configured once.
   static const bool configured = [] {
