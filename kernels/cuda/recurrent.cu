@@ -125,38 +125,39 @@ __global__ void RecurrentKernel(RecurrentParams p) {
 //     pass: u = U - W S, then S <- exp(cum_last) S + sum_s exp(cum_last - cum_s) k_s u_s^T, two products
 //     per chunk (GdnChunkPassKernel);
 // each records the state entering every chunk, and every chunk's outputs follow from it
-// (ChunkOutputsKernel). Blocks of the per-chunk kernels are per (chunk, head, 32 value features j),
-// threads (32 x 8) = (x: value feature, y: group), the state slice S[:, j-slice] in shared memory. A chunk
-// is staged by cp.async: k, q (rows padded to dh+1 floats against bank conflicts), v's slice, the gates and
-// cum (gdn: k and q normalised); the decay-masked scores W[t][s] come in 4x4 register tiles.
+// (ChunkOutputsKernel), with the decay-masked scores W[t][s] computed once per chunk and head
+// (ChunkScoresKernel). Blocks that hold a state slice S[:, j-slice] in shared memory are per (chunk or
+// sequence, head, 32 value features j; gdn's pass: 16), threads (32 x 8) = (x: value feature, y: group);
+// the others per (chunk, head). A chunk is staged by cp.async: k, q, v's slice, the gates and cum (gdn: k
+// and q normalised). Rows of k, q, W and the scores are padded to 16 bytes and read as float4s; products
+// of rows come in 4x4 register tiles.
 constexpr int kChunk = 64;
 constexpr int kPer = kChunk / kGroups;  // tokens t = y + 8k of a thread
 constexpr int kScoresLd = kChunk + 4;  // rows of 16 bytes' multiple, read as float4 along s
 
-// Which parts of ChunkSmem a kernel uses (the chunk's k, gates, cum and ucoef always).
+// Which parts of ChunkSmem a kernel uses (the chunk's gates, cum and ucoef always).
 enum ChunkPart : unsigned {
   kPartS = 1,        // the state slice
   kPartQ = 2,        // q
   kPartV = 4,        // v's slice (or u's)
   kPartScores = 8,   // W
-  kPartA = 16,       // gdn's system
+  kPartA = 16,       // gdn's system, in k's place (written once k is read; the region sized for either)
   kPartSolve = 32,   // gdn's right-hand sides and solution [C, 2dh]
   kPartW = 64,       // gdn's W rows
   kPartK = 128,      // k
-  kPartAInK = 256,   // gdn's system in k's place (written once k is read), the region sized for either
 };
 
 // A chunk's shared memory, carved from `base` (null: only count the bytes).
 struct ChunkSmem {
   double* cum;   // [C] cumulative log-decay within the chunk
   float* S;      // [dh, 32] the state slice
-  float* Ks;     // [C, dh+1]
-  float* Qs;     // [C, dh+1]
+  float* Ks;     // [C, ld]
+  float* Qs;     // [C, ld]
   float* Vs;     // [C, 32] v's slice (gdn: u's)
-  float* Wm;     // [C, C+1] decay-masked scores
-  float* Am;     // [C, C+1] gdn: the system's strictly lower part
+  float* Wm;     // [C, C+4] decay-masked scores
+  float* Am;     // [C, C+4] gdn: the system's strictly lower part (Ks's region)
   float* X;      // [C, 2dh] gdn: [beta V, beta e^cum K], then [U W]
-  float* Wg;     // [C, dh+1] gdn: W
+  float* Wg;     // [C, ld] gdn: W
   float* gate;   // [C] mamba2: dt; gdn: beta
   float* ucoef;  // [C] exp(cum_last - cum_s) (mamba2: times dt_s)
   int pad;       // dh rounded up to 4: the rows of S and the columns of Ks, Qs, Wg, read as float4 (past dh: 0)
@@ -179,11 +180,11 @@ __host__ __device__ inline ChunkSmem LayoutChunkSmem(char* base, int64_t dh, uns
   at = kChunk * sizeof(double);
   m.S = take(m.pad * kLanes, kPartS);
   const size_t k_floats = size_t(kChunk) * m.ld, a_floats = size_t(kChunk) * kScoresLd;
-  m.Ks = take((parts & kPartAInK) != 0 && a_floats > k_floats ? a_floats : k_floats, kPartK);
+  m.Ks = take((parts & kPartA) != 0 && a_floats > k_floats ? a_floats : k_floats, kPartK);
   m.Qs = take(kChunk * m.ld, kPartQ);
   m.Vs = take(kChunk * kLanes, kPartV);
   m.Wm = take(kChunk * kScoresLd, kPartScores);
-  m.Am = (parts & kPartAInK) != 0 ? m.Ks : take(kChunk * kScoresLd, kPartA);
+  m.Am = (parts & kPartA) != 0 ? m.Ks : nullptr;
   m.X = take(kChunk * 2 * dh, kPartSolve);
   m.Wg = take(kChunk * m.ld, kPartW);
   m.gate = take(kChunk, 0);
@@ -273,18 +274,26 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
 // dt_s); otherwise gdn's A[t][s] = beta_t exp(cum_t - cum_s) (k_t . k_s) for s < t. kStoreOverInputs: a
 // barrier between the products and their stores (which may then overwrite the rows). No barrier at the end.
 template <bool kScores, bool kGdn, bool kStoreOverInputs = false>
-__device__ void ChunkProducts(const ChunkSmem& m, int64_t dh, int n) {
+__device__ void ChunkProducts(const ChunkSmem& m, int n) {
   const int tid = threadIdx.y * kLanes + threadIdx.x, tr = tid / 16, tc = tid % 16, ld = m.ld;
   const float* rows = kScores ? m.Qs : m.Ks;
   float acc[4][4] = {};
-  for (int d = 0; d < dh; ++d) {
-    float a_val[4], b_val[4];
+  for (int d = 0; d < m.pad; d += 4) {  // the columns past dh are 0
+    float4 a_val[4], b_val[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) a_val[a] = rows[(tr + 16 * a) * ld + d], b_val[a] = m.Ks[(tc + 16 * a) * ld + d];
+    for (int a = 0; a < 4; ++a) {
+      a_val[a] = *reinterpret_cast<const float4*>(rows + (tr + 16 * a) * ld + d);
+      b_val[a] = *reinterpret_cast<const float4*>(m.Ks + (tc + 16 * a) * ld + d);
+    }
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
 #pragma unroll
-      for (int b = 0; b < 4; ++b) acc[a][b] += a_val[a] * b_val[b];
+      for (int b = 0; b < 4; ++b) {
+        acc[a][b] += a_val[a].x * b_val[b].x;
+        acc[a][b] += a_val[a].y * b_val[b].y;
+        acc[a][b] += a_val[a].z * b_val[b].z;
+        acc[a][b] += a_val[a].w * b_val[b].w;
+      }
     }
   }
   if constexpr (kStoreOverInputs) __syncthreads();
@@ -530,7 +539,7 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
   if (!LocateBlockChunk(p, &at)) return;
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, HD = H * dh, h = at.h, cols = 2 * dh;
   const int tid = threadIdx.y * kLanes + threadIdx.x, n = at.n;
-  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartAInK | kPartSolve);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartA | kPartSolve);
   for (int t = threadIdx.y; t < n; t += kGroups) {  // v into X's left half (StageChunk waits for the copies)
     for (int64_t d = threadIdx.x; d < dh; d += kLanes) {
       CopyWordAsync(m.X + t * cols + d, p.kv_ptr + (at.row + t) * 2 * HD + HD + h * dh + d);
@@ -550,7 +559,7 @@ __global__ void GdnChunkSolveKernel(RecurrentParams p) {
       keys[t * dh + d] = m.Ks[t * m.ld + d];
     }
   }
-  ChunkProducts<false, true, /*kStoreOverInputs=*/true>(m, dh, n);
+  ChunkProducts<false, true, /*kStoreOverInputs=*/true>(m, n);
   __syncthreads();
   for (int64_t c = tid; c < cols; c += kLanes * kGroups) {  // each column on its own, in four partial sums
     for (int t = 1; t < n; ++t) {
@@ -653,7 +662,7 @@ __global__ void ChunkScoresKernel(RecurrentParams p) {
   const int64_t dh = p.dims.head_dim, h = at.h;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartQ | kPartScores);
   StageChunk<kGdn>(p, m, h, dh, at.row, at.n);
-  ChunkProducts<true, kGdn>(m, dh, at.n);
+  ChunkProducts<true, kGdn>(m, at.n);
   __syncthreads();
   const ScanScratch scratch(p);
   float* dst = scratch.scores + (int64_t(blockIdx.x) * p.dims.heads + h) * kChunk * kChunk;
@@ -723,7 +732,7 @@ void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream)
   const int64_t dh = p.dims.head_dim;
   const dim3 block(kLanes, kGroups);
   constexpr unsigned kOutputs = kPartS | kPartQ | kPartV | kPartScores, kScores = kPartK | kPartQ | kPartScores;
-  constexpr unsigned kStates = kPartK | kPartS | kPartV, kSolve = kPartK | kPartAInK | kPartSolve;
+  constexpr unsigned kStates = kPartK | kPartS | kPartV, kSolve = kPartK | kPartA | kPartSolve;
   constexpr unsigned kPass = kPartK | kPartS | kPartV | kPartW;
   // Up to the shared memory of head_dim kMaxHeadDimCuda, configured once.
   static const bool configured = [] {
