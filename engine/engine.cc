@@ -16,9 +16,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-// Prompt tokens per forward span while prefilling: bounds the attention score buffer (span x context).
-constexpr int64_t kPrefillChunk = 256;
-
 void CountModes(std::span<const Mode> modes, GenerateStats& stats) {
   for (Mode m : modes) ++(m == Mode::kAttention ? stats.attention_tokens : stats.linear_tokens);
 }
@@ -288,12 +285,13 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
     std::vector<std::vector<Mode>> modes(R);
     std::vector<std::vector<float>> logits(R);
     std::vector<ForwardItem> items;
-    for (int64_t done = 0;; done += kPrefillChunk) {
+    const int64_t span = backend_->PrefillSpan(R);  // prompt tokens per forward
+    for (int64_t done = 0;; done += span) {
       items.clear();
       for (int64_t i = 0; i < R; ++i) {
         const int64_t n = static_cast<int64_t>(run[i].prompt.size());
         if (done >= n) continue;
-        const int64_t len = std::min(kPrefillChunk, n - done);
+        const int64_t len = std::min(span, n - done);
         modes[i].resize(len);
         run[i].decoder->PrefillModes(run[i].prompt, done, modes[i]);
         CountModes(modes[i], run[i].result.stats);
