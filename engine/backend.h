@@ -173,16 +173,16 @@ class Backend {
   // without it return Unimplemented (backend_rounds() false) and the decoder runs the round from Forward
   // calls.
   virtual bool backend_rounds() const { return false; }
+  virtual absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
+    (void)items, (void)k;
+    return absl::UnimplementedError("this backend does not run speculative rounds itself");
+  }
 
   // Prompt tokens per forward span when the engine prefills `sequences` prompts together. The CPU backend's
   // attention holds a span x context score buffer, so spans of 256; a device backend may take longer ones.
   virtual int64_t PrefillSpan(int64_t sequences) const {
     (void)sequences;
     return 256;
-  }
-  virtual absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
-    (void)items, (void)k;
-    return absl::UnimplementedError("this backend does not run speculative rounds itself");
   }
 
   // One sequence: logits of the last token ([V]) or of every token ([T, V]).

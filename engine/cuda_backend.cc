@@ -350,15 +350,14 @@ struct CudaBackend::Plan {
   bool skip_q_linear = false;      // every row attends: the q_linear rows are not
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
-  bool chunked_scan = false;       // kc::Recurrent's chunked scan for long spans (never in a graph)
-  int64_t scan_chunks = 0;         // the chunks it runs (mamba2: their states in the partials' scratch)
+  int64_t scan_chunks = 0;         // chunks of kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
-                    decode_mixer, chunked_scan, scan_chunks, tiled_attention, group_size);
+                    decode_mixer, scan_chunks, tiled_attention, group_size);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
@@ -709,10 +708,10 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mark("conv_rope_append");
     kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
     mark("conv_window");
-    // The mamba2 chunked scan's state scratch shares the attention partials' buffer: the scan is done with
-    // it before the attention below starts.
+    // The chunked scan's scratch shares the attention partials' buffer: the scan is done with it before the
+    // attention below starts.
     kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
-                   plan.chunked_scan ? kc::kChunkedScanMinLen : 0, plan.scan_chunks, sc.partial}, s);
+                   plan.scan_chunks > 0 ? kc::kChunkedScanMinLen : 0, plan.scan_chunks, sc.partial}, s);
     mark("recurrent");
   }
   const kc::AttentionParams attention{dims,  layer,      NA,   plan.chunk, plan.max_chunks, sc.attn_rows,   sc.row_seq,
@@ -868,12 +867,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
                kc::FusedGemvApplies(plan.N, F);
   plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
   if (chunked_scan_) {
-    std::vector<int64_t> free_spans;  // the spans that keep no states
     for (const ForwardItem& it : batch) {
-      if (!it.keep_states) free_spans.push_back(static_cast<int64_t>(it.tokens.size()));
+      if (!it.keep_states) plan.scan_chunks += kc::ChunkedScanChunks(it.tokens.size(), kc::kChunkedScanMinLen);
     }
-    plan.scan_chunks = kc::ChunkedScanChunks(free_spans, kc::kChunkedScanMinLen);
-    plan.chunked_scan = plan.scan_chunks > 0;
   }
   return plan;
 }

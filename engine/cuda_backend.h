@@ -34,15 +34,15 @@ class CudaBackend final : public Backend {
   // drafts come back with the verify rows' argmaxes, greedy, whose k comparisons the host makes, or with
   // the device's AcceptLossless result, sampled).
   bool backend_rounds() const override { return backend_rounds_; }
+  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
+  // Off: backend_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
+  void set_backend_rounds(bool on) { backend_rounds_ = on; }
   // Up to 2048 tokens per prompt and 8192 rows per forward (the activations of 8192 rows of 1.4b take about
   // 1 GB), at least 256: attention runs in tiles, with no score buffer, and long spans keep the chunked scan
   // and the products busy.
   int64_t PrefillSpan(int64_t sequences) const override {
     return std::clamp<int64_t>(8192 / std::max<int64_t>(1, sequences), 256, 2048);
   }
-  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
-  // Off: backend_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
-  void set_backend_rounds(bool on) { backend_rounds_ = on; }
 
   // Bytes of bf16 weights on the device.
   int64_t weight_bytes() const { return weight_bytes_; }

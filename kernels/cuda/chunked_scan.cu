@@ -155,7 +155,7 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
   }
   WaitCopies();
   __syncthreads();
-  if constexpr (kGdn) {  // kn = k / |k|, qn = q / |q| / sqrt(dh), as GdnNorms; warp y takes tokens y + 8k
+  if constexpr (kGdn) {  // k and q normalised (GdnKeyScale, GdnQueryScale); warp y takes tokens y + 8k
     for (int t = y; t < n; t += kGroups) {
       float kk = 0.f, qq = 0.f;
       for (int64_t d = x; d < dh; d += kLanes) {
@@ -164,7 +164,7 @@ __device__ void StageChunk(const RecurrentParams& p, const ChunkSmem& m, int64_t
       }
       kk = WarpSum(kk);
       qq = WarpSum(qq);
-      const float k_scale = 1.f / sqrtf(kk + 1e-6f), q_scale = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
+      const float k_scale = GdnKeyScale(kk), q_scale = GdnQueryScale(qq, dh);
       for (int64_t d = x; d < dh; d += kLanes) {
         if (m.Ks != nullptr) m.Ks[t * ld + d] *= k_scale;
         if (m.Qs != nullptr) m.Qs[t * ld + d] *= q_scale;
@@ -310,6 +310,11 @@ __device__ void ChunkStateUpdate(const ChunkSmem& m, int64_t dh, int n, float de
   __syncthreads();
 }
 
+// The tokens of chunk c of a span of len tokens.
+__device__ __forceinline__ int ChunkLen(int64_t len, int64_t c) {
+  return static_cast<int>(len - c * kChunk < kChunk ? len - c * kChunk : kChunk);
+}
+
 // The chunks that sequence b's span takes in the chunked scan (0: it does not take it).
 __device__ __forceinline__ int64_t ChunksOf(const RecurrentParams& p, int64_t b) {
   const SeqDesc& s = p.seqs_ptr[b];
@@ -373,7 +378,7 @@ __device__ bool LocateBlockChunk(const RecurrentParams& p, ChunkAt* at) {
   if (!LocateChunk(p, blockIdx.x, &at->seq, &c)) return false;
   const SeqDesc& s = p.seqs_ptr[at->seq];
   at->row = s.row + c * kChunk;
-  at->n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
+  at->n = ChunkLen(s.len, c);
   return true;
 }
 
@@ -515,7 +520,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   for (int64_t i = y; i < m.pad; i += kPassGroups) m.S[i * kPassCols + x] = col && i < dh ? state[i * dh + j] : 0.f;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t rec = (first + c) * H + h;
-    const int n = static_cast<int>(s.len - c * kChunk < kChunk ? s.len - c * kChunk : kChunk);
+    const int n = ChunkLen(s.len, c);
     const float* keys = scratch.keys + rec * kChunk * dh;
     const float* w = scratch.w + rec * kChunk * dh;
     float* u = scratch.u + rec * kChunk * dh;
@@ -590,7 +595,7 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
   if (!LocateBlockChunk(p, &at)) return;
   const int64_t dh = p.dims.head_dim, H = p.dims.heads, h = at.h, j = at.j;
   const int x = threadIdx.x, y = threadIdx.y;
-  ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartQ | kPartV | kPartScores);
+  const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartS | kPartQ | kPartV | kPartScores);
   const ScanScratch scratch(p);
   const int64_t rec = int64_t(blockIdx.x) * H + h;
   // The scores, the state entering the chunk (gdn: and u in place of v) by cp.async, which StageChunk
@@ -617,10 +622,9 @@ __global__ void ChunkOutputsKernel(RecurrentParams p) {
         m.Vs[t * kLanes + x] = 0.f;
       }
     }
-    float* vs = m.Vs;
-    m.Vs = nullptr;
-    StageChunk<true>(p, m, h, j, at.row, at.n);
-    m.Vs = vs;
+    ChunkSmem staged = m;
+    staged.Vs = nullptr;  // u is there already
+    StageChunk<true>(p, staged, h, j, at.row, at.n);
   } else {
     StageChunk<false>(p, m, h, j, at.row, at.n);
   }
@@ -685,12 +689,8 @@ void LaunchChunkedScan(const RecurrentParams& p, dim3 grid, cudaStream_t stream)
 using recurrence::kChunk;
 using recurrence::Pad4;
 
-int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked_min_len) {
-  int64_t chunks = 0;
-  for (int64_t len : span_lens) {
-    if (chunked_min_len > 0 && len >= chunked_min_len) chunks += (len + kChunk - 1) / kChunk;
-  }
-  return chunks;
+int64_t ChunkedScanChunks(int64_t span_len, int32_t chunked_min_len) {
+  return chunked_min_len > 0 && span_len >= chunked_min_len ? (span_len + kChunk - 1) / kChunk : 0;
 }
 
 int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks) {

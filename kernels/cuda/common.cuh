@@ -124,38 +124,34 @@ __device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1p
 __device__ __forceinline__ float Sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float Silu(float x) { return x / (1.f + expf(-x)); }
 
-// GDN's per-token normalisers (DESIGN.md §2): norms[0] = 1/|k|, norms[1] = 1/|q|/sqrt(dh), from k and q in
-// shared memory, computed by the block's first warp (tid: the thread's index in the block). Ends with a
-// block synchronisation, after which every thread may read norms.
+// GDN's normalisers from a token's squared norms (DESIGN.md §2): 1/|k| for k, 1/|q|/sqrt(dh) for q.
+__device__ __forceinline__ float GdnKeyScale(float kk) { return 1.f / sqrtf(kk + 1e-6f); }
+__device__ __forceinline__ float GdnQueryScale(float qq, int64_t dh) {
+  return 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
+}
+
+// GDN's per-token normalisers: norms[0] = GdnKeyScale, norms[1] = GdnQueryScale, from k and q in shared
+// memory, computed by the block's first warp (tid: the thread's index in the block). Ends with a block
+// synchronisation, after which every thread may read norms.
 __device__ __forceinline__ void GdnNorms(const float* ks, const float* qs, int64_t dh, int tid, float* norms) {
   if (tid < 32) {
     float kk = 0.f, qq = 0.f;
     for (int64_t d = tid; d < dh; d += 32) kk += ks[d] * ks[d], qq += qs[d] * qs[d];
     kk = WarpSum(kk);
     qq = WarpSum(qq);
-    if (tid == 0) {
-      norms[0] = 1.f / sqrtf(kk + 1e-6f);
-      norms[1] = 1.f / sqrtf(qq + 1e-6f) / sqrtf(static_cast<float>(dh));
-    }
+    if (tid == 0) norms[0] = GdnKeyScale(kk), norms[1] = GdnQueryScale(qq, dh);
   }
   __syncthreads();
 }
 
-// Half-split RoPE of element i of a head whose pair partner is `other` (angles as kernels/cpu/rope.cc:
-// double pos * theta^(-2i/dh), cast to float, then float cos/sin). RopeAngle gives the angle's sine and
-// cosine alone, for kernels that compute it before their inputs arrive.
+// The sine and cosine of half-split RoPE's angle for element i of a head (as kernels/cpu/rope.cc: double
+// pos * theta^(-2i/dh), cast to float, then float cos/sin): element i < dh/2 becomes x_i c - x_{i+dh/2} s,
+// element i + dh/2 becomes x_{i+dh/2} c + x_i s.
 __device__ __forceinline__ void RopeAngle(int64_t i, int64_t dh, int64_t pos, double theta, const double* freq,
                                           float* sin_out, float* cos_out) {
   const int64_t f = i < dh / 2 ? i : i - dh / 2;
   const double inv_freq = freq != nullptr ? freq[f] : pow(theta, -2.0 * static_cast<double>(f) / dh);
   sincosf(static_cast<float>(static_cast<double>(pos) * inv_freq), sin_out, cos_out);
-}
-
-__device__ __forceinline__ float Rotate(float self, float other, int64_t i, int64_t dh, int64_t pos, double theta,
-                                        const double* freq) {
-  float s, c;
-  RopeAngle(i, dh, pos, theta, freq, &s, &c);
-  return i < dh / 2 ? self * c - other * s : self * c + other * s;
 }
 
 // Programmatic dependent launch (Hopper): a kernel launched by LaunchAfterPrevious may be scheduled while the

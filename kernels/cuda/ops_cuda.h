@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace oryx::kernels::cuda {
 
@@ -190,8 +189,9 @@ struct RecurrentParams {
   float* scan_scratch = nullptr;  // mamba2: [ChunkedScanScratchFloats]
 };
 void Recurrent(const RecurrentParams& p, cudaStream_t stream);
-// The chunks of the spans that take the chunked scan, from the lengths of the spans that keep no states.
-int64_t ChunkedScanChunks(const std::vector<int64_t>& span_lens, int32_t chunked_min_len);
+// The chunks of a span that keeps no states in the chunked scan (0: the span runs token by token);
+// scan_chunks is their sum over the batch's spans.
+int64_t ChunkedScanChunks(int64_t span_len, int32_t chunked_min_len);
 // Floats of scan_scratch for that many chunks (0 for gdn).
 int64_t ChunkedScanScratchFloats(const ModelDims& dims, int64_t chunks);
 

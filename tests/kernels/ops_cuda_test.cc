@@ -607,7 +607,11 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
         }
         DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
         // The spans that keep no states: 200, 128 and 5 tokens (4 + 2 chunks of 64 at kChunkedScanMinLen).
-        const int64_t chunks = count_chunks ? cuda::ChunkedScanChunks(std::vector<int64_t>{200, 128, 129, 5}, chunked_min_len) : 0;
+        int64_t chunks = 0;
+        for (int64_t len : {200, 128, 129, 5}) chunks += count_chunks ? cuda::ChunkedScanChunks(len, chunked_min_len) : 0;
+        if (count_chunks && chunked_min_len > 0) {
+          EXPECT_EQ(chunks, 9);  // 4 + 2 + 3; the 5-token span none
+        }
         DeviceBuffer<float> dscratch(std::max<int64_t>(1, cuda::ChunkedScanScratchFloats(b.dims, chunks)));
         cuda::Recurrent({b.dims, static_cast<int32_t>(layer), static_cast<int64_t>(lens.size()), dseqs.get(), dmode.get(),
                          dproj.get(), dkv.get(), ddt.get(), dalog.get(), dd_skip.get(), dout.get(), chunked_min_len,
