@@ -22,7 +22,8 @@ namespace oryx::bench {
 namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
-constexpr int64_t kPasses = 4;  // timed passes per sequence: 2 modes x CUDA graphs on / off
+constexpr int64_t kPasses = 10;  // passes per sequence: 2 modes x (logits to the host with graphs on, with step
+                                 // timing, graphs off; the token drawn on the device, with step timing)
 std::string_view ModeName(Mode m) { return m == Mode::kAttention ? "attention" : "linear"; }
 
 // Fills `seq` with `tokens` tokens of `mode` in chunks; returns the seconds it took.
@@ -415,17 +416,22 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         continue;
       }
       for (int64_t b = 0; b < batch; ++b) seqs.push_back(first.Clone());
-      double step_s[2] = {0, 0};  // attention, linear (CUDA graphs on): what the rounds are compared with
+      // attention, linear (CUDA graphs on, the next token drawn on the device): what the rounds are compared with
+      double step_s[2] = {0, 0};
+      std::vector<Sampler> samplers(batch, Sampler(SamplingParams{}));  // greedy
       for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
-        for (bool graphs : {true, false}) {
+        // The step three ways: returning the last row's logits to the host (as a caller that reads them
+        // needs), CUDA graphs on and off; and drawing the next token on the device (greedy), graphs on, as
+        // `oryx generate` decodes.
+        for (auto [graphs, device_draw] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
           backend->set_cuda_graphs(graphs);
-          std::vector<int32_t> tokens(batch, 5);
+          std::vector<int32_t> tokens(batch, 5), next(batch);
           std::vector<Mode> modes(batch, mode);
           std::vector<std::vector<float>> out(batch);
           std::vector<ForwardItem> items;
           for (int64_t b = 0; b < batch; ++b) {
-            items.push_back({&seqs[b], std::span(&tokens[b], 1), std::span(&modes[b], 1), LogitsRows::kLast, &out[b],
-                             false});
+            items.push_back({&seqs[b], std::span(&tokens[b], 1), std::span(&modes[b], 1), LogitsRows::kLast,
+                             device_draw ? nullptr : &out[b], false, device_draw ? &samplers[b] : nullptr, &next[b]});
           }
           std::vector<double> steps;
           for (int64_t i = 0; i < o.steps + 2; ++i) {
@@ -434,13 +440,34 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
             if (i >= 2) steps.push_back(Seconds(s0));  // two warm-up steps (the first captures the graph)
           }
           const double step = Median(steps);
-          if (graphs) step_s[mode == Mode::kLinear] = step;
+          if (device_draw) step_s[mode == Mode::kLinear] = step;
           const double bytes = StepBytes(c, mode, context, batch);
           nlohmann::json r = base;
           r.update({{"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"steps", o.steps},
-                    {"cuda_graph", graphs}, {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
+                    {"cuda_graph", graphs}, {"next_token", device_draw ? "device" : "host"},
+                    {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
                     {"fill_tokens_per_s", context / fill_s}, {"bytes_per_step", bytes},
                     {"roofline_ms", bytes / bandwidth * 1e3}, {"roofline_fraction", bytes / bandwidth / step}});
+          if (graphs) {
+            // The same steps again with events around the graph: where the wall time goes (medians of each
+            // part; the events add a little host time, so the headline above is timed without them).
+            backend->set_step_timing(true);
+            std::vector<double> parts[6];
+            for (int64_t i = 0; i < o.steps; ++i) {
+              ORYX_RETURN_IF_ERROR(backend->Forward(items));
+              const CudaBackend::StepTiming& t = backend->last_step_timing();
+              int j = 0;
+              for (double v : {t.wall_s, t.prepare_s, t.launch_s, t.device_s, t.copy_back_s, t.finish_s}) {
+                parts[j++].push_back(v * 1e3);
+              }
+            }
+            backend->set_step_timing(false);
+            const double device_ms = Median(parts[3]);
+            r["breakdown_ms"] = {{"wall", Median(parts[0])},       {"host_prepare", Median(parts[1])},
+                                 {"host_launch", Median(parts[2])}, {"device", device_ms},
+                                 {"copy_back", Median(parts[4])},   {"host_finish", Median(parts[5])}};
+            r["device_roofline_fraction"] = bytes / bandwidth / (device_ms * 1e-3);
+          }
           emit(r);
         }
       }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarises one run of bench/cuda_decode_bench.sh as Markdown tables: the CUDA backend's decode step time
-(CUDA graphs on), its fraction of the bandwidth roofline, and PyTorch's eager / CUDA-graph / torch.compile step
+(CUDA graphs on, the last row's logits returned to the host; and, in runs that have it, with the next token
+drawn on the device instead), its fraction of the bandwidth roofline, and PyTorch's eager / CUDA-graph / torch.compile step
 times of the same config measured in the same run, with the speedups; the speculative rounds (ms per round
 and per emitted token, against the attention / linear decode steps of the same point, and the acceptance at
 which a round breaks even with attention-mode steps).
@@ -43,14 +44,16 @@ def main(run_dir):
             if "ms_per_step" in r:
                 key = (r["config"], r["linear_mixer"], r["mode"], r["context"], r["batch"])
                 torch.setdefault(key, {})[r["impl"]] = r["ms_per_step"]
-    print("| model | mode | context | batch | CUDA ms/step | graphs off | roofline ms | fraction | "
-          "torch eager | graph | compile | compile-cg | vs eager | vs graph |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | mode | context | batch | CUDA ms/step | graphs off | token drawn on the device | roofline ms | "
+          "fraction | torch eager | graph | compile | compile-cg | vs eager | vs graph |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path in sorted(glob.glob(os.path.join(run_dir, "cuda-*.jsonl"))):
         rows = [r for r in lines(path) if "decode_ms_per_step" in r]
-        off = {(r["mode"], r["context"], r["batch"]): r["decode_ms_per_step"] for r in rows if not r["cuda_graph"]}
+        key = lambda r: (r["mode"], r["context"], r["batch"])
+        off = {key(r): r["decode_ms_per_step"] for r in rows if not r["cuda_graph"]}
+        drawn = {key(r): r["decode_ms_per_step"] for r in rows if r.get("next_token") == "device"}
         for r in rows:
-            if not r["cuda_graph"]:
+            if not r["cuda_graph"] or r.get("next_token") == "device":
                 continue
             model = r["model"]
             mixer = "gdn" if model.endswith("-gdn") else "mamba2"
@@ -63,7 +66,7 @@ def main(run_dir):
             t = torch.get((name, mixer, r["mode"], ctx, batch), {})
             fmt = lambda v: f"{v:.3f}" if v is not None else "-"
             ratio = lambda v: f"{v / ms:.2f}x" if v is not None else "-"
-            print(f"| {model} | {r['mode']} | {ctx} | {batch} | {ms:.3f} | {fmt(off.get((r['mode'], ctx, batch)))} | "
+            print(f"| {model} | {r['mode']} | {ctx} | {batch} | {ms:.3f} | {fmt(off.get(key(r)))} | {fmt(drawn.get(key(r)))} | "
                   f"{roof_ms:.3f} | {roof_ms / ms:.2f} | {fmt(t.get('eager'))} | {fmt(t.get('graph'))} | "
                   f"{fmt(t.get('compile'))} | {fmt(t.get('compile-cg'))} | {ratio(t.get('eager'))} | {ratio(t.get('graph'))} |")
     print()

@@ -110,6 +110,8 @@ class SequenceState {
   std::unique_ptr<DeviceSequence> device_;  // set: the state lives there and layers_ hold no data
 };
 
+class Sampler;
+
 // Which rows of logits a forward returns for a span.
 enum class LogitsRows : uint8_t { kNone, kLast, kAll };
 
@@ -121,9 +123,13 @@ struct ForwardItem {
   LogitsRows logits = LogitsRows::kLast;
   std::vector<float>* logits_out = nullptr;  // resized to rows * V, row-major; required unless kNone
   bool keep_states = false;                  // record the span for Truncate (speculative verification)
+  // Set (with logits kLast): the backend also draws the span's next token from its last row, as
+  // sampler->Next(row) would (the sampler's stream advanced the same way), into *next_token. logits_out may
+  // then be null. The CUDA backend draws on the device when every logits row of the batch is such a draw
+  // and the samplers share their parameters: only the tokens come back to the host, not V floats a row.
+  Sampler* sampler = nullptr;
+  int32_t* next_token = nullptr;
 };
-
-class Sampler;
 
 // One sequence's part of a speculative round run by the backend (Backend::SpeculativeRound).
 struct RoundItem {
@@ -162,7 +168,7 @@ class Backend {
   // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
   // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id
   // outside the vocabulary, a span past max_position, an attention token on a draft sequence, a missing
-  // logits_out, or a sequence given twice.
+  // logits_out, a sampler without kLast or without next_token, or a sequence given twice.
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
   // Speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the host

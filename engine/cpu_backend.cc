@@ -13,6 +13,7 @@
 #ifdef ORYX_HAVE_CUDA
 #include "engine/cuda_backend.h"
 #endif
+#include "engine/sampler.h"
 #include "engine/status_macros.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
@@ -300,7 +301,10 @@ absl::Status ValidateForwardBatch(const ModelConfig& c, std::span<const ForwardI
         if (m != Mode::kLinear) return absl::InvalidArgumentError(where() + "an attention-mode token on a draft sequence");
       }
     }
-    if (it.logits != LogitsRows::kNone && it.logits_out == nullptr) {
+    if (it.sampler != nullptr && (it.logits != LogitsRows::kLast || it.next_token == nullptr)) {
+      return absl::InvalidArgumentError(where() + "a sampler needs the last row's logits and a next_token to write");
+    }
+    if (it.logits != LogitsRows::kNone && it.logits_out == nullptr && it.sampler == nullptr) {
       return absl::InvalidArgumentError(where() + "logits asked for but no output buffer given");
     }
   }
@@ -498,10 +502,11 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
     }
     seq.position_ += spans[b].len;
     const int64_t rows = it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast;
-    if (rows > 0) {
+    if (rows > 0 && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);
       std::copy(logits + r * V, logits + (r + rows) * V, it.logits_out->data());
     }
+    if (it.sampler != nullptr) *it.next_token = it.sampler->Next(std::span(logits + r * V, V));
     r += rows;
   }
   return absl::OkStatus();

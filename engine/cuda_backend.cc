@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -107,7 +108,9 @@ struct CudaBackend::Context {
   DevicePool pool;
   kc::ModelDims dims{};
   int64_t L = 0, H = 0, dh = 0, HD = 0, W = 0;
+  cudaEvent_t timing[3] = {nullptr, nullptr, nullptr};  // set_step_timing: launched, computed, copied
   ~Context() {
+    for (cudaEvent_t e : timing) if (e != nullptr) cudaEventDestroy(e);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -353,11 +356,16 @@ struct CudaBackend::Plan {
   int64_t scan_chunks = 0;         // chunks of kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
+  // Every logits row is a sampler's draw (ForwardItem::sampler), all with these parameters: the next tokens
+  // are drawn on the device and only they come back.
+  bool device_draw = false;
+  float temperature = 0.f, top_p = 1.f;
+  int64_t top_k = 0;
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
-                    decode_mixer, scan_chunks, tiled_attention, group_size);
+                    decode_mixer, scan_chunks, tiled_attention, group_size, device_draw, temperature, top_p, top_k);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
@@ -376,6 +384,7 @@ struct CudaBackend::Scratch {
   const int32_t *tokens = nullptr, *row_seq = nullptr, *attn_rows = nullptr, *logit_rows = nullptr;
   int64_t tokens_stride = 1;  // row r's token at tokens[r * tokens_stride]
   const int32_t* attn_groups = nullptr;  // [num_groups, 2]: a sequence's attention rows, plan.group_size at most
+  unsigned long long* argmax_key = nullptr;  // a greedy draw of one row: the LM head's argmax (kc::ArgmaxKey)
   int64_t num_groups = 0;
   int32_t group_rows = 0;  // the most rows of a group
   const uint8_t* row_mode = nullptr;
@@ -840,6 +849,18 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     plan.N += T;
   }
   plan.any_attention = plan.NA > 0;
+  const Sampler* drawer = nullptr;
+  plan.device_draw = plan.NL > 0;
+  for (const ForwardItem& it : batch) {
+    if (it.logits == LogitsRows::kNone) continue;
+    if (drawer == nullptr) drawer = it.sampler;
+    plan.device_draw &= it.sampler != nullptr && it.logits_out == nullptr && drawer != nullptr &&
+                        it.sampler->params().SameDistributionAs(drawer->params());
+  }
+  if (plan.device_draw) {
+    const SamplingParams& sp = drawer->params();
+    plan.temperature = sp.temperature, plan.top_p = sp.top_p, plan.top_k = sp.top_k;
+  }
   // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
   plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
   // Verify spans of more than 4 attention rows attend on tensor cores too, in groups of up to 16 (kc::Attention
@@ -1027,6 +1048,7 @@ void CudaBackend::SetViews(const Plan& plan, const char* base) {
   sc.attn_groups = reinterpret_cast<const int32_t*>(base + m.groups);
   sc.num_groups = plan.NG;
   sc.group_rows = plan.group_rows;
+  sc.argmax_key = nullptr;
 }
 
 void CudaBackend::RunModel(const Plan& plan) {
@@ -1044,12 +1066,15 @@ void CudaBackend::RunModel(const Plan& plan) {
     // The unfused path still owes the last MLP's residual (in tmp).
     kc::AddRmsNorm({plan.NL, D, eps, sc.x, plan.fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head},
                    ctx.stream);
-    kc::Gemm({plan.NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits}, ctx.cublas);
+    kc::GemmParams head{plan.NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits};
+    head.maybe_argmax_key = sc.argmax_key;
+    kc::Gemm(head, ctx.cublas);
     if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
   }
 }
 
-void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host) {
+void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host,
+                                const int32_t* draws_host) {
   const int64_t V = config_.vocab_size;
   int64_t lr = 0;
   for (const ForwardItem& it : batch) {
@@ -1059,44 +1084,113 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
     seq.span_len_ = it.keep_states ? T : 0;
     seq.position_ += T;
     const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
-    if (rows > 0 && logits_host != nullptr) {
+    if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);
       std::memcpy(it.logits_out->data(), logits_host + lr * V, rows * V * sizeof(float));
+    }
+    if (it.sampler != nullptr && draws_host != nullptr) {
+      *it.next_token = draws_host[lr];
+      if (!it.sampler->params().greedy()) it.sampler->SkipUniforms(1);  // the one the device's draw used
+    } else if (it.sampler != nullptr) {
+      *it.next_token = it.sampler->Next(std::span(logits_host + lr * V, V));
     }
     lr += rows;
   }
 }
 
 absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
+  using Clock = std::chrono::steady_clock;
+  const auto t_enter = Clock::now();
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
   std::lock_guard<std::mutex> lock(forward_mu_);
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
   const MetaLayout meta(plan);
-  ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta.bytes));
+  // Device draws: after the forward's metadata, the drawn tokens [NL], then (sampled) a uniform per row.
+  const bool sampled = plan.device_draw && plan.temperature > 0.f;
+  const int64_t draws_at = meta.bytes, uniforms_at = draws_at + AlignMeta(plan.NL * 4);
+  const int64_t meta_bytes = !plan.device_draw ? meta.bytes : uniforms_at + (sampled ? AlignMeta(plan.NL * 8) : 0);
+  ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta_bytes, 0,
+                                     sampled ? kc::SamplingWorkspaceBytes(plan.NL) : 0));
+  // A greedy draw of one row is the LM head's own argmax (its GEMV's key, zeroed by the metadata's copy).
+  const int64_t V = config_.vocab_size, D = config_.d_model;
+  const bool key_draw = plan.device_draw && !sampled && plan.NL == 1 &&
+                        kc::GemvApplies({1, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits});
   WriteMeta(batch, plan, 0, sc.meta_host);
-  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta.bytes, cudaMemcpyHostToDevice, ctx.stream));
+  if (key_draw) *reinterpret_cast<unsigned long long*>(sc.meta_host + draws_at) = 0;
+  if (sampled) {  // each row's uniform, peeked (skipped once the draw is back)
+    auto* u = reinterpret_cast<double*>(sc.meta_host + uniforms_at);
+    for (const ForwardItem& it : batch) {
+      if (it.sampler != nullptr) it.sampler->PeekUniforms(std::span(u++, 1));
+    }
+  }
+  const bool timing = step_timing_;
+  auto mark = [&](int i) {
+    if (!timing) return;
+    if (ctx.timing[i] == nullptr) ORYX_CUDA_CHECK(cudaEventCreate(&ctx.timing[i]));
+    ORYX_CUDA_CHECK(cudaEventRecord(ctx.timing[i], ctx.stream));
+  };
+  const auto t_launch = Clock::now();
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
+  mark(0);
   SetViews(plan, sc.meta);
+  auto* draws = reinterpret_cast<int32_t*>(sc.meta + draws_at);
+  if (key_draw) sc.argmax_key = reinterpret_cast<unsigned long long*>(draws);
+  auto run = [&] {
+    RunModel(plan);
+    if (!plan.device_draw || key_draw) return;
+    if (!sampled) return kc::Argmax({plan.NL, config_.vocab_size, sc.logits, draws}, ctx.stream);
+    const kc::SamplingDims dims{config_.vocab_size, plan.temperature, plan.top_k, plan.top_p};
+    kc::SampleRows({plan.NL, dims, sc.logits, reinterpret_cast<const double*>(sc.meta + uniforms_at), draws,
+                    sc.sample_workspace},
+                   ctx.stream);
+  };
   if (plan.graph) {
     cudaGraphExec_t& exec = sc.graphs[plan];
-    if (exec == nullptr) exec = Capture(ctx.stream, [&] { RunModel(plan); });
+    if (exec == nullptr) exec = Capture(ctx.stream, run);
     ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   } else {
-    RunModel(plan);
+    run();
   }
-  if (plan.NL > 0) {
+  mark(1);
+  const int32_t* draws_host = nullptr;
+  if (plan.device_draw) {
+    draws_host = reinterpret_cast<const int32_t*>(sc.meta_host + draws_at);
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws_at, draws, key_draw ? 8 : plan.NL * 4, cudaMemcpyDeviceToHost,
+                                    ctx.stream));
+  } else if (plan.NL > 0) {
     ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, plan.NL * config_.vocab_size * sizeof(float),
                                     cudaMemcpyDeviceToHost, ctx.stream));
   }
+  mark(2);
+  const auto t_wait = Clock::now();
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
+  const auto t_synced = Clock::now();
   if (profiler_) {
     const char* mode = plan.NA == plan.N ? "attention" : plan.NA == 0 ? "linear" : "mixed";
     const std::string kind = plan.N == plan.B ? Cat("decode step, ", mode, ", batch ", plan.B)
                                               : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
     profiler_->Collect(plan.N <= kMaxGraphRows ? &kind : nullptr);
   }
-  FinishForward(batch, sc.logits_host);
+  int32_t key_token = 0;
+  if (key_draw) {
+    key_token = kc::ArgmaxToken(*reinterpret_cast<const unsigned long long*>(draws_host));
+    draws_host = &key_token;
+  }
+  FinishForward(batch, sc.logits_host, draws_host);
+  if (timing) {
+    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    auto elapsed = [&](int a, int b) {
+      float ms = 0;
+      ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, ctx.timing[a], ctx.timing[b]));
+      return ms * 1e-3;
+    };
+    const auto t_done = Clock::now();
+    last_timing_ = {.wall_s = seconds(t_enter, t_done), .prepare_s = seconds(t_enter, t_launch),
+                    .launch_s = seconds(t_launch, t_wait), .device_s = elapsed(0, 1), .copy_back_s = elapsed(1, 2),
+                    .finish_s = seconds(t_synced, t_done)};
+  }
   return absl::OkStatus();
 }
 
@@ -1208,8 +1302,8 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
                                   ctx.stream));
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   if (profiler_) profiler_->Collect(nullptr);
-  for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr);
-  FinishForward(verify, nullptr);
+  for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr, nullptr);
+  FinishForward(verify, nullptr, nullptr);
 
   // Accept (greedy: d_{i+1} while it is the argmax of verify row i; sampled: the device's AcceptLossless),
   // then commit.

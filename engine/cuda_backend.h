@@ -61,6 +61,17 @@ class CudaBackend final : public Backend {
   std::string DeviceName() const;
   // Blocks until the backend's stream has finished its work (for timing).
   void Synchronize() const;
+  // Where a forward's wall time goes, for benchmarks (set_step_timing(true): three CUDA events per forward).
+  struct StepTiming {
+    double wall_s = 0;     // the whole Forward call
+    double prepare_s = 0;  // host: checks, plan, metadata, until the first launch
+    double launch_s = 0;   // host: the metadata copy, the launches and the copy back enqueued
+    double device_s = 0;     // device: from the metadata copy's end to the last kernel's end
+    double copy_back_s = 0;  // device: the logits' (or the drawn tokens') copy to the host
+    double finish_s = 0;   // host: from the synchronisation's return to the logits handed out
+  };
+  void set_step_timing(bool on) { step_timing_ = on; }
+  const StepTiming& last_step_timing() const { return last_timing_; }
 
   struct Context;  // the stream, cuBLAS handle and memory pool shared with the device sequences
 
@@ -83,7 +94,8 @@ class CudaBackend final : public Backend {
   void SetViews(const Plan& plan, const char* base);
   void RunModel(const Plan& plan);
   void LayerForward(int64_t il, const Plan& plan);
-  void FinishForward(std::span<const ForwardItem> batch, const float* logits_host);
+  // The host's side of a finished forward: positions, logits, next tokens (drawn on the device: draws_host).
+  void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host);
 
   ModelConfig config_;
   int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
@@ -105,6 +117,8 @@ class CudaBackend final : public Backend {
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
+  bool step_timing_ = false;
+  StepTiming last_timing_;
   std::mutex forward_mu_;
 };
 

@@ -62,20 +62,23 @@ int64_t DecodeSlot::LatestEarlierMatch(int64_t len) const {
 
 absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
   const size_t n = slots.size();
+  const bool observe = ObservesLogits();
   modes_.resize(n);
   logits_.resize(n);
+  next_.resize(n);
   items_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     DecodeSlot& s = *slots[i];
     modes_[i] = ChooseMode(s, static_cast<int64_t>(n));
-    items_[i] = {s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast, &logits_[i], false};
+    items_[i] = {s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast,
+                 observe ? &logits_[i] : nullptr, false, s.sampler, &next_[i]};
   }
   ORYX_RETURN_IF_ERROR(backend.Forward(items_));
   for (size_t i = 0; i < n; ++i) {
     DecodeSlot& s = *slots[i];
     CountModes(std::span(&modes_[i], 1), *s.stats);
-    Observe(s, modes_[i], logits_[i]);
-    s.emitted.assign(1, s.sampler->Next(logits_[i]));
+    if (observe) Observe(s, modes_[i], logits_[i]);
+    s.emitted.assign(1, next_[i]);
   }
   return absl::OkStatus();
 }
@@ -283,7 +286,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
   const auto prefill_start = Clock::now();
   {
     std::vector<std::vector<Mode>> modes(R);
-    std::vector<std::vector<float>> logits(R);
+    std::vector<int32_t> first(R);  // each prompt's first generated token, drawn by the backend
     std::vector<ForwardItem> items;
     const int64_t span = backend_->PrefillSpan(R);  // prompt tokens per forward
     for (int64_t done = 0;; done += span) {
@@ -295,13 +298,15 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
         modes[i].resize(len);
         run[i].decoder->PrefillModes(run[i].prompt, done, modes[i]);
         CountModes(modes[i], run[i].result.stats);
+        const bool last = done + len == n;
         items.push_back({&*run[i].seq, std::span(run[i].prompt).subspan(done, len), modes[i],
-                         done + len == n ? LogitsRows::kLast : LogitsRows::kNone, &logits[i], false});
+                         last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false,
+                         last ? &*run[i].sampler : nullptr, &first[i]});
       }
       if (items.empty()) break;
       ORYX_RETURN_IF_ERROR(backend_->Forward(items));
     }
-    for (int64_t i = 0; i < R; ++i) run[i].done = !emit(i, run[i].sampler->Next(logits[i]));
+    for (int64_t i = 0; i < R; ++i) run[i].done = !emit(i, first[i]);
   }
   const double prefill_s = Seconds(prefill_start);
 

@@ -122,11 +122,15 @@ class StepwiseDecoder : public Decoder {
 
  protected:
   virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;
+  // A decoder that reads each step's logits (Observe) says so; the others let the backend draw the next
+  // tokens itself (ForwardItem::sampler), so that a device backend returns tokens rather than logits.
+  virtual bool ObservesLogits() const { return false; }
   virtual void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) {}
 
  private:
   std::vector<Mode> modes_;
   std::vector<std::vector<float>> logits_;
+  std::vector<int32_t> next_;
   std::vector<ForwardItem> items_;
 };
 

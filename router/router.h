@@ -79,6 +79,7 @@ class RouterDecoder final : public StepwiseDecoder {
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
+  bool ObservesLogits() const override { return true; }  // the entropy and margin of each step
   void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) override;
 
  private:

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace oryx::kernels::cuda {
 
@@ -59,8 +60,27 @@ struct GemmParams {
   // With accumulate: y was last written by a kernel two or more launches before this one (not the one just
   // before), so its old values may be read before the programmatic-launch wait.
   bool y_written_earlier = false;
+  // A single row (m = 1) only: *maybe_argmax_key = max(*maybe_argmax_key, ArgmaxKey(y[n], n)) over the
+  // product's outputs, so that the argmax of y comes out of the product itself (a greedy decode step's LM
+  // head: no kernel over the logits after it). The caller zeroes the key first; ArgmaxToken reads it.
+  unsigned long long* maybe_argmax_key = nullptr;
 };
+// Keys that order (value, index) pairs as the argmax does: the larger value first, ties to the lower index.
+__host__ __device__ inline unsigned long long ArgmaxKey(float value, int64_t index) {
+  value = value == 0.f ? 0.f : value;  // -0 ties with +0
+#ifdef __CUDA_ARCH__
+  uint32_t bits = __float_as_uint(value);
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+#endif
+  bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+  return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
+}
+inline int32_t ArgmaxToken(unsigned long long key) { return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu)); }
 void Gemm(const GemmParams& p, void* cublas_handle);
+// Whether Gemm takes the GEMV kernel: one row, K a multiple of 8, x and W 16-byte aligned.
+bool GemvApplies(const GemmParams& p);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
 
 // The decode-step product with its input op fused in front (one kernel instead of two per projection):

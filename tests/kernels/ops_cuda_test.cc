@@ -133,6 +133,46 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   }
 }
 
+// A single-row product's argmax key (GemmParams::maybe_argmax_key: one atomic per block of the GEMV) gives
+// the first maximum of the y the product wrote, at every split of warps per feature (n 300: 4, 2048: 2 on a
+// GPU of more than 64 SMs, 8200: 1), with mostly negative outputs, and over exact ties: identical weight rows
+// give equal outputs, and the lowest index must win. The key's host-side order is checked on its own too.
+TEST(OpsCuda, GemvArgmaxKeyIsTheFirstMaximum) {
+  EXPECT_LT(cuda::ArgmaxKey(-2.f, 0), cuda::ArgmaxKey(-1.f, 0));
+  EXPECT_LT(cuda::ArgmaxKey(-1.f, 0), cuda::ArgmaxKey(0.5f, 9));
+  EXPECT_LT(cuda::ArgmaxKey(1.f, 7), cuda::ArgmaxKey(1.f, 3));  // a tie: the lower index is the larger key
+  EXPECT_EQ(cuda::ArgmaxKey(-0.f, 4), cuda::ArgmaxKey(0.f, 4));
+  EXPECT_EQ(cuda::ArgmaxToken(cuda::ArgmaxKey(-3.5f, 31999)), 31999);
+  for (int64_t n : {300, 2048, 8200}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " variant " + std::to_string(variant));
+      const int64_t k = 256;
+      // variant 1: x >= 0 and weights mostly negative, so every output is negative.
+      const std::vector<float> x = RoundBf16(Random(k, 3, variant == 1 ? 0.f : -1.f, 1.f));
+      std::vector<float> w = RoundBf16(Random(n * k, 4, variant == 1 ? -1.f : -0.2f, variant == 1 ? 0.1f : 1.f));
+      if (variant == 2) {  // rows 5, 77 and n - 1 the same as row 40: ties (row 5 the first of them)
+        for (int64_t c = 0; c < k; ++c) w[40 * k + c] = std::abs(w[40 * k + c]) * (x[c] > 0 ? 1 : -1);  // the largest
+        for (int64_t r : {int64_t{5}, int64_t{77}, n - 1}) std::copy(w.begin() + 40 * k, w.begin() + 41 * k, w.begin() + r * k);
+      }
+      DeviceBuffer<bf16> dx(ToBf16(x)), dw(ToBf16(w));
+      DeviceBuffer<float> dy(n);
+      DeviceBuffer<unsigned long long> key(1);
+      cuda::GemmParams p{1, n, k, k, n, dx.get(), dw.get(), dy.get()};
+      p.maybe_argmax_key = key.get();
+      ASSERT_TRUE(cuda::GemvApplies(p));
+      cuda::Gemm(p, Cublas());
+      const std::vector<float> y = dy.Host();
+      const int64_t first = std::max_element(y.begin(), y.end()) - y.begin();
+      EXPECT_EQ(cuda::ArgmaxToken(key.Host()[0]), first);
+      if (variant == 2) {
+        EXPECT_EQ(first, 5);
+      } else if (variant == 1) {
+        EXPECT_LT(y[first], 0.f) << "the outputs were meant to be negative";
+      }
+    }
+  }
+}
+
 // The decode-step products with their input op fused in: against the reference op, rounded to bf16, then
 // MatMulReference. The fused prologue's bf16 rounding can land one step away from the reference's for an
 // element whose fp32 value differs in the last bits (rarely); the tolerance is kFp32Tol's 10x. K = 2560 gives
