@@ -418,7 +418,14 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
       for (int64_t b = 0; b < batch; ++b) seqs.push_back(first.Clone());
       // attention, linear (CUDA graphs on, the next token drawn on the device): what the rounds are compared with
       double step_s[2] = {0, 0};
-      std::vector<Sampler> samplers(batch, Sampler(SamplingParams{}));  // greedy
+      // Each sequence's sampler (greedy unless --temperature): the device's draws use one set, the host's
+      // draws from the returned logits (timed apart, host_draw_ms) the other.
+      std::vector<Sampler> samplers, host_samplers;
+      for (int64_t b = 0; b < batch; ++b) {
+        const SamplingParams params{.temperature = static_cast<float>(o.temperature), .seed = 0x5eed + uint64_t(b)};
+        samplers.emplace_back(params);
+        host_samplers.emplace_back(params);
+      }
       for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
         // The step three ways: returning the last row's logits to the host (as a caller that reads them
         // needs), CUDA graphs on and off; and drawing the next token on the device (greedy), graphs on, as
@@ -445,6 +452,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
           nlohmann::json r = base;
           r.update({{"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"steps", o.steps},
                     {"cuda_graph", graphs}, {"next_token", device_draw ? "device" : "host"},
+                    {"temperature", o.temperature},
                     {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
                     {"fill_tokens_per_s", context / fill_s}, {"bytes_per_step", bytes},
                     {"roofline_ms", bytes / bandwidth * 1e3}, {"roofline_fraction", bytes / bandwidth / step}});
@@ -452,7 +460,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
             // The same steps again with events around the graph: where the wall time goes (medians of each
             // part; the events add a little host time, so the headline above is timed without them).
             backend->set_step_timing(true);
-            std::vector<double> parts[6];
+            std::vector<double> parts[6], host_draw;
             for (int64_t i = 0; i < o.steps; ++i) {
               ORYX_RETURN_IF_ERROR(backend->Forward(items));
               const CudaBackend::StepTiming& t = backend->last_step_timing();
@@ -460,8 +468,14 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
               for (double v : {t.wall_s, t.prepare_s, t.launch_s, t.device_s, t.copy_back_s, t.finish_s}) {
                 parts[j++].push_back(v * 1e3);
               }
+              if (!device_draw) {  // what drawing from the returned logits costs the host
+                const auto d0 = Clock::now();
+                for (int64_t b = 0; b < batch; ++b) next[b] = host_samplers[b].Next(out[b]);
+                host_draw.push_back(Seconds(d0) * 1e3);
+              }
             }
             backend->set_step_timing(false);
+            if (!device_draw) r["host_draw_ms"] = Median(host_draw);
             const double device_ms = Median(parts[3]);
             r["breakdown_ms"] = {{"wall", Median(parts[0])},       {"host_prepare", Median(parts[1])},
                                  {"host_launch", Median(parts[2])}, {"device", device_ms},

@@ -96,8 +96,9 @@ int RunBench(const Args& args) {
              Cat("cuda, --spec-k with --model: a corpus whose validation windows are the contexts; the", indent,
                  "acceptance is then the model's own, measured instead of simulated"));
     f.Double("temperature", &o.temperature,
-             Cat("cuda, --spec-k with --data: sample the rounds' drafts and tokens at this temperature (the", indent,
-                 "lossless rule judges sampled drafts); 0 is greedy"));
+             Cat("cuda: the decode steps draw their next tokens at this temperature (on the device, and on the", indent,
+                 "host from the returned logits, each timed); with --spec-k and --data the rounds sample their", indent,
+                 "drafts and tokens at it too (the lossless rule judges sampled drafts); 0 is greedy"));
     return RunWithFlags(f, rest, [&]() -> absl::Status {
       if (mixer != "mamba2" && mixer != "gdn") return absl::InvalidArgumentError(Cat("--mixer: '", mixer, "' (mamba2, gdn)"));
       if (!spec_ks.empty()) {
@@ -112,8 +113,12 @@ int RunBench(const Args& args) {
       if ((f.was_set("acceptance") || f.was_set("data")) && spec_ks.empty()) {
         return absl::InvalidArgumentError("--acceptance and --data need --spec-k");
       }
-      if (f.was_set("temperature") && !f.was_set("data")) {
-        return absl::InvalidArgumentError("--temperature needs --data (sampled acceptance is measured, not simulated)");
+      if (f.was_set("temperature") && !spec_ks.empty() && !f.was_set("data")) {
+        return absl::InvalidArgumentError(
+            "--temperature with --spec-k needs --data (sampled acceptance is measured, not simulated)");
+      }
+      if (f.was_set("temperature") && o.device != "cuda") {
+        return absl::InvalidArgumentError("--temperature is for --device cuda");
       }
       if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
         return absl::InvalidArgumentError(Cat("--temperature: ", o.temperature, " is not a finite number >= 0"));

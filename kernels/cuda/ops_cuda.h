@@ -77,7 +77,9 @@ __host__ __device__ inline unsigned long long ArgmaxKey(float value, int64_t ind
   bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
   return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
 }
-inline int32_t ArgmaxToken(unsigned long long key) { return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu)); }
+__host__ __device__ inline int32_t ArgmaxToken(unsigned long long key) {
+  return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu));
+}
 void Gemm(const GemmParams& p, void* cublas_handle);
 // Whether Gemm takes the GEMV kernel: one row, K a multiple of 8, x and W 16-byte aligned.
 bool GemvApplies(const GemmParams& p);
