@@ -69,6 +69,7 @@ expect 1 "bench decode: a zero draft length" -- bench decode --device cuda --spe
 expect 1 "bench decode: acceptance without rounds" -- bench decode --device cuda --acceptance 0.9
 expect 1 "bench decode: temperature without data" -- bench decode --device cuda --spec-k 2 --temperature 1
 expect 1 "bench decode: negative temperature" -- bench decode --device cuda --spec-k 2 --data "$TMP" --temperature -1
+expect 1 "bench decode: temperature on the cpu" -- bench decode --device cpu --temperature 0.5
 expect 1 "bench spec: missing model" -- bench spec --model "$TMP/no-model" --data "$TMP"
 if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   M="$SRC/models/default"
