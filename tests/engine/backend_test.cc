@@ -100,45 +100,12 @@ TEST_P(BackendTest, BatchOfRaggedSpansGivesEachSequenceItsOwnLogits) {
 }
 
 // A token drawn by the backend (ForwardItem::sampler) is the one the same sampler draws from the returned
-// logits, and the sampler's stream moves the same way: greedy and sampled, a batch of three sequences, the
-// middle one returning its logits instead, over ten steps that feed each draw back.
+// logits, greedy and sampled, with a sequence of the batch returning its logits instead or not.
 TEST_P(BackendTest, BackendDrawsTheTokenTheSamplerDrawsFromTheLogits) {
-  for (const SamplingParams params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {
-    SCOPED_TRACE(params.greedy() ? "greedy" : "sampled");
-    std::vector<SequenceState> drawn, host;
-    std::vector<Sampler> drawn_samplers, host_samplers;
-    std::vector<int32_t> drawn_next = {1, 2, 3}, host_next = {1, 2, 3};
-    for (int b = 0; b < 3; ++b) {
-      drawn.push_back(backend_->NewSequence());
-      host.push_back(backend_->NewSequence());
-      SamplingParams p = params;
-      p.seed += b;
-      drawn_samplers.emplace_back(p);
-      host_samplers.emplace_back(p);
-    }
-    std::vector<Mode> mode = {Mode::kAttention};
-    std::vector<std::vector<float>> logits(3);
-    int64_t differs_from_argmax = 0;
-    for (int step = 0; step < 10; ++step) {
-      std::vector<ForwardItem> a, b;
-      for (int i = 0; i < 3; ++i) {
-        const bool by_backend = i != 1;
-        a.push_back({&drawn[i], std::span(&drawn_next[i], 1), mode, LogitsRows::kLast, by_backend ? nullptr : &logits[i],
-                     false, by_backend ? &drawn_samplers[i] : nullptr, by_backend ? &drawn_next[i] : nullptr});
-        b.push_back({&host[i], std::span(&host_next[i], 1), mode, LogitsRows::kLast, &logits[i], false});
-      }
-      ASSERT_TRUE(backend_->Forward(a).ok());
-      drawn_next[1] = drawn_samplers[1].Next(logits[1]);
-      ASSERT_TRUE(backend_->Forward(b).ok());
-      for (int i = 0; i < 3; ++i) {
-        host_next[i] = host_samplers[i].Next(logits[i]);
-        differs_from_argmax += host_next[i] != std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin();
-      }
-      ASSERT_EQ(drawn_next, host_next) << "step " << step;
-    }
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(drawn_samplers[i].Uniform(), host_samplers[i].Uniform()) << "the streams moved apart";
-    if (!params.greedy()) {
-      EXPECT_GT(differs_from_argmax, 0) << "sampling drew only argmaxes: the test compares nothing";
+  for (const bool one_returns_logits : {false, true}) {
+    for (const SamplingParams params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {
+      SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (one_returns_logits ? ", one returns logits" : ""));
+      testutil::ExpectBackendDrawsAreTheSamplersDraws(*backend_, params, one_returns_logits);
     }
   }
 }

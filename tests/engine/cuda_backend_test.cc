@@ -421,53 +421,14 @@ TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
 TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
   auto gpu = LoadScaled(HeadDim64Config(GetParam()), 5);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  CudaBackend& backend = **gpu;
-  const int64_t V = backend.config().vocab_size;
   for (const bool graphs : {true, false}) {
-    backend.set_cuda_graphs(graphs);
+    (*gpu)->set_cuda_graphs(graphs);
     for (const bool fallback : {false, true}) {
       for (const SamplingParams params :
            {SamplingParams{}, SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
                      (fallback ? ", one sequence returning logits" : ""));
-        std::vector<SequenceState> drawn, host;
-        std::vector<Sampler> drawn_samplers, host_samplers;
-        std::vector<int32_t> drawn_next = {1, 2, 3}, host_next = {1, 2, 3};
-        for (int b = 0; b < 3; ++b) {
-          drawn.push_back(backend.NewSequence());
-          host.push_back(backend.NewSequence());
-          SamplingParams p = params;
-          p.seed += b;
-          drawn_samplers.emplace_back(p);
-          host_samplers.emplace_back(p);
-        }
-        std::vector<std::vector<float>> logits(3);
-        int64_t not_argmax = 0;
-        for (int step = 0; step < 10; ++step) {
-          const std::vector<Mode> modes = {step % 2 ? Mode::kLinear : Mode::kAttention, Mode::kLinear, Mode::kAttention};
-          std::vector<ForwardItem> a, b;
-          for (int i = 0; i < 3; ++i) {
-            const bool by_backend = !(fallback && i == 1);
-            a.push_back({&drawn[i], std::span(&drawn_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast,
-                         by_backend ? nullptr : &logits[i], false, by_backend ? &drawn_samplers[i] : nullptr,
-                         by_backend ? &drawn_next[i] : nullptr});
-            b.push_back({&host[i], std::span(&host_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast, &logits[i],
-                         false});
-          }
-          ASSERT_TRUE(backend.Forward(a).ok());
-          if (fallback) drawn_next[1] = drawn_samplers[1].Next(logits[1]);
-          ASSERT_TRUE(backend.Forward(b).ok());
-          for (int i = 0; i < 3; ++i) {
-            ASSERT_EQ(logits[i].size(), static_cast<size_t>(V));
-            host_next[i] = host_samplers[i].Next(logits[i]);
-            not_argmax += host_next[i] != std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin();
-          }
-          ASSERT_EQ(drawn_next, host_next) << "step " << step;
-        }
-        for (int i = 0; i < 3; ++i) EXPECT_EQ(drawn_samplers[i].Uniform(), host_samplers[i].Uniform()) << "streams apart";
-        if (!params.greedy()) {
-          EXPECT_GT(not_argmax, 0) << "sampling drew only argmaxes: nothing was compared";
-        }
+        testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, fallback);
       }
     }
   }

@@ -1,6 +1,7 @@
 // Test helpers for checkpoint IO (see testing_checkpoint.h).
 #include "tests/engine/testing_checkpoint.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -124,6 +125,47 @@ Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
     std::abort();
   }
   return Engine(std::move(*backend), std::nullopt);
+}
+
+void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits) {
+  std::vector<SequenceState> drawn, host;
+  std::vector<Sampler> drawn_samplers, host_samplers;
+  std::vector<int32_t> drawn_next = {1, 2, 3}, host_next = {1, 2, 3};
+  for (int b = 0; b < 3; ++b) {
+    drawn.push_back(backend.NewSequence());
+    host.push_back(backend.NewSequence());
+    SamplingParams p = params;
+    p.seed += b;
+    drawn_samplers.emplace_back(p);
+    host_samplers.emplace_back(p);
+  }
+  std::vector<std::vector<float>> logits(3);
+  int64_t not_argmax = 0;
+  for (int step = 0; step < 10; ++step) {
+    const std::vector<Mode> modes = {step % 2 ? Mode::kLinear : Mode::kAttention, Mode::kLinear, Mode::kAttention};
+    std::vector<ForwardItem> by_backend, by_host;
+    for (int i = 0; i < 3; ++i) {
+      const bool draws = !(one_returns_logits && i == 1);
+      by_backend.push_back({&drawn[i], std::span(&drawn_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast,
+                            draws ? nullptr : &logits[i], false, draws ? &drawn_samplers[i] : nullptr,
+                            draws ? &drawn_next[i] : nullptr});
+      by_host.push_back({&host[i], std::span(&host_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast, &logits[i],
+                         false});
+    }
+    ASSERT_TRUE(backend.Forward(by_backend).ok());
+    if (one_returns_logits) drawn_next[1] = drawn_samplers[1].Next(logits[1]);
+    ASSERT_TRUE(backend.Forward(by_host).ok());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(logits[i].size(), static_cast<size_t>(backend.config().vocab_size));
+      host_next[i] = host_samplers[i].Next(logits[i]);
+      not_argmax += host_next[i] != std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin();
+    }
+    ASSERT_EQ(drawn_next, host_next) << "step " << step;
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(drawn_samplers[i].Uniform(), host_samplers[i].Uniform()) << "streams apart";
+  if (!params.greedy()) {
+    EXPECT_GT(not_argmax, 0) << "sampling drew only argmaxes: nothing was compared";
+  }
 }
 
 }  // namespace oryx::testutil

@@ -13,6 +13,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/safetensors.h"
+#include "engine/sampler.h"
 #include "gtest/gtest.h"
 
 // EXPECT_HAS_SUBSTR(text, needle): `text` (anything convertible to std::string_view, or an
@@ -92,6 +93,13 @@ template <typename Edit>
 void RewriteWeights(const std::string& path, Edit edit);
 
 std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path);
+
+// Next tokens drawn by `backend` (ForwardItem::sampler) are the ones the same samplers draw on the host from
+// the returned logits, and the samplers' streams move alike: three fresh sequences in mixed modes, ten steps
+// that feed each draw back, run once with the backend drawing (the middle sequence returning its logits
+// instead when `one_returns_logits`) and once with every sequence returning logits. Sampled parameters must
+// also draw something other than the argmax, or nothing was compared.
+void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits);
 
 template <typename Edit>
 void RewriteWeights(const std::string& path, Edit edit) {
