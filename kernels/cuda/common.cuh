@@ -154,6 +154,33 @@ __device__ __forceinline__ void RopeAngle(int64_t i, int64_t dh, int64_t pos, do
   sincosf(static_cast<float>(static_cast<double>(pos) * inv_freq), sin_out, cos_out);
 }
 
+// Thread-block clusters (compute capability 9). ClusterSync: waits until every thread of every block of the
+// cluster has arrived (release / acquire at cluster scope: shared-memory writes before it are seen by the
+// peers after it). ClusterRank: the block's rank in its cluster. ClusterPeer: the address of `local` (in
+// this block's shared memory) in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ unsigned ClusterRank() {
+  unsigned rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#endif
+  return rank;
+}
+template <typename T>
+__device__ __forceinline__ T* ClusterPeer(T* local, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t peer;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(peer) : "l"(local), "r"(rank));
+  return reinterpret_cast<T*>(peer);
+#else
+  return local;
+#endif
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched by LaunchAfterPrevious may be scheduled while the
 // kernel before it in the stream is still running its last blocks, so that its launch overlaps that kernel's
 // tail. Every such kernel calls AfterPrevious() first in every block, before it reads anything an earlier

@@ -16,13 +16,6 @@ namespace {
 constexpr int kLanes = 32, kGroups = 8;
 constexpr int kMaxTaps = 4;  // the widest conv the kernel takes (DecodeMixerApplies): taps and window in registers
 
-// Waits until every thread of every block of the cluster has arrived (release / acquire at cluster scope).
-__device__ __forceinline__ void ClusterSync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
 template <int kDh>
 __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
   constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j

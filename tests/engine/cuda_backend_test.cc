@@ -693,6 +693,11 @@ TEST(CudaSampling, SampleRowsMatchesTheCpuSampler) {
       {{1.f, 0, 1e-6f, 11}, 777, 100, 2.f, false},     // top_p tiny: the first candidate only
       {{0.9f, 0, 0.9f, 12}, 32000, 64, 3.f, false},    // a real vocabulary
       {{1.1f, 100, 0.8f, 13}, 32003, 64, 3.f, false},  // a ragged one
+      // Every token kept (SoftmaxDrawKernel: a row split over a cluster of blocks):
+      {{0.8f, 0, 1.f, 14}, 32000, 64, 3.f, false},     // a real vocabulary
+      {{1.f, 0, 1.f, 15}, 32003, 64, 2.f, true},       // ragged, with ties
+      {{1.f, 9, 1.f, 16}, 5, 100, 2.f, false},         // fewer tokens than the cluster's blocks; top_k > V
+      {{0.5f, 0, 1.f, 17}, 1, 10, 1.f, false},         // a single token
   };
   std::mt19937 rng(7);
   int64_t mismatches = 0, near = 0, total_rows = 0;
