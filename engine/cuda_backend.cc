@@ -1098,53 +1098,103 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
   }
 }
 
-absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
+// Where a forward's next tokens, drawn on the device, sit in the metadata buffer: after the forward's own
+// metadata, the tokens [NL] (for one greedy row, the LM head's 64-bit argmax key: kc::ArgmaxKey, zeroed by
+// the metadata's copy), then, sampled, each row's uniform. All offsets 0 when the forward draws nothing.
+struct CudaBackend::DrawLayout {
+  bool on = false, sampled = false, key = false;
+  int64_t tokens = 0, uniforms = 0;
+  int64_t meta_bytes = 0;  // the metadata's bytes, the draws' included
+};
+
+CudaBackend::DrawLayout CudaBackend::LayOutDraws(const Plan& plan, int64_t meta_bytes) const {
+  DrawLayout d;
+  d.meta_bytes = meta_bytes;
+  if (!plan.device_draw) return d;
+  const int64_t V = config_.vocab_size, D = config_.d_model;
+  d.on = true;
+  d.sampled = plan.temperature > 0.f;
+  // (The scratch's buffers are whole device allocations, so the LM head's input and output are aligned.)
+  d.key = !d.sampled && plan.NL == 1 &&
+          kc::GemvApplies({1, V, D, D, V, nullptr, static_cast<const bf16*>(lm_head_), nullptr});
+  d.tokens = meta_bytes;
+  d.uniforms = d.tokens + AlignMeta(plan.NL * 4);  // (room for the key too)
+  d.meta_bytes = d.uniforms + (d.sampled ? AlignMeta(plan.NL * 8) : 0);
+  return d;
+}
+
+void CudaBackend::Draw(const Plan& plan, const DrawLayout& d) {
+  if (!d.on || d.key) return;  // (the key: drawn by the LM head, in RunModel)
+  Scratch& sc = *scratch_;
+  auto* tokens = reinterpret_cast<int32_t*>(sc.meta + d.tokens);
+  if (!d.sampled) return kc::Argmax({plan.NL, config_.vocab_size, sc.logits, tokens}, ctx_->stream);
+  const kc::SamplingDims dims{config_.vocab_size, plan.temperature, plan.top_k, plan.top_p};
+  kc::SampleRows({plan.NL, dims, sc.logits, reinterpret_cast<const double*>(sc.meta + d.uniforms), tokens,
+                  sc.sample_workspace},
+                 ctx_->stream);
+}
+
+namespace {
+
+// A forward's step timing (CudaBackend::set_step_timing): host clocks at its stages and, when on, CUDA
+// events in its stream around the kernels and the copy back.
+class StepClock {
+ public:
   using Clock = std::chrono::steady_clock;
-  const auto t_enter = Clock::now();
+  StepClock(bool on, cudaEvent_t (&events)[3], cudaStream_t stream) : on_(on), events_(events), stream_(stream) {}
+  void Host(int stage) { host_[stage] = Clock::now(); }  // 0 enter, 1 launch, 2 wait, 3 synced, 4 done
+  void Device(int i) {  // 0 the kernels' start, 1 their end, 2 the copy back's end
+    if (!on_) return;
+    if (events_[i] == nullptr) ORYX_CUDA_CHECK(cudaEventCreate(&events_[i]));
+    ORYX_CUDA_CHECK(cudaEventRecord(events_[i], stream_));
+  }
+  CudaBackend::StepTiming Timing() const {
+    auto seconds = [&](int a, int b) { return std::chrono::duration<double>(host_[b] - host_[a]).count(); };
+    auto elapsed = [&](int a, int b) {
+      float ms = 0;
+      ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[a], events_[b]));
+      return ms * 1e-3;
+    };
+    return {.wall_s = seconds(0, 4), .prepare_s = seconds(0, 1), .launch_s = seconds(1, 2), .device_s = elapsed(0, 1),
+            .copy_back_s = elapsed(1, 2), .finish_s = seconds(3, 4)};
+  }
+
+ private:
+  bool on_;
+  cudaEvent_t (&events_)[3];
+  cudaStream_t stream_;
+  Clock::time_point host_[5];
+};
+
+}  // namespace
+
+absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
+  StepClock clock(step_timing_, ctx_->timing, ctx_->stream);
+  clock.Host(0);
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
   std::lock_guard<std::mutex> lock(forward_mu_);
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
-  const MetaLayout meta(plan);
-  // Device draws: after the forward's metadata, the drawn tokens [NL], then (sampled) a uniform per row.
-  const bool sampled = plan.device_draw && plan.temperature > 0.f;
-  const int64_t draws_at = meta.bytes, uniforms_at = draws_at + AlignMeta(plan.NL * 4);
-  const int64_t meta_bytes = !plan.device_draw ? meta.bytes : uniforms_at + (sampled ? AlignMeta(plan.NL * 8) : 0);
-  ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), meta_bytes, 0,
-                                     sampled ? kc::SamplingWorkspaceBytes(plan.NL) : 0));
-  // A greedy draw of one row is the LM head's own argmax (its GEMV's key, zeroed by the metadata's copy).
-  const int64_t V = config_.vocab_size, D = config_.d_model;
-  const bool key_draw = plan.device_draw && !sampled && plan.NL == 1 &&
-                        kc::GemvApplies({1, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits});
+  const DrawLayout draws = LayOutDraws(plan, MetaLayout(plan).bytes);
+  ORYX_RETURN_IF_ERROR(EnsureScratch(plan.N, plan.NL, PartialFloats(plan), draws.meta_bytes, 0,
+                                     draws.sampled ? kc::SamplingWorkspaceBytes(plan.NL) : 0));
   WriteMeta(batch, plan, 0, sc.meta_host);
-  if (key_draw) *reinterpret_cast<unsigned long long*>(sc.meta_host + draws_at) = 0;
-  if (sampled) {  // each row's uniform, peeked (skipped once the draw is back)
-    auto* u = reinterpret_cast<double*>(sc.meta_host + uniforms_at);
+  if (draws.key) *reinterpret_cast<unsigned long long*>(sc.meta_host + draws.tokens) = 0;
+  if (draws.sampled) {  // each row's uniform, peeked (skipped once the draw is back)
+    auto* u = reinterpret_cast<double*>(sc.meta_host + draws.uniforms);
     for (const ForwardItem& it : batch) {
       if (it.sampler != nullptr) it.sampler->PeekUniforms(std::span(u++, 1));
     }
   }
-  const bool timing = step_timing_;
-  auto mark = [&](int i) {
-    if (!timing) return;
-    if (ctx.timing[i] == nullptr) ORYX_CUDA_CHECK(cudaEventCreate(&ctx.timing[i]));
-    ORYX_CUDA_CHECK(cudaEventRecord(ctx.timing[i], ctx.stream));
-  };
-  const auto t_launch = Clock::now();
-  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
-  mark(0);
+  clock.Host(1);
+  ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, draws.meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
+  clock.Device(0);
   SetViews(plan, sc.meta);
-  auto* draws = reinterpret_cast<int32_t*>(sc.meta + draws_at);
-  if (key_draw) sc.argmax_key = reinterpret_cast<unsigned long long*>(draws);
+  if (draws.key) sc.argmax_key = reinterpret_cast<unsigned long long*>(sc.meta + draws.tokens);
   auto run = [&] {
     RunModel(plan);
-    if (!plan.device_draw || key_draw) return;
-    if (!sampled) return kc::Argmax({plan.NL, config_.vocab_size, sc.logits, draws}, ctx.stream);
-    const kc::SamplingDims dims{config_.vocab_size, plan.temperature, plan.top_k, plan.top_p};
-    kc::SampleRows({plan.NL, dims, sc.logits, reinterpret_cast<const double*>(sc.meta + uniforms_at), draws,
-                    sc.sample_workspace},
-                   ctx.stream);
+    Draw(plan, draws);
   };
   if (plan.graph) {
     cudaGraphExec_t& exec = sc.graphs[plan];
@@ -1153,44 +1203,34 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   } else {
     run();
   }
-  mark(1);
-  const int32_t* draws_host = nullptr;
-  if (plan.device_draw) {
-    draws_host = reinterpret_cast<const int32_t*>(sc.meta_host + draws_at);
-    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws_at, draws, key_draw ? 8 : plan.NL * 4, cudaMemcpyDeviceToHost,
-                                    ctx.stream));
+  clock.Device(1);
+  // Back to the host: the drawn tokens (or the key), else the logits asked for.
+  if (draws.on) {
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws.tokens, sc.meta + draws.tokens, draws.key ? 8 : plan.NL * 4,
+                                    cudaMemcpyDeviceToHost, ctx.stream));
   } else if (plan.NL > 0) {
     ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, plan.NL * config_.vocab_size * sizeof(float),
                                     cudaMemcpyDeviceToHost, ctx.stream));
   }
-  mark(2);
-  const auto t_wait = Clock::now();
+  clock.Device(2);
+  clock.Host(2);
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // the pinned metadata and logits are reused
-  const auto t_synced = Clock::now();
+  clock.Host(3);
   if (profiler_) {
     const char* mode = plan.NA == plan.N ? "attention" : plan.NA == 0 ? "linear" : "mixed";
     const std::string kind = plan.N == plan.B ? Cat("decode step, ", mode, ", batch ", plan.B)
                                               : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
     profiler_->Collect(plan.N <= kMaxGraphRows ? &kind : nullptr);
   }
+  const int32_t* drawn = draws.on ? reinterpret_cast<const int32_t*>(sc.meta_host + draws.tokens) : nullptr;
   int32_t key_token = 0;
-  if (key_draw) {
-    key_token = kc::ArgmaxToken(*reinterpret_cast<const unsigned long long*>(draws_host));
-    draws_host = &key_token;
+  if (draws.key) {
+    key_token = kc::ArgmaxToken(*reinterpret_cast<const unsigned long long*>(drawn));
+    drawn = &key_token;
   }
-  FinishForward(batch, sc.logits_host, draws_host);
-  if (timing) {
-    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-    auto elapsed = [&](int a, int b) {
-      float ms = 0;
-      ORYX_CUDA_CHECK(cudaEventElapsedTime(&ms, ctx.timing[a], ctx.timing[b]));
-      return ms * 1e-3;
-    };
-    const auto t_done = Clock::now();
-    last_timing_ = {.wall_s = seconds(t_enter, t_done), .prepare_s = seconds(t_enter, t_launch),
-                    .launch_s = seconds(t_launch, t_wait), .device_s = elapsed(0, 1), .copy_back_s = elapsed(1, 2),
-                    .finish_s = seconds(t_synced, t_done)};
-  }
+  FinishForward(batch, sc.logits_host, drawn);
+  clock.Host(4);
+  if (step_timing_) last_timing_ = clock.Timing();
   return absl::OkStatus();
 }
 

@@ -93,6 +93,11 @@ class CudaBackend final : public Backend {
   void WriteMeta(std::span<const ForwardItem> batch, const Plan& plan, int64_t pos_shift, char* base) const;
   void SetViews(const Plan& plan, const char* base);
   void RunModel(const Plan& plan);
+  // The next tokens drawn on the device (Plan::device_draw): where they sit after the forward's metadata,
+  // and the launches that draw them after RunModel.
+  struct DrawLayout;
+  DrawLayout LayOutDraws(const Plan& plan, int64_t meta_bytes) const;
+  void Draw(const Plan& plan, const DrawLayout& d);
   void LayerForward(int64_t il, const Plan& plan);
   // The host's side of a finished forward: positions, logits, next tokens (drawn on the device: draws_host).
   void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host);

@@ -424,8 +424,9 @@ TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
   for (const bool graphs : {true, false}) {
     (*gpu)->set_cuda_graphs(graphs);
     for (const bool fallback : {false, true}) {
-      for (const SamplingParams params :
-           {SamplingParams{}, SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
+      // Greedy, plain temperature (SoftmaxDrawKernel), and with top_k and top_p (CutKernel, DrawKernel).
+      for (const SamplingParams params : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 4},
+                                          SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
                      (fallback ? ", one sequence returning logits" : ""));
         testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, fallback);
