@@ -1142,7 +1142,9 @@ class StepClock {
  public:
   using Clock = std::chrono::steady_clock;
   StepClock(bool on, cudaEvent_t (&events)[3], cudaStream_t stream) : on_(on), events_(events), stream_(stream) {}
-  void Host(int stage) { host_[stage] = Clock::now(); }  // 0 enter, 1 launch, 2 wait, 3 synced, 4 done
+  void Host(int stage) {  // 0 enter, 1 launch, 2 wait, 3 synced, 4 done
+    if (on_) host_[stage] = Clock::now();
+  }
   void Device(int i) {  // 0 the kernels' start, 1 their end, 2 the copy back's end
     if (!on_) return;
     if (events_[i] == nullptr) ORYX_CUDA_CHECK(cudaEventCreate(&events_[i]));

@@ -65,17 +65,20 @@ struct GemmParams {
   // head: no kernel over the logits after it). The caller zeroes the key first; ArgmaxToken reads it.
   unsigned long long* maybe_argmax_key = nullptr;
 };
-// Keys that order (value, index) pairs as the argmax does: the larger value first, ties to the lower index.
-__host__ __device__ inline unsigned long long ArgmaxKey(float value, int64_t index) {
-  value = value == 0.f ? 0.f : value;  // -0 ties with +0
+// A float's bits as an unsigned key with the floats' order (-0 is +0, so that equal values have equal keys).
+__host__ __device__ inline uint32_t OrderedBits(float value) {
+  value = value == 0.f ? 0.f : value;
 #ifdef __CUDA_ARCH__
-  uint32_t bits = __float_as_uint(value);
+  const uint32_t bits = __float_as_uint(value);
 #else
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
 #endif
-  bits = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
-  return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+// Keys that order (value, index) pairs as the argmax does: the larger value first, ties to the lower index.
+__host__ __device__ inline unsigned long long ArgmaxKey(float value, int64_t index) {
+  return (static_cast<unsigned long long>(OrderedBits(value)) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
 }
 __host__ __device__ inline int32_t ArgmaxToken(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu));

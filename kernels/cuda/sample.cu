@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kSampleThreads) ArgmaxKernel(ArgmaxParams p) {
 // ---------------------------------------------------------------------------------------------------------
 // Sampling distributions
 
-// What defines a row's distribution: candidate i is kept iff Key(x_i) > key, or Key(x_i) == key and
-// i <= last; its probability is float(e_i / mass) with e_i = exp((x_i - top) / temperature) (greedy: 1).
+// What defines a row's distribution: candidate i is kept iff OrderedBits(x_i) > key, or OrderedBits(x_i) ==
+// key and i <= last; its probability is float(e_i / mass) with e_i = exp((x_i - top) / temperature) (greedy: 1).
 struct RowCut {
   float top;
   uint32_t key;
@@ -67,12 +67,6 @@ struct RowCut {
 };
 static_assert(sizeof(RowCut) <= 32, "SamplingWorkspaceBytes assumes 32 bytes per row");
 
-// Float -> unsigned key with the same order (-0 is +0, so that equal logits have equal keys).
-__device__ __forceinline__ uint32_t Key(float x) {
-  const uint32_t u = __float_as_uint(x == 0.f ? 0.f : x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 __device__ __forceinline__ bool Kept(const RowCut& c, uint32_t key, int64_t i) {
   return key > c.key || (key == c.key && i <= c.last);
 }
@@ -81,7 +75,7 @@ __device__ __forceinline__ bool Kept(const RowCut& c, uint32_t key, int64_t i) {
 __device__ __forceinline__ float Weight(float x, float top, float temperature) { return expf((x - top) / temperature); }
 
 __device__ __forceinline__ float Prob(const RowCut& c, float x, int64_t i, float temperature) {
-  if (!Kept(c, Key(x), i)) return 0.f;
+  if (!Kept(c, OrderedBits(x), i)) return 0.f;
   return c.greedy ? 1.f : static_cast<float>(static_cast<double>(Weight(x, c.top, temperature)) / c.mass);
 }
 
@@ -121,13 +115,13 @@ __device__ int64_t NthOfKey(const float* row, int64_t V, uint32_t key, int64_t n
   int64_t begin, end;
   Slice(V, &begin, &end);
   int64_t count = 0;
-  for (int64_t i = begin; i < end; ++i) count += Key(row[i]) == key;
+  for (int64_t i = begin; i < end; ++i) count += OrderedBits(row[i]) == key;
   if (threadIdx.x == 0) found = -1;
   int64_t total;
   int64_t before = BlockExclusiveScan<int64_t>(count, scratch, &total);
   if (before < n && n <= before + count) {
     for (int64_t i = begin; i < end; ++i) {
-      if (Key(row[i]) == key && ++before == n) found = i;
+      if (OrderedBits(row[i]) == key && ++before == n) found = i;
     }
   }
   __syncthreads();
@@ -152,7 +146,7 @@ __device__ uint32_t SelectKey(const float* row, int64_t V, float top, float temp
     __syncthreads();
     const uint32_t high_mask = shift == 24 ? 0u : ~((1u << (shift + 8)) - 1);
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const uint32_t key = Key(row[i]);
+      const uint32_t key = OrderedBits(row[i]);
       if ((key & high_mask) != (prefix & high_mask)) continue;
       if (cut != nullptr && !Kept(*cut, key, i)) continue;
       atomicAdd(&hist[(key >> shift) & 255], kMass ? static_cast<double>(Weight(row[i], top, temperature)) : 1.0);
@@ -210,7 +204,7 @@ __global__ void CutKernel(SamplingDims d, const float* logits_ptr, RowCut* cuts_
     }
     __syncthreads();
   }
-  RowCut cut{values[0], Key(values[0]), static_cast<int32_t>(indices[0]), 1, 1.0};
+  RowCut cut{values[0], OrderedBits(values[0]), static_cast<int32_t>(indices[0]), 1, 1.0};
   if (d.temperature == 0.f) {  // greedy: all mass on the first candidate
     if (threadIdx.x == 0) cuts_ptr[blockIdx.x] = cut;
     return;
@@ -229,7 +223,7 @@ __global__ void CutKernel(SamplingDims d, const float* logits_ptr, RowCut* cuts_
   // The mass of the top_k candidates.
   double total = 0;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    if (Kept(cut, Key(row[i]), i)) total += Weight(row[i], top, T);
+    if (Kept(cut, OrderedBits(row[i]), i)) total += Weight(row[i], top, T);
   }
   __shared__ double dscratch[32];
   double sum_all;
@@ -258,7 +252,7 @@ __global__ void CutKernel(SamplingDims d, const float* logits_ptr, RowCut* cuts_
     // The kept mass, recomputed over the kept set.
     double kept = 0;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      if (Kept(cut, Key(row[i]), i)) kept += Weight(row[i], top, T);
+      if (Kept(cut, OrderedBits(row[i]), i)) kept += Weight(row[i], top, T);
     }
     (void)BlockExclusiveScan<double>(kept, dscratch, &sum_all);
     cut.mass = sum_all;
@@ -369,8 +363,10 @@ __global__ void __launch_bounds__(kSampleThreads) SoftmaxDrawKernel(SampleRowsPa
   // 3. The probabilities' cumulative mass: this thread's, before it in the part, before the part.
   double probs = 0;
   int64_t my_last = -1;
+  // Every token kept: Prob with a cut that keeps all (the lowest key, the last index).
+  const RowCut all_kept{top, 0u, static_cast<int32_t>(V - 1), 0, total_mass};
   for (int64_t i = begin; i < end; ++i) {
-    const float pi = static_cast<float>(static_cast<double>(Weight(row[i], top, T)) / total_mass);
+    const float pi = Prob(all_kept, row[i], i, T);
     if (pi <= 0.f) continue;
     probs += pi;
     my_last = i;
@@ -390,7 +386,7 @@ __global__ void __launch_bounds__(kSampleThreads) SoftmaxDrawKernel(SampleRowsPa
   double running = before + in_part;
   if (my_last >= 0 && threshold < running + probs) {
     for (int64_t i = begin; i < end; ++i) {
-      const float pi = static_cast<float>(static_cast<double>(Weight(row[i], top, T)) / total_mass);
+      const float pi = Prob(all_kept, row[i], i, T);
       if (pi <= 0.f) continue;
       running += pi;
       if (threshold < running) {
