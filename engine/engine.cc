@@ -35,19 +35,6 @@ class ScheduleDecoder final : public StepwiseDecoder {
   ModePolicy policy_;
 };
 
-// The state of one request while it runs.
-struct Running {
-  const GenerateRequest* request = nullptr;
-  std::vector<int32_t> prompt;
-  Decoder* decoder = nullptr;
-  std::optional<SequenceState> seq;
-  std::optional<Sampler> sampler;
-  DecodeSlot slot;
-  GenerateResult result;
-  bool done = false;
-  size_t longest_stop = 0;
-};
-
 }  // namespace
 
 int64_t DecodeSlot::LatestEarlierMatch(int64_t len) const {
@@ -192,157 +179,206 @@ absl::StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request) 
 }
 
 absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const GenerateRequest> requests) {
-  const ModelConfig& c = backend_->config();
   const int64_t R = static_cast<int64_t>(requests.size());
   if (R == 0) return absl::InvalidArgumentError("generate: no requests");
-  std::vector<Running> run(R);
-  std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders;  // one per policy name
+  GenerationBatch batch(*this);
   for (int64_t i = 0; i < R; ++i) {
-    const GenerateRequest& q = requests[i];
-    Running& r = run[i];
-    auto bad = [&](std::string_view what) {
-      return absl::InvalidArgumentError(R > 1 ? Cat("request ", i, ": ", what) : std::string(what));
-    };
-    r.request = &q;
-    if (!q.prompt_tokens.empty()) {
-      r.prompt = q.prompt_tokens;
-    } else if (!q.prompt.empty()) {
-      if (!tokenizer_) return bad("a text prompt needs a model with a tokenizer; give prompt tokens instead");
-      r.prompt.push_back(kBosId);
-      tokenizer_->EncodeAppend(q.prompt, &r.prompt);
-    } else {
-      return bad("empty prompt");
+    if (absl::StatusOr<int64_t> id = batch.Add(requests[i]); !id.ok()) {
+      if (R == 1) return id.status();
+      return absl::Status(id.status().code(), Cat("request ", i, ": ", id.status().message()));
     }
-    const int64_t n = static_cast<int64_t>(r.prompt.size());
-    if (n >= c.max_position) {
-      return bad(Cat("the prompt is ", n, " tokens; this model takes at most ", c.max_position - 1,
-                     " so that at least one token can be generated"));
+  }
+  while (batch.active() > 0) ORYX_RETURN_IF_ERROR(batch.Step());
+  std::vector<GenerateResult> results(R);
+  for (auto& [id, result] : batch.TakeFinished()) results[id] = std::move(result);
+  return results;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GenerationBatch
+
+struct GenerationBatch::Request {
+  GenerateRequest request;
+  std::vector<int32_t> prompt;
+  Decoder* decoder = nullptr;
+  std::optional<SequenceState> seq;
+  std::optional<Sampler> sampler;
+  DecodeSlot slot;
+  GenerateResult result;
+  size_t longest_stop = 0;
+  int64_t prefilled = 0;  // prompt tokens forwarded so far
+  std::vector<Mode> modes;
+  int32_t first = 0;  // the first generated token, drawn by the backend with the prompt's last span
+  Clock::time_point prefill_start, decode_start;
+  bool decoding() const { return prefilled == static_cast<int64_t>(prompt.size()); }
+};
+
+GenerationBatch::GenerationBatch(Engine& engine) : engine_(engine) {}
+GenerationBatch::~GenerationBatch() = default;
+
+int64_t GenerationBatch::decoding() const {
+  int64_t n = 0;
+  for (const auto& [id, r] : active_) n += r->decoding();
+  return n;
+}
+
+absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
+  const ModelConfig& c = engine_.backend_->config();
+  auto r = std::make_unique<Request>();
+  r->request = std::move(request);
+  const GenerateRequest& q = r->request;
+  if (!q.prompt_tokens.empty()) {
+    r->prompt = q.prompt_tokens;
+  } else if (!q.prompt.empty()) {
+    if (!engine_.tokenizer_) {
+      return absl::InvalidArgumentError("a text prompt needs a model with a tokenizer; give prompt tokens instead");
     }
-    for (int32_t t : r.prompt) {
-      if (t < 0 || t >= c.vocab_size) return bad(Cat("prompt token id ", t, " outside the vocabulary"));
+    r->prompt.push_back(kBosId);
+    engine_.tokenizer_->EncodeAppend(q.prompt, &r->prompt);
+  } else {
+    return absl::InvalidArgumentError("empty prompt");
+  }
+  const int64_t n = static_cast<int64_t>(r->prompt.size());
+  if (n >= c.max_position) {
+    return absl::InvalidArgumentError(Cat("the prompt is ", n, " tokens; this model takes at most ",
+                                          c.max_position - 1, " so that at least one token can be generated"));
+  }
+  for (int32_t t : r->prompt) {
+    if (t < 0 || t >= c.vocab_size) return absl::InvalidArgumentError(Cat("prompt token id ", t, " outside the vocabulary"));
+  }
+  if (q.max_tokens < 1) return absl::InvalidArgumentError(Cat("max_tokens must be >= 1, got ", q.max_tokens));
+  ORYX_RETURN_IF_ERROR(ValidateSampling(q.sampling));
+  for (const std::string& stop : q.stop) {
+    if (stop.empty()) return absl::InvalidArgumentError("empty stop string");
+    r->longest_stop = std::max(r->longest_stop, stop.size());
+  }
+  auto it = decoders_.find(q.policy);
+  if (it == decoders_.end()) {
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Decoder> made, engine_.policies_.Make(q.policy));
+    it = decoders_.emplace(q.policy, std::move(made)).first;
+  }
+  r->decoder = it->second.get();
+  ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
+  r->seq.emplace(std::move(seq));
+  ORYX_RETURN_IF_ERROR(r->seq->Reserve(std::min(c.max_position, n + q.max_tokens + r->decoder->Lookahead())));
+  r->sampler.emplace(q.sampling);
+  r->result.policy = q.policy;
+  r->result.stats.prompt_tokens = n;
+  const int64_t id = next_id_++;
+  r->slot = {id, &*r->seq, 0, n, &r->prompt, &r->result.tokens, q.max_tokens, &*r->sampler, &r->result.stats, {}};
+  active_.emplace(id, std::move(r));
+  return id;
+}
+
+bool GenerationBatch::Emit(Request& r, int32_t token) {
+  const Tokenizer* tokenizer = engine_.tokenizer_ ? &*engine_.tokenizer_ : nullptr;
+  GenerateResult& out = r.result;
+  if (r.request.stop_at_eos && token == kEosId) {
+    out.finish_reason = FinishReason::kEos;
+    return false;
+  }
+  out.tokens.push_back(token);
+  out.stats.generated_tokens = static_cast<int64_t>(out.tokens.size());
+  const size_t old_size = out.text.size();
+  // Decoding concatenates piece texts, so the new token's text is appended as is.
+  if (tokenizer != nullptr) out.text += tokenizer->Decode(std::span(&token, 1));
+  bool stopped = false;
+  const size_t from = old_size >= r.longest_stop ? old_size - r.longest_stop + 1 : 0;
+  size_t cut = std::string::npos;
+  for (const std::string& stop : r.request.stop) cut = std::min(cut, out.text.find(stop, from));
+  if (cut != std::string::npos) {
+    out.text.resize(cut);
+    stopped = true;
+  }
+  if (r.request.on_token && out.text.size() >= old_size) {
+    const TokenEvent event{r.slot.id, token, std::string_view(out.text).substr(old_size)};
+    stopped |= !r.request.on_token(event);
+  }
+  if (stopped) {
+    out.finish_reason = FinishReason::kStop;
+    return false;
+  }
+  r.slot.pending = token;
+  r.slot.remaining = r.request.max_tokens - out.stats.generated_tokens;
+  // A sequence holds at most max_position tokens, the last generated one included.
+  if (r.slot.remaining <= 0 || r.slot.prompt_len + out.stats.generated_tokens >= engine_.backend_->config().max_position) {
+    out.finish_reason = FinishReason::kLength;
+    return false;
+  }
+  return true;
+}
+
+void GenerationBatch::Finish(int64_t id) {
+  auto it = active_.find(id);
+  Request& r = *it->second;
+  r.result.stats.decode_s = Seconds(r.decode_start);
+  r.decoder->Release(id);
+  finished_.emplace_back(id, std::move(r.result));
+  active_.erase(it);  // frees the sequence
+}
+
+absl::Status GenerationBatch::Step() {
+  Backend& backend = *engine_.backend_;
+  // Prefill: the next span of every prompt not yet through, all in one forward.
+  prefilling_.clear();
+  for (auto& [id, r] : active_) {
+    if (!r->decoding()) prefilling_.push_back(r.get());
+  }
+  done_.clear();
+  if (!prefilling_.empty()) {
+    const int64_t span = backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
+    items_.clear();
+    for (Request* r : prefilling_) {
+      if (r->prefilled == 0) r->prefill_start = Clock::now();
+      const int64_t n = static_cast<int64_t>(r->prompt.size());
+      const int64_t len = std::min(span, n - r->prefilled);
+      r->modes.resize(len);
+      r->decoder->PrefillModes(r->prompt, r->prefilled, r->modes);
+      CountModes(r->modes, r->result.stats);
+      const bool last = r->prefilled + len == n;
+      items_.push_back({&*r->seq, std::span(r->prompt).subspan(r->prefilled, len), r->modes,
+                        last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r->sampler : nullptr,
+                        &r->first});
     }
-    if (q.max_tokens < 1) return bad(Cat("max_tokens must be >= 1, got ", q.max_tokens));
-    if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return bad(std::string(s.message()));
-    for (const std::string& stop : q.stop) {
-      if (stop.empty()) return bad("empty stop string");
-      r.longest_stop = std::max(r.longest_stop, stop.size());
+    ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+    for (size_t i = 0; i < prefilling_.size(); ++i) {
+      Request& r = *prefilling_[i];
+      r.prefilled += static_cast<int64_t>(items_[i].tokens.size());
+      if (!r.decoding()) continue;
+      r.result.stats.prefill_s = Seconds(r.prefill_start);
+      r.decode_start = Clock::now();
+      if (!Emit(r, r.first)) done_.push_back(r.slot.id);
     }
-    auto it = decoders.find(q.policy);
-    if (it == decoders.end()) {
-      auto made = policies_.Make(q.policy);
-      if (!made.ok()) return bad(std::string(made.status().message()));
-      it = decoders.emplace(q.policy, std::move(*made)).first;
-    }
-    r.decoder = it->second.get();
-    ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend_->TryNewSequence());
-    r.seq.emplace(std::move(seq));
-    ORYX_RETURN_IF_ERROR(r.seq->Reserve(std::min(c.max_position, n + q.max_tokens + r.decoder->Lookahead())));
-    r.sampler.emplace(q.sampling);
-    r.result.policy = q.policy;
-    r.result.stats.prompt_tokens = n;
-    r.slot = {i, &*r.seq, 0, n, &r.prompt, &r.result.tokens, q.max_tokens, &*r.sampler, &r.result.stats, {}};
+    for (int64_t id : done_) Finish(id);
   }
 
-  // Emits one token into request i's result; false once the request is finished.
-  auto emit = [&](int64_t i, int32_t token) {
-    Running& r = run[i];
-    GenerateResult& out = r.result;
-    if (r.request->stop_at_eos && token == kEosId) {
-      out.finish_reason = FinishReason::kEos;
-      return false;
+  // Decode: each decoder steps its decoding requests together.
+  for (auto& [name, decoder] : decoders_) {
+    slots_.clear();
+    for (auto& [id, r] : active_) {
+      if (r->decoder == decoder.get() && r->decoding()) slots_.push_back(&r->slot);
     }
-    out.tokens.push_back(token);
-    out.stats.generated_tokens = static_cast<int64_t>(out.tokens.size());
-    const size_t old_size = out.text.size();
-    // Decoding concatenates piece texts, so the new token's text is appended as is.
-    if (tokenizer_) out.text += tokenizer_->Decode(std::span(&token, 1));
-    bool stopped = false;
-    const size_t from = old_size >= r.longest_stop ? old_size - r.longest_stop + 1 : 0;
-    size_t cut = std::string::npos;
-    for (const std::string& stop : r.request->stop) cut = std::min(cut, out.text.find(stop, from));
-    if (cut != std::string::npos) {
-      out.text.resize(cut);
-      stopped = true;
-    }
-    if (r.request->on_token && out.text.size() >= old_size) {
-      const TokenEvent event{i, token, std::string_view(out.text).substr(old_size)};
-      stopped |= !r.request->on_token(event);
-    }
-    if (stopped) {
-      out.finish_reason = FinishReason::kStop;
-      return false;
-    }
-    r.slot.pending = token;
-    r.slot.remaining = r.request->max_tokens - out.stats.generated_tokens;
-    // A sequence holds at most max_position tokens, the last generated one included.
-    if (r.slot.remaining <= 0 || r.slot.prompt_len + out.stats.generated_tokens >= c.max_position) {
-      out.finish_reason = FinishReason::kLength;
-      return false;
-    }
-    return true;
-  };
-
-  // Prefill every prompt in chunks, all requests in one batch per chunk; sample each first token.
-  const auto prefill_start = Clock::now();
-  {
-    std::vector<std::vector<Mode>> modes(R);
-    std::vector<int32_t> first(R);  // each prompt's first generated token, drawn by the backend
-    std::vector<ForwardItem> items;
-    const int64_t span = backend_->PrefillSpan(R);  // prompt tokens per forward
-    for (int64_t done = 0;; done += span) {
-      items.clear();
-      for (int64_t i = 0; i < R; ++i) {
-        const int64_t n = static_cast<int64_t>(run[i].prompt.size());
-        if (done >= n) continue;
-        const int64_t len = std::min(span, n - done);
-        modes[i].resize(len);
-        run[i].decoder->PrefillModes(run[i].prompt, done, modes[i]);
-        CountModes(modes[i], run[i].result.stats);
-        const bool last = done + len == n;
-        items.push_back({&*run[i].seq, std::span(run[i].prompt).subspan(done, len), modes[i],
-                         last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false,
-                         last ? &*run[i].sampler : nullptr, &first[i]});
-      }
-      if (items.empty()) break;
-      ORYX_RETURN_IF_ERROR(backend_->Forward(items));
-    }
-    for (int64_t i = 0; i < R; ++i) run[i].done = !emit(i, first[i]);
-  }
-  const double prefill_s = Seconds(prefill_start);
-
-  // Decode: each decoder steps its unfinished requests together until none is left.
-  const auto decode_start = Clock::now();
-  std::vector<DecodeSlot*> slots;
-  for (;;) {
-    bool any = false;
-    for (auto& [name, decoder] : decoders) {
-      slots.clear();
-      for (Running& r : run) {
-        if (!r.done && r.decoder == decoder.get()) slots.push_back(&r.slot);
-      }
-      if (slots.empty()) continue;
-      any = true;
-      ORYX_RETURN_IF_ERROR(decoder->Step(*backend_, slots));
-      for (DecodeSlot* s : slots) {
-        for (int32_t token : s->emitted) {
-          if (!emit(s->id, token)) {
-            run[s->id].done = true;
-            break;
-          }
+    if (slots_.empty()) continue;
+    ORYX_RETURN_IF_ERROR(decoder->Step(backend, slots_));
+    done_.clear();
+    for (DecodeSlot* s : slots_) {
+      Request& r = *active_.at(s->id);
+      for (int32_t token : s->emitted) {
+        if (!Emit(r, token)) {
+          done_.push_back(s->id);
+          break;
         }
       }
     }
-    if (!any) break;
+    for (int64_t id : done_) Finish(id);
   }
-  const double decode_s = Seconds(decode_start);
+  return absl::OkStatus();
+}
 
-  std::vector<GenerateResult> results;
-  for (Running& r : run) {
-    r.result.stats.prefill_s = prefill_s;
-    r.result.stats.decode_s = decode_s;
-    results.push_back(std::move(r.result));
-  }
-  return results;
+std::vector<std::pair<int64_t, GenerateResult>> GenerationBatch::TakeFinished() {
+  std::vector<std::pair<int64_t, GenerateResult>> out;
+  out.swap(finished_);
+  return out;
 }
 
 }  // namespace oryx

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -112,6 +113,9 @@ class Decoder {
   // For every slot: run `pending` (and whatever else the strategy needs) and emit the next tokens. Must
   // never go past the model's max_position; slots have position() + 1 <= max_position on entry.
   virtual absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) = 0;
+  // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
+  // batch, such as a server's, sees ever new ids).
+  virtual void Release(int64_t slot_id) { (void)slot_id; }
 };
 
 // The usual decoder: each step runs every slot's pending token in one mode and samples the next token.
@@ -152,6 +156,8 @@ class PolicyRegistry {
   std::vector<Entry> entries_;
 };
 
+class GenerationBatch;
+
 class Engine {
  public:
   // The checkpoint directory must hold the tokenizer (tokenizer.model) beside the weights.
@@ -173,9 +179,54 @@ class Engine {
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request);
 
  private:
+  friend class GenerationBatch;
   std::unique_ptr<Backend> backend_;
   std::optional<Tokenizer> tokenizer_;
   PolicyRegistry policies_;
+};
+
+// Continuous batching: requests join between steps and leave as they finish, so that a server keeps the
+// backend's batch full while requests come and go. Each Step prefills the next span (Backend::PrefillSpan)
+// of every prompt still being prefilled, draws the first token of each prompt it finishes, then runs one
+// decoder step over every request that is decoding, so a long prompt never stalls the others' decoding
+// for more than a span. What a request generates does not depend on what else shares its batch.
+//
+// Statistics are the request's own: prefill_s from its first prefill forward to its first token (other
+// requests' steps in between included: the time to its first token), decode_s from there to its end.
+// Engine::Generate is this batch with every request added up front. One thread drives it; after an error
+// from Step the batch is spoilt (its requests are lost) and should be dropped.
+class GenerationBatch {
+ public:
+  explicit GenerationBatch(Engine& engine);
+  ~GenerationBatch();
+  GenerationBatch(const GenerationBatch&) = delete;
+  GenerationBatch& operator=(const GenerationBatch&) = delete;
+
+  // Checks the request as Engine::Generate does (InvalidArgument) and makes its sequence (ResourceExhausted
+  // when the device has no room for it); it is prefilled from the next Step on. Returns the request's id,
+  // 0, 1, 2, ... in the order of Add: the id its TokenEvents carry.
+  absl::StatusOr<int64_t> Add(GenerateRequest request);
+  absl::Status Step();
+  int64_t active() const { return static_cast<int64_t>(active_.size()); }  // added and not finished
+  int64_t decoding() const;  // of those, past their prefill
+  // The requests finished since the last call, with their ids, in the order they finished.
+  std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
+
+ private:
+  struct Request;
+  // Emits one token into a request's result; false once the request is finished.
+  bool Emit(Request& r, int32_t token);
+  void Finish(int64_t id);
+  Engine& engine_;
+  std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
+  std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id
+  std::vector<std::pair<int64_t, GenerateResult>> finished_;
+  int64_t next_id_ = 0;
+  // Per-step buffers.
+  std::vector<ForwardItem> items_;
+  std::vector<Request*> prefilling_;
+  std::vector<DecodeSlot*> slots_;
+  std::vector<int64_t> done_;
 };
 
 }  // namespace oryx

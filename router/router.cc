@@ -42,6 +42,11 @@ RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions optio
 
 RouterDecoder::~RouterDecoder() = default;
 
+void RouterDecoder::Release(int64_t slot_id) {
+  slots_.erase(slot_id);
+  if (spec_) spec_->Release(slot_id);
+}
+
 int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
 
 int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len) {

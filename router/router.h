@@ -76,6 +76,7 @@ class RouterDecoder final : public StepwiseDecoder {
   int64_t Lookahead() const override;
   // Slots whose decision speculates run one speculative round; the others one step, each in its mode.
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  void Release(int64_t slot_id) override;
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;

@@ -48,6 +48,8 @@ class Proposer {
                                std::span<Proposal> out) = 0;
   // Batched model forwards the last Propose ran.
   virtual int64_t last_forwards() const { return 0; }
+  // The slot has finished: drop what the proposer keeps for it.
+  virtual void Release(int64_t slot_id) { (void)slot_id; }
 };
 
 // Drafts in linear mode on a KV-less copy of each sequence's recurrent state (no attention reads, no KV
@@ -59,6 +61,7 @@ class LinearProposer final : public Proposer {
   absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
                        std::span<Proposal> out) override;
   int64_t last_forwards() const override { return last_forwards_; }
+  void Release(int64_t slot_id) override { drafts_.erase(slot_id); }
   // The slot's draft sequence (made on first use; refreshed from the slot's sequence by whoever runs it);
   // ResourceExhausted when the device has no room for it.
   absl::StatusOr<SequenceState*> DraftFor(const DecodeSlot& slot);
@@ -107,6 +110,7 @@ class DraftLengthController {
   explicit DraftLengthController(int64_t max_k);
   int64_t Choose(int64_t slot_id);
   void RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted);
+  void Release(int64_t slot_id) { slots_.erase(slot_id); }
   // The wall time of one batched round whose longest draft was k.
   void RecordCost(int64_t k, double round_s);
 
@@ -137,6 +141,10 @@ class SpeculativeDecoder final : public Decoder {
   }
   int64_t Lookahead() const override { return options_.k > 0 ? options_.k + 1 : options_.max_k + 1; }
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  void Release(int64_t slot_id) override {
+    proposer_->Release(slot_id);
+    controller_.Release(slot_id);
+  }
   // One round for each slot with the draft length given for it (k[i] <= max_k; 0: a plain attention step
   // through the same verify forward). Step is Round with the controller's (or the fixed) k.
   absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k);

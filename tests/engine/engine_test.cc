@@ -174,6 +174,57 @@ TEST_F(EngineTest, ABatchOfRequestsGivesWhatEachGetsAlone) {
   }
 }
 
+TEST_F(EngineTest, RequestsJoiningARunningBatchGetWhatEachGetsAlone) {
+  std::vector<GenerateRequest> qs = {Request("one two", 12), Request("three", 3), Request("four five six", 6)};
+  qs[1].policy = "linear";
+  qs[2].sampling = {0.8f, 0, 1.f, 11};
+  std::vector<int64_t> event_ids;
+  for (GenerateRequest& q : qs) {
+    q.on_token = [&](const TokenEvent& e) {
+      event_ids.push_back(e.request);
+      return true;
+    };
+  }
+  GenerationBatch batch(*engine_);
+  auto id0 = batch.Add(qs[0]);
+  ASSERT_TRUE(id0.ok()) << id0.status();
+  EXPECT_EQ(*id0, 0);
+  EXPECT_EQ(batch.active(), 1);
+  EXPECT_EQ(batch.decoding(), 0);
+  ASSERT_TRUE(batch.Step().ok());  // prefills request 0 and decodes its second token
+  EXPECT_EQ(batch.decoding(), 1);
+  ASSERT_TRUE(batch.Step().ok());
+  // Two more join while request 0 is decoding; a bad one is refused without disturbing the batch.
+  EXPECT_EQ(*batch.Add(qs[1]), 1);
+  EXPECT_EQ(*batch.Add(qs[2]), 2);
+  auto bad = batch.Add(Request(""));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batch.active(), 3);
+  EXPECT_EQ(batch.decoding(), 1);
+  std::vector<std::pair<int64_t, GenerateResult>> finished;
+  for (int steps = 0; batch.active() > 0; ++steps) {
+    ASSERT_LT(steps, 100);
+    ASSERT_TRUE(batch.Step().ok());
+    for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
+  }
+  ASSERT_EQ(finished.size(), 3u);
+  // Request 1 (3 tokens) ends first, then 2 (6 tokens, one step behind it), then 0 (12 tokens).
+  EXPECT_EQ(finished[0].first, 1);
+  EXPECT_EQ(finished[1].first, 2);
+  EXPECT_EQ(finished[2].first, 0);
+  for (auto& [id, got] : finished) {
+    GenerateRequest q = qs[id];
+    q.on_token = nullptr;
+    auto alone = engine_->Generate(q);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(got.tokens, alone->tokens) << "request " << id;
+    EXPECT_EQ(got.text, alone->text) << "request " << id;
+    EXPECT_EQ(got.stats.generated_tokens, q.max_tokens);
+    EXPECT_EQ(std::count(event_ids.begin(), event_ids.end(), id), q.max_tokens) << "request " << id;
+  }
+  EXPECT_TRUE(batch.TakeFinished().empty());
+}
+
 TEST_F(EngineTest, GenerationStopsAtMaxPosition) {
   auto r = engine_->Generate(Request("a b c", 1000));
   ASSERT_TRUE(r.ok());
