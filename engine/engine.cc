@@ -353,12 +353,14 @@ absl::Status GenerationBatch::Step() {
   }
 
   // Decode: each decoder steps its decoding requests together.
+  last_step_decoded_ = 0;
   for (auto& [name, decoder] : decoders_) {
     slots_.clear();
     for (auto& [id, r] : active_) {
       if (r->decoder == decoder.get() && r->decoding()) slots_.push_back(&r->slot);
     }
     if (slots_.empty()) continue;
+    last_step_decoded_ += static_cast<int64_t>(slots_.size());
     ORYX_RETURN_IF_ERROR(decoder->Step(backend, slots_));
     done_.clear();
     for (DecodeSlot* s : slots_) {

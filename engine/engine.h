@@ -209,6 +209,7 @@ class GenerationBatch {
   absl::Status Step();
   int64_t active() const { return static_cast<int64_t>(active_.size()); }  // added and not finished
   int64_t decoding() const;  // of those, past their prefill
+  int64_t last_step_decoded() const { return last_step_decoded_; }  // requests the last Step decoded
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
 
@@ -222,6 +223,7 @@ class GenerationBatch {
   std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id
   std::vector<std::pair<int64_t, GenerateResult>> finished_;
   int64_t next_id_ = 0;
+  int64_t last_step_decoded_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;
