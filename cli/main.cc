@@ -18,6 +18,10 @@ constexpr Command kCommands[] = {
     {"eval", "perplexity by mode, task accuracy by policy (engine or LibTorch), speculation agreement",
      oryx::cli::RunEval},
     {"bench", "decode / prefill throughput against the roofline; speculative decoding speed", oryx::cli::RunBench},
+#ifdef ORYX_HAVE_SERVER
+    {"serve", "serve a model over HTTP (OpenAI-style completions, streaming, continuous batching)",
+     oryx::cli::RunServe},
+#endif
     {"tokenizer", "train a SentencePiece BPE tokenizer (oryx tokenizer train ...)", oryx::cli::RunTokenizer},
     {"data", "build the training corpus from Debian packages (oryx data prepare ...)", oryx::cli::RunData},
 #ifdef ORYX_HAVE_TORCH
@@ -33,7 +37,7 @@ void PrintHelp() {
                "shared state), trained, run and measured.\n\ncommands:\n";
   for (const Command& c : kCommands) {
     std::string name = c.name;
-    name.resize(12, ' ');
+    name.resize(14, ' ');
     std::cout << "  " << name << c.summary << "\n";
   }
   std::cout << "\nRun 'oryx <command> --help' for a command's flags.\n";

@@ -34,6 +34,7 @@ expect 2 "unknown command" -- frobnicate
 commands=(generate eval bench tokenizer data)
 "$ORYX" --help | grep -q '^  train ' && commands+=(train)
 "$ORYX" --help | grep -q '^  train-router ' && commands+=(train-router)
+"$ORYX" --help | grep -q '^  serve ' && commands+=(serve)
 for c in "${commands[@]}"; do expect 0 "$c --help" -- "$c" --help; done
 expect 0 "tokenizer train --help" -- tokenizer train --help
 expect 0 "data prepare --help" -- data prepare --help
@@ -89,6 +90,31 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   mkdir -p "$TMP/broken" && find "$M" -maxdepth 1 -type f -exec cp {} "$TMP/broken/" \;
   chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00002.safetensors" >"$TMP/broken/model-00001-of-00002.safetensors"
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
+fi
+if [[ " ${commands[*]} " == *" serve "* ]]; then
+  expect 2 "serve: missing --model" -- serve --port 0
+  expect 2 "serve: port out of range" -- serve --model x --port 70000
+  expect 2 "serve: zero batch" -- serve --model x --max-batch 0
+  expect 1 "serve: missing model" -- serve --model "$TMP/no-model" --port 0
+  if [[ -n "${M:-}" ]]; then
+    # A server starts, says where it listens, refuses a second server on its port, and stops cleanly on
+    # SIGTERM with its counters.
+    "$ORYX" serve --model "$M" --port 0 --threads 1 >"$TMP/serve.out" 2>"$TMP/serve.err" &
+    pid=$!
+    for _ in $(seq 1 200); do grep -q "listening on" "$TMP/serve.err" && break; sleep 0.1; done
+    port=$(sed -n 's/.*listening on http:[/][/][^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.err")
+    if [[ -n "$port" ]]; then
+      expect 1 "serve: port in use" -- serve --model "$M" --port "$port"
+    else
+      failed=$((failed + 1)); echo "FAIL: serve printed no port:"; cat "$TMP/serve.err"
+    fi
+    kill -TERM "$pid"; wait "$pid"; rc=$?
+    if [[ $rc -eq 0 ]] && grep -q "SIGTERM, stopping" "$TMP/serve.err" && grep -q '"completed":0' "$TMP/serve.err"; then
+      passed=$((passed + 1))
+    else
+      failed=$((failed + 1)); echo "FAIL: serve did not stop cleanly on SIGTERM (exit $rc):"; cat "$TMP/serve.err"
+    fi
+  fi
 fi
 if [[ " ${commands[*]} " == *" train "* ]]; then
   expect 2 "train: missing --data/--out" -- train --steps 3

@@ -1,0 +1,79 @@
+// `oryx serve`: an HTTP completions server over one model (server/http_server.h), with continuous
+// batching. Runs until SIGINT or SIGTERM, then ends the requests in flight and prints its counters.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "engine/engine.h"
+#include "engine/status_macros.h"
+#include "policies/rule_policies.h"
+#include "server/http_server.h"
+#include "speculative/speculative.h"
+
+namespace oryx::cli {
+
+int RunServe(const Args& args) {
+  std::string model_dir, device = "cpu", name;
+  server::ServerOptions o;
+  int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
+  int64_t http_threads = o.http_threads, threads = 0;
+  bool quiet = false;
+  FlagSet f("oryx serve --model DIR [--device cpu|cuda] [--host H] [--port P] [--max-batch N] [--max-queue N]",
+            "Serves the model over HTTP until interrupted (Ctrl-C, SIGTERM):\n"
+            "  POST /v1/completions   OpenAI-style completions: prompt (text or token ids), max_tokens, temperature,\n"
+            "                         top_p, top_k, seed, stop, stream (server-sent events), ignore_eos, and\n"
+            "                         policy (any `oryx generate` policy, speculative ones included)\n"
+            "  GET  /v1/models, /health, /stats\n"
+            "Requests share one continuously batched decode loop: they join between steps and leave as they\n"
+            "finish; a long prompt is prefilled a span per step, so it never stalls the others for long.\n"
+            "Example:\n"
+            "  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"int main\", \"max_tokens\": 32}'");
+  f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
+  f.String("device", &device, "cpu | cuda");
+  f.String("host", &o.host, "address to listen on (0.0.0.0: every interface)");
+  f.Int("port", &port, "port to listen on (0: any free port, printed at start)", 0, 65535);
+  f.Int("max-batch", &max_batch, "requests generating together at most", 1, 4096);
+  f.Int("max-queue", &max_queue, "requests waiting for a place in the batch at most; more get 503", 0, 1 << 20);
+  f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
+        1, 4096);
+  f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+  f.String("name", &name, "the model's name in responses (default: the model directory's name)");
+  f.Bool("quiet", &quiet, "no line per request on stderr");
+  return RunWithFlags(f, args, [&]() -> absl::Status {
+    // Block the stop signals in every thread (the engine's and the server's inherit this mask); this
+    // thread waits for them below.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
+    speculative::RegisterPolicies(engine.policies());
+    policies::RegisterPolicies(engine.policies());
+    o.port = static_cast<int>(port);
+    o.scheduler.max_batch = max_batch;
+    o.scheduler.max_queue = max_queue;
+    o.http_threads = static_cast<int>(http_threads);
+    o.log_requests = !quiet;
+    o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();
+    if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, o));
+    std::cerr << "oryx serve: model '" << o.model_name << "' on " << engine.backend().name() << ", listening on http://"
+              << o.host << ":" << http->port() << " (max batch " << max_batch << ", queue " << max_queue
+              << "); Ctrl-C stops" << std::endl;
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
+    http->Stop();
+    std::cerr << "oryx serve: " << http->stats().ToJson().dump() << std::endl;
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace oryx::cli

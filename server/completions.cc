@@ -1,0 +1,212 @@
+#include "server/completions.h"
+
+#include <limits>
+
+#include "engine/sampler.h"
+#include "engine/str_cat.h"
+
+namespace oryx::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+absl::Status Bad(std::string_view field, std::string_view want, const json& got) {
+  return absl::InvalidArgumentError(Cat("'", field, "' must be ", want, ", got ", Dump(got)));
+}
+
+absl::StatusOr<int64_t> Integer(std::string_view field, const json& v, int64_t min, int64_t max) {
+  bool fits = false;
+  if (v.is_number_unsigned()) {  // nlohmann reads every non-negative integer as unsigned
+    const uint64_t u = v.get<uint64_t>();
+    fits = u <= static_cast<uint64_t>(max) && (min <= 0 || u >= static_cast<uint64_t>(min));
+  } else if (v.is_number_integer()) {
+    fits = v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  }
+  if (!fits) return Bad(field, Cat("an integer in [", min, ", ", max, "]"), v);
+  return v.get<int64_t>();
+}
+
+absl::StatusOr<double> Number(std::string_view field, const json& v) {
+  if (!v.is_number()) return Bad(field, "a number", v);
+  return v.get<double>();
+}
+
+absl::Status ParsePrompt(const json& v, GenerateRequest& q) {
+  if (v.is_string()) {
+    q.prompt = v.get<std::string>();
+    if (q.prompt.empty()) return absl::InvalidArgumentError("'prompt' is empty");
+    return absl::OkStatus();
+  }
+  if (v.is_array() && !v.empty()) {
+    for (const json& t : v) {
+      absl::StatusOr<int64_t> id = Integer("prompt token id", t, 0, std::numeric_limits<int32_t>::max());
+      if (!id.ok()) return id.status();
+      q.prompt_tokens.push_back(static_cast<int32_t>(*id));
+    }
+    return absl::OkStatus();
+  }
+  return Bad("prompt", "a string or a non-empty array of token ids", v);
+}
+
+absl::Status ParseStop(const json& v, GenerateRequest& q) {
+  if (v.is_null()) return absl::OkStatus();
+  if (v.is_string()) {
+    q.stop = {v.get<std::string>()};
+  } else if (v.is_array()) {
+    for (const json& s : v) {
+      if (!s.is_string()) return Bad("stop", "a string or an array of strings", v);
+      q.stop.push_back(s.get<std::string>());
+    }
+  } else {
+    return Bad("stop", "a string or an array of strings", v);
+  }
+  for (const std::string& s : q.stop) {
+    if (s.empty()) return absl::InvalidArgumentError("'stop' holds an empty string");
+  }
+  return absl::OkStatus();
+}
+
+std::string_view OpenAiFinishReason(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+json Usage(const GenerateResult& r) {
+  return {{"prompt_tokens", r.stats.prompt_tokens},
+          {"completion_tokens", r.stats.generated_tokens},
+          {"total_tokens", r.stats.prompt_tokens + r.stats.generated_tokens}};
+}
+
+// Oryx's part of a response: what the OpenAI fields cannot say.
+json OryxPart(const GenerateResult& r) {
+  json j = ToJson(r);
+  j.erase("text");
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, std::string_view model_name) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(Cat("the body is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  CompletionRequest out;
+  GenerateRequest& q = out.generate;
+  q.max_tokens = 128;
+  bool has_prompt = false;
+  for (const auto& [key, v] : j.items()) {
+    if (key == "prompt") {
+      if (absl::Status s = ParsePrompt(v, q); !s.ok()) return s;
+      has_prompt = true;
+    } else if (key == "max_tokens") {
+      absl::StatusOr<int64_t> n = Integer(key, v, 1, std::numeric_limits<int32_t>::max());
+      if (!n.ok()) return n.status();
+      q.max_tokens = *n;
+    } else if (key == "temperature" || key == "top_p") {
+      absl::StatusOr<double> x = Number(key, v);
+      if (!x.ok()) return x.status();
+      (key == "temperature" ? q.sampling.temperature : q.sampling.top_p) = static_cast<float>(*x);
+    } else if (key == "top_k") {
+      absl::StatusOr<int64_t> k = Integer(key, v, 0, std::numeric_limits<int32_t>::max());
+      if (!k.ok()) return k.status();
+      q.sampling.top_k = *k;
+    } else if (key == "seed") {
+      absl::StatusOr<int64_t> seed = Integer(key, v, 0, std::numeric_limits<int64_t>::max());
+      if (!seed.ok()) return seed.status();
+      q.sampling.seed = static_cast<uint64_t>(*seed);
+    } else if (key == "stop") {
+      if (absl::Status s = ParseStop(v, q); !s.ok()) return s;
+    } else if (key == "stream" || key == "ignore_eos") {
+      if (!v.is_boolean()) return Bad(key, "true or false", v);
+      if (key == "stream") {
+        out.stream = v.get<bool>();
+      } else {
+        q.stop_at_eos = !v.get<bool>();
+      }
+    } else if (key == "policy") {
+      if (!v.is_string()) return Bad(key, "a policy name", v);
+      q.policy = v.get<std::string>();
+    } else if (key == "model") {
+      if (!v.is_string() || v.get<std::string>() != model_name) {
+        return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", Dump(v)));
+      }
+    } else if (key == "n") {
+      if (v != 1) return Bad(key, "1 (one completion per request)", v);
+    } else {
+      return absl::InvalidArgumentError(Cat("unknown field '", key,
+                                            "' (known: prompt, max_tokens, temperature, top_p, top_k, seed, stop, "
+                                            "stream, ignore_eos, policy, model, n)"));
+    }
+  }
+  if (!has_prompt) return absl::InvalidArgumentError("'prompt' is missing");
+  if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return s;
+  return out;
+}
+
+nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result) {
+  return {{"id", id.id},
+          {"object", "text_completion"},
+          {"created", id.created},
+          {"model", id.model},
+          {"choices", json::array({{{"index", 0},
+                                    {"text", result.text},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
+          {"usage", Usage(result)},
+          {"oryx", OryxPart(result)}};
+}
+
+nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result) {
+  json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
+  json j = {{"id", id.id},
+            {"object", "text_completion"},
+            {"created", id.created},
+            {"model", id.model},
+            {"choices", json::array({choice})}};
+  if (result != nullptr) {
+    j["usage"] = Usage(*result);
+    j["oryx"] = OryxPart(*result);
+  }
+  return j;
+}
+
+int HttpStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+nlohmann::json ErrorObject(const absl::Status& status) {
+  const int code = HttpStatus(status);
+  const char* type = code == 400 ? "invalid_request_error" : code == 404 ? "not_found" : code == 503 ? "unavailable" : "server_error";
+  return {{"error", {{"message", std::string(status.message())}, {"type", type}, {"code", code}}}};
+}
+
+std::string Dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+size_t CompleteUtf8Prefix(std::string_view text) {
+  // Look back at most 3 bytes for the lead byte of the last character; cut before it if it is incomplete.
+  const size_t n = text.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    return back < len ? n - back : n;
+  }
+  return n;  // only continuation bytes at the end: not a character we can complete
+}
+
+}  // namespace oryx::server

@@ -1,0 +1,55 @@
+// The JSON of the completions endpoint, apart from any socket: an OpenAI-style `POST /v1/completions`
+// body to a GenerateRequest, and results, stream chunks and errors to JSON.
+//
+// Request fields: prompt (a string, or an array of token ids), max_tokens (default 128), temperature
+// (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
+// stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
+// model's name), n (1 only). Any other field is an error: a misspelt or unsupported option never passes
+// silently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx::server {
+
+struct CompletionRequest {
+  GenerateRequest generate;
+  bool stream = false;
+};
+
+// InvalidArgument naming the field for a body that is not a JSON object, a field of the wrong type or out
+// of range, an unknown field, or another model's name.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, std::string_view model_name);
+
+// What identifies one completion in its response and every chunk of its stream.
+struct CompletionId {
+  std::string id;       // "cmpl-N"
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// The response of a request that does not stream: choices[0] with the text and finish_reason ("stop" or
+// "length"; the end-of-sequence token is "stop"), usage, and "oryx": the policy, tokens, Oryx's own
+// finish_reason and the statistics of `oryx generate --json`.
+nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result);
+// A chunk of a stream: text, and on the last chunk (result given) the finish reason, usage and "oryx".
+nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result);
+// {"error": {"message", "type", "code"}}.
+nlohmann::json ErrorObject(const absl::Status& status);
+// 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 500 otherwise.
+int HttpStatus(const absl::Status& status);
+// JSON text with invalid UTF-8 (a token may end inside a character) replaced by U+FFFD, never an exception.
+std::string Dump(const nlohmann::json& j);
+
+// The length of text's longest prefix that does not end inside a UTF-8 character: a stream sends that and
+// keeps the rest for the next token (byte-fallback tokens split characters).
+size_t CompleteUtf8Prefix(std::string_view text);
+
+}  // namespace oryx::server

@@ -1,0 +1,260 @@
+#include "server/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "engine/str_cat.h"
+#include "httplib.h"
+#include "server/completions.h"
+
+namespace oryx::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(Dump(body), "application/json");
+}
+
+void ReplyError(httplib::Response& res, const absl::Status& status) { Reply(res, HttpStatus(status), ErrorObject(status)); }
+
+// One streaming request's events, from the scheduler's thread (on_token, done) to the connection's thread
+// (the chunked content provider).
+struct EventStream {
+  std::mutex mu;
+  std::condition_variable ready;
+  std::deque<std::string> frames;  // server-sent events ready to write
+  std::string held;                // text held back: it ends inside a UTF-8 character
+  bool finished = false;           // the last frame is queued
+  std::atomic<bool> cancelled{false};
+
+  void Push(const json& j) { frames.push_back("data: " + Dump(j) + "\n\n"); }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(Engine& engine, ServerOptions o) : options(std::move(o)), scheduler(engine, options.scheduler) {}
+
+  void Routes();
+  void Completion(const httplib::Request& req, httplib::Response& res);
+  void Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival, httplib::Response& res);
+  void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
+           Clock::time_point arrival) const;
+
+  ServerOptions options;
+  Scheduler scheduler;
+  httplib::Server http;
+  int port = 0;
+  std::thread listener;
+  std::atomic<int64_t> next_id{0};
+  const int64_t started = std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch()).count();
+  std::once_flag stop_once;
+  std::mutex mu;
+  std::condition_variable stopped_cv;
+  bool stopped = false;  // guarded by mu
+};
+
+void HttpServer::Impl::Routes() {
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, {{"status", "ok"}}); });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200,
+          {{"object", "list"},
+           {"data", json::array({{{"id", options.model_name}, {"object", "model"}, {"created", started},
+                                  {"owned_by", "oryx"}}})}});
+  });
+  http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
+                     {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()}});
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { Completion(req, res); });
+  // Unknown routes (and methods) get a JSON 404 rather than an empty body.
+  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const absl::Status error = res.status == 404
+                                   ? absl::NotFoundError(Cat("no route ", req.method, " ", req.path,
+                                                             " (POST /v1/completions, GET /v1/models, /health, /stats)"))
+                                   : absl::InternalError(Cat("HTTP status ", res.status));
+    res.set_content(Dump(ErrorObject(error)), "application/json");
+  });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    ReplyError(res, absl::InternalError(what));
+  });
+}
+
+void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
+                           Clock::time_point arrival) const {
+  if (!options.log_requests) return;
+  std::string line = absl::StrFormat("[serve] %s %d%s", id.id, status, stream ? " stream" : "");
+  if (r.ok()) {
+    const json stats = ToJson(*r)["stats"];
+    line += absl::StrFormat(" %s: %d prompt + %d generated tokens (%s) | first token %.1f ms after admission, "
+                            "decode %.1f tok/s | %.1f ms in all",
+                            r->policy, r->stats.prompt_tokens, r->stats.generated_tokens,
+                            FinishReasonName(r->finish_reason), 1e3 * r->stats.prefill_s,
+                            stats["decode_tokens_per_s"].get<double>(), MsSince(arrival));
+  } else {
+    line += ": " + std::string(r.status().message());
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+void HttpServer::Impl::Completion(const httplib::Request& req, httplib::Response& res) {
+  const Clock::time_point arrival = Clock::now();
+  const CompletionId id{Cat("cmpl-", next_id++),
+                        std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count(),
+                        options.model_name};
+  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(req.body, options.model_name);
+  if (!parsed.ok()) {
+    Log(id, HttpStatus(parsed.status()), false, parsed.status(), arrival);
+    return ReplyError(res, parsed.status());
+  }
+  if (parsed->stream) return Stream(std::move(*parsed), id, arrival, res);
+  auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
+  std::future<absl::StatusOr<GenerateResult>> future = promise->get_future();
+  if (absl::Status s = scheduler.Submit(std::move(parsed->generate),
+                                        [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); });
+      !s.ok()) {
+    Log(id, HttpStatus(s), false, s, arrival);
+    return ReplyError(res, s);
+  }
+  absl::StatusOr<GenerateResult> result = future.get();
+  Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
+  if (!result.ok()) return ReplyError(res, result.status());
+  Reply(res, 200, CompletionObject(id, *result));
+}
+
+void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival,
+                              httplib::Response& res) {
+  auto events = std::make_shared<EventStream>();
+  request.generate.on_token = [events, id](const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(events->mu);
+    events->held += e.text;
+    const size_t n = CompleteUtf8Prefix(events->held);
+    if (n > 0) {
+      events->Push(CompletionChunk(id, std::string_view(events->held).substr(0, n), nullptr));
+      events->held.erase(0, n);
+      events->ready.notify_one();
+    }
+    return !events->cancelled.load();
+  };
+  auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
+    Log(id, r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
+    std::lock_guard<std::mutex> lock(events->mu);
+    if (r.ok()) {
+      events->Push(CompletionChunk(id, events->held, &*r));  // anything held back goes out, made valid
+    } else {
+      events->Push(ErrorObject(r.status()));
+    }
+    events->frames.push_back("data: [DONE]\n\n");
+    events->finished = true;
+    events->ready.notify_one();
+  };
+  if (absl::Status s = scheduler.Submit(std::move(request.generate), std::move(done)); !s.ok()) {
+    Log(id, HttpStatus(s), true, s, arrival);
+    return ReplyError(res, s);
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [events](size_t, httplib::DataSink& sink) {
+        std::deque<std::string> frames;
+        bool finished = false;
+        {
+          std::unique_lock<std::mutex> lock(events->mu);
+          events->ready.wait(lock, [&] { return !events->frames.empty() || events->finished; });
+          frames.swap(events->frames);
+          finished = events->finished;
+        }
+        for (const std::string& frame : frames) {
+          if (!sink.write(frame.data(), frame.size())) {
+            events->cancelled = true;  // the client has gone: the request stops at its next token
+            return false;
+          }
+        }
+        if (finished) sink.done();
+        return true;
+      },
+      [events](bool success) {
+        if (!success) events->cancelled = true;
+      });
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, ServerOptions options) {
+  if (options.http_threads < 1) return absl::InvalidArgumentError("serve: http_threads must be >= 1");
+  if (options.scheduler.max_batch < 1) return absl::InvalidArgumentError("serve: max_batch must be >= 1");
+  if (options.scheduler.max_queue < 0) return absl::InvalidArgumentError("serve: max_queue must be >= 0");
+  auto impl = std::make_unique<Impl>(engine, std::move(options));
+  Impl& s = *impl;
+  const int threads = s.options.http_threads;
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
+  s.http.set_write_timeout(std::chrono::seconds(60));
+  s.http.set_read_timeout(std::chrono::seconds(60));
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
+  // starts silently and the kernel splits the connections between the two.
+  s.http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  s.Routes();
+  if (s.options.port == 0) {
+    s.port = s.http.bind_to_any_port(s.options.host);
+  } else {
+    s.port = s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+  }
+  if (s.port <= 0) {
+    return absl::UnavailableError(Cat("serve: cannot listen on ", s.options.host, ":", s.options.port,
+                                      " (in use, or not an address of this machine)"));
+  }
+  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::Wait() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->stopped_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+void HttpServer::Stop() {
+  std::call_once(impl_->stop_once, [this] {
+    // The scheduler first: every waiting handler then has its answer, so the HTTP threads can finish.
+    impl_->scheduler.Stop();
+    impl_->http.stop();
+    if (impl_->listener.joinable()) impl_->listener.join();
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopped = true;
+    impl_->stopped_cv.notify_all();
+  });
+}
+
+SchedulerStats HttpServer::stats() const { return impl_->scheduler.stats(); }
+
+}  // namespace oryx::server

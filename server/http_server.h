@@ -1,0 +1,52 @@
+// `oryx serve`'s HTTP layer: the completions endpoint over a Scheduler, and what a deployment expects
+// around it.
+//   POST /v1/completions   OpenAI-style completions (server/completions.h); server-sent events when
+//                          "stream": true, ending with "data: [DONE]"
+//   GET  /v1/models        the served model
+//   GET  /health           {"status": "ok"}
+//   GET  /stats            the scheduler's counters and load (SchedulerStats)
+// Errors are JSON ({"error": {"message", "type", "code"}}) with status 400 (bad request), 404 (no such
+// route), 503 (queue full, shutting down, no device memory) or 500. A client that drops a stream cancels
+// its request at the next token.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "server/scheduler.h"
+
+namespace oryx::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;              // 0: any free port (HttpServer::port() says which)
+  int http_threads = 64;        // requests served at once: each waiting or streaming request holds one
+  std::string model_name = "oryx";
+  SchedulerOptions scheduler;
+  bool log_requests = true;     // one line per completion request on stderr
+};
+
+class HttpServer {
+ public:
+  // Binds the port (Unavailable naming it when it cannot) and serves on background threads. The engine,
+  // its policies registered, must outlive the server.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(Engine& engine, ServerOptions options);
+  ~HttpServer();  // Stop()
+
+  int port() const;
+  // Blocks until Stop has been called (from another thread) and the server has stopped.
+  void Wait();
+  // Ends the requests in flight (503), stops listening and joins the threads. Idempotent.
+  void Stop();
+  SchedulerStats stats() const;
+
+  struct Impl;
+
+ private:
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace oryx::server

@@ -1,0 +1,143 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace oryx::server {
+
+nlohmann::json SchedulerStats::ToJson() const {
+  return {{"submitted", submitted},
+          {"completed", completed},
+          {"failed", failed},
+          {"refused", refused},
+          {"queued", queued},
+          {"active", active},
+          {"max_active", max_active},
+          {"steps", steps},
+          {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
+          {"prompt_tokens", prompt_tokens},
+          {"generated_tokens", generated_tokens}};
+}
+
+Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
+    : engine_(engine), options_(options), batch_(std::make_unique<GenerationBatch>(engine)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      ++stats_.refused;
+      return absl::UnavailableError("the server is shutting down");
+    }
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) {
+      ++stats_.refused;
+      return absl::UnavailableError("the server is at capacity (its queue of waiting requests is full); retry later");
+    }
+    queue_.push_back({std::move(request), std::move(done)});
+    ++stats_.submitted;
+    stats_.queued = static_cast<int64_t>(queue_.size());
+  }
+  wake_.notify_one();
+  return absl::OkStatus();
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+bool Scheduler::Admit(std::map<int64_t, Done>& running) {
+  std::deque<Job> admitted;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || batch_->active() > 0; });
+    if (stopping_) return false;
+    while (!queue_.empty() && batch_->active() + static_cast<int64_t>(admitted.size()) < options_.max_batch) {
+      admitted.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    stats_.queued = static_cast<int64_t>(queue_.size());
+  }
+  for (Job& job : admitted) {
+    absl::StatusOr<int64_t> id = batch_->Add(std::move(job.request));
+    if (!id.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.failed;
+      }
+      job.done(id.status());
+      continue;
+    }
+    running.emplace(*id, std::move(job.done));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.active = batch_->active();
+  stats_.max_active = std::max(stats_.max_active, stats_.active);
+  return true;
+}
+
+void Scheduler::FailAll(std::map<int64_t, Done>& running, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.failed += static_cast<int64_t>(running.size());
+  }
+  for (auto& [id, done] : running) done(status);
+  running.clear();
+}
+
+void Scheduler::Loop() {
+  std::map<int64_t, Done> running;  // the batch's requests, by batch id
+  while (Admit(running)) {
+    if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
+    if (absl::Status step = batch_->Step(); !step.ok()) {
+      // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
+      FailAll(running, step);
+      batch_ = std::make_unique<GenerationBatch>(engine_);
+      continue;
+    }
+    std::vector<std::pair<int64_t, GenerateResult>> finished = batch_->TakeFinished();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.steps;
+      stats_.decode_rows += batch_->last_step_decoded();
+      stats_.active = batch_->active();
+      for (const auto& [id, result] : finished) {
+        ++stats_.completed;
+        stats_.prompt_tokens += result.stats.prompt_tokens;
+        stats_.generated_tokens += result.stats.generated_tokens;
+      }
+    }
+    for (auto& [id, result] : finished) {
+      auto it = running.find(id);
+      Done done = std::move(it->second);
+      running.erase(it);
+      done(std::move(result));
+    }
+  }
+  const absl::Status stopped = absl::UnavailableError("the server is shutting down");
+  FailAll(running, stopped);
+  std::deque<Job> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued.swap(queue_);
+    stats_.failed += static_cast<int64_t>(queued.size());
+    stats_.queued = 0;
+    stats_.active = 0;
+  }
+  for (Job& job : queued) job.done(stopped);
+}
+
+}  // namespace oryx::server

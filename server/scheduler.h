@@ -1,0 +1,82 @@
+// The server's engine loop: requests arrive from any thread, wait in a bounded queue, and run in one
+// continuous batch (engine/engine.h GenerationBatch) on the scheduler's own thread, which is the only one
+// that touches the engine.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace oryx::server {
+
+struct SchedulerOptions {
+  int64_t max_batch = 32;   // requests in the batch (prefilling or decoding) at most
+  int64_t max_queue = 256;  // requests waiting for a place in the batch at most; more are refused
+};
+
+// Counters since the scheduler started, and the current load.
+struct SchedulerStats {
+  int64_t submitted = 0, completed = 0, failed = 0, refused = 0;
+  int64_t queued = 0, active = 0, max_active = 0;
+  int64_t steps = 0;          // batch steps run
+  int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
+  nlohmann::json ToJson() const;
+};
+
+class Scheduler {
+ public:
+  // Called once per request, on the scheduler's thread: with its result, or with the error that ended it
+  // (InvalidArgument for a bad request, Unavailable when the scheduler stopped first, or the error of a
+  // batch step, which ends every request in the batch).
+  using Done = std::function<void(absl::StatusOr<GenerateResult>)>;
+
+  // Starts the thread. The engine (its policies registered) must outlive the scheduler.
+  Scheduler(Engine& engine, SchedulerOptions options);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; Unavailable, and `done` never called, when the queue is full or the scheduler has
+  // stopped. The request's on_token and `done` run on the scheduler's thread, between batch steps: they
+  // should return quickly (every request in the batch waits for them). on_token returning false ends the
+  // request ("stop"), which is how a caller cancels one.
+  absl::Status Submit(GenerateRequest request, Done done);
+
+  // Ends every queued and running request with Unavailable and joins the thread. Idempotent.
+  void Stop();
+
+  SchedulerStats stats() const;
+
+ private:
+  struct Job {
+    GenerateRequest request;
+    Done done;
+  };
+  void Loop();
+  // Moves queued jobs into the batch while it has room; false when stopping.
+  bool Admit(std::map<int64_t, Done>& running);
+  void FailAll(std::map<int64_t, Done>& running, const absl::Status& status);
+
+  Engine& engine_;
+  const SchedulerOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;  // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
+  SchedulerStats stats_;   // guarded by mu_
+  std::unique_ptr<GenerationBatch> batch_;  // the scheduler thread's
+  std::thread thread_;
+};
+
+}  // namespace oryx::server

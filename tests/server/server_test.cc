@@ -1,0 +1,403 @@
+// The server on a random tiny checkpoint with a real tokenizer: the completions JSON, the scheduler's
+// continuous batching (results equal to each request alone, the batch and queue bounds, shutdown), and the
+// HTTP endpoints end to end, streaming included.
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "engine/checkpoint.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "server/completions.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+#include "speculative/speculative.h"
+#include "tests/engine/testing_checkpoint.h"
+
+namespace oryx::server {
+namespace {
+
+using json = nlohmann::json;
+
+// A latch the test opens: the first token of a request whose on_token waits on it holds the scheduler's
+// thread, so that the test can arrange the queue deterministically.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void WaitOpen() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+  // on_token for a request that holds the scheduler at its first token and tells `reached`.
+  std::function<bool(const TokenEvent&)> HoldAtFirstToken(std::promise<void>* reached) {
+    return [this, reached, first = true](const TokenEvent&) mutable {
+      if (first) {
+        first = false;
+        reached->set_value();
+        WaitOpen();
+      }
+      return true;
+    };
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    scratch_ = new testutil::ScratchDir();
+    const char* src = std::getenv("ORYX_SOURCE_DIR");
+    TokenizerTrainOptions t;
+    t.input_files = {std::string(src != nullptr ? src : ".") + "/tests/data/tokenizer_corpus.txt"};
+    t.vocab_size = 512;
+    t.out_path = scratch_->Join("tok.model");
+    ASSERT_TRUE(TrainTokenizer(t).ok());
+    ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
+    c.vocab_size = 512;
+    c.max_position = 64;
+    std::vector<HostTensor> tensors = testutil::RandomTensors(c, DType::kF32, 5);
+    ASSERT_TRUE(WriteCheckpoint(scratch_->Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path).ok());
+  }
+  static void TearDownTestSuite() { delete scratch_; }
+  void SetUp() override {
+    for (std::optional<Engine>* e : {&engine_, &reference_}) {
+      auto loaded = Engine::Load(scratch_->Join("model"), {"cpu", 1});
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      e->emplace(std::move(*loaded));
+      speculative::RegisterPolicies((*e)->policies());
+    }
+  }
+  static GenerateRequest Request(std::string prompt, int64_t max_tokens) {
+    GenerateRequest q;
+    q.prompt = std::move(prompt);
+    q.max_tokens = max_tokens;
+    q.stop_at_eos = false;
+    return q;
+  }
+  // What the request gets run alone on the reference engine.
+  GenerateResult Alone(GenerateRequest q) {
+    q.on_token = nullptr;
+    auto r = reference_->Generate(q);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : GenerateResult{};
+  }
+  static testutil::ScratchDir* scratch_;
+  std::optional<Engine> engine_, reference_;
+};
+testutil::ScratchDir* ServerTest::scratch_ = nullptr;
+
+// Submits a request; its result (or error) comes through the returned future.
+std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
+  auto future = promise->get_future();
+  *submitted = s.Submit(std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); });
+  return future;
+}
+
+TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
+  auto r = ParseCompletionRequest(
+      R"({"prompt": "hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3,
+          "stop": ["\n", "}"], "stream": true, "ignore_eos": true, "policy": "speculative:4", "model": "m", "n": 1})",
+      "m");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const GenerateRequest& q = r->generate;
+  EXPECT_EQ(q.prompt, "hi");
+  EXPECT_EQ(q.max_tokens, 7);
+  EXPECT_FLOAT_EQ(q.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(q.sampling.top_p, 0.9f);
+  EXPECT_EQ(q.sampling.top_k, 40);
+  EXPECT_EQ(q.sampling.seed, 3u);
+  EXPECT_EQ(q.stop, (std::vector<std::string>{"\n", "}"}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_FALSE(q.stop_at_eos);
+  EXPECT_EQ(q.policy, "speculative:4");
+  // Defaults: greedy attention, 128 tokens, stop at EOS, no stream; a token prompt.
+  r = ParseCompletionRequest(R"({"prompt": [2, 17, 40]})", "m");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.prompt_tokens, (std::vector<int32_t>{2, 17, 40}));
+  EXPECT_EQ(r->generate.max_tokens, 128);
+  EXPECT_TRUE(r->generate.sampling.greedy());
+  EXPECT_TRUE(r->generate.stop_at_eos);
+  EXPECT_EQ(r->generate.policy, "attention");
+  EXPECT_FALSE(r->stream);
+
+  auto expect_error = [](std::string body, std::string needle) {
+    auto r = ParseCompletionRequest(body, "m");
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_HAS_SUBSTR(r.status().message(), needle);
+  };
+  expect_error("{\"prompt\": ", "not valid JSON");
+  expect_error("[1, 2]", "must be a JSON object");
+  expect_error("{}", "'prompt' is missing");
+  expect_error(R"({"prompt": ""})", "'prompt' is empty");
+  expect_error(R"({"prompt": []})", "'prompt' must be a string or a non-empty array");
+  expect_error(R"({"prompt": [1, -4]})", "'prompt token id' must be an integer in [0,");
+  expect_error(R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be an integer in [1,");
+  expect_error(R"({"prompt": "x", "max_tokens": "5"})", "'max_tokens' must be an integer");
+  expect_error(R"({"prompt": "x", "temperature": -1})", "temperature");
+  expect_error(R"({"prompt": "x", "top_p": 1.5})", "top_p");
+  expect_error(R"({"prompt": "x", "stop": [""]})", "empty string");
+  expect_error(R"({"prompt": "x", "stream": "yes"})", "'stream' must be true or false");
+  expect_error(R"({"prompt": "x", "n": 2})", "'n' must be 1");
+  expect_error(R"({"prompt": "x", "model": "other"})", "serves the model 'm'");
+  expect_error(R"({"prompt": "x", "logprobs": 5})", "unknown field 'logprobs'");
+}
+
+TEST(Completions, StreamsHoldBackAnUnfinishedCharacterAndJsonNeverThrows) {
+  EXPECT_EQ(CompleteUtf8Prefix("abc"), 3u);
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);              // é cut after its lead byte
+  EXPECT_EQ(CompleteUtf8Prefix("a\xC3\xA9"), 3u);          // é whole
+  EXPECT_EQ(CompleteUtf8Prefix("\xE2\x82"), 0u);           // € cut
+  EXPECT_EQ(CompleteUtf8Prefix("x\xE2\x82\xAC"), 4u);      // € whole
+  EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98"), 0u);       // an emoji cut
+  EXPECT_EQ(CompleteUtf8Prefix(""), 0u);
+  // A lone invalid byte reaches the JSON as U+FFFD instead of throwing.
+  EXPECT_EQ(Dump(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+}
+
+TEST_F(ServerTest, ConcurrentRequestsShareTheBatchAndGetWhatEachGetsAlone) {
+  Scheduler scheduler(*engine_, {.max_batch = 3, .max_queue = 16});
+  Gate gate;
+  std::promise<void> held;
+  std::vector<GenerateRequest> qs = {Request("one two", 20), Request("three", 4), Request("four five", 9),
+                                     Request("six", 12), Request("seven eight nine", 6), Request("ten", 15)};
+  qs[2].policy = "linear";
+  qs[3].sampling = {0.9f, 0, 1.f, 4};
+  qs[4].policy = "prefill-linear";
+  GenerateRequest first = qs[0];
+  first.on_token = gate.HoldAtFirstToken(&held);
+  std::vector<std::future<absl::StatusOr<GenerateResult>>> results;
+  absl::Status submitted;
+  results.push_back(SubmitForResult(scheduler, first, &submitted));
+  ASSERT_TRUE(submitted.ok());
+  held.get_future().wait();  // request 0 is in the batch, and the scheduler waits in its on_token
+  for (size_t i = 1; i < qs.size(); ++i) {
+    results.push_back(SubmitForResult(scheduler, qs[i], &submitted));
+    ASSERT_TRUE(submitted.ok()) << submitted;
+  }
+  EXPECT_EQ(scheduler.stats().queued, 5);
+  gate.Open();
+  for (size_t i = 0; i < qs.size(); ++i) {
+    absl::StatusOr<GenerateResult> got = results[i].get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const GenerateResult alone = Alone(qs[i]);
+    EXPECT_EQ(got->tokens, alone.tokens) << "request " << i;
+    EXPECT_EQ(got->text, alone.text) << "request " << i;
+  }
+  const SchedulerStats s = scheduler.stats();
+  EXPECT_EQ(s.submitted, 6);
+  EXPECT_EQ(s.completed, 6);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.max_active, 3);  // the batch filled up to its bound and never past it
+  EXPECT_GT(s.decode_rows, s.steps);  // steps decoded several requests at once
+  EXPECT_EQ(s.generated_tokens, 20 + 4 + 9 + 12 + 6 + 15);
+}
+
+TEST_F(ServerTest, AFullQueueRefusesABadRequestFailsAloneAndStopRefusesMore) {
+  auto scheduler = std::make_unique<Scheduler>(*engine_, SchedulerOptions{.max_batch = 1, .max_queue = 2});
+  Gate gate;
+  std::promise<void> held;
+  GenerateRequest first = Request("one", 30);
+  first.on_token = gate.HoldAtFirstToken(&held);
+  absl::Status submitted;
+  auto r0 = SubmitForResult(*scheduler, first, &submitted);
+  held.get_future().wait();
+  auto r1 = SubmitForResult(*scheduler, Request(std::string(300, 'x'), 5), &submitted);  // too long a prompt
+  ASSERT_TRUE(submitted.ok());
+  auto r2 = SubmitForResult(*scheduler, Request("two", 5), &submitted);
+  ASSERT_TRUE(submitted.ok());
+  auto r3 = SubmitForResult(*scheduler, Request("three", 5), &submitted);
+  EXPECT_EQ(submitted.code(), absl::StatusCode::kUnavailable);
+  EXPECT_HAS_SUBSTR(submitted.message(), "queue of waiting requests is full");
+  gate.Open();
+  ASSERT_TRUE(r0.get().ok());
+  absl::StatusOr<GenerateResult> bad = r1.get();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS_SUBSTR(bad.status().message(), "this model takes at most 63");
+  ASSERT_TRUE(r2.get().ok());
+  SchedulerStats s = scheduler->stats();
+  EXPECT_EQ(s.completed, 2);
+  EXPECT_EQ(s.failed, 1);
+  EXPECT_EQ(s.refused, 1);
+  EXPECT_EQ(s.max_active, 1);
+
+  // After Stop, requests are refused.
+  scheduler->Stop();
+  auto late = SubmitForResult(*scheduler, Request("six", 3), &submitted);
+  EXPECT_EQ(submitted.code(), absl::StatusCode::kUnavailable);
+  EXPECT_HAS_SUBSTR(submitted.message(), "shutting down");
+}
+
+TEST_F(ServerTest, StopEndsEveryRequestStillInTheBatchOrQueue) {
+  Scheduler scheduler(*engine_, {.max_batch = 1, .max_queue = 4});
+  Gate gate;
+  std::promise<void> held;
+  GenerateRequest first = Request("one", 30);
+  first.on_token = gate.HoldAtFirstToken(&held);
+  absl::Status submitted;
+  auto r0 = SubmitForResult(scheduler, first, &submitted);
+  held.get_future().wait();
+  auto r1 = SubmitForResult(scheduler, Request("two", 30), &submitted);
+  ASSERT_TRUE(submitted.ok());
+  // Stop from another thread while the scheduler is held; it takes effect when the gate opens.
+  std::thread stopper([&] { scheduler.Stop(); });
+  for (;;) {  // until Stop has taken effect: probes are refused as "shutting down" (or "full" before that)
+    const absl::Status probe = scheduler.Submit(Request("probe", 1), [](absl::StatusOr<GenerateResult>) {});
+    if (!probe.ok() && probe.message().find("shutting down") != std::string::npos) break;
+    std::this_thread::yield();
+  }
+  gate.Open();
+  stopper.join();
+  for (auto* r : {&r0, &r1}) {
+    absl::StatusOr<GenerateResult> got = r->get();
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+// The HTTP layer end to end, over a real socket.
+class HttpTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    ServerOptions o;
+    o.port = 0;
+    o.model_name = "tiny";
+    o.log_requests = false;
+    o.http_threads = 8;
+    auto started = HttpServer::Start(*engine_, o);
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = std::move(*started);
+    client_.emplace("127.0.0.1", server_->port());
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+  // POSTs a completion; returns (status, body).
+  std::pair<int, std::string> Post(const std::string& body) {
+    auto res = client_->Post("/v1/completions", body, "application/json");
+    if (!res) return {-1, httplib::to_string(res.error())};
+    return {res->status, res->body};
+  }
+  std::unique_ptr<HttpServer> server_;
+  std::optional<httplib::Client> client_;
+};
+
+TEST_F(HttpTest, CompletionsMatchTheEngineAndStreamsCarryTheSameText) {
+  auto [status, body] = Post(R"({"prompt": "the quick brown", "max_tokens": 12, "ignore_eos": true})");
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  const GenerateResult alone = Alone(Request("the quick brown", 12));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+  EXPECT_EQ(j["choices"][0]["text"], json::parse(Dump(json(alone.text))));  // invalid UTF-8 replaced
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["oryx"]["tokens"].get<std::vector<int32_t>>(), alone.tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + 12);
+
+  // The same request streamed: server-sent events whose texts add up to the whole text, the last one with
+  // the finish reason and usage, then [DONE].
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": "the quick brown", "max_tokens": 12, "ignore_eos": true, "stream": true})";
+  req.set_header("Content-Type", "application/json");
+  std::string raw;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    raw.append(data, n);
+    return true;
+  };
+  auto res = client_->send(req);
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  std::vector<std::string> frames;
+  for (size_t at = 0; at < raw.size();) {
+    const size_t end = raw.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos) << raw;
+    ASSERT_EQ(raw.compare(at, 6, "data: "), 0) << raw;
+    frames.push_back(raw.substr(at + 6, end - at - 6));
+    at = end + 2;
+  }
+  ASSERT_GE(frames.size(), 2u);
+  EXPECT_EQ(frames.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 1 < frames.size(); ++i) {
+    const json chunk = json::parse(frames[i]);
+    text += chunk["choices"][0]["text"].get<std::string>();
+    const bool last = i + 2 == frames.size();
+    EXPECT_EQ(chunk["choices"][0]["finish_reason"].is_null(), !last) << frames[i];
+    if (last) {
+      EXPECT_EQ(chunk["choices"][0]["finish_reason"], "length");
+      EXPECT_EQ(chunk["usage"]["completion_tokens"], 12);
+      EXPECT_EQ(chunk["oryx"]["tokens"].get<std::vector<int32_t>>(), alone.tokens);
+    }
+  }
+  EXPECT_EQ(text, j["choices"][0]["text"].get<std::string>());
+}
+
+TEST_F(HttpTest, ParallelClientsGetWhatEachGetsAlone) {
+  const std::vector<std::string> prompts = {"alpha", "beta gamma", "delta", "epsilon zeta eta", "theta", "iota"};
+  std::vector<std::pair<int, std::string>> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server_->port());
+      const json body = {{"prompt", prompts[i]}, {"max_tokens", 10 + i}, {"ignore_eos", true},
+                         {"policy", i % 2 ? "speculative:3" : "attention"}};
+      auto res = c.Post("/v1/completions", body.dump(), "application/json");
+      got[i] = res ? std::pair(res->status, res->body) : std::pair(-1, httplib::to_string(res.error()));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].first, 200) << got[i].second;
+    GenerateRequest q = Request(prompts[i], 10 + i);
+    q.policy = i % 2 ? "speculative:3" : "attention";
+    EXPECT_EQ(json::parse(got[i].second)["oryx"]["tokens"].get<std::vector<int32_t>>(), Alone(q).tokens) << i;
+  }
+  EXPECT_EQ(server_->stats().completed, static_cast<int64_t>(prompts.size()));
+}
+
+TEST_F(HttpTest, BadRequestsAndRoutesGetJsonErrors) {
+  auto expect_error = [&](int want_status, const std::string& body, const std::string& needle) {
+    auto [status, reply] = Post(body);
+    EXPECT_EQ(status, want_status) << body;
+    const json j = json::parse(reply, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << reply;
+    EXPECT_EQ(j["error"]["code"], want_status);
+    EXPECT_HAS_SUBSTR(j["error"]["message"].get<std::string>(), needle);
+  };
+  expect_error(400, "not json", "not valid JSON");
+  expect_error(400, R"({"prompt": "hi", "policy": "sometimes"})", "unknown policy 'sometimes'");
+  expect_error(400, json({{"prompt", std::string(300, 'x')}}).dump(), "this model takes at most 63");
+  expect_error(400, R"({"prompt": [1, 99999]})", "outside the vocabulary");
+  auto res = client_->Get("/nowhere");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  EXPECT_HAS_SUBSTR(res->body, "no route GET /nowhere");
+  res = client_->Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["status"], "ok");
+  res = client_->Get("/v1/models");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["data"][0]["id"], "tiny");
+  res = client_->Get("/stats");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["scheduler"]["failed"], 3);  // the three the engine refused
+}
+
+}  // namespace
+}  // namespace oryx::server
