@@ -16,6 +16,9 @@
 #ifdef ORYX_HAVE_TORCH
 #include "bench/decode_reference.h"
 #endif
+#ifdef ORYX_HAVE_SERVER
+#include "bench/serve_bench.h"
+#endif
 
 namespace oryx::cli {
 
@@ -42,12 +45,13 @@ struct Output {
 
 int RunBench(const Args& args) {
   static const char* kUsage =
-      "usage: oryx bench <decode|spec|cost|router> [flags]\n\n"
+      "usage: oryx bench <decode|spec|cost|router|serve> [flags]\n\n"
       "  decode   prefill and decode tokens/s by mode, batch and context, against the memory-bandwidth\n"
       "           roofline (and LibTorch's token-by-token decode in LibTorch builds)\n"
       "  spec     speculative decoding against attention-mode decoding on a trained model\n"
       "  cost     calibrate the router's cost model and measure its error on held-out span shapes\n"
-      "  router   retrieval accuracy against attention-token fraction for routing policies\n\n"
+      "  router   retrieval accuracy against attention-token fraction for routing policies\n"
+      "  serve    the HTTP server under load: throughput and latency by number of concurrent clients\n\n"
       "Run 'oryx bench <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -327,7 +331,59 @@ int RunBench(const Args& args) {
       return out.Finish();
     });
   }
-  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec, cost, router)\n";
+#ifdef ORYX_HAVE_SERVER
+  if (kind == "serve") {
+    bench::ServeBenchOptions o;
+    std::vector<std::string> levels;
+    int64_t requests = 0, seed = 1;
+    FlagSet f("oryx bench serve --model DIR [--concurrency 1,4,16] [--prompt-tokens N] [--max-tokens N] [--json]",
+              "Starts `oryx serve` in this process on a free port and loads it: at each concurrency level, that\n"
+              "many clients send streaming completions back to back over HTTP (random token prompts of\n"
+              "--prompt-tokens, exactly --max-tokens generated). Reports requests/s, generated tokens/s, time\n"
+              "to first token, latency, time between tokens and the server's mean decode batch per level.\n"
+              "With --device cuda and no --model: random weights of --config (130m, 1.4b).");
+    f.String("model", &o.model_dir, "model directory");
+    f.String("device", &o.device, "cpu | cuda");
+    f.String("config", &o.preset, "cuda without --model: random weights of 130m | 1.4b");
+    f.StringList("concurrency", &levels, "concurrent clients, one level each (default 1,4,16)");
+    f.Int("requests", &requests, "requests per level (0: 4 x the level, at least 8)", 0, 1 << 20);
+    f.Int("prompt-tokens", &o.prompt_tokens, "prompt length in tokens", 1, 1 << 24);
+    f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
+    f.String("policy", &o.policy, "mode policy of every request");
+    f.Int("max-batch", &o.max_batch, "the server's batch bound (0: the largest level)", 0, 4096);
+    f.Int("seed", &seed, "prompt seed", 0);
+    f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+    f.Bool("json", &out.json, "print JSON lines instead of a table");
+    f.String("out", &out.out_file, "also write the JSON lines to this file (atomically)");
+    return RunWithFlags(f, rest, [&]() -> absl::Status {
+      if (!levels.empty()) {
+        ORYX_ASSIGN_OR_RETURN(o.concurrency, ParsePositiveInts(levels, "concurrency"));
+      }
+      if (o.device != "cpu" && o.device != "cuda") return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
+      o.requests = requests;
+      o.seed = static_cast<uint64_t>(seed);
+      o.threads = static_cast<int>(threads);
+      out.row = [header = true](const nlohmann::json& j) mutable {
+        if (header) {
+          std::printf("%7s %8s %8s %10s %14s %14s %12s %10s %10s\n", "clients", "requests", "req/s", "tokens/s",
+                      "TTFT p50/p90", "latency p50", "inter-token", "mean batch", "steps");
+          header = false;
+        }
+        std::printf("%7lld %8lld %8.2f %10.1f %6.1f/%6.1f ms %11.1f ms %9.2f ms %10.2f %10lld\n",
+                    static_cast<long long>(j["concurrency"].get<int64_t>()),
+                    static_cast<long long>(j["requests"].get<int64_t>()), j["requests_per_s"].get<double>(),
+                    j["generated_tokens_per_s"].get<double>(), j["ttft_ms"]["p50"].get<double>(),
+                    j["ttft_ms"]["p90"].get<double>(), j["latency_ms"]["p50"].get<double>(),
+                    j["inter_token_ms_p50"].get<double>(), j["mean_decode_batch"].get<double>(),
+                    static_cast<long long>(j["server_steps"].get<int64_t>()));
+        std::fflush(stdout);
+      };
+      ORYX_RETURN_IF_ERROR(bench::RunServeBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));
+      return out.Finish();
+    });
+  }
+#endif
+  std::cerr << "oryx: error: unknown bench '" << kind << "' (decode, spec, cost, router, serve)\n";
   return 2;
 }
 

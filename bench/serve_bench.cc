@@ -1,0 +1,192 @@
+#include "bench/serve_bench.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "bench/bench_util.h"
+#include "engine/engine.h"
+#include "engine/status_macros.h"
+#include "engine/str_cat.h"
+#include "httplib.h"
+#include "policies/rule_policies.h"
+#include "server/http_server.h"
+#include "speculative/speculative.h"
+#include "tasks/rng.h"
+#ifdef ORYX_HAVE_CUDA
+#include "bench/cuda_bench.h"
+#include "engine/cuda_backend.h"
+#endif
+
+namespace oryx::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+struct Sample {
+  double ttft_s = 0, latency_s = 0;
+  int64_t tokens = 0;
+  std::string error;  // empty when the request succeeded
+};
+
+absl::StatusOr<Engine> MakeEngine(const ServeBenchOptions& o, std::string* model) {
+  if (!o.model_dir.empty()) {
+    *model = o.model_dir;
+    return Engine::Load(o.model_dir, {o.device, o.threads});
+  }
+#ifdef ORYX_HAVE_CUDA
+  if (o.device == "cuda") {
+    const std::string preset = o.preset.empty() ? "130m" : o.preset;
+    ORYX_ASSIGN_OR_RETURN(ModelConfig config,
+                          PresetConfig(preset, LinearMixer::kMamba2, o.prompt_tokens + o.max_tokens + 64));
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::CreateRandom(config, 1));
+    *model = Cat("random-", preset, "-mamba2");
+    return Engine(std::move(backend), std::nullopt);
+  }
+#endif
+  return absl::InvalidArgumentError("bench serve: give --model (random weights, --config, are for --device cuda)");
+}
+
+// One streaming completion of `prompt`, timed from the request to its first chunk and to its end.
+Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::vector<int32_t>& prompt) {
+  Sample s;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = json{{"prompt", prompt}, {"max_tokens", o.max_tokens}, {"ignore_eos", true}, {"stream", true},
+                  {"policy", o.policy}}.dump();
+  std::string body;
+  const Clock::time_point start = Clock::now();
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (body.empty()) s.ttft_s = Since(start);
+    body.append(data, n);
+    return true;
+  };
+  auto res = client.send(req);
+  s.latency_s = Since(start);
+  if (!res) {
+    s.error = httplib::to_string(res.error());
+  } else if (res->status != 200) {
+    s.error = Cat("HTTP ", res->status, ": ", res->body);
+  } else {
+    // The last chunk before [DONE] carries the usage.
+    const size_t at = body.rfind("\"completion_tokens\":");
+    if (at == std::string::npos) {
+      s.error = "no usage in the stream: " + body.substr(0, 200);
+    } else {
+      s.tokens = std::atoll(body.c_str() + at + 20);
+    }
+  }
+  return s;
+}
+
+// `count` requests from `clients` closed-loop clients; the samples in request order.
+std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t vocab, int64_t clients, int64_t count,
+                             uint64_t seed) {
+  std::vector<Sample> samples(count);
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> threads;
+  for (int64_t c = 0; c < clients; ++c) {
+    threads.emplace_back([&] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(std::chrono::seconds(600));
+      for (int64_t i = next++; i < count; i = next++) {
+        tasks::Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
+        std::vector<int32_t> prompt(o.prompt_tokens);
+        prompt[0] = kBosId;
+        for (size_t t = 1; t < prompt.size(); ++t) prompt[t] = static_cast<int32_t>(rng.UniformRange(4, vocab - 1));
+        samples[i] = Complete(client, o, prompt);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return samples;
+}
+
+}  // namespace
+
+absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
+  if (o.concurrency.empty()) return absl::InvalidArgumentError("bench serve: no concurrency levels");
+  if (o.prompt_tokens < 1 || o.max_tokens < 1) {
+    return absl::InvalidArgumentError("bench serve: --prompt-tokens and --max-tokens must be >= 1");
+  }
+  std::string model;
+  ORYX_ASSIGN_OR_RETURN(Engine engine, MakeEngine(o, &model));
+  speculative::RegisterPolicies(engine.policies());
+  policies::RegisterPolicies(engine.policies());
+  const ModelConfig& c = engine.backend().config();
+  if (o.prompt_tokens + o.max_tokens > c.max_position) {
+    return absl::InvalidArgumentError(Cat("bench serve: ", o.prompt_tokens, " prompt + ", o.max_tokens,
+                                          " generated tokens exceed the model's max_position ", c.max_position));
+  }
+  const int64_t top = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  server::ServerOptions so;
+  so.port = 0;
+  so.log_requests = false;
+  so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
+  so.scheduler.max_queue = std::max<int64_t>(top, 16);
+  so.http_threads = static_cast<int>(top + 8);
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
+
+  for (size_t level = 0; level < o.concurrency.size(); ++level) {
+    const int64_t clients = o.concurrency[level];
+    const int64_t count = o.requests > 0 ? o.requests : std::max<int64_t>(8, 4 * clients);
+    // A warm-up round at this level first (device graphs of its batch sizes, buffers), not measured.
+    for (const Sample& s : RunLevel(http->port(), o, c.vocab_size, clients, clients, o.seed + 7777 + level)) {
+      if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a warm-up request failed: ", s.error));
+    }
+    const server::SchedulerStats before = http->stats();
+    const Clock::time_point start = Clock::now();
+    std::vector<Sample> samples = RunLevel(http->port(), o, c.vocab_size, clients, count, o.seed + level);
+    const double wall = Since(start);
+    const server::SchedulerStats after = http->stats();
+    std::vector<double> ttft, latency, between;
+    int64_t tokens = 0;
+    for (const Sample& s : samples) {
+      if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a request failed: ", s.error));
+      ttft.push_back(1e3 * s.ttft_s);
+      latency.push_back(1e3 * s.latency_s);
+      if (s.tokens > 1) between.push_back(1e3 * (s.latency_s - s.ttft_s) / static_cast<double>(s.tokens - 1));
+      tokens += s.tokens;
+    }
+    const int64_t steps = after.steps - before.steps;
+    json row = {{"bench", "serve"},
+                {"model", model},
+                {"device", o.device},
+                {"policy", o.policy},
+                {"concurrency", clients},
+                {"requests", count},
+                {"prompt_tokens", o.prompt_tokens},
+                {"max_tokens", o.max_tokens},
+                {"max_batch", so.scheduler.max_batch},
+                {"wall_s", wall},
+                {"requests_per_s", static_cast<double>(count) / wall},
+                {"generated_tokens_per_s", static_cast<double>(tokens) / wall},
+                {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}}},
+                {"latency_ms", {{"p50", Percentile(latency, 0.5)}, {"p90", Percentile(latency, 0.9)}}},
+                {"inter_token_ms_p50", Percentile(between, 0.5)},
+                {"server_steps", steps},
+                {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
+                {"threads", o.threads}};
+    row.update(Provenance());
+    emit(row);
+  }
+  http->Stop();
+  return absl::OkStatus();
+}
+
+}  // namespace oryx::bench

@@ -1,0 +1,34 @@
+// `oryx bench serve`: the HTTP server under load. For each concurrency level, that many clients send
+// streaming completions back to back (closed loop) to an `oryx serve` server started in this process on a
+// free port, over real sockets; each request has a fixed prompt length of random token ids and generates
+// exactly max_tokens tokens (EOS ignored). One JSON line per level: requests/s, generated tokens/s, time to
+// first token and end-to-end latency (p50, p90), the time between tokens, and the server's mean decode
+// batch over the level.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bench/engine_bench.h"
+
+namespace oryx::bench {
+
+struct ServeBenchOptions {
+  std::string model_dir;     // a model directory; or, with device cuda, empty and a preset
+  std::string preset;        // cuda without model_dir: random weights of 130m | 1.4b (token prompts only)
+  std::string device = "cpu";
+  int threads = 0;           // CPU threads of the engine
+  std::vector<int64_t> concurrency = {1, 4, 16};
+  int64_t requests = 0;      // per level; 0: 4 x the level, at least 8
+  int64_t prompt_tokens = 128;
+  int64_t max_tokens = 64;
+  std::string policy = "attention";
+  int64_t max_batch = 0;     // the server's; 0: the largest level
+  uint64_t seed = 1;
+};
+
+absl::Status RunServeBench(const ServeBenchOptions& options, const Emit& emit);
+
+}  // namespace oryx::bench
