@@ -79,7 +79,7 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
   auto res = client.send(req);
   s.latency_s = Since(start);
   if (!res) {
-    s.error = httplib::to_string(res.error());
+    s.error = httplib::to_string(res.error()) + Cat(" after ", body.size(), " bytes, ", Since(start), " s");
   } else if (res->status != 200) {
     s.error = Cat("HTTP ", res->status, ": ", res->body);
   } else {

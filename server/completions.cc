@@ -160,7 +160,8 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
           {"oryx", OryxPart(result)}};
 }
 
-nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result) {
+nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
+                               int32_t token) {
   json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
   json j = {{"id", id.id},
@@ -171,6 +172,8 @@ nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, co
   if (result != nullptr) {
     j["usage"] = Usage(*result);
     j["oryx"] = OryxPart(*result);
+  } else {
+    j["oryx"] = {{"token", token}};
   }
   return j;
 }

@@ -39,8 +39,11 @@ struct CompletionId {
 // "length"; the end-of-sequence token is "stop"), usage, and "oryx": the policy, tokens, Oryx's own
 // finish_reason and the statistics of `oryx generate --json`.
 nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result);
-// A chunk of a stream: text, and on the last chunk (result given) the finish reason, usage and "oryx".
-nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result);
+// A chunk of a stream: one per generated token, with its text (possibly empty: held back, or no tokenizer)
+// and "oryx": {"token": id}; the last chunk (result given, token < 0) has the finish reason, usage and the
+// whole "oryx" part of CompletionObject.
+nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
+                               int32_t token);
 // {"error": {"message", "type", "code"}}.
 nlohmann::json ErrorObject(const absl::Status& status);
 // 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 500 otherwise.

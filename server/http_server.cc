@@ -58,6 +58,7 @@ struct HttpServer::Impl {
   Scheduler scheduler;
   httplib::Server http;
   int port = 0;
+  socket_t listening = INVALID_SOCKET;  // the listening socket, seen when httplib sets its options
   std::thread listener;
   std::atomic<int64_t> next_id{0};
   const int64_t started = std::chrono::duration_cast<std::chrono::seconds>(
@@ -150,20 +151,19 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   auto events = std::make_shared<EventStream>();
   request.generate.on_token = [events, id](const TokenEvent& e) {
     std::lock_guard<std::mutex> lock(events->mu);
+    // One chunk per token, even when its text is held back or empty (a model without a tokenizer).
     events->held += e.text;
     const size_t n = CompleteUtf8Prefix(events->held);
-    if (n > 0) {
-      events->Push(CompletionChunk(id, std::string_view(events->held).substr(0, n), nullptr));
-      events->held.erase(0, n);
-      events->ready.notify_one();
-    }
+    events->Push(CompletionChunk(id, std::string_view(events->held).substr(0, n), nullptr, e.token));
+    events->held.erase(0, n);
+    events->ready.notify_one();
     return !events->cancelled.load();
   };
   auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
     Log(id, r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
     std::lock_guard<std::mutex> lock(events->mu);
     if (r.ok()) {
-      events->Push(CompletionChunk(id, events->held, &*r));  // anything held back goes out, made valid
+      events->Push(CompletionChunk(id, events->held, &*r, -1));  // anything held back goes out, made valid
     } else {
       events->Push(ErrorObject(r.status()));
     }
@@ -218,9 +218,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   s.http.set_read_timeout(std::chrono::seconds(60));
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.
-  s.http.set_socket_options([](socket_t sock) {
+  s.http.set_socket_options([&s](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    s.listening = sock;
   });
   s.Routes();
   if (s.options.port == 0) {
@@ -232,6 +233,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
     return absl::UnavailableError(Cat("serve: cannot listen on ", s.options.host, ":", s.options.port,
                                       " (in use, or not an address of this machine)"));
   }
+  // Debian's httplib listens with a backlog of 5: a burst of clients connecting at once overflows it, and
+  // the dropped connections wait a second for the kernel's retry (or fail). Listen again with the system's
+  // full backlog (Linux changes the backlog of a listening socket in place).
+  if (s.listening != INVALID_SOCKET) ::listen(s.listening, SOMAXCONN);
   s.listener = std::thread([&s] { s.http.listen_after_bind(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

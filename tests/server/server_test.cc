@@ -333,9 +333,11 @@ TEST_F(HttpTest, CompletionsMatchTheEngineAndStreamsCarryTheSameText) {
   ASSERT_GE(frames.size(), 2u);
   EXPECT_EQ(frames.back(), "[DONE]");
   std::string text;
+  std::vector<int32_t> tokens;  // one chunk per token, then the last one
   for (size_t i = 0; i + 1 < frames.size(); ++i) {
     const json chunk = json::parse(frames[i]);
     text += chunk["choices"][0]["text"].get<std::string>();
+    if (i + 2 < frames.size()) tokens.push_back(chunk["oryx"]["token"].get<int32_t>());
     const bool last = i + 2 == frames.size();
     EXPECT_EQ(chunk["choices"][0]["finish_reason"].is_null(), !last) << frames[i];
     if (last) {
@@ -345,6 +347,7 @@ TEST_F(HttpTest, CompletionsMatchTheEngineAndStreamsCarryTheSameText) {
     }
   }
   EXPECT_EQ(text, j["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(tokens, alone.tokens);
 }
 
 TEST_F(HttpTest, ParallelClientsGetWhatEachGetsAlone) {
