@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "bench/bench_util.h"
@@ -16,6 +17,7 @@
 #include "server/http_server.h"
 #include "speculative/speculative.h"
 #include "tasks/rng.h"
+#include "train/shards.h"
 #ifdef ORYX_HAVE_CUDA
 #include "bench/cuda_bench.h"
 #include "engine/cuda_backend.h"
@@ -39,6 +41,7 @@ double Percentile(std::vector<double> v, double q) {
 struct Sample {
   double ttft_s = 0, latency_s = 0;
   int64_t tokens = 0;
+  int64_t drafted = 0, accepted = 0;  // speculative policies
   std::string error;  // empty when the request succeeded
 };
 
@@ -83,20 +86,48 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
   } else if (res->status != 200) {
     s.error = Cat("HTTP ", res->status, ": ", res->body);
   } else {
-    // The last chunk before [DONE] carries the usage.
-    const size_t at = body.rfind("\"completion_tokens\":");
-    if (at == std::string::npos) {
-      s.error = "no usage in the stream: " + body.substr(0, 200);
+    // The last chunk before [DONE] carries the usage and the statistics.
+    const size_t end = body.rfind("\n\ndata: [DONE]");
+    const size_t start = end == std::string::npos ? end : body.rfind("data: ", end);
+    const json last = start == std::string::npos ? json() : json::parse(body.substr(start + 6, end - start - 6), nullptr, false);
+    if (!last.is_object() || !last.contains("usage")) {
+      s.error = "no usage at the end of the stream: " + body.substr(body.size() > 300 ? body.size() - 300 : 0);
     } else {
-      s.tokens = std::atoll(body.c_str() + at + 20);
+      s.tokens = last["usage"]["completion_tokens"].get<int64_t>();
+      if (last["oryx"]["stats"].contains("spec")) {
+        s.drafted = last["oryx"]["stats"]["spec"]["drafted"].get<int64_t>();
+        s.accepted = last["oryx"]["stats"]["spec"]["accepted"].get<int64_t>();
+      }
     }
   }
   return s;
 }
 
-// `count` requests from `clients` closed-loop clients; the samples in request order.
-std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t vocab, int64_t clients, int64_t count,
-                             uint64_t seed) {
+// The prompts of `count` requests: corpus windows spread over the validation split (a different part per
+// `seed`), or random token ids after a BOS.
+absl::StatusOr<std::vector<std::vector<int32_t>>> Prompts(const ServeBenchOptions& o, const CorpusReader* corpus,
+                                                          int64_t vocab, int64_t count, uint64_t seed) {
+  std::vector<std::vector<int32_t>> prompts(count, std::vector<int32_t>(o.prompt_tokens + 1));
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int32_t>& p = prompts[i];
+    if (corpus != nullptr) {
+      const int64_t windows = corpus->NumSequences(o.prompt_tokens);
+      const int64_t index = static_cast<int64_t>((seed * 7919 + static_cast<uint64_t>(i) * 104729) % windows);
+      ORYX_RETURN_IF_ERROR(corpus->ReadSequence(index, o.prompt_tokens, p.data()));
+    } else {
+      tasks::Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
+      p[0] = kBosId;
+      for (size_t t = 1; t < p.size(); ++t) p[t] = static_cast<int32_t>(rng.UniformRange(4, vocab - 1));
+    }
+    p.pop_back();
+  }
+  return prompts;
+}
+
+// The prompts sent by `clients` closed-loop clients; the samples in prompt order.
+std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t clients,
+                             const std::vector<std::vector<int32_t>>& prompts) {
+  const int64_t count = static_cast<int64_t>(prompts.size());
   std::vector<Sample> samples(count);
   std::atomic<int64_t> next{0};
   std::vector<std::thread> threads;
@@ -104,13 +135,7 @@ std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t vocab
     threads.emplace_back([&] {
       httplib::Client client("127.0.0.1", port);
       client.set_read_timeout(std::chrono::seconds(600));
-      for (int64_t i = next++; i < count; i = next++) {
-        tasks::Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
-        std::vector<int32_t> prompt(o.prompt_tokens);
-        prompt[0] = kBosId;
-        for (size_t t = 1; t < prompt.size(); ++t) prompt[t] = static_cast<int32_t>(rng.UniformRange(4, vocab - 1));
-        samples[i] = Complete(client, o, prompt);
-      }
+      for (int64_t i = next++; i < count; i = next++) samples[i] = Complete(client, o, prompts[i]);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -133,6 +158,18 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     return absl::InvalidArgumentError(Cat("bench serve: ", o.prompt_tokens, " prompt + ", o.max_tokens,
                                           " generated tokens exceed the model's max_position ", c.max_position));
   }
+  std::optional<CorpusReader> corpus;
+  if (!o.data_dir.empty()) {
+    ORYX_ASSIGN_OR_RETURN(corpus, CorpusReader::Open(o.data_dir, "val"));
+    if (corpus->vocab_size() != c.vocab_size) {
+      return absl::InvalidArgumentError(Cat(o.data_dir, ": corpus vocabulary ", corpus->vocab_size(),
+                                            " differs from the model's ", c.vocab_size));
+    }
+    if (corpus->NumSequences(o.prompt_tokens) < 1) {
+      return absl::FailedPreconditionError(Cat(o.data_dir, ": validation split shorter than ", o.prompt_tokens));
+    }
+  }
+  const CorpusReader* text = corpus ? &*corpus : nullptr;
   const int64_t top = *std::max_element(o.concurrency.begin(), o.concurrency.end());
   server::ServerOptions so;
   so.port = 0;
@@ -146,17 +183,21 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const int64_t clients = o.concurrency[level];
     const int64_t count = o.requests > 0 ? o.requests : std::max<int64_t>(8, 4 * clients);
     // A warm-up round at this level first (device graphs of its batch sizes, buffers), not measured.
-    for (const Sample& s : RunLevel(http->port(), o, c.vocab_size, clients, clients, o.seed + 7777 + level)) {
+    ORYX_ASSIGN_OR_RETURN(auto warm_up, Prompts(o, text, c.vocab_size, clients, o.seed + 7777 + level));
+    for (const Sample& s : RunLevel(http->port(), o, clients, warm_up)) {
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a warm-up request failed: ", s.error));
     }
+    ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
     const server::SchedulerStats before = http->stats();
     const Clock::time_point start = Clock::now();
-    std::vector<Sample> samples = RunLevel(http->port(), o, c.vocab_size, clients, count, o.seed + level);
+    std::vector<Sample> samples = RunLevel(http->port(), o, clients, prompts);
     const double wall = Since(start);
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between;
-    int64_t tokens = 0;
+    int64_t tokens = 0, drafted = 0, accepted = 0;
     for (const Sample& s : samples) {
+      drafted += s.drafted;
+      accepted += s.accepted;
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a request failed: ", s.error));
       ttft.push_back(1e3 * s.ttft_s);
       latency.push_back(1e3 * s.latency_s);
@@ -168,6 +209,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"model", model},
                 {"device", o.device},
                 {"policy", o.policy},
+                {"prompts", text != nullptr ? "corpus" : "random"},
                 {"concurrency", clients},
                 {"requests", count},
                 {"prompt_tokens", o.prompt_tokens},
@@ -182,6 +224,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"server_steps", steps},
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 {"threads", o.threads}};
+    if (drafted > 0) {
+      row["drafted"] = drafted;
+      row["accepted"] = accepted;
+      row["acceptance_rate"] = static_cast<double>(accepted) / static_cast<double>(drafted);
+    }
     row.update(Provenance());
     emit(row);
   }

@@ -1,7 +1,7 @@
 // `oryx bench serve`: the HTTP server under load. For each concurrency level, that many clients send
 // streaming completions back to back (closed loop) to an `oryx serve` server started in this process on a
-// free port, over real sockets; each request has a fixed prompt length of random token ids and generates
-// exactly max_tokens tokens (EOS ignored). One JSON line per level: requests/s, generated tokens/s, time to
+// free port, over real sockets; each request has a fixed prompt length (random token ids, or windows of a
+// corpus's validation split) and generates exactly max_tokens tokens (EOS ignored). One JSON line per level: requests/s, generated tokens/s, time to
 // first token and end-to-end latency (p50, p90), the time between tokens, and the server's mean decode
 // batch over the level.
 #pragma once
@@ -25,6 +25,9 @@ struct ServeBenchOptions {
   int64_t prompt_tokens = 128;
   int64_t max_tokens = 64;
   std::string policy = "attention";
+  // A corpus (`oryx data prepare`): prompts are evenly spread windows of its validation split, so that a
+  // trained model sees text and speculation meets its real acceptance. Empty: random token ids.
+  std::string data_dir;
   int64_t max_batch = 0;     // the server's; 0: the largest level
   uint64_t seed = 1;
 };

@@ -338,9 +338,10 @@ int RunBench(const Args& args) {
     int64_t requests = 0, seed = 1;
     FlagSet f("oryx bench serve --model DIR [--concurrency 1,4,16] [--prompt-tokens N] [--max-tokens N] [--json]",
               "Starts `oryx serve` in this process on a free port and loads it: at each concurrency level, that\n"
-              "many clients send streaming completions back to back over HTTP (random token prompts of\n"
-              "--prompt-tokens, exactly --max-tokens generated). Reports requests/s, generated tokens/s, time\n"
-              "to first token, latency, time between tokens and the server's mean decode batch per level.\n"
+              "many clients send streaming completions back to back over HTTP (prompts of --prompt-tokens:\n"
+              "random token ids, or --data's validation text; exactly --max-tokens generated). Reports\n"
+              "requests/s, generated tokens/s, time to first token, latency, time between tokens and the\n"
+              "server's mean decode batch per level.\n"
               "With --device cuda and no --model: random weights of --config (130m, 1.4b).");
     f.String("model", &o.model_dir, "model directory");
     f.String("device", &o.device, "cpu | cuda");
@@ -350,6 +351,7 @@ int RunBench(const Args& args) {
     f.Int("prompt-tokens", &o.prompt_tokens, "prompt length in tokens", 1, 1 << 24);
     f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
     f.String("policy", &o.policy, "mode policy of every request");
+    f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");
     f.Int("max-batch", &o.max_batch, "the server's batch bound (0: the largest level)", 0, 4096);
     f.Int("seed", &seed, "prompt seed", 0);
     f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
@@ -376,6 +378,7 @@ int RunBench(const Args& args) {
                     j["ttft_ms"]["p90"].get<double>(), j["latency_ms"]["p50"].get<double>(),
                     j["inter_token_ms_p50"].get<double>(), j["mean_decode_batch"].get<double>(),
                     static_cast<long long>(j["server_steps"].get<int64_t>()));
+        if (j.contains("acceptance_rate")) std::printf("        drafts accepted: %.1f%%\n", 100 * j["acceptance_rate"].get<double>());
         std::fflush(stdout);
       };
       ORYX_RETURN_IF_ERROR(bench::RunServeBench(o, [&](const nlohmann::json& j) { out.Emit(j); }));

@@ -92,6 +92,10 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
 fi
 if [[ " ${commands[*]} " == *" serve "* ]]; then
+  expect 0 "bench serve --help" -- bench serve --help
+  expect 1 "bench serve: no model" -- bench serve
+  expect 2 "bench serve: zero tokens" -- bench serve --model x --max-tokens 0
+  expect 1 "bench serve: bad concurrency list" -- bench serve --model x --concurrency 4,none
   expect 2 "serve: missing --model" -- serve --port 0
   expect 2 "serve: port out of range" -- serve --model x --port 70000
   expect 2 "serve: zero batch" -- serve --model x --max-batch 0
@@ -108,6 +112,7 @@ if [[ " ${commands[*]} " == *" serve "* ]]; then
     else
       failed=$((failed + 1)); echo "FAIL: serve printed no port:"; cat "$TMP/serve.err"
     fi
+    expect 1 "bench serve: a directory without a corpus" -- bench serve --model "$M" --data "$TMP" --concurrency 1
     kill -TERM "$pid"; wait "$pid"; rc=$?
     if [[ $rc -eq 0 ]] && grep -q "SIGTERM, stopping" "$TMP/serve.err" && grep -q '"completed":0' "$TMP/serve.err"; then
       passed=$((passed + 1))
