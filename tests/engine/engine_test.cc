@@ -15,29 +15,15 @@
 namespace oryx {
 namespace {
 
-std::string Fixture() {
-  const char* dir = std::getenv("ORYX_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/tests/data/tokenizer_corpus.txt";
-}
-
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     scratch_ = new testutil::ScratchDir();
-    TokenizerTrainOptions t;
-    t.input_files = {Fixture()};
-    t.vocab_size = 512;
-    t.out_path = scratch_->Join("tok.model");
-    ASSERT_TRUE(TrainTokenizer(t).ok());
-    ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
-    c.vocab_size = 512;
-    c.max_position = 64;
-    std::vector<HostTensor> tensors = testutil::RandomTensors(c, DType::kF32, 3);
-    ASSERT_TRUE(WriteCheckpoint(scratch_->Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path).ok());
+    model_dir_ = testutil::WriteTinyModelWithTokenizer(*scratch_, 3);
   }
   static void TearDownTestSuite() { delete scratch_; }
   void SetUp() override {
-    auto e = Engine::Load(scratch_->Join("model"), {"cpu", 2});
+    auto e = Engine::Load(model_dir_, {"cpu", 2});
     ASSERT_TRUE(e.ok()) << e.status();
     engine_.emplace(std::move(*e));
   }
@@ -49,9 +35,11 @@ class EngineTest : public ::testing::Test {
     return q;
   }
   static testutil::ScratchDir* scratch_;
+  static std::string model_dir_;
   std::optional<Engine> engine_;
 };
 testutil::ScratchDir* EngineTest::scratch_ = nullptr;
+std::string EngineTest::model_dir_;
 
 TEST_F(EngineTest, PoliciesSetTheModeOfEveryToken) {
   GenerateRequest q = Request("the quick brown fox", 6);

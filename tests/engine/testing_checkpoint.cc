@@ -14,9 +14,27 @@
 #include "engine/file_util.h"
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
+#include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace oryx::testutil {
+
+std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed) {
+  const char* src = std::getenv("ORYX_SOURCE_DIR");
+  TokenizerTrainOptions t;
+  t.input_files = {std::string(src != nullptr ? src : ".") + "/tests/data/tokenizer_corpus.txt"};
+  t.vocab_size = 512;
+  t.out_path = dir.Join("tok.model");
+  const absl::Status trained = TrainTokenizer(t);
+  EXPECT_TRUE(trained.ok()) << trained;
+  ModelConfig c = TinyConfig(LinearMixer::kMamba2);
+  c.vocab_size = 512;
+  c.max_position = 64;
+  std::vector<HostTensor> tensors = RandomTensors(c, DType::kF32, seed);
+  const absl::Status written = WriteCheckpoint(dir.Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path);
+  EXPECT_TRUE(written.ok()) << written;
+  return dir.Join("model");
+}
 
 ModelConfig TinyConfig(LinearMixer mixer, bool tie_embeddings) {
   ModelConfig c;

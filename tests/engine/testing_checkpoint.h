@@ -36,6 +36,14 @@ ModelConfig TinyConfig(LinearMixer mixer = LinearMixer::kMamba2, bool tie_embedd
 // Every tensor ExpectedTensors(config) lists, filled with uniform values in [-1, 1) from `seed`.
 std::vector<HostTensor> RandomTensors(const ModelConfig& config, DType dtype, uint32_t seed);
 
+class ScratchDir;
+
+// A model for generation tests, written under `dir`: a tokenizer of 512 pieces trained on
+// tests/data/tokenizer_corpus.txt (found through ORYX_SOURCE_DIR), and TinyConfig(mamba2) with that vocabulary,
+// max_position 64 and random fp32 weights from `seed`. Returns the model directory; fails the test when it
+// cannot write it.
+std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed);
+
 // A fresh empty directory under the system temp dir, removed (recursively) when the object dies.
 class ScratchDir {
  public:

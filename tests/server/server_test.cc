@@ -55,22 +55,12 @@ class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     scratch_ = new testutil::ScratchDir();
-    const char* src = std::getenv("ORYX_SOURCE_DIR");
-    TokenizerTrainOptions t;
-    t.input_files = {std::string(src != nullptr ? src : ".") + "/tests/data/tokenizer_corpus.txt"};
-    t.vocab_size = 512;
-    t.out_path = scratch_->Join("tok.model");
-    ASSERT_TRUE(TrainTokenizer(t).ok());
-    ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
-    c.vocab_size = 512;
-    c.max_position = 64;
-    std::vector<HostTensor> tensors = testutil::RandomTensors(c, DType::kF32, 5);
-    ASSERT_TRUE(WriteCheckpoint(scratch_->Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path).ok());
+    model_dir_ = testutil::WriteTinyModelWithTokenizer(*scratch_, 5);
   }
   static void TearDownTestSuite() { delete scratch_; }
   void SetUp() override {
     for (std::optional<Engine>* e : {&engine_, &reference_}) {
-      auto loaded = Engine::Load(scratch_->Join("model"), {"cpu", 1});
+      auto loaded = Engine::Load(model_dir_, {"cpu", 1});
       ASSERT_TRUE(loaded.ok()) << loaded.status();
       e->emplace(std::move(*loaded));
       speculative::RegisterPolicies((*e)->policies());
@@ -91,9 +81,11 @@ class ServerTest : public ::testing::Test {
     return r.ok() ? *r : GenerateResult{};
   }
   static testutil::ScratchDir* scratch_;
+  static std::string model_dir_;
   std::optional<Engine> engine_, reference_;
 };
 testutil::ScratchDir* ServerTest::scratch_ = nullptr;
+std::string ServerTest::model_dir_;
 
 // Submits a request; its result (or error) comes through the returned future.
 std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted) {
