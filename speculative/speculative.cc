@@ -138,7 +138,7 @@ DraftLengthController::DraftLengthController(int64_t max_k) : max_k_(max_k) {}
 
 DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
   // Acceptance starts optimistic (0.8 per position) until rounds are measured.
-  return slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8), 0, 0}).first->second;
+  return slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8)}).first->second;
 }
 
 double DraftLengthController::RoundSeconds(double k) const {
@@ -149,23 +149,31 @@ double DraftLengthController::RoundSeconds(double k) const {
   return std::max(1e-9, my + slope * (k - mx));
 }
 
-int64_t DraftLengthController::Choose(int64_t slot_id) {
-  Slot& s = SlotFor(slot_id);
-  if (s.rounds == 0) return max_k_;  // measure a long round and a short one first
-  if (s.rounds == 1 || RoundSeconds(0) < 0) return 1;
-  // Expected tokens per round for draft length k: the accepted prefix plus the recovered / bonus token.
-  double best_rate = 1.0 / RoundSeconds(0), reach = 1.0, expected = 1.0;
+int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
+  if (RoundSeconds(0) < 0) return w_ == 0 ? max_k_ : 1;  // measure a long round and a short one first
+  // Expected tokens per round for draft length k, summed over the slots: each slot's accepted prefix plus
+  // its recovered / bonus token.
+  std::vector<double> expected(max_k_ + 1, 0.0);
+  for (int64_t id : slot_ids) {
+    const Slot& s = SlotFor(id);
+    double reach = 1.0, tokens = 1.0;
+    expected[0] += tokens;
+    for (int64_t k = 1; k <= max_k_; ++k) {
+      reach *= s.accept[k - 1];  // P(the first k drafts are all accepted)
+      tokens += reach;
+      expected[k] += tokens;
+    }
+  }
+  double best_rate = expected[0] / RoundSeconds(0);
   int64_t best_k = 0;
   for (int64_t k = 1; k <= max_k_; ++k) {
-    reach *= s.accept[k - 1];
-    expected += reach;
-    const double rate = expected / RoundSeconds(k);
+    const double rate = expected[k] / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
   // Every 16th round drafts one more than the best length (two when not drafting), so that the estimate just
   // past it keeps being measured: a few unlucky rounds would otherwise leave it low for good.
-  if (++s.since_probe >= 16) {
-    s.since_probe = 0;
+  if (++since_probe_ >= 16) {
+    since_probe_ = 0;
     return std::min<int64_t>(best_k == 0 ? 2 : best_k + 1, max_k_);
   }
   return best_k;
@@ -173,7 +181,6 @@ int64_t DraftLengthController::Choose(int64_t slot_id) {
 
 void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted) {
   Slot& s = SlotFor(slot_id);
-  ++s.rounds;
   constexpr double kDecay = 0.9;
   // Position i was reached when the i drafts before it were accepted.
   for (int64_t i = 0; i < std::min(drafted, accepted + 1) && i < max_k_; ++i) {
@@ -200,8 +207,13 @@ SpeculativeDecoder::SpeculativeDecoder(std::unique_ptr<Proposer> proposer, Specu
       controller_(options_.k > 0 ? options_.k : options_.max_k) {}
 
 absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
-  want_.resize(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) want_[i] = options_.k > 0 ? options_.k : controller_.Choose(slots[i]->id);
+  int64_t k = options_.k;
+  if (k == 0) {
+    ids_.resize(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) ids_[i] = slots[i]->id;
+    k = controller_.Choose(ids_);
+  }
+  want_.assign(slots.size(), k);
   return Round(backend, slots, want_);
 }
 

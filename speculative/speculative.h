@@ -98,32 +98,34 @@ struct SpeculativeOptions {
   AcceptRule accept = AcceptLossless;
 };
 
-// Chooses the draft length per round: from the acceptance rate measured at each draft position (exponential
-// averages) and the measured round times, the k that maximises expected tokens per second, k = 0 (plain
-// attention decoding) included. A round of draft length k costs k draft steps and a verify span of k + 1
-// tokens, so its time is fitted as base + per_draft * k by weighted least squares over recent rounds
-// (whether the backend ran the round whole or the decoder ran it forward by forward); the first two rounds
-// of a sequence use k = max_k and k = 1 so that the fit has two lengths. When k = 0 wins it still probes
-// with a short draft every few rounds so that the estimates can recover.
+// Chooses the draft length of each batched round: from the acceptance rate measured at each draft position
+// of each slot (exponential averages) and the measured round times, the one k that maximises the batch's
+// expected tokens per second, k = 0 (plain attention decoding) included. One k for the whole batch, so that
+// the round can run whole on the backend (Backend::SpeculativeRound takes one draft length) and a slot that
+// joins a running batch (a server's) does not split it. A round of draft length k costs k draft steps and a
+// verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
+// squares over recent rounds (whether the backend ran the round whole or the decoder ran it forward by
+// forward); the first two rounds use k = max_k and k = 1 so that the fit has two lengths. When k = 0 wins it
+// still probes with a short draft every few rounds so that the estimates can recover.
 class DraftLengthController {
  public:
   explicit DraftLengthController(int64_t max_k);
-  int64_t Choose(int64_t slot_id);
+  int64_t Choose(std::span<const int64_t> slot_ids);
   void RecordRound(int64_t slot_id, int64_t drafted, int64_t accepted);
-  void Release(int64_t slot_id) { slots_.erase(slot_id); }
   // The wall time of one batched round whose longest draft was k.
   void RecordCost(int64_t k, double round_s);
+  void Release(int64_t slot_id) { slots_.erase(slot_id); }
 
  private:
   struct Slot {
     std::vector<double> accept;  // P(d_{i+1} accepted | d_1..d_i accepted), per position
-    int64_t rounds = 0, since_probe = 0;
   };
   // The fitted time of a round of draft length k, or a negative number before there is a fit.
   double RoundSeconds(double k) const;
   Slot& SlotFor(int64_t slot_id);
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
+  int64_t since_probe_ = 0;
   double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds)
 };
 
@@ -160,7 +162,7 @@ class SpeculativeDecoder final : public Decoder {
   SpeculativeOptions options_;
   DraftLengthController controller_;
   std::vector<Proposal> proposals_;
-  std::vector<int64_t> want_, k_;
+  std::vector<int64_t> want_, k_, ids_;
   std::vector<std::vector<int32_t>> spans_;
   std::vector<std::vector<Mode>> modes_;
   std::vector<std::vector<float>> logits_;
