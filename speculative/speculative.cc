@@ -264,6 +264,29 @@ absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std
   return true;
 }
 
+absl::Status SpeculativeDecoder::PlainStep(Backend& backend, std::span<DecodeSlot* const> slots) {
+  const size_t n = slots.size();
+  modes_.resize(n);
+  next_.resize(n);
+  items_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    DecodeSlot& s = *slots[i];
+    modes_[i].assign(1, Mode::kAttention);
+    items_[i] = {s.seq, std::span(&s.pending, 1), modes_[i], LogitsRows::kLast, nullptr, false, s.sampler, &next_[i]};
+  }
+  const auto t0 = Clock::now();
+  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  const double step_s = Seconds(t0);
+  for (size_t i = 0; i < n; ++i) {
+    slots[i]->emitted.assign(1, next_[i]);
+    Account(*slots[i], 0, 0);
+    slots[i]->stats->spec->verify_s += step_s;
+    ++slots[i]->stats->spec->verify_forwards;
+  }
+  controller_.RecordCost(0, step_s);
+  return absl::OkStatus();
+}
+
 absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* const> slots,
                                        std::span<const int64_t> want) {
   const ModelConfig& c = backend.config();
@@ -277,6 +300,7 @@ absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* c
     k_[i] = std::max<int64_t>(0, std::min({want[i], options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
                                            c.max_position - s.seq->position() - 1}));
   }
+  if (n > 0 && std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; })) return PlainStep(backend, slots);
   if (n > 0) {
     ORYX_ASSIGN_OR_RETURN(const bool ran, MaybeBackendRound(backend, slots, k_[0]));
     if (ran) return absl::OkStatus();

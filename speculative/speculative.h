@@ -155,6 +155,9 @@ class SpeculativeDecoder final : public Decoder {
   // Backend::SpeculativeRound for the slots, all with draft length k, when the round qualifies (see above);
   // false when it does not and nothing ran.
   absl::StatusOr<bool> MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots, int64_t k);
+  // Every slot's round has no drafts: a plain attention-mode decode step, the next tokens drawn by the
+  // backend (on the device where it can), exactly as attention-mode decoding runs it.
+  absl::Status PlainStep(Backend& backend, std::span<DecodeSlot* const> slots);
   // Counts a slot's round (its drafts and how many were accepted) in its stats and the controller.
   void Account(DecodeSlot& s, int64_t drafted, int64_t accepted);
   std::vector<RoundItem> round_items_;
@@ -167,6 +170,7 @@ class SpeculativeDecoder final : public Decoder {
   std::vector<std::vector<Mode>> modes_;
   std::vector<std::vector<float>> logits_;
   std::vector<ForwardItem> items_;
+  std::vector<int32_t> next_;
 };
 
 // Parses speculative[:K] and speculative:ngram[:K] (K >= 1; omitted: adaptive).

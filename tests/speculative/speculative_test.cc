@@ -171,6 +171,45 @@ TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanc
   }
 }
 
+// A round of draft length 0 for every slot is a plain attention-mode step: the backend draws the next
+// token, the state is attention decoding's, and it counts as a round with nothing drafted.
+TEST_P(SpeculativeTest, RoundsWithoutDraftsAreAttentionSteps) {
+  testutil::ScratchDir scratch;
+  Engine engine = SpeculativeEngine(scratch, GetParam(), 9);
+  Backend& backend = engine.backend();
+  const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
+  std::mt19937 rng(6);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 7, V);
+  GenerateRequest q;
+  q.prompt_tokens = prompt;
+  q.max_tokens = 4;
+  q.stop_at_eos = false;
+  auto ref = engine.Generate(q);
+  ASSERT_TRUE(ref.ok());
+  SequenceState seq = backend.NewSequence();
+  std::vector<Mode> modes(prompt.size(), Mode::kAttention);
+  std::vector<float> logits;
+  ASSERT_TRUE(backend.Forward(seq, prompt, modes, false, &logits).ok());
+  Sampler sampler(SamplingParams{});
+  GenerateStats stats;
+  std::vector<int32_t> generated = {ref->tokens[0]};
+  DecodeSlot slot{0, &seq, ref->tokens[0], static_cast<int64_t>(prompt.size()), &prompt, &generated, 100, &sampler, &stats, {}};
+  SpeculativeDecoder decoder(std::make_unique<LinearProposer>(), SpeculativeOptions{});
+  DecodeSlot* slots[] = {&slot};
+  const int64_t no_drafts[] = {0};
+  for (int step = 1; step < 4; ++step) {
+    ASSERT_TRUE(decoder.Round(backend, slots, no_drafts).ok());
+    ASSERT_EQ(slot.emitted, std::vector<int32_t>{ref->tokens[step]}) << "step " << step;
+    generated.push_back(slot.emitted[0]);
+    slot.pending = slot.emitted[0];
+  }
+  EXPECT_EQ(seq.position(), static_cast<int64_t>(prompt.size()) + 3);
+  EXPECT_EQ(stats.spec->rounds, 3);
+  EXPECT_EQ(stats.spec->drafted, 0);
+  EXPECT_EQ(stats.attention_tokens, 3);
+  EXPECT_EQ(stats.linear_tokens, 0);
+}
+
 // ---- lossless sampling ----------------------------------------------------------------------------------
 
 // The chi-square upper 0.1% point for df degrees of freedom (Wilson-Hilferty).
