@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -142,10 +143,35 @@ std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t clien
   return samples;
 }
 
+// The prompts sent at random times, `rate` a second on average (exponential gaps), each on its own
+// connection; the samples in prompt order.
+std::vector<Sample> RunOpenLoop(int port, const ServeBenchOptions& o, double rate,
+                                const std::vector<std::vector<int32_t>>& prompts, uint64_t seed) {
+  std::vector<Sample> samples(prompts.size());
+  std::vector<std::thread> threads;
+  tasks::Rng rng(seed);
+  Clock::time_point at = Clock::now();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-std::log(1 - rng.UniformDouble()) / rate));
+    std::this_thread::sleep_until(at);
+    threads.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(std::chrono::seconds(600));
+      samples[i] = Complete(client, o, prompts[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return samples;
+}
+
 }  // namespace
 
 absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
-  if (o.concurrency.empty()) return absl::InvalidArgumentError("bench serve: no concurrency levels");
+  if (o.concurrency.empty() && o.rates.empty()) return absl::InvalidArgumentError("bench serve: no load levels");
+  for (double r : o.rates) {
+    if (!(r > 0 && r <= 1e5)) return absl::InvalidArgumentError(Cat("bench serve: arrival rate ", r, " is not in (0, 1e5]"));
+  }
+  const bool open_loop = !o.rates.empty();
   if (o.prompt_tokens < 1 || o.max_tokens < 1) {
     return absl::InvalidArgumentError("bench serve: --prompt-tokens and --max-tokens must be >= 1");
   }
@@ -170,27 +196,34 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     }
   }
   const CorpusReader* text = corpus ? &*corpus : nullptr;
-  const int64_t top = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  // Open loop: however many requests are outstanding, the server admits max_batch and queues the rest.
+  const int64_t top = open_loop ? 64 : *std::max_element(o.concurrency.begin(), o.concurrency.end());
   server::ServerOptions so;
   so.port = 0;
   so.log_requests = false;
   so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
-  so.scheduler.max_queue = std::max<int64_t>(top, 16);
-  so.http_threads = static_cast<int>(top + 8);
+  so.scheduler.max_queue = open_loop ? 4096 : std::max<int64_t>(top, 16);
+  so.http_threads = open_loop ? 512 : static_cast<int>(top + 8);
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
 
-  for (size_t level = 0; level < o.concurrency.size(); ++level) {
-    const int64_t clients = o.concurrency[level];
-    const int64_t count = o.requests > 0 ? o.requests : std::max<int64_t>(8, 4 * clients);
-    // A warm-up round at this level first (device graphs of its batch sizes, buffers), not measured.
-    ORYX_ASSIGN_OR_RETURN(auto warm_up, Prompts(o, text, c.vocab_size, clients, o.seed + 7777 + level));
-    for (const Sample& s : RunLevel(http->port(), o, clients, warm_up)) {
+  const size_t levels = open_loop ? o.rates.size() : o.concurrency.size();
+  for (size_t level = 0; level < levels; ++level) {
+    const int64_t clients = open_loop ? 0 : o.concurrency[level];
+    const double rate = open_loop ? o.rates[level] : 0.0;
+    const int64_t count = o.requests > 0 ? o.requests
+                                         : std::max<int64_t>(8, 4 * (open_loop ? std::llround(rate) : clients));
+    // A warm-up round first (device graphs of the batch sizes, buffers), not measured: as many clients as the
+    // level has, or as the batch takes.
+    const int64_t warm_clients = open_loop ? so.scheduler.max_batch : clients;
+    ORYX_ASSIGN_OR_RETURN(auto warm_up, Prompts(o, text, c.vocab_size, warm_clients, o.seed + 7777 + level));
+    for (const Sample& s : RunLevel(http->port(), o, warm_clients, warm_up)) {
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a warm-up request failed: ", s.error));
     }
     ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
     const server::SchedulerStats before = http->stats();
     const Clock::time_point start = Clock::now();
-    std::vector<Sample> samples = RunLevel(http->port(), o, clients, prompts);
+    std::vector<Sample> samples = open_loop ? RunOpenLoop(http->port(), o, rate, prompts, o.seed + 31 * level)
+                                            : RunLevel(http->port(), o, clients, prompts);
     const double wall = Since(start);
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between;
@@ -210,7 +243,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"device", o.device},
                 {"policy", o.policy},
                 {"prompts", text != nullptr ? "corpus" : "random"},
-                {"concurrency", clients},
+                {"concurrency", clients},  // 0: open loop
                 {"requests", count},
                 {"prompt_tokens", o.prompt_tokens},
                 {"max_tokens", o.max_tokens},
@@ -224,6 +257,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"server_steps", steps},
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 {"threads", o.threads}};
+    if (open_loop) row["arrival_rate_per_s"] = rate;
     if (drafted > 0) {
       row["drafted"] = drafted;
       row["accepted"] = accepted;

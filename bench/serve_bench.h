@@ -1,6 +1,7 @@
 // `oryx bench serve`: the HTTP server under load. For each concurrency level, that many clients send
-// streaming completions back to back (closed loop) to an `oryx serve` server started in this process on a
-// free port, over real sockets; each request has a fixed prompt length (random token ids, or windows of a
+// streaming completions back to back (closed loop), or, for each arrival rate, requests arrive at random
+// (Poisson) times at that rate (open loop), to an `oryx serve` server started in this process on a free
+// port, over real sockets; each request has a fixed prompt length (random token ids, or windows of a
 // corpus's validation split) and generates exactly max_tokens tokens (EOS ignored). One JSON line per level: requests/s, generated tokens/s, time to
 // first token and end-to-end latency (p50, p90), the time between tokens, and the server's mean decode
 // batch over the level.
@@ -21,7 +22,10 @@ struct ServeBenchOptions {
   std::string device = "cpu";
   int threads = 0;           // CPU threads of the engine
   std::vector<int64_t> concurrency = {1, 4, 16};
-  int64_t requests = 0;      // per level; 0: 4 x the level, at least 8
+  // Open-loop levels instead: requests arrive at these rates (per second, Poisson), each on its own
+  // connection, whatever the server's pace. Non-empty: concurrency is not used.
+  std::vector<double> rates;
+  int64_t requests = 0;      // per level; 0: 4 x the level (clients or requests/s), at least 8
   int64_t prompt_tokens = 128;
   int64_t max_tokens = 64;
   std::string policy = "attention";

@@ -5,6 +5,8 @@
 #include <iostream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/engine_bench.h"
 #include "bench/router_bench.h"
@@ -334,9 +336,9 @@ int RunBench(const Args& args) {
 #ifdef ORYX_HAVE_SERVER
   if (kind == "serve") {
     bench::ServeBenchOptions o;
-    std::vector<std::string> levels;
+    std::vector<std::string> levels, rates;
     int64_t requests = 0, seed = 1;
-    FlagSet f("oryx bench serve --model DIR [--concurrency 1,4,16] [--prompt-tokens N] [--max-tokens N] [--json]",
+    FlagSet f("oryx bench serve --model DIR [--concurrency 1,4,16 | --rates 5,20] [--prompt-tokens N] [--max-tokens N]",
               "Starts `oryx serve` in this process on a free port and loads it: at each concurrency level, that\n"
               "many clients send streaming completions back to back over HTTP (prompts of --prompt-tokens:\n"
               "random token ids, or --data's validation text; exactly --max-tokens generated). Reports\n"
@@ -347,6 +349,7 @@ int RunBench(const Args& args) {
     f.String("device", &o.device, "cpu | cuda");
     f.String("config", &o.preset, "cuda without --model: random weights of 130m | 1.4b");
     f.StringList("concurrency", &levels, "concurrent clients, one level each (default 1,4,16)");
+    f.StringList("rates", &rates, "open loop instead: request arrival rates per second (Poisson), one level each");
     f.Int("requests", &requests, "requests per level (0: 4 x the level, at least 8)", 0, 1 << 20);
     f.Int("prompt-tokens", &o.prompt_tokens, "prompt length in tokens", 1, 1 << 24);
     f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
@@ -361,18 +364,30 @@ int RunBench(const Args& args) {
       if (!levels.empty()) {
         ORYX_ASSIGN_OR_RETURN(o.concurrency, ParsePositiveInts(levels, "concurrency"));
       }
+      if (!levels.empty() && !rates.empty()) {
+        return absl::InvalidArgumentError("give --concurrency (closed loop) or --rates (open loop), not both");
+      }
+      for (absl::string_view r : absl::StrSplit(absl::StrJoin(rates, ","), ',', absl::SkipEmpty())) {
+        double rate = 0;
+        if (!absl::SimpleAtod(r, &rate) || !(rate > 0)) {
+          return absl::InvalidArgumentError(Cat("--rates: '", r, "' is not a positive number of requests per second"));
+        }
+        o.rates.push_back(rate);
+      }
       if (o.device != "cpu" && o.device != "cuda") return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
       o.requests = requests;
       o.seed = static_cast<uint64_t>(seed);
       o.threads = static_cast<int>(threads);
       out.row = [header = true](const nlohmann::json& j) mutable {
         if (header) {
-          std::printf("%7s %8s %8s %10s %14s %14s %12s %10s %10s\n", "clients", "requests", "req/s", "tokens/s",
+          std::printf("%9s %8s %8s %10s %14s %14s %12s %10s %10s\n", "load", "requests", "req/s", "tokens/s",
                       "TTFT p50/p90", "latency p50", "inter-token", "mean batch", "steps");
           header = false;
         }
-        std::printf("%7lld %8lld %8.2f %10.1f %6.1f/%6.1f ms %11.1f ms %9.2f ms %10.2f %10lld\n",
-                    static_cast<long long>(j["concurrency"].get<int64_t>()),
+        const std::string load = j.contains("arrival_rate_per_s")
+                                     ? absl::StrFormat("%.4g/s", j["arrival_rate_per_s"].get<double>())
+                                     : absl::StrFormat("%d", j["concurrency"].get<int64_t>());
+        std::printf("%9s %8lld %8.2f %10.1f %6.1f/%6.1f ms %11.1f ms %9.2f ms %10.2f %10lld\n", load.c_str(),
                     static_cast<long long>(j["requests"].get<int64_t>()), j["requests_per_s"].get<double>(),
                     j["generated_tokens_per_s"].get<double>(), j["ttft_ms"]["p50"].get<double>(),
                     j["ttft_ms"]["p90"].get<double>(), j["latency_ms"]["p50"].get<double>(),

@@ -96,6 +96,8 @@ if [[ " ${commands[*]} " == *" serve "* ]]; then
   expect 1 "bench serve: no model" -- bench serve
   expect 2 "bench serve: zero tokens" -- bench serve --model x --max-tokens 0
   expect 1 "bench serve: bad concurrency list" -- bench serve --model x --concurrency 4,none
+  expect 1 "bench serve: closed and open loop" -- bench serve --model x --concurrency 4 --rates 2
+  expect 1 "bench serve: zero rate" -- bench serve --model x --rates 0
   expect 2 "serve: missing --model" -- serve --port 0
   expect 2 "serve: port out of range" -- serve --model x --port 70000
   expect 2 "serve: zero batch" -- serve --model x --max-batch 0
