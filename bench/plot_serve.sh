@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Plots `oryx bench serve --out FILE` results as a PNG (gnuplot): generated tokens/s (left) and the median
-# time between a request's tokens (right) against the number of concurrent clients, one line per model and
-# policy.
+# time between a request's tokens (right) against the number of concurrent clients (or, for open-loop
+# results, the arrival rate in requests/s), one line per model and policy.
 #   bench/plot_serve.sh RESULT.jsonl OUT.png [TITLE]
 set -euo pipefail
 [[ $# -ge 2 ]] || { echo "usage: $0 RESULT.jsonl OUT.png [TITLE]" >&2; exit 2; }
@@ -16,7 +16,11 @@ for line in open(sys.argv[1]):
     if r.get("bench") != "serve":
         continue
     name = f"{os.path.basename(r['model'].rstrip('/'))} {r['policy']} ({r['device']})"
-    series.setdefault(name, []).append((r["concurrency"], r["generated_tokens_per_s"], r["inter_token_ms_p50"]))
+    x = r["concurrency"]
+    if "arrival_rate_per_s" in r:  # open loop: x is the arrival rate
+        name += ", open loop"
+        x = r["arrival_rate_per_s"]
+    series.setdefault(name, []).append((x, r["generated_tokens_per_s"], r["inter_token_ms_p50"]))
 with open(f"{sys.argv[2]}/names", "w") as names:
     for i, (name, points) in enumerate(series.items()):
         names.write(name + "\n")
@@ -39,7 +43,7 @@ plot() {  # plot COLUMN
   echo "set terminal pngcairo size 1300,520 font ',10'"
   echo "set output '$OUT'"
   echo "set multiplot layout 1,2 title '$TITLE'"
-  echo "set grid; set logscale x 2; set xlabel 'concurrent clients'; set key top left"
+  echo "set grid; set logscale x 2; set xlabel 'concurrent clients (open loop: requests/s)'; set key top left"
   echo "set title 'throughput'; set ylabel 'generated tokens/s'; set logscale y"
   plot 2
   echo "set title 'time between tokens (median)'; set ylabel 'ms'; unset logscale y; set yrange [0:*]"
