@@ -47,26 +47,35 @@ int64_t DecodeSlot::LatestEarlierMatch(int64_t len) const {
   return -1;
 }
 
-absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+void StepwiseDecoder::StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) {
   const size_t n = slots.size();
   const bool observe = ObservesLogits();
   modes_.resize(n);
   logits_.resize(n);
   next_.resize(n);
-  items_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     DecodeSlot& s = *slots[i];
     modes_[i] = ChooseMode(s, static_cast<int64_t>(n));
-    items_[i] = {s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast,
-                 observe ? &logits_[i] : nullptr, false, s.sampler, &next_[i]};
+    items.push_back({s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast,
+                     observe ? &logits_[i] : nullptr, false, s.sampler, &next_[i]});
   }
-  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-  for (size_t i = 0; i < n; ++i) {
+}
+
+void StepwiseDecoder::FinishStep(std::span<DecodeSlot* const> slots) {
+  const bool observe = ObservesLogits();
+  for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
     CountModes(std::span(&modes_[i], 1), *s.stats);
     if (observe) Observe(s, modes_[i], logits_[i]);
     s.emitted.assign(1, next_[i]);
   }
+}
+
+absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+  items_.clear();
+  StepItems(slots, items_);
+  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  FinishStep(slots);
   return absl::OkStatus();
 }
 
@@ -317,17 +326,34 @@ void GenerationBatch::Finish(int64_t id) {
   active_.erase(it);  // frees the sequence
 }
 
+void GenerationBatch::EmitStep(std::span<DecodeSlot* const> slots) {
+  done_.clear();
+  for (DecodeSlot* s : slots) {
+    Request& r = *active_.at(s->id);
+    for (int32_t token : s->emitted) {
+      if (!Emit(r, token)) {
+        done_.push_back(s->id);
+        break;
+      }
+    }
+  }
+  for (int64_t id : done_) Finish(id);
+}
+
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
-  // Prefill: the next span of every prompt not yet through, all in one forward.
   prefilling_.clear();
   for (auto& [id, r] : active_) {
     if (!r->decoding()) prefilling_.push_back(r.get());
   }
-  done_.clear();
+  last_step_decoded_ = 0;
+
+  // Prefill: the next span of every prompt not yet through, all in one forward. The requests already
+  // decoding under a decoder that shares its forward take their step in it too.
+  items_.clear();
+  shared_.clear();
   if (!prefilling_.empty()) {
     const int64_t span = backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
-    items_.clear();
     for (Request* r : prefilling_) {
       if (r->prefilled == 0) r->prefill_start = Clock::now();
       const int64_t n = static_cast<int64_t>(r->prompt.size());
@@ -340,7 +366,18 @@ absl::Status GenerationBatch::Step() {
                         last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r->sampler : nullptr,
                         &r->first});
     }
+    for (auto& [name, decoder] : decoders_) {
+      if (!decoder->SharesForward()) continue;
+      std::vector<DecodeSlot*> slots;
+      for (auto& [id, r] : active_) {
+        if (r->decoder == decoder.get() && r->decoding()) slots.push_back(&r->slot);
+      }
+      if (slots.empty()) continue;
+      decoder->StepItems(slots, items_);
+      shared_.emplace_back(decoder.get(), std::move(slots));
+    }
     ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+    done_.clear();
     for (size_t i = 0; i < prefilling_.size(); ++i) {
       Request& r = *prefilling_[i];
       r.prefilled += static_cast<int64_t>(items_[i].tokens.size());
@@ -350,11 +387,17 @@ absl::Status GenerationBatch::Step() {
       if (!Emit(r, r.first)) done_.push_back(r.slot.id);
     }
     for (int64_t id : done_) Finish(id);
+    for (auto& [decoder, slots] : shared_) {
+      decoder->FinishStep(slots);
+      last_step_decoded_ += static_cast<int64_t>(slots.size());
+      EmitStep(slots);
+    }
   }
 
-  // Decode: each decoder steps its decoding requests together.
-  last_step_decoded_ = 0;
+  // Decode: every other decoder steps its decoding requests together (those just prefilled included).
   for (auto& [name, decoder] : decoders_) {
+    const bool stepped = std::any_of(shared_.begin(), shared_.end(), [&](const auto& s) { return s.first == decoder.get(); });
+    if (stepped) continue;
     slots_.clear();
     for (auto& [id, r] : active_) {
       if (r->decoder == decoder.get() && r->decoding()) slots_.push_back(&r->slot);
@@ -362,17 +405,7 @@ absl::Status GenerationBatch::Step() {
     if (slots_.empty()) continue;
     last_step_decoded_ += static_cast<int64_t>(slots_.size());
     ORYX_RETURN_IF_ERROR(decoder->Step(backend, slots_));
-    done_.clear();
-    for (DecodeSlot* s : slots_) {
-      Request& r = *active_.at(s->id);
-      for (int32_t token : s->emitted) {
-        if (!Emit(r, token)) {
-          done_.push_back(s->id);
-          break;
-        }
-      }
-    }
-    for (int64_t id : done_) Finish(id);
+    EmitStep(slots_);
   }
   return absl::OkStatus();
 }

@@ -116,6 +116,13 @@ class Decoder {
   // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
   // batch, such as a server's, sees ever new ids).
   virtual void Release(int64_t slot_id) { (void)slot_id; }
+  // A decoder whose step is one forward of one token per slot may share that forward with other work (a
+  // batch's prefill spans: one pass over the weights for both). StepItems appends the step's items (they
+  // point into the decoder and stay valid until FinishStep); after the forward, FinishStep sets every slot's
+  // emitted tokens. Together they do what Step does.
+  virtual bool SharesForward() const { return false; }
+  virtual void StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) {}
+  virtual void FinishStep(std::span<DecodeSlot* const> slots) {}
 };
 
 // The usual decoder: each step runs every slot's pending token in one mode and samples the next token.
@@ -123,6 +130,9 @@ class Decoder {
 class StepwiseDecoder : public Decoder {
  public:
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  bool SharesForward() const override { return true; }
+  void StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) override;
+  void FinishStep(std::span<DecodeSlot* const> slots) override;
 
  protected:
   virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;
@@ -187,9 +197,12 @@ class Engine {
 
 // Continuous batching: requests join between steps and leave as they finish, so that a server keeps the
 // backend's batch full while requests come and go. Each Step prefills the next span (Backend::PrefillSpan)
-// of every prompt still being prefilled, draws the first token of each prompt it finishes, then runs one
+// of every prompt still being prefilled, draws the first token of each prompt it finishes, and runs one
 // decoder step over every request that is decoding, so a long prompt never stalls the others' decoding
-// for more than a span. What a request generates does not depend on what else shares its batch.
+// for more than a span. The decode steps of decoders that can (Decoder::SharesForward) run in the prefill's
+// forward: one pass over the weights for both; the others run after it. What a request generates does not
+// depend on what else shares its batch (on a device, up to the rounding of its kernels, which may differ
+// with the batch's shape).
 //
 // Statistics are the request's own: prefill_s from its first prefill forward to its first token (other
 // requests' steps in between included: the time to its first token), decode_s from there to its end.
@@ -217,6 +230,8 @@ class GenerationBatch {
   struct Request;
   // Emits one token into a request's result; false once the request is finished.
   bool Emit(Request& r, int32_t token);
+  // Emits the tokens a decoder step left in the slots, finishing the requests that end.
+  void EmitStep(std::span<DecodeSlot* const> slots);
   void Finish(int64_t id);
   Engine& engine_;
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
@@ -229,6 +244,7 @@ class GenerationBatch {
   std::vector<Request*> prefilling_;
   std::vector<DecodeSlot*> slots_;
   std::vector<int64_t> done_;
+  std::vector<std::pair<Decoder*, std::vector<DecodeSlot*>>> shared_;  // steps riding on the prefill forward
 };
 
 }  // namespace oryx

@@ -77,6 +77,7 @@ class RouterDecoder final : public StepwiseDecoder {
   // Slots whose decision speculates run one speculative round; the others one step, each in its mode.
   absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
   void Release(int64_t slot_id) override;
+  bool SharesForward() const override { return false; }  // some slots may run speculative rounds instead
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;

@@ -114,7 +114,8 @@ std::vector<double> RowErrors(const std::vector<float>& a, const std::vector<flo
 //  1. two sequences prefill spans of different lengths with mixed modes (batched, all logits);
 //  2. batched decode steps with per-sequence modes;
 //  3. a verify span with keep_states, Truncate into it, more decode steps;
-//  4. a draft (linear only, no KV) and a clone that continue independently.
+//  4. a draft (linear only, no KV) and a clone that continue independently;
+//  5. one forward with a long span beside a decode step (a server's continuous batch).
 // A GPU row passes when its error is below kRelTol, or, with a yardstick, below 4x the yardstick's error
 // on that row (a row the fp32 model itself cannot pin down to bf16 precision). Long spans also need a
 // median row error within 2x of the yardstick's.
@@ -217,6 +218,13 @@ void CompareScenario(Backend& cpu, Backend& gpu, uint32_t seed, int64_t prefill0
       "draft refreshed");
   all({Tokens(rng, 1, V), Tokens(rng, 1, V)}, {{Mode::kAttention}, {Mode::kAttention}}, LogitsRows::kLast, false, seqs,
       "original after clone");
+  // 5. One forward with a long span on one sequence (a prompt being prefilled) beside another sequence's
+  //    decode step, as a continuously batched server runs them (GenerationBatch).
+  const int64_t mixed = std::min<int64_t>(std::max<int64_t>(prefill0, 80), c.max_position - seqs[0][0].position() - 1);
+  all({Tokens(rng, mixed, V), Tokens(rng, 1, V)}, {Modes(rng, mixed, 0.5), {Mode::kAttention}}, LogitsRows::kLast,
+      false, seqs, "a prefill span beside a decode step");
+  all({Tokens(rng, 1, V), Tokens(rng, 1, V)}, {{Mode::kAttention}, {Mode::kLinear}}, LogitsRows::kLast, false, seqs,
+      "decode after the mixed forward");
 }
 
 ModelConfig HeadDim64Config(LinearMixer mixer) {

@@ -213,6 +213,56 @@ TEST_F(EngineTest, RequestsJoiningARunningBatchGetWhatEachGetsAlone) {
   EXPECT_TRUE(batch.TakeFinished().empty());
 }
 
+// A backend that counts the forwards it runs and their rows.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  SequenceState NewSequence() const override { return inner_->NewSequence(); }
+  absl::Status Forward(std::span<const ForwardItem> batch) override {
+    ++forwards;
+    for (const ForwardItem& item : batch) rows += static_cast<int64_t>(item.tokens.size());
+    return inner_->Forward(batch);
+  }
+  int64_t forwards = 0, rows = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// A prompt that joins while others decode is prefilled in the same forward as their decode step: one pass
+// over the weights for both, and the same tokens as each request alone.
+TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
+  auto inner = LoadBackend(model_dir_, {"cpu", 2});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto counting = std::make_unique<CountingBackend>(std::move(*inner));
+  CountingBackend& backend = *counting;
+  auto tokenizer = Tokenizer::Load(model_dir_ + "/tokenizer.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  Engine engine(std::move(counting), std::move(*tokenizer));
+  GenerationBatch batch(engine);
+  std::vector<GenerateRequest> qs = {Request("one two", 8), Request("three four five", 5)};
+  qs[1].policy = "prefill-linear";
+  ASSERT_TRUE(batch.Add(qs[0]).ok());
+  ASSERT_TRUE(batch.Step().ok());  // prefill, then the first decode step: two forwards
+  EXPECT_EQ(backend.forwards, 2);
+  ASSERT_TRUE(batch.Add(qs[1]).ok());
+  const int64_t prompt_rows = 1 + static_cast<int64_t>(engine.tokenizer()->Encode(qs[1].prompt).size());
+  backend.forwards = backend.rows = 0;
+  ASSERT_TRUE(batch.Step().ok());  // request 1's prompt and request 0's decode step in one forward, then
+  EXPECT_EQ(backend.forwards, 2);  // request 1's first decode step (its decoder differs from request 0's)
+  EXPECT_EQ(backend.rows, prompt_rows + 1 + 1);
+  EXPECT_EQ(batch.last_step_decoded(), 2);
+  std::vector<std::pair<int64_t, GenerateResult>> finished;
+  while (batch.active() > 0) {
+    ASSERT_TRUE(batch.Step().ok());
+    for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
+  }
+  ASSERT_EQ(finished.size(), 2u);
+  for (auto& [id, got] : finished) EXPECT_EQ(got.tokens, engine_->Generate(qs[id])->tokens) << "request " << id;
+}
+
 TEST_F(EngineTest, GenerationStopsAtMaxPosition) {
   auto r = engine_->Generate(Request("a b c", 1000));
   ASSERT_TRUE(r.ok());
