@@ -117,6 +117,35 @@ class ScriptedProposer final : public Proposer {
   int32_t vocab_;
 };
 
+// The greedy attention-mode continuation of `prompt`: n tokens.
+std::vector<int32_t> GreedyContinuation(Engine& engine, const std::vector<int32_t>& prompt, int64_t n) {
+  GenerateRequest q;
+  q.prompt_tokens = prompt;
+  q.max_tokens = n;
+  q.stop_at_eos = false;
+  auto ref = engine.Generate(q);
+  EXPECT_TRUE(ref.ok()) << ref.status();
+  return ref.ok() ? ref->tokens : std::vector<int32_t>{};
+}
+
+// A greedy decode slot on a sequence that has run `prompt` in attention mode, its pending token `first`.
+struct PrefilledSlot {
+  PrefilledSlot(Backend& backend, const std::vector<int32_t>& prompt, int32_t first)
+      : seq(backend.NewSequence()),
+        generated{first},
+        slot{0, &seq, first, static_cast<int64_t>(prompt.size()), &prompt, &generated, 100, &sampler, &stats, {}} {
+    std::vector<Mode> modes(prompt.size(), Mode::kAttention);
+    std::vector<float> logits;
+    prefilled = backend.Forward(seq, prompt, modes, false, &logits);
+  }
+  SequenceState seq;
+  Sampler sampler{SamplingParams{}};
+  GenerateStats stats;
+  std::vector<int32_t> generated;
+  DecodeSlot slot;
+  absl::Status prefilled;
+};
+
 TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanceCount) {
   testutil::ScratchDir scratch;
   Engine engine = SpeculativeEngine(scratch, GetParam(), 9);
@@ -126,24 +155,17 @@ TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanc
   const std::vector<int32_t> prompt = RandomPrompt(rng, 7, V);
   // The greedy attention-mode continuation after the prompt: pending x, then its k successors.
   const int64_t k = 5;
-  GenerateRequest q;
-  q.prompt_tokens = prompt;
-  q.max_tokens = k + 2;
-  q.stop_at_eos = false;
-  auto ref = engine.Generate(q);
-  ASSERT_TRUE(ref.ok());
-  const std::vector<int32_t>& cont = ref->tokens;  // cont[0] = x
+  const std::vector<int32_t> cont = GreedyContinuation(engine, prompt, k + 2);  // cont[0] = x
+  ASSERT_EQ(static_cast<int64_t>(cont.size()), k + 2);
   const std::vector<int32_t> probe = {5, 6, 7};
   const std::vector<Mode> probe_modes = {Mode::kAttention, Mode::kLinear, Mode::kAttention};
   for (int64_t good = 0; good <= k; ++good) {
-    SequenceState seq = backend.NewSequence();
-    std::vector<Mode> modes(prompt.size(), Mode::kAttention);
+    PrefilledSlot p(backend, prompt, cont[0]);
+    ASSERT_TRUE(p.prefilled.ok()) << p.prefilled;
+    SequenceState& seq = p.seq;
+    DecodeSlot& slot = p.slot;
+    const GenerateStats& stats = p.stats;
     std::vector<float> logits;
-    ASSERT_TRUE(backend.Forward(seq, prompt, modes, false, &logits).ok());
-    Sampler sampler(SamplingParams{});
-    GenerateStats stats;
-    std::vector<int32_t> generated = {cont[0]};
-    DecodeSlot slot{0, &seq, cont[0], static_cast<int64_t>(prompt.size()), &prompt, &generated, 100, &sampler, &stats, {}};
     SpeculativeOptions options;
     options.k = k;
     SpeculativeDecoder decoder(
@@ -180,34 +202,24 @@ TEST_P(SpeculativeTest, RoundsWithoutDraftsAreAttentionSteps) {
   const int32_t V = static_cast<int32_t>(backend.config().vocab_size);
   std::mt19937 rng(6);
   const std::vector<int32_t> prompt = RandomPrompt(rng, 7, V);
-  GenerateRequest q;
-  q.prompt_tokens = prompt;
-  q.max_tokens = 4;
-  q.stop_at_eos = false;
-  auto ref = engine.Generate(q);
-  ASSERT_TRUE(ref.ok());
-  SequenceState seq = backend.NewSequence();
-  std::vector<Mode> modes(prompt.size(), Mode::kAttention);
-  std::vector<float> logits;
-  ASSERT_TRUE(backend.Forward(seq, prompt, modes, false, &logits).ok());
-  Sampler sampler(SamplingParams{});
-  GenerateStats stats;
-  std::vector<int32_t> generated = {ref->tokens[0]};
-  DecodeSlot slot{0, &seq, ref->tokens[0], static_cast<int64_t>(prompt.size()), &prompt, &generated, 100, &sampler, &stats, {}};
+  const std::vector<int32_t> ref = GreedyContinuation(engine, prompt, 4);
+  ASSERT_EQ(ref.size(), 4u);
+  PrefilledSlot p(backend, prompt, ref[0]);
+  ASSERT_TRUE(p.prefilled.ok()) << p.prefilled;
   SpeculativeDecoder decoder(std::make_unique<LinearProposer>(), SpeculativeOptions{});
-  DecodeSlot* slots[] = {&slot};
+  DecodeSlot* slots[] = {&p.slot};
   const int64_t no_drafts[] = {0};
   for (int step = 1; step < 4; ++step) {
     ASSERT_TRUE(decoder.Round(backend, slots, no_drafts).ok());
-    ASSERT_EQ(slot.emitted, std::vector<int32_t>{ref->tokens[step]}) << "step " << step;
-    generated.push_back(slot.emitted[0]);
-    slot.pending = slot.emitted[0];
+    ASSERT_EQ(p.slot.emitted, std::vector<int32_t>{ref[step]}) << "step " << step;
+    p.generated.push_back(p.slot.emitted[0]);
+    p.slot.pending = p.slot.emitted[0];
   }
-  EXPECT_EQ(seq.position(), static_cast<int64_t>(prompt.size()) + 3);
-  EXPECT_EQ(stats.spec->rounds, 3);
-  EXPECT_EQ(stats.spec->drafted, 0);
-  EXPECT_EQ(stats.attention_tokens, 3);
-  EXPECT_EQ(stats.linear_tokens, 0);
+  EXPECT_EQ(p.seq.position(), static_cast<int64_t>(prompt.size()) + 3);
+  EXPECT_EQ(p.stats.spec->rounds, 3);
+  EXPECT_EQ(p.stats.spec->drafted, 0);
+  EXPECT_EQ(p.stats.attention_tokens, 3);
+  EXPECT_EQ(p.stats.linear_tokens, 0);
 }
 
 // ---- lossless sampling ----------------------------------------------------------------------------------
