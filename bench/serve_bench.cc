@@ -256,6 +256,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"inter_token_ms_p50", Percentile(between, 0.5)},
                 {"server_steps", steps},
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
+                // The share of decode rows that ran in a prefill's forward (GenerationBatch).
+                {"shared_decode_fraction", after.decode_rows > before.decode_rows
+                                               ? static_cast<double>(after.shared_rows - before.shared_rows) /
+                                                     static_cast<double>(after.decode_rows - before.decode_rows)
+                                               : 0.0},
                 {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
     if (drafted > 0) {

@@ -346,7 +346,7 @@ absl::Status GenerationBatch::Step() {
   for (auto& [id, r] : active_) {
     if (!r->decoding()) prefilling_.push_back(r.get());
   }
-  last_step_decoded_ = 0;
+  last_step_decoded_ = last_step_shared_ = 0;
 
   // Prefill: the next span of every prompt not yet through, all in one forward. The requests already
   // decoding under a decoder that shares its forward take their step in it too.
@@ -390,6 +390,7 @@ absl::Status GenerationBatch::Step() {
     for (auto& [decoder, slots] : shared_) {
       decoder->FinishStep(slots);
       last_step_decoded_ += static_cast<int64_t>(slots.size());
+      last_step_shared_ += static_cast<int64_t>(slots.size());
       EmitStep(slots);
     }
   }

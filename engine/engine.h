@@ -223,6 +223,8 @@ class GenerationBatch {
   int64_t active() const { return static_cast<int64_t>(active_.size()); }  // added and not finished
   int64_t decoding() const;  // of those, past their prefill
   int64_t last_step_decoded() const { return last_step_decoded_; }  // requests the last Step decoded
+  // Of those, the ones whose step ran in the prefill's forward (Decoder::SharesForward).
+  int64_t last_step_shared() const { return last_step_shared_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
 
@@ -238,7 +240,7 @@ class GenerationBatch {
   std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id
   std::vector<std::pair<int64_t, GenerateResult>> finished_;
   int64_t next_id_ = 0;
-  int64_t last_step_decoded_ = 0;
+  int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;

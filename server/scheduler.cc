@@ -15,6 +15,8 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"max_active", max_active},
           {"steps", steps},
           {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
+          {"decode_rows", decode_rows},
+          {"shared_rows", shared_rows},
           {"prompt_tokens", prompt_tokens},
           {"generated_tokens", generated_tokens}};
 }
@@ -113,6 +115,7 @@ void Scheduler::Loop() {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.steps;
       stats_.decode_rows += batch_->last_step_decoded();
+      stats_.shared_rows += batch_->last_step_shared();
       stats_.active = batch_->active();
       for (const auto& [id, result] : finished) {
         ++stats_.completed;

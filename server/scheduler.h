@@ -30,6 +30,7 @@ struct SchedulerStats {
   int64_t queued = 0, active = 0, max_active = 0;
   int64_t steps = 0;          // batch steps run
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
+  int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
   nlohmann::json ToJson() const;
 };

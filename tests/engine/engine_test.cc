@@ -254,6 +254,7 @@ TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
   EXPECT_EQ(backend.forwards, 2);  // request 1's first decode step (its decoder differs from request 0's)
   EXPECT_EQ(backend.rows, prompt_rows + 1 + 1);
   EXPECT_EQ(batch.last_step_decoded(), 2);
+  EXPECT_EQ(batch.last_step_shared(), 1);
   std::vector<std::pair<int64_t, GenerateResult>> finished;
   while (batch.active() > 0) {
     ASSERT_TRUE(batch.Step().ok());
