@@ -269,7 +269,12 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
   r->decoder = it->second.get();
   ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
   r->seq.emplace(std::move(seq));
-  ORYX_RETURN_IF_ERROR(r->seq->Reserve(std::min(c.max_position, n + q.max_tokens + r->decoder->Lookahead())));
+  // Room for the prompt and the first generated tokens up front; a long generation grows the sequence as
+  // it goes (geometrically), so a request that asks for many tokens does not hold their memory from the
+  // start (a server's capacity is the memory its requests use, not what they may use).
+  constexpr int64_t kReservedAhead = 1024;
+  ORYX_RETURN_IF_ERROR(r->seq->Reserve(
+      std::min(c.max_position, n + std::min(q.max_tokens, kReservedAhead) + r->decoder->Lookahead())));
   r->sampler.emplace(q.sampling);
   r->result.policy = q.policy;
   r->result.stats.prompt_tokens = n;

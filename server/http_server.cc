@@ -21,6 +21,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
+// A prompt of a model's whole context is well under this; a larger body is refused before it is read.
+constexpr size_t kMaxBodyBytes = size_t{16} << 20;
+
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 void Reply(httplib::Response& res, int status, const json& body) {
@@ -85,11 +88,17 @@ void HttpServer::Impl::Routes() {
   // Unknown routes (and methods) get a JSON 404 rather than an empty body.
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    const absl::Status error = res.status == 404
-                                   ? absl::NotFoundError(Cat("no route ", req.method, " ", req.path,
-                                                             " (POST /v1/completions, GET /v1/models, /health, /stats)"))
-                                   : absl::InternalError(Cat("HTTP status ", res.status));
-    res.set_content(Dump(ErrorObject(error)), "application/json");
+    std::string message;
+    if (res.status == 404) {
+      message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, GET /v1/models, /health, /stats)");
+    } else if (res.status == 413) {
+      message = Cat("the request body is larger than ", kMaxBodyBytes >> 20, " MiB");
+    } else {
+      message = Cat("HTTP status ", res.status);
+    }
+    res.set_content(Dump({{"error", {{"message", message}, {"type", res.status < 500 ? "invalid_request_error" : "server_error"},
+                                     {"code", res.status}}}}),
+                    "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
     std::string what = "unknown exception";
@@ -216,6 +225,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
   s.http.set_write_timeout(std::chrono::seconds(60));
   s.http.set_read_timeout(std::chrono::seconds(60));
+  s.http.set_payload_max_length(kMaxBodyBytes);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.
   s.http.set_socket_options([&s](socket_t sock) {

@@ -382,6 +382,11 @@ TEST_F(HttpTest, BadRequestsAndRoutesGetJsonErrors) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
   EXPECT_HAS_SUBSTR(res->body, "no route GET /nowhere");
+  // A body past the limit is refused unread.
+  res = client_->Post("/v1/completions", std::string((16 << 20) + 1, ' '), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_HAS_SUBSTR(res->body, "larger than 16 MiB");
   res = client_->Get("/health");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
