@@ -212,11 +212,14 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const double rate = open_loop ? o.rates[level] : 0.0;
     const int64_t count = o.requests > 0 ? o.requests
                                          : std::max<int64_t>(8, 4 * (open_loop ? std::llround(rate) : clients));
-    // A warm-up round first (device graphs of the batch sizes, buffers), not measured: as many clients as the
-    // level has, or as the batch takes.
-    const int64_t warm_clients = open_loop ? so.scheduler.max_batch : clients;
-    ORYX_ASSIGN_OR_RETURN(auto warm_up, Prompts(o, text, c.vocab_size, warm_clients, o.seed + 7777 + level));
-    for (const Sample& s : RunLevel(http->port(), o, warm_clients, warm_up)) {
+    // A warm-up run of the same load first, not measured: the device graphs of the batch shapes the level
+    // meets are captured there, not during the measurement. Closed loop: one request per client; open loop:
+    // a quarter of the level's requests at its rate.
+    const int64_t warm_count = open_loop ? std::max<int64_t>(16, count / 4) : clients;
+    ORYX_ASSIGN_OR_RETURN(auto warm_up, Prompts(o, text, c.vocab_size, warm_count, o.seed + 7777 + level));
+    const std::vector<Sample> warmed = open_loop ? RunOpenLoop(http->port(), o, rate, warm_up, o.seed + 7777 + level)
+                                                 : RunLevel(http->port(), o, clients, warm_up);
+    for (const Sample& s : warmed) {
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a warm-up request failed: ", s.error));
     }
     ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
