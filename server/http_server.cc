@@ -41,6 +41,7 @@ struct EventStream {
   std::deque<std::string> frames;  // server-sent events ready to write
   std::string held;                // text held back: it ends inside a UTF-8 character
   bool finished = false;           // the last frame is queued
+  absl::Status error;              // what ended the request, when it failed
   std::atomic<bool> cancelled{false};
 
   void Push(const json& j) { frames.push_back("data: " + Dump(j) + "\n\n"); }
@@ -174,6 +175,7 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
     if (r.ok()) {
       events->Push(CompletionChunk(id, events->held, &*r, -1));  // anything held back goes out, made valid
     } else {
+      events->error = r.status();
       events->Push(ErrorObject(r.status()));
     }
     events->frames.push_back("data: [DONE]\n\n");
@@ -183,6 +185,13 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   if (absl::Status s = scheduler.Submit(std::move(request.generate), std::move(done)); !s.ok()) {
     Log(id, HttpStatus(s), true, s, arrival);
     return ReplyError(res, s);
+  }
+  // The status line goes out with the first token. A request that fails before it (one the engine refuses:
+  // an over-long prompt, an unknown policy) gets its error status, as without streaming.
+  {
+    std::unique_lock<std::mutex> lock(events->mu);
+    events->ready.wait(lock, [&] { return !events->frames.empty() || events->finished; });
+    if (!events->error.ok() && events->frames.size() == 2) return ReplyError(res, events->error);  // error, [DONE]
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(

@@ -378,6 +378,8 @@ TEST_F(HttpTest, BadRequestsAndRoutesGetJsonErrors) {
   expect_error(400, R"({"prompt": "hi", "policy": "sometimes"})", "unknown policy 'sometimes'");
   expect_error(400, json({{"prompt", std::string(300, 'x')}}).dump(), "this model takes at most 63");
   expect_error(400, R"({"prompt": [1, 99999]})", "outside the vocabulary");
+  // Streamed or not, a request the engine refuses gets its status before any event.
+  expect_error(400, json({{"prompt", std::string(300, 'x')}, {"stream", true}}).dump(), "this model takes at most 63");
   auto res = client_->Get("/nowhere");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
@@ -396,7 +398,7 @@ TEST_F(HttpTest, BadRequestsAndRoutesGetJsonErrors) {
   EXPECT_EQ(json::parse(res->body)["data"][0]["id"], "tiny");
   res = client_->Get("/stats");
   ASSERT_TRUE(res);
-  EXPECT_EQ(json::parse(res->body)["scheduler"]["failed"], 3);  // the three the engine refused
+  EXPECT_EQ(json::parse(res->body)["scheduler"]["failed"], 4);  // the four the engine refused
 }
 
 }  // namespace
