@@ -41,6 +41,7 @@ double Percentile(std::vector<double> v, double q) {
 
 struct Sample {
   double ttft_s = 0, latency_s = 0;
+  std::vector<double> gaps_s;  // between consecutive token chunks, as the client received them
   int64_t tokens = 0;
   int64_t drafted = 0, accepted = 0;  // speculative policies
   std::string error;  // empty when the request succeeded
@@ -75,13 +76,19 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
                   {"policy", o.policy}}.dump();
   std::string body;
   const Clock::time_point start = Clock::now();
+  std::vector<double> frame_s;  // when each event frame ("data: ...\n\n") was complete
+  size_t scanned = 0;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    if (body.empty()) s.ttft_s = Since(start);
+    const double now = Since(start);
+    if (body.empty()) s.ttft_s = now;
     body.append(data, n);
+    for (size_t at; (at = body.find("\n\n", scanned)) != std::string::npos; scanned = at + 2) frame_s.push_back(now);
     return true;
   };
   auto res = client.send(req);
   s.latency_s = Since(start);
+  // The token chunks are every frame but the last two (the usage chunk and [DONE]).
+  for (size_t i = 1; i + 2 < frame_s.size(); ++i) s.gaps_s.push_back(frame_s[i] - frame_s[i - 1]);
   if (!res) {
     s.error = httplib::to_string(res.error()) + Cat(" after ", body.size(), " bytes, ", Since(start), " s");
   } else if (res->status != 200) {
@@ -229,7 +236,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                             : RunLevel(http->port(), o, clients, prompts);
     const double wall = Since(start);
     const server::SchedulerStats after = http->stats();
-    std::vector<double> ttft, latency, between;
+    std::vector<double> ttft, latency, between, gaps;
     int64_t tokens = 0, drafted = 0, accepted = 0;
     for (const Sample& s : samples) {
       drafted += s.drafted;
@@ -238,6 +245,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       ttft.push_back(1e3 * s.ttft_s);
       latency.push_back(1e3 * s.latency_s);
       if (s.tokens > 1) between.push_back(1e3 * (s.latency_s - s.ttft_s) / static_cast<double>(s.tokens - 1));
+      for (double g : s.gaps_s) gaps.push_back(1e3 * g);
       tokens += s.tokens;
     }
     const int64_t steps = after.steps - before.steps;
@@ -257,6 +265,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}}},
                 {"latency_ms", {{"p50", Percentile(latency, 0.5)}, {"p90", Percentile(latency, 0.9)}}},
                 {"inter_token_ms_p50", Percentile(between, 0.5)},
+                // Every gap between two token chunks of a request, all requests pooled: the tail shows the
+                // steps that waited for a prefill. (Tokens that arrive together, a speculative round's, give
+                // gaps of 0.)
+                {"token_gap_ms", {{"p50", Percentile(gaps, 0.5)}, {"p90", Percentile(gaps, 0.9)},
+                                  {"p99", Percentile(gaps, 0.99)}, {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
                 {"server_steps", steps},
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 // The share of decode rows that ran in a prefill's forward (GenerationBatch).

@@ -1,9 +1,10 @@
 // `oryx bench serve`: the HTTP server under load. For each concurrency level, that many clients send
-// streaming completions back to back (closed loop), or, for each arrival rate, requests arrive at random
-// (Poisson) times at that rate (open loop), to an `oryx serve` server started in this process on a free
-// port, over real sockets; each request has a fixed prompt length (random token ids, or windows of a
-// corpus's validation split) and generates exactly max_tokens tokens (EOS ignored). One JSON line per level: requests/s, generated tokens/s, time to
-// first token and end-to-end latency (p50, p90), the time between tokens, and the server's mean decode
+// streaming completions back to back (closed loop); or, for each arrival rate, requests arrive at random
+// (Poisson) times at that rate (open loop). The server is `oryx serve`, started in this process on a free
+// port and reached over real sockets. Each request has a fixed prompt length (random token ids, or windows
+// of a corpus's validation split) and generates exactly max_tokens tokens (EOS ignored). One JSON line per
+// level: requests/s, generated tokens/s, time to first token and end-to-end latency (p50, p90), the time
+// between tokens (each request's mean, and the distribution of every gap), and the server's mean decode
 // batch over the level.
 #pragma once
 

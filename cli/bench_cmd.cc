@@ -380,18 +380,19 @@ int RunBench(const Args& args) {
       o.threads = static_cast<int>(threads);
       out.row = [header = true](const nlohmann::json& j) mutable {
         if (header) {
-          std::printf("%9s %8s %8s %10s %14s %14s %12s %10s %10s\n", "load", "requests", "req/s", "tokens/s",
-                      "TTFT p50/p90", "latency p50", "inter-token", "mean batch", "steps");
+          std::printf("%9s %8s %8s %10s %14s %14s %12s %12s %10s %10s\n", "load", "requests", "req/s", "tokens/s",
+                      "TTFT p50/p90", "latency p50", "inter-token", "gap p99", "mean batch", "steps");
           header = false;
         }
         const std::string load = j.contains("arrival_rate_per_s")
                                      ? absl::StrFormat("%.4g/s", j["arrival_rate_per_s"].get<double>())
                                      : absl::StrFormat("%d", j["concurrency"].get<int64_t>());
-        std::printf("%9s %8lld %8.2f %10.1f %6.1f/%6.1f ms %11.1f ms %9.2f ms %10.2f %10lld\n", load.c_str(),
+        std::printf("%9s %8lld %8.2f %10.1f %6.1f/%6.1f ms %11.1f ms %9.2f ms %9.2f ms %10.2f %10lld\n", load.c_str(),
                     static_cast<long long>(j["requests"].get<int64_t>()), j["requests_per_s"].get<double>(),
                     j["generated_tokens_per_s"].get<double>(), j["ttft_ms"]["p50"].get<double>(),
                     j["ttft_ms"]["p90"].get<double>(), j["latency_ms"]["p50"].get<double>(),
-                    j["inter_token_ms_p50"].get<double>(), j["mean_decode_batch"].get<double>(),
+                    j["inter_token_ms_p50"].get<double>(), j["token_gap_ms"]["p99"].get<double>(),
+                    j["mean_decode_batch"].get<double>(),
                     static_cast<long long>(j["server_steps"].get<int64_t>()));
         if (j.contains("acceptance_rate")) std::printf("        drafts accepted: %.1f%%\n", 100 * j["acceptance_rate"].get<double>());
         std::fflush(stdout);
