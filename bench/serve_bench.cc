@@ -209,6 +209,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   so.port = 0;
   so.log_requests = false;
   so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
+  so.scheduler.max_prefill_tokens = o.max_prefill_tokens;
   so.scheduler.max_queue = open_loop ? 4096 : std::max<int64_t>(top, 16);
   so.http_threads = open_loop ? 512 : static_cast<int>(top + 8);
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
@@ -259,6 +260,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"prompt_tokens", o.prompt_tokens},
                 {"max_tokens", o.max_tokens},
                 {"max_batch", so.scheduler.max_batch},
+                {"max_prefill_tokens", o.max_prefill_tokens},
                 {"wall_s", wall},
                 {"requests_per_s", static_cast<double>(count) / wall},
                 {"generated_tokens_per_s", static_cast<double>(tokens) / wall},

@@ -34,6 +34,7 @@ struct ServeBenchOptions {
   // trained model sees text and speculation meets its real acceptance. Empty: random token ids.
   std::string data_dir;
   int64_t max_batch = 0;     // the server's; 0: the largest level
+  int64_t max_prefill_tokens = 0;  // the server's prompt tokens per step at most; 0: no bound
   uint64_t seed = 1;
 };
 

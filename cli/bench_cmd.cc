@@ -356,6 +356,8 @@ int RunBench(const Args& args) {
     f.String("policy", &o.policy, "mode policy of every request");
     f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");
     f.Int("max-batch", &o.max_batch, "the server's batch bound (0: the largest level)", 0, 4096);
+    f.Int("max-prefill-tokens", &o.max_prefill_tokens, "the server's prompt tokens per step at most (0: no bound)", 0,
+          1 << 30);
     f.Int("seed", &seed, "prompt seed", 0);
     f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
     f.Bool("json", &out.json, "print JSON lines instead of a table");

@@ -21,7 +21,7 @@ int RunServe(const Args& args) {
   std::string model_dir, device = "cpu", name;
   server::ServerOptions o;
   int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
-  int64_t http_threads = o.http_threads, threads = 0;
+  int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0;
   bool quiet = false;
   FlagSet f("oryx serve --model DIR [--device cpu|cuda] [--host H] [--port P] [--max-batch N] [--max-queue N]",
             "Serves the model over HTTP until interrupted (Ctrl-C, SIGTERM):\n"
@@ -39,6 +39,9 @@ int RunServe(const Args& args) {
   f.Int("port", &port, "port to listen on (0: any free port, printed at start)", 0, 65535);
   f.Int("max-batch", &max_batch, "requests generating together at most", 1, 4096);
   f.Int("max-queue", &max_queue, "requests waiting for a place in the batch at most; more get 503", 0, 1 << 20);
+  f.Int("max-prefill-tokens", &max_prefill_tokens,
+        "prompt tokens prefilled per step at most (0: no bound); smaller: the running requests' next tokens\n"
+        "                          wait less for a joining prompt, whose first token comes later", 0, 1 << 30);
   f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
         1, 4096);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
@@ -59,6 +62,7 @@ int RunServe(const Args& args) {
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;
     o.scheduler.max_queue = max_queue;
+    o.scheduler.max_prefill_tokens = max_prefill_tokens;
     o.http_threads = static_cast<int>(http_threads);
     o.log_requests = !quiet;
     o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();

@@ -222,7 +222,8 @@ struct GenerationBatch::Request {
   bool decoding() const { return prefilled == static_cast<int64_t>(prompt.size()); }
 };
 
-GenerationBatch::GenerationBatch(Engine& engine) : engine_(engine) {}
+GenerationBatch::GenerationBatch(Engine& engine, int64_t max_prefill_tokens)
+    : engine_(engine), max_prefill_tokens_(max_prefill_tokens) {}
 GenerationBatch::~GenerationBatch() = default;
 
 int64_t GenerationBatch::decoding() const {
@@ -351,6 +352,16 @@ absl::Status GenerationBatch::Step() {
   for (auto& [id, r] : active_) {
     if (!r->decoding()) prefilling_.push_back(r.get());
   }
+  // With a token budget, the prompts added first take it; the rest wait for a later step.
+  const int64_t span = prefilling_.empty() ? 0 : backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
+  prefill_lengths_.clear();
+  for (int64_t left = max_prefill_tokens_ > 0 ? max_prefill_tokens_ : INT64_MAX; Request* r : prefilling_) {
+    const int64_t len = std::min({span, static_cast<int64_t>(r->prompt.size()) - r->prefilled, left});
+    if (len == 0) break;
+    prefill_lengths_.push_back(len);
+    left -= len;
+  }
+  prefilling_.resize(prefill_lengths_.size());
   last_step_decoded_ = last_step_shared_ = 0;
 
   // Prefill: the next span of every prompt not yet through, all in one forward. The requests already
@@ -358,11 +369,11 @@ absl::Status GenerationBatch::Step() {
   items_.clear();
   shared_.clear();
   if (!prefilling_.empty()) {
-    const int64_t span = backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
-    for (Request* r : prefilling_) {
+    for (size_t i = 0; i < prefilling_.size(); ++i) {
+      Request* r = prefilling_[i];
       if (r->prefilled == 0) r->prefill_start = Clock::now();
       const int64_t n = static_cast<int64_t>(r->prompt.size());
-      const int64_t len = std::min(span, n - r->prefilled);
+      const int64_t len = prefill_lengths_[i];
       r->modes.resize(len);
       r->decoder->PrefillModes(r->prompt, r->prefilled, r->modes);
       CountModes(r->modes, r->result.stats);

@@ -210,7 +210,10 @@ class Engine {
 // from Step the batch is spoilt (its requests are lost) and should be dropped.
 class GenerationBatch {
  public:
-  explicit GenerationBatch(Engine& engine);
+  // max_prefill_tokens > 0 bounds the prompt tokens one Step forwards (its spans go to the waiting prompts
+  // in the order they were added): a joining prompt then delays the others' next token by less, and its own
+  // first token comes later. 0: every waiting prompt gets its next span.
+  explicit GenerationBatch(Engine& engine, int64_t max_prefill_tokens = 0);
   ~GenerationBatch();
   GenerationBatch(const GenerationBatch&) = delete;
   GenerationBatch& operator=(const GenerationBatch&) = delete;
@@ -239,11 +242,13 @@ class GenerationBatch {
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
   std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id
   std::vector<std::pair<int64_t, GenerateResult>> finished_;
+  const int64_t max_prefill_tokens_;
   int64_t next_id_ = 0;
   int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;
+  std::vector<int64_t> prefill_lengths_;  // the span each forwards this step
   std::vector<DecodeSlot*> slots_;
   std::vector<int64_t> done_;
   std::vector<std::pair<Decoder*, std::vector<DecodeSlot*>>> shared_;  // steps riding on the prefill forward

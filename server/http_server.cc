@@ -227,6 +227,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   if (options.http_threads < 1) return absl::InvalidArgumentError("serve: http_threads must be >= 1");
   if (options.scheduler.max_batch < 1) return absl::InvalidArgumentError("serve: max_batch must be >= 1");
   if (options.scheduler.max_queue < 0) return absl::InvalidArgumentError("serve: max_queue must be >= 0");
+  if (options.scheduler.max_prefill_tokens < 0) {
+    return absl::InvalidArgumentError("serve: max_prefill_tokens must be >= 0");
+  }
   auto impl = std::make_unique<Impl>(engine, std::move(options));
   Impl& s = *impl;
   const int threads = s.options.http_threads;

@@ -22,7 +22,7 @@ nlohmann::json SchedulerStats::ToJson() const {
 }
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
-    : engine_(engine), options_(options), batch_(std::make_unique<GenerationBatch>(engine)) {
+    : engine_(engine), options_(options), batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -107,7 +107,7 @@ void Scheduler::Loop() {
     if (absl::Status step = batch_->Step(); !step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
       FailAll(running, step);
-      batch_ = std::make_unique<GenerationBatch>(engine_);
+      batch_ = std::make_unique<GenerationBatch>(engine_, options_.max_prefill_tokens);
       continue;
     }
     std::vector<std::pair<int64_t, GenerateResult>> finished = batch_->TakeFinished();

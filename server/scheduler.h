@@ -22,6 +22,7 @@ namespace oryx::server {
 struct SchedulerOptions {
   int64_t max_batch = 32;   // requests in the batch (prefilling or decoding) at most
   int64_t max_queue = 256;  // requests waiting for a place in the batch at most; more are refused
+  int64_t max_prefill_tokens = 0;  // prompt tokens per batch step at most (GenerationBatch); 0: no bound
 };
 
 // Counters since the scheduler started, and the current load.

@@ -101,6 +101,7 @@ if [[ " ${commands[*]} " == *" serve "* ]]; then
   expect 2 "serve: missing --model" -- serve --port 0
   expect 2 "serve: port out of range" -- serve --model x --port 70000
   expect 2 "serve: zero batch" -- serve --model x --max-batch 0
+  expect 2 "serve: negative prefill budget" -- serve --model x --max-prefill-tokens -1
   expect 1 "serve: missing model" -- serve --model "$TMP/no-model" --port 0
   if [[ -n "${M:-}" ]]; then
     # A server starts, says where it listens, refuses a second server on its port, and stops cleanly on

@@ -222,10 +222,15 @@ class CountingBackend final : public Backend {
   SequenceState NewSequence() const override { return inner_->NewSequence(); }
   absl::Status Forward(std::span<const ForwardItem> batch) override {
     ++forwards;
-    for (const ForwardItem& item : batch) rows += static_cast<int64_t>(item.tokens.size());
+    int64_t prompt_rows = 0;
+    for (const ForwardItem& item : batch) {
+      rows += static_cast<int64_t>(item.tokens.size());
+      if (item.tokens.size() > 1) prompt_rows += static_cast<int64_t>(item.tokens.size());
+    }
+    max_prompt_rows = std::max(max_prompt_rows, prompt_rows);
     return inner_->Forward(batch);
   }
-  int64_t forwards = 0, rows = 0;
+  int64_t forwards = 0, rows = 0, max_prompt_rows = 0;  // max_prompt_rows: of spans longer than one token
 
  private:
   std::unique_ptr<Backend> inner_;
@@ -261,6 +266,38 @@ TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
     for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
   }
   ASSERT_EQ(finished.size(), 2u);
+  for (auto& [id, got] : finished) EXPECT_EQ(got.tokens, engine_->Generate(qs[id])->tokens) << "request " << id;
+}
+
+// With a prefill token budget, a step forwards at most that many prompt tokens (the prompts added first
+// take it), and every request still gets what it gets alone.
+TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
+  auto inner = LoadBackend(model_dir_, {"cpu", 2});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto counting = std::make_unique<CountingBackend>(std::move(*inner));
+  CountingBackend& backend = *counting;
+  auto tokenizer = Tokenizer::Load(model_dir_ + "/tokenizer.model");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  Engine engine(std::move(counting), std::move(*tokenizer));
+  GenerationBatch batch(engine, /*max_prefill_tokens=*/5);
+  std::vector<GenerateRequest> qs = {Request("one two three four five six", 6), Request("seven eight nine ten", 6),
+                                     Request("eleven", 6)};
+  qs[2].policy = "linear";
+  for (const GenerateRequest& q : qs) ASSERT_TRUE(batch.Add(q).ok());
+  int64_t prompt_tokens = 0;
+  for (const GenerateRequest& q : qs) prompt_tokens += 1 + static_cast<int64_t>(engine.tokenizer()->Encode(q.prompt).size());
+  ASSERT_GT(prompt_tokens, 10);  // the prompts need at least three steps of 5
+  std::vector<std::pair<int64_t, GenerateResult>> finished;
+  int64_t first_token_step = -1;
+  for (int64_t step = 0; batch.active() > 0; ++step) {
+    ASSERT_LT(step, 100);
+    ASSERT_TRUE(batch.Step().ok());
+    if (first_token_step < 0 && batch.decoding() + static_cast<int64_t>(finished.size()) == 3) first_token_step = step;
+    for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
+  }
+  EXPECT_LE(backend.max_prompt_rows, 5);
+  EXPECT_GE(first_token_step, (prompt_tokens + 4) / 5 - 1);  // the last prompt is through no sooner
+  ASSERT_EQ(finished.size(), 3u);
   for (auto& [id, got] : finished) EXPECT_EQ(got.tokens, engine_->Generate(qs[id])->tokens) << "request " << id;
 }
 
