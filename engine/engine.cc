@@ -346,8 +346,14 @@ void GenerationBatch::EmitStep(std::span<DecodeSlot* const> slots) {
   for (int64_t id : done_) Finish(id);
 }
 
-absl::Status GenerationBatch::Step() {
-  Backend& backend = *engine_.backend_;
+void GenerationBatch::DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots) {
+  slots.clear();
+  for (auto& [id, r] : active_) {
+    if (r->decoder == decoder && r->decoding()) slots.push_back(&r->slot);
+  }
+}
+
+void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
   prefilling_.clear();
   for (auto& [id, r] : active_) {
     if (!r->decoding()) prefilling_.push_back(r.get());
@@ -362,63 +368,63 @@ absl::Status GenerationBatch::Step() {
     left -= len;
   }
   prefilling_.resize(prefill_lengths_.size());
-  last_step_decoded_ = last_step_shared_ = 0;
+}
 
-  // Prefill: the next span of every prompt not yet through, all in one forward. The requests already
-  // decoding under a decoder that shares its forward take their step in it too.
+absl::Status GenerationBatch::Prefill(Backend& backend) {
   items_.clear();
-  shared_.clear();
-  if (!prefilling_.empty()) {
-    for (size_t i = 0; i < prefilling_.size(); ++i) {
-      Request* r = prefilling_[i];
-      if (r->prefilled == 0) r->prefill_start = Clock::now();
-      const int64_t n = static_cast<int64_t>(r->prompt.size());
-      const int64_t len = prefill_lengths_[i];
-      r->modes.resize(len);
-      r->decoder->PrefillModes(r->prompt, r->prefilled, r->modes);
-      CountModes(r->modes, r->result.stats);
-      const bool last = r->prefilled + len == n;
-      items_.push_back({&*r->seq, std::span(r->prompt).subspan(r->prefilled, len), r->modes,
-                        last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r->sampler : nullptr,
-                        &r->first});
-    }
-    for (auto& [name, decoder] : decoders_) {
-      if (!decoder->SharesForward()) continue;
-      std::vector<DecodeSlot*> slots;
-      for (auto& [id, r] : active_) {
-        if (r->decoder == decoder.get() && r->decoding()) slots.push_back(&r->slot);
-      }
-      if (slots.empty()) continue;
-      decoder->StepItems(slots, items_);
-      shared_.emplace_back(decoder.get(), std::move(slots));
-    }
-    ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-    done_.clear();
-    for (size_t i = 0; i < prefilling_.size(); ++i) {
-      Request& r = *prefilling_[i];
-      r.prefilled += static_cast<int64_t>(items_[i].tokens.size());
-      if (!r.decoding()) continue;
-      r.result.stats.prefill_s = Seconds(r.prefill_start);
-      r.decode_start = Clock::now();
-      if (!Emit(r, r.first)) done_.push_back(r.slot.id);
-    }
-    for (int64_t id : done_) Finish(id);
-    for (auto& [decoder, slots] : shared_) {
-      decoder->FinishStep(slots);
-      last_step_decoded_ += static_cast<int64_t>(slots.size());
-      last_step_shared_ += static_cast<int64_t>(slots.size());
-      EmitStep(slots);
-    }
+  for (size_t i = 0; i < prefilling_.size(); ++i) {
+    Request& r = *prefilling_[i];
+    if (r.prefilled == 0) r.prefill_start = Clock::now();
+    const int64_t len = prefill_lengths_[i];
+    r.modes.resize(len);
+    r.decoder->PrefillModes(r.prompt, r.prefilled, r.modes);
+    CountModes(r.modes, r.result.stats);
+    const bool last = r.prefilled + len == static_cast<int64_t>(r.prompt.size());
+    items_.push_back({&*r.seq, std::span(r.prompt).subspan(r.prefilled, len), r.modes,
+                      last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r.sampler : nullptr,
+                      &r.first});
   }
-
-  // Decode: every other decoder steps its decoding requests together (those just prefilled included).
+  // The requests already decoding under a decoder that shares its forward take their step in this one.
   for (auto& [name, decoder] : decoders_) {
-    const bool stepped = std::any_of(shared_.begin(), shared_.end(), [&](const auto& s) { return s.first == decoder.get(); });
-    if (stepped) continue;
-    slots_.clear();
-    for (auto& [id, r] : active_) {
-      if (r->decoder == decoder.get() && r->decoding()) slots_.push_back(&r->slot);
-    }
+    if (!decoder->SharesForward()) continue;
+    std::vector<DecodeSlot*> slots;
+    DecodingSlots(decoder.get(), slots);
+    if (slots.empty()) continue;
+    decoder->StepItems(slots, items_);
+    shared_.emplace_back(decoder.get(), std::move(slots));
+  }
+  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  done_.clear();
+  for (size_t i = 0; i < prefilling_.size(); ++i) {
+    Request& r = *prefilling_[i];
+    r.prefilled += prefill_lengths_[i];
+    if (!r.decoding()) continue;
+    r.result.stats.prefill_s = Seconds(r.prefill_start);
+    r.decode_start = Clock::now();
+    if (!Emit(r, r.first)) done_.push_back(r.slot.id);
+  }
+  for (int64_t id : done_) Finish(id);
+  for (auto& [decoder, slots] : shared_) {
+    decoder->FinishStep(slots);
+    last_step_decoded_ += static_cast<int64_t>(slots.size());
+    last_step_shared_ += static_cast<int64_t>(slots.size());
+    EmitStep(slots);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenerationBatch::Step() {
+  Backend& backend = *engine_.backend_;
+  last_step_decoded_ = last_step_shared_ = 0;
+  shared_.clear();
+  ChoosePrefillSpans(backend);
+  if (!prefilling_.empty()) ORYX_RETURN_IF_ERROR(Prefill(backend));
+  // Every decoder that did not step in the prefill's forward steps its decoding requests together (those
+  // just prefilled included).
+  for (auto& [name, decoder] : decoders_) {
+    const Decoder* d = decoder.get();
+    if (std::any_of(shared_.begin(), shared_.end(), [d](const auto& s) { return s.first == d; })) continue;
+    DecodingSlots(d, slots_);
     if (slots_.empty()) continue;
     last_step_decoded_ += static_cast<int64_t>(slots_.size());
     ORYX_RETURN_IF_ERROR(decoder->Step(backend, slots_));

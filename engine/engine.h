@@ -237,6 +237,12 @@ class GenerationBatch {
   bool Emit(Request& r, int32_t token);
   // Emits the tokens a decoder step left in the slots, finishing the requests that end.
   void EmitStep(std::span<DecodeSlot* const> slots);
+  // The decoding requests of `decoder`, in the order they were added.
+  void DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots);
+  // The prompts this step prefills (prefilling_) and the span of each (prefill_lengths_).
+  void ChoosePrefillSpans(const Backend& backend);
+  // Forwards those spans, with the steps of the decoders that share the forward; emits what they produced.
+  absl::Status Prefill(Backend& backend);
   void Finish(int64_t id);
   Engine& engine_;
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
