@@ -236,16 +236,25 @@ class CountingBackend final : public Backend {
   std::unique_ptr<Backend> inner_;
 };
 
+// The test model on a CountingBackend, which *counted points to; nothing when it cannot be loaded.
+std::optional<Engine> CountingEngine(const std::string& model_dir, CountingBackend** counted) {
+  auto inner = LoadBackend(model_dir, {"cpu", 2});
+  auto tokenizer = Tokenizer::Load(model_dir + "/tokenizer.model");
+  EXPECT_TRUE(inner.ok() && tokenizer.ok()) << inner.status() << tokenizer.status();
+  if (!inner.ok() || !tokenizer.ok()) return std::nullopt;
+  auto backend = std::make_unique<CountingBackend>(std::move(*inner));
+  *counted = backend.get();
+  return Engine(std::move(backend), std::move(*tokenizer));
+}
+
 // A prompt that joins while others decode is prefilled in the same forward as their decode step: one pass
 // over the weights for both, and the same tokens as each request alone.
 TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
-  auto inner = LoadBackend(model_dir_, {"cpu", 2});
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  auto counting = std::make_unique<CountingBackend>(std::move(*inner));
-  CountingBackend& backend = *counting;
-  auto tokenizer = Tokenizer::Load(model_dir_ + "/tokenizer.model");
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  Engine engine(std::move(counting), std::move(*tokenizer));
+  CountingBackend* counted = nullptr;
+  std::optional<Engine> counting = CountingEngine(model_dir_, &counted);
+  ASSERT_TRUE(counting.has_value());
+  Engine& engine = *counting;
+  CountingBackend& backend = *counted;
   GenerationBatch batch(engine);
   std::vector<GenerateRequest> qs = {Request("one two", 8), Request("three four five", 5)};
   qs[1].policy = "prefill-linear";
@@ -272,13 +281,11 @@ TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
 // With a prefill token budget, a step forwards at most that many prompt tokens (the prompts added first
 // take it), and every request still gets what it gets alone.
 TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
-  auto inner = LoadBackend(model_dir_, {"cpu", 2});
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  auto counting = std::make_unique<CountingBackend>(std::move(*inner));
-  CountingBackend& backend = *counting;
-  auto tokenizer = Tokenizer::Load(model_dir_ + "/tokenizer.model");
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  Engine engine(std::move(counting), std::move(*tokenizer));
+  CountingBackend* counted = nullptr;
+  std::optional<Engine> counting = CountingEngine(model_dir_, &counted);
+  ASSERT_TRUE(counting.has_value());
+  Engine& engine = *counting;
+  CountingBackend& backend = *counted;
   GenerationBatch batch(engine, /*max_prefill_tokens=*/5);
   std::vector<GenerateRequest> qs = {Request("one two three four five six", 6), Request("seven eight nine ten", 6),
                                      Request("eleven", 6)};
