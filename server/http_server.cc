@@ -33,8 +33,8 @@ void Reply(httplib::Response& res, int status, const json& body) {
 
 void ReplyError(httplib::Response& res, const absl::Status& status) { Reply(res, HttpStatus(status), ErrorObject(status)); }
 
-// One streaming request's events, from the scheduler's thread (on_token, done) to the connection's thread
-// (the chunked content provider).
+// One streaming request's events, from the scheduler's thread (Token, Finish) to the connection's thread
+// (WaitForFirst, then WriteTo as httplib's chunked content provider).
 struct EventStream {
   std::mutex mu;
   std::condition_variable ready;
@@ -45,6 +45,58 @@ struct EventStream {
   std::atomic<bool> cancelled{false};
 
   void Push(const json& j) { frames.push_back("data: " + Dump(j) + "\n\n"); }
+
+  // One chunk per token, even when its text is held back or empty (a model without a tokenizer). False once
+  // the client has gone, which ends the request.
+  bool Token(const CompletionId& id, const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    held += e.text;
+    const size_t n = CompleteUtf8Prefix(held);
+    Push(CompletionChunk(id, std::string_view(held).substr(0, n), nullptr, e.token));
+    held.erase(0, n);
+    ready.notify_one();
+    return !cancelled.load();
+  }
+
+  void Finish(const CompletionId& id, const absl::StatusOr<GenerateResult>& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (r.ok()) {
+      Push(CompletionChunk(id, held, &*r, -1));  // anything held back goes out, made valid
+    } else {
+      error = r.status();
+      Push(ErrorObject(r.status()));
+    }
+    frames.push_back("data: [DONE]\n\n");
+    finished = true;
+    ready.notify_one();
+  }
+
+  // Waits for the first event: OK, or the error of a request that ended before producing anything.
+  absl::Status WaitForFirst() {
+    std::unique_lock<std::mutex> lock(mu);
+    ready.wait(lock, [&] { return !frames.empty() || finished; });
+    return !error.ok() && frames.size() == 2 ? error : absl::OkStatus();  // the error frame and [DONE] only
+  }
+
+  // Writes the frames so far (waiting for one); false when the client has gone.
+  bool WriteTo(httplib::DataSink& sink) {
+    std::deque<std::string> out;
+    bool last = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      ready.wait(lock, [&] { return !frames.empty() || finished; });
+      out.swap(frames);
+      last = finished;
+    }
+    for (const std::string& frame : out) {
+      if (!sink.write(frame.data(), frame.size())) {
+        cancelled = true;  // the request stops at its next token
+        return false;
+      }
+    }
+    if (last) sink.done();
+    return true;
+  }
 };
 
 }  // namespace
@@ -159,28 +211,10 @@ void HttpServer::Impl::Completion(const httplib::Request& req, httplib::Response
 void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival,
                               httplib::Response& res) {
   auto events = std::make_shared<EventStream>();
-  request.generate.on_token = [events, id](const TokenEvent& e) {
-    std::lock_guard<std::mutex> lock(events->mu);
-    // One chunk per token, even when its text is held back or empty (a model without a tokenizer).
-    events->held += e.text;
-    const size_t n = CompleteUtf8Prefix(events->held);
-    events->Push(CompletionChunk(id, std::string_view(events->held).substr(0, n), nullptr, e.token));
-    events->held.erase(0, n);
-    events->ready.notify_one();
-    return !events->cancelled.load();
-  };
+  request.generate.on_token = [events, id](const TokenEvent& e) { return events->Token(id, e); };
   auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
     Log(id, r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
-    std::lock_guard<std::mutex> lock(events->mu);
-    if (r.ok()) {
-      events->Push(CompletionChunk(id, events->held, &*r, -1));  // anything held back goes out, made valid
-    } else {
-      events->error = r.status();
-      events->Push(ErrorObject(r.status()));
-    }
-    events->frames.push_back("data: [DONE]\n\n");
-    events->finished = true;
-    events->ready.notify_one();
+    events->Finish(id, r);
   };
   if (absl::Status s = scheduler.Submit(std::move(request.generate), std::move(done)); !s.ok()) {
     Log(id, HttpStatus(s), true, s, arrival);
@@ -188,32 +222,10 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   }
   // The status line goes out with the first token. A request that fails before it (one the engine refuses:
   // an over-long prompt, an unknown policy) gets its error status, as without streaming.
-  {
-    std::unique_lock<std::mutex> lock(events->mu);
-    events->ready.wait(lock, [&] { return !events->frames.empty() || events->finished; });
-    if (!events->error.ok() && events->frames.size() == 2) return ReplyError(res, events->error);  // error, [DONE]
-  }
+  if (absl::Status refused = events->WaitForFirst(); !refused.ok()) return ReplyError(res, refused);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [events](size_t, httplib::DataSink& sink) {
-        std::deque<std::string> frames;
-        bool finished = false;
-        {
-          std::unique_lock<std::mutex> lock(events->mu);
-          events->ready.wait(lock, [&] { return !events->frames.empty() || events->finished; });
-          frames.swap(events->frames);
-          finished = events->finished;
-        }
-        for (const std::string& frame : frames) {
-          if (!sink.write(frame.data(), frame.size())) {
-            events->cancelled = true;  // the client has gone: the request stops at its next token
-            return false;
-          }
-        }
-        if (finished) sink.done();
-        return true;
-      },
+      "text/event-stream", [events](size_t, httplib::DataSink& sink) { return events->WriteTo(sink); },
       [events](bool success) {
         if (!success) events->cancelled = true;
       });
