@@ -5,9 +5,9 @@
 //   GET  /v1/models        the served model
 //   GET  /health           {"status": "ok"}
 //   GET  /stats            the scheduler's counters and load (SchedulerStats)
-// Errors are JSON ({"error": {"message", "type", "code"}}) with status 400 (bad request), 404 (no such
-// route), 503 (queue full, shutting down, no device memory) or 500. A client that drops a stream cancels
-// its request at the next token.
+// Errors are JSON ({"error": {"message", "type", "code"}}) with status 400 (bad request, streamed or not),
+// 404 (no such route), 413 (a body over 16 MiB), 503 (queue full, shutting down, no device memory) or 500.
+// A client that drops a stream cancels its request at the next token.
 #pragma once
 
 #include <memory>
