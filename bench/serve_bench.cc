@@ -97,7 +97,8 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
     // The last chunk before [DONE] carries the usage and the statistics.
     const size_t end = body.rfind("\n\ndata: [DONE]");
     const size_t start = end == std::string::npos ? end : body.rfind("data: ", end);
-    const json last = start == std::string::npos ? json() : json::parse(body.substr(start + 6, end - start - 6), nullptr, false);
+    const json last =
+        start == std::string::npos ? json() : json::parse(body.substr(start + 6, end - start - 6), nullptr, false);
     if (!last.is_object() || !last.contains("usage")) {
       s.error = "no usage at the end of the stream: " + body.substr(body.size() > 300 ? body.size() - 300 : 0);
     } else {
@@ -159,7 +160,8 @@ std::vector<Sample> RunOpenLoop(int port, const ServeBenchOptions& o, double rat
   tasks::Rng rng(seed);
   Clock::time_point at = Clock::now();
   for (size_t i = 0; i < prompts.size(); ++i) {
-    at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(-std::log(1 - rng.UniformDouble()) / rate));
+    const double gap_s = -std::log(1 - rng.UniformDouble()) / rate;  // exponential: a Poisson process
+    at += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap_s));
     std::this_thread::sleep_until(at);
     threads.emplace_back([&, i] {
       httplib::Client client("127.0.0.1", port);
@@ -176,7 +178,9 @@ std::vector<Sample> RunOpenLoop(int port, const ServeBenchOptions& o, double rat
 absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   if (o.concurrency.empty() && o.rates.empty()) return absl::InvalidArgumentError("bench serve: no load levels");
   for (double r : o.rates) {
-    if (!(r > 0 && r <= 1e5)) return absl::InvalidArgumentError(Cat("bench serve: arrival rate ", r, " is not in (0, 1e5]"));
+    if (!(r > 0 && r <= 1e5)) {
+      return absl::InvalidArgumentError(Cat("bench serve: arrival rate ", r, " is not in (0, 1e5]"));
+    }
   }
   const bool open_loop = !o.rates.empty();
   if (o.prompt_tokens < 1 || o.max_tokens < 1) {

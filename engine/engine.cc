@@ -254,7 +254,9 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
                                           c.max_position - 1, " so that at least one token can be generated"));
   }
   for (int32_t t : r->prompt) {
-    if (t < 0 || t >= c.vocab_size) return absl::InvalidArgumentError(Cat("prompt token id ", t, " outside the vocabulary"));
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(Cat("prompt token id ", t, " outside the vocabulary"));
+    }
   }
   if (q.max_tokens < 1) return absl::InvalidArgumentError(Cat("max_tokens must be >= 1, got ", q.max_tokens));
   ORYX_RETURN_IF_ERROR(ValidateSampling(q.sampling));
@@ -316,7 +318,8 @@ bool GenerationBatch::Emit(Request& r, int32_t token) {
   r.slot.pending = token;
   r.slot.remaining = r.request.max_tokens - out.stats.generated_tokens;
   // A sequence holds at most max_position tokens, the last generated one included.
-  if (r.slot.remaining <= 0 || r.slot.prompt_len + out.stats.generated_tokens >= engine_.backend_->config().max_position) {
+  const int64_t max_position = engine_.backend_->config().max_position;
+  if (r.slot.remaining <= 0 || r.slot.prompt_len + out.stats.generated_tokens >= max_position) {
     out.finish_reason = FinishReason::kLength;
     return false;
   }

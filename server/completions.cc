@@ -194,7 +194,10 @@ int HttpStatus(const absl::Status& status) {
 
 nlohmann::json ErrorObject(const absl::Status& status) {
   const int code = HttpStatus(status);
-  const char* type = code == 400 ? "invalid_request_error" : code == 404 ? "not_found" : code == 503 ? "unavailable" : "server_error";
+  const char* type = code == 400   ? "invalid_request_error"
+                     : code == 404 ? "not_found"
+                     : code == 503 ? "unavailable"
+                                   : "server_error";
   return {{"error", {{"message", std::string(status.message())}, {"type", type}, {"code", code}}}};
 }
 

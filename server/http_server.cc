@@ -31,7 +31,9 @@ void Reply(httplib::Response& res, int status, const json& body) {
   res.set_content(Dump(body), "application/json");
 }
 
-void ReplyError(httplib::Response& res, const absl::Status& status) { Reply(res, HttpStatus(status), ErrorObject(status)); }
+void ReplyError(httplib::Response& res, const absl::Status& status) {
+  Reply(res, HttpStatus(status), ErrorObject(status));
+}
 
 // One streaming request's events, from the scheduler's thread (Token, Finish) to the connection's thread
 // (WaitForFirst, then WriteTo as httplib's chunked content provider).
@@ -149,9 +151,8 @@ void HttpServer::Impl::Routes() {
     } else {
       message = Cat("HTTP status ", res.status);
     }
-    res.set_content(Dump({{"error", {{"message", message}, {"type", res.status < 500 ? "invalid_request_error" : "server_error"},
-                                     {"code", res.status}}}}),
-                    "application/json");
+    const char* type = res.status < 500 ? "invalid_request_error" : "server_error";
+    res.set_content(Dump({{"error", {{"message", message}, {"type", type}, {"code", res.status}}}}), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
     std::string what = "unknown exception";
@@ -196,9 +197,8 @@ void HttpServer::Impl::Completion(const httplib::Request& req, httplib::Response
   if (parsed->stream) return Stream(std::move(*parsed), id, arrival, res);
   auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
   std::future<absl::StatusOr<GenerateResult>> future = promise->get_future();
-  if (absl::Status s = scheduler.Submit(std::move(parsed->generate),
-                                        [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); });
-      !s.ok()) {
+  auto done = [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); };
+  if (absl::Status s = scheduler.Submit(std::move(parsed->generate), std::move(done)); !s.ok()) {
     Log(id, HttpStatus(s), false, s, arrival);
     return ReplyError(res, s);
   }

@@ -22,7 +22,9 @@ nlohmann::json SchedulerStats::ToJson() const {
 }
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
-    : engine_(engine), options_(options), batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
+    : engine_(engine),
+      options_(options),
+      batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
