@@ -3,9 +3,11 @@
 // policy and streaming callback, and a result with the statistics users and benchmarks read.
 //
 // How decoding proceeds is a Decoder, chosen per request by policy name from a PolicyRegistry: the engine
-// prefills every prompt (in the modes the decoder asks for), samples each first token, then calls the
-// decoders' Step until every request is finished. The built-in decoder runs one token per step in the
-// mode its ModePolicy gives; speculative/ registers the speculative decoders (a layer above the engine).
+// prefills each prompt (in the modes the decoder asks for), samples its first token, then calls the
+// decoders' Step until the request is finished. The built-in decoder runs one token per step in the mode
+// its ModePolicy gives; speculative/ registers the speculative decoders (a layer above the engine).
+// GenerationBatch does this for requests that come and go (continuous batching, a server's loop);
+// Engine::Generate is one such batch with all its requests added at once.
 #pragma once
 
 #include <cstdint>
