@@ -14,7 +14,6 @@
 #include "policies/task_episodes.h"
 #include "router/cost_model.h"
 #include "router/router.h"
-#include "speculative/speculative.h"
 #include "tasks/task_mix.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -123,8 +122,7 @@ absl::StatusOr<Total> ScoreByTeacherForcing(Engine& engine, const std::vector<ta
 
 absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
-  speculative::RegisterPolicies(engine.policies());
-  policies::RegisterPolicies(engine.policies());
+  policies::RegisterAllPolicies(engine.policies());
   if (!engine.tokenizer()) return absl::InvalidArgumentError("bench router: the model has no tokenizer");
   const ModelConfig& c = engine.backend().config();
   for (const std::string& p : o.policies) ORYX_RETURN_IF_ERROR(engine.policies().Make(p).status());

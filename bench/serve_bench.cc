@@ -16,7 +16,6 @@
 #include "httplib.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
-#include "speculative/speculative.h"
 #include "tasks/rng.h"
 #include "train/shards.h"
 #ifdef ORYX_HAVE_CUDA
@@ -188,8 +187,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   }
   std::string model;
   ORYX_ASSIGN_OR_RETURN(Engine engine, MakeEngine(o, &model));
-  speculative::RegisterPolicies(engine.policies());
-  policies::RegisterPolicies(engine.policies());
+  policies::RegisterAllPolicies(engine.policies());
   const ModelConfig& c = engine.backend().config();
   if (o.prompt_tokens + o.max_tokens > c.max_position) {
     return absl::InvalidArgumentError(Cat("bench serve: ", o.prompt_tokens, " prompt + ", o.max_tokens,

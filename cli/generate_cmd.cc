@@ -10,7 +10,6 @@
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "policies/rule_policies.h"
-#include "speculative/speculative.h"
 
 namespace oryx::cli {
 
@@ -88,8 +87,7 @@ int RunGenerate(const Args& args) {
     request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
-    speculative::RegisterPolicies(engine.policies());
-    policies::RegisterPolicies(engine.policies());
+    policies::RegisterAllPolicies(engine.policies());
     if (!json) {
       request.on_token = [](const TokenEvent& e) {
         std::fwrite(e.text.data(), 1, e.text.size(), stdout);

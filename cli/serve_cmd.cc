@@ -13,7 +13,6 @@
 #include "engine/status_macros.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
-#include "speculative/speculative.h"
 
 namespace oryx::cli {
 
@@ -57,8 +56,7 @@ int RunServe(const Args& args) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
-    speculative::RegisterPolicies(engine.policies());
-    policies::RegisterPolicies(engine.policies());
+    policies::RegisterAllPolicies(engine.policies());
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;
     o.scheduler.max_queue = max_queue;

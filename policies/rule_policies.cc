@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "engine/str_cat.h"
 #include "policies/learned_policy.h"
+#include "speculative/speculative.h"
 #include "tasks/rng.h"
 
 namespace oryx::policies {
@@ -64,6 +65,11 @@ void RegisterPolicies(PolicyRegistry& registry) {
   registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
   registry.Register("random", "random:FRACTION", MakeRulePolicy);
   registry.Register("learned", "learned:PATH", MakeLearnedPolicy);
+}
+
+void RegisterAllPolicies(PolicyRegistry& registry) {
+  speculative::RegisterPolicies(registry);
+  RegisterPolicies(registry);
 }
 
 }  // namespace oryx::policies

@@ -51,5 +51,8 @@ class RandomRouter final : public router::Router {
 // Parses entropy:TAU, budget:FRACTION and random:FRACTION; InvalidArgument naming the policy for anything else.
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);
 void RegisterPolicies(PolicyRegistry& registry);
+// Every policy `oryx generate` and `oryx serve` take: speculative/'s (speculative[:K], speculative:ngram[:K])
+// and these, beside the engine's built-in ones.
+void RegisterAllPolicies(PolicyRegistry& registry);
 
 }  // namespace oryx::policies
