@@ -192,13 +192,16 @@ int HttpStatus(const absl::Status& status) {
   }
 }
 
+nlohmann::json ErrorObject(std::string_view message, int http_status) {
+  const char* type = http_status == 404   ? "not_found"
+                     : http_status == 503 ? "unavailable"
+                     : http_status < 500  ? "invalid_request_error"
+                                          : "server_error";
+  return {{"error", {{"message", message}, {"type", type}, {"code", http_status}}}};
+}
+
 nlohmann::json ErrorObject(const absl::Status& status) {
-  const int code = HttpStatus(status);
-  const char* type = code == 400   ? "invalid_request_error"
-                     : code == 404 ? "not_found"
-                     : code == 503 ? "unavailable"
-                                   : "server_error";
-  return {{"error", {{"message", std::string(status.message())}, {"type", type}, {"code", code}}}};
+  return ErrorObject(std::string_view(status.message().data(), status.message().size()), HttpStatus(status));
 }
 
 std::string Dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

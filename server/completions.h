@@ -44,8 +44,9 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 // whole "oryx" part of CompletionObject.
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
                                int32_t token);
-// {"error": {"message", "type", "code"}}.
-nlohmann::json ErrorObject(const absl::Status& status);
+// {"error": {"message", "type", "code"}}: the code is the HTTP status, the type follows from it.
+nlohmann::json ErrorObject(std::string_view message, int http_status);
+nlohmann::json ErrorObject(const absl::Status& status);  // with HttpStatus(status)
 // 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 500 otherwise.
 int HttpStatus(const absl::Status& status);
 // JSON text with invalid UTF-8 (a token may end inside a character) replaced by U+FFFD, never an exception.

@@ -151,8 +151,7 @@ void HttpServer::Impl::Routes() {
     } else {
       message = Cat("HTTP status ", res.status);
     }
-    const char* type = res.status < 500 ? "invalid_request_error" : "server_error";
-    res.set_content(Dump({{"error", {{"message", message}, {"type", type}, {"code", res.status}}}}), "application/json");
+    res.set_content(Dump(ErrorObject(message, res.status)), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
     std::string what = "unknown exception";
