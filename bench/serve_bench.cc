@@ -95,9 +95,9 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
   } else {
     // The last chunk before [DONE] carries the usage and the statistics.
     const size_t end = body.rfind("\n\ndata: [DONE]");
-    const size_t start = end == std::string::npos ? end : body.rfind("data: ", end);
+    const size_t from = end == std::string::npos ? end : body.rfind("data: ", end);
     const json last =
-        start == std::string::npos ? json() : json::parse(body.substr(start + 6, end - start - 6), nullptr, false);
+        from == std::string::npos ? json() : json::parse(body.substr(from + 6, end - from - 6), nullptr, false);
     if (!last.is_object() || !last.contains("usage")) {
       s.error = "no usage at the end of the stream: " + body.substr(body.size() > 300 ? body.size() - 300 : 0);
     } else {
