@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "engine/json_text.h"
 #endif
 
 namespace {
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
     r["machine"] = oryx::bench::MachineInfo();
     r["git"] = oryx::bench::GitRevision();
     r["time"] = oryx::bench::UtcTimestamp();
-    std::cout << r.dump() << "\n";
+    std::cout << oryx::JsonText(r) << "\n";
   }
   return 0;
 }

@@ -68,7 +68,8 @@ ModelConfig DecodeBenchConfig(int64_t max_position) {
   return c;
 }
 
-absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed) {
+absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed,
+                                   const std::string& tokenizer_path) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 0.02f);
   std::vector<HostTensor> tensors;
@@ -79,6 +80,7 @@ absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& co
     for (float& v : values) v = normal(rng);
     tensors.push_back(MakeHostTensor(spec.name, spec.shape, values, DType::kF32));
   }
+  if (!tokenizer_path.empty()) return WriteCheckpoint(dir, config, Views(tensors), kDefaultMaxShardBytes, tokenizer_path);
   const std::string tok = dir + ".tokenizer";
   ORYX_RETURN_IF_ERROR(WriteFileAtomic(tok, "random-weight benchmark model: no tokenizer"));
   absl::Status s = WriteCheckpoint(dir, config, Views(tensors), kDefaultMaxShardBytes, tok);

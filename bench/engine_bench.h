@@ -25,8 +25,10 @@ using Emit = std::function<void(const nlohmann::json&)>;
 // MLP 1408, vocab 8192, tied embeddings, mamba2.
 ModelConfig DecodeBenchConfig(int64_t max_position);
 
-// Writes a checkpoint of `config` with small random weights (for timing only) into `dir`.
-absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed);
+// Writes a checkpoint of `config` with small random weights (for timing, and for tests of what any model
+// may emit) into `dir`, with the given tokenizer (or, when empty, a placeholder file: no text).
+absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed,
+                                   const std::string& tokenizer_path = "");
 
 // Seconds per decode step of LibTorch's token-by-token reference at (mode, context, batch), or nothing.
 using ReferenceTimer = std::function<std::optional<double>(Mode mode, int64_t context, int64_t batch)>;

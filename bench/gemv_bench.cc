@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/stream.h"
+#include "engine/json_text.h"
 
 namespace {
 
@@ -168,7 +169,7 @@ int main(int argc, char** argv) {
     for (auto& r : Run(o)) {
       r["git"] = oryx::bench::GitRevision();
       r["time"] = oryx::bench::UtcTimestamp();
-      std::cout << r.dump() << "\n";
+      std::cout << oryx::JsonText(r) << "\n";
     }
     return absl::OkStatus();
   });

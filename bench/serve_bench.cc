@@ -21,6 +21,7 @@
 #ifdef ORYX_HAVE_CUDA
 #include "bench/cuda_bench.h"
 #include "engine/cuda_backend.h"
+#include "engine/json_text.h"
 #endif
 
 namespace oryx::bench {
@@ -71,8 +72,8 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
   req.method = "POST";
   req.path = "/v1/completions";
   req.set_header("Content-Type", "application/json");
-  req.body = json{{"prompt", prompt}, {"max_tokens", o.max_tokens}, {"ignore_eos", true}, {"stream", true},
-                  {"policy", o.policy}}.dump();
+  req.body = JsonText(json{{"prompt", prompt}, {"max_tokens", o.max_tokens}, {"ignore_eos", true}, {"stream", true},
+                  {"policy", o.policy}});
   std::string body;
   const Clock::time_point start = Clock::now();
   std::vector<double> frame_s;  // when each event frame ("data: ...\n\n") was complete

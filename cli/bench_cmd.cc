@@ -1,4 +1,4 @@
-// `oryx bench decode|spec`: the engine's benchmarks (bench/engine_bench.h). JSON lines with --json (one
+// `oryx bench decode|spec|cost|router|serve`: the engine's benchmarks (bench/engine_bench.h). JSON lines with --json (one
 // object per measured point), a table otherwise; --out also writes the JSON lines to a file atomically.
 #include <cmath>
 #include <cstdio>
@@ -20,6 +20,7 @@
 #endif
 #ifdef ORYX_HAVE_SERVER
 #include "bench/serve_bench.h"
+#include "engine/json_text.h"
 #endif
 
 namespace oryx::cli {
@@ -33,9 +34,9 @@ struct Output {
   std::string lines;
   std::function<void(const nlohmann::json&)> row;
   void Emit(const nlohmann::json& j) {
-    lines += j.dump() + "\n";
+    lines += JsonText(j) + "\n";
     if (json) {
-      std::cout << j.dump() << std::endl;
+      std::cout << JsonText(j) << std::endl;
     } else {
       row(j);
     }
@@ -49,11 +50,11 @@ int RunBench(const Args& args) {
   static const char* kUsage =
       "usage: oryx bench <decode|spec|cost|router|serve> [flags]\n\n"
       "  decode   prefill and decode tokens/s by mode, batch and context, against the memory-bandwidth\n"
-      "           roofline (and LibTorch's token-by-token decode in LibTorch builds)\n"
+      "           roofline (beside LibTorch's token-by-token decode when run as oryx-torch bench decode)\n"
       "  spec     speculative decoding against attention-mode decoding on a trained model\n"
       "  cost     calibrate the router's cost model and measure its error on held-out span shapes\n"
       "  router   retrieval accuracy against attention-token fraction for routing policies\n"
-      "  serve    the HTTP server under load: throughput and latency by number of concurrent clients\n\n"
+      "  serve    the HTTP server under load: throughput and latency by concurrent clients or arrival rate\n\n"
       "Run 'oryx bench <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
@@ -75,11 +76,12 @@ int RunBench(const Args& args) {
     bench::DecodeBenchOptions o;
     int64_t reference_max_context = 1024;
     FlagSet f("oryx bench decode [--model DIR] [--batches 1,4,16] [--contexts 256,1024,4096,8192] [--json]",
-              "Decode and prefill throughput of the CPU engine by mode, batch and context. Each point carries\n"
+              "Decode and prefill throughput of the engine (CPU, or CUDA with --device cuda) by mode, batch and context. Each point carries\n"
               "its fraction of the memory-bandwidth roofline (bytes a decode step must move over the read\n"
-              "bandwidth of a buffer that size, measured in the same run) and, in LibTorch builds, its speedup over the LibTorch\n"
-              "model's token-by-token decode. Without --model: random weights of a 19M-parameter config.");
-    f.String("model", &o.model_dir, "model directory (default: random weights, d512 L4 H8x64 F1408 V8192)");
+              "bandwidth of a buffer that size, measured in the same run) and, run as `oryx-torch bench decode`,\n"
+              "its speedup over the LibTorch model's token-by-token decode. Without --model: random weights of a\n"
+              "19M-parameter config.");
+    f.String("model", &o.model_dir, "model directory (default: random weights; cpu: d512 L4 H8x64 F1408 V8192, cuda: --config)");
     add_common(f);
     f.Int("steps", &o.steps, "timed decode steps per point", 2, 10000);
     f.Int("reference-max-context", &reference_max_context,
@@ -158,7 +160,7 @@ int RunBench(const Args& args) {
           return;
         }
         if (!j.contains("decode_ms_per_step")) {  // prefill and skipped points (cuda): the line itself
-          std::printf("%s\n", j.dump().c_str());
+          std::printf("%s\n", JsonText(j).c_str());
           return;
         }
         if (header) {

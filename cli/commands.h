@@ -21,4 +21,13 @@ int RunTrain(const Args& args);      // oryx train ... (needs LibTorch)
 int RunTrainRouter(const Args& args);  // oryx train-router ... (needs LibTorch)
 #endif
 
+// The commands that need LibTorch (train, train-router, eval on the LibTorch reference, bench decode's
+// LibTorch comparison) live in a second binary, oryx-torch, beside oryx: oryx itself loads no LibTorch, so
+// that it starts in milliseconds and generates in a small fraction of LibTorch's memory. This replaces the
+// process with `oryx-torch COMMAND ARGS...` and returns only on failure (with an error printed).
+int ExecTorchBinary(const std::string& command, const Args& args);
+
+// Whether args hold `--NAME VALUE` or `--NAME=VALUE`.
+bool HasFlagValue(const Args& args, const std::string& name, const std::string& value);
+
 }  // namespace oryx::cli

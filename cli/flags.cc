@@ -145,17 +145,51 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// One flag's row of the help: the flag in a column of kHelpColumn characters (on a line of its own when it is
+// wider), then the text wrapped at kHelpWidth with continuation lines under its start. The text's own line
+// breaks are kept; the indentation after them is replaced by the column's.
+constexpr size_t kHelpColumn = 27, kHelpWidth = 120;
+
+void AppendHelpRow(std::string& out, std::string left, const std::string& text) {
+  if (left.size() + 1 > kHelpColumn) {
+    absl::StrAppend(&out, left, "\n");
+    left.clear();
+  }
+  left.resize(kHelpColumn, ' ');
+  std::string line = left;
+  bool line_has_words = false;
+  for (absl::string_view paragraph : absl::StrSplit(text, '\n')) {
+    if (line_has_words) {
+      absl::StrAppend(&out, line, "\n");
+      line = std::string(kHelpColumn, ' ');
+      line_has_words = false;
+    }
+    for (absl::string_view word : absl::StrSplit(paragraph, ' ', absl::SkipEmpty())) {
+      if (line_has_words && line.size() + 1 + word.size() > kHelpWidth) {
+        absl::StrAppend(&out, line, "\n");
+        line = std::string(kHelpColumn, ' ');
+        line_has_words = false;
+      }
+      absl::StrAppend(&line, line_has_words ? " " : "", word);
+      line_has_words = true;
+    }
+  }
+  absl::StrAppend(&out, line, "\n");
+}
+
+}  // namespace
+
 std::string FlagSet::Help() const {
   std::string out = absl::StrCat("usage: ", usage_, "\n\n", description_, "\n\nflags:\n");
   for (const Flag& f : flags_) {
-    std::string left = absl::StrCat("  --", f.name, f.takes_value ? (f.is_list ? " V..." : " V") : "");
-    if (left.size() < 24) left.resize(24, ' ');
-    absl::StrAppend(&out, left, " ", f.help);
-    if (f.required) absl::StrAppend(&out, " (required)");
-    if (!f.default_text.empty()) absl::StrAppend(&out, " [default: ", f.default_text, "]");
-    absl::StrAppend(&out, "\n");
+    std::string text = f.help;
+    if (f.required) absl::StrAppend(&text, " (required)");
+    if (!f.default_text.empty()) absl::StrAppend(&text, " [default: ", f.default_text, "]");
+    AppendHelpRow(out, absl::StrCat("  --", f.name, f.takes_value ? (f.is_list ? " V..." : " V") : ""), text);
   }
-  absl::StrAppend(&out, "  --help                   show this help\n");
+  AppendHelpRow(out, "  --help", "show this help");
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "policies/rule_policies.h"
+#include "engine/json_text.h"
 
 namespace oryx::cli {
 
@@ -73,6 +74,10 @@ int RunGenerate(const Args& args) {
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
   return RunWithFlags(f, args, [&]() -> absl::Status {
+    if (f.was_set("prompt") && prompt.empty() && prompt_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--prompt is empty: the model continues a prompt, so give it at least one character");
+    }
     if (prompt.empty() == prompt_file.empty()) {
       return absl::InvalidArgumentError("give exactly one of --prompt and --prompt-file");
     }
@@ -97,7 +102,7 @@ int RunGenerate(const Args& args) {
     }
     ORYX_ASSIGN_OR_RETURN(GenerateResult result, engine.Generate(request));
     if (json) {
-      std::cout << ToJson(result).dump() << "\n";
+      std::cout << JsonText(ToJson(result)) << "\n";
     } else {
       std::cout << "\n";
       std::cerr << StatsLine(result) << "\n";

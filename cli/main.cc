@@ -1,4 +1,7 @@
-// The `oryx` command: dispatches to a subcommand. Lists only subcommands that work.
+// The `oryx` command (and `oryx-torch`, the same commands with LibTorch linked in): dispatches to a
+// subcommand. Lists only subcommands that work. No exception leaves main: one reaching here is a bug, reported
+// as one error line and exit code 1 rather than an abort.
+#include <exception>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,19 +18,26 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"generate", "generate text with a mode policy, speculation included", oryx::cli::RunGenerate},
-    {"eval", "perplexity by mode, task accuracy by policy (engine or LibTorch), speculation agreement",
+    {"eval", "ppl | niah | niah-multikey | passkey | mqar | agreement: perplexity by mode, retrieval by policy",
      oryx::cli::RunEval},
-    {"bench", "decode / prefill throughput against the roofline; speculative decoding speed", oryx::cli::RunBench},
+    {"bench", "decode | spec | cost | router | serve: speed against the roofline, speculation, cost model, routing,\n"
+              "                the server under load",
+     oryx::cli::RunBench},
 #ifdef ORYX_HAVE_SERVER
     {"serve", "serve a model over HTTP (OpenAI-style completions, streaming, continuous batching)",
      oryx::cli::RunServe},
 #endif
-    {"tokenizer", "train a SentencePiece BPE tokenizer (oryx tokenizer train ...)", oryx::cli::RunTokenizer},
-    {"data", "build the training corpus from Debian packages (oryx data prepare ...)", oryx::cli::RunData},
+    {"tokenizer", "train | encode | decode: a SentencePiece BPE tokenizer", oryx::cli::RunTokenizer},
+    {"data", "prepare | pack | unpack | verify | text: the training corpus from Debian packages", oryx::cli::RunData},
 #ifdef ORYX_HAVE_TORCH
     {"train", "train an Oryx model with fragmented mixed-mode training", oryx::cli::RunTrain},
     {"train-router", "train a learned routing policy (counterfactual warm start, then REINFORCE)",
      oryx::cli::RunTrainRouter},
+#elif defined(ORYX_HAVE_TORCH_BINARY)
+    {"train", "train an Oryx model with fragmented mixed-mode training (runs oryx-torch)",
+     [](const oryx::cli::Args& args) { return oryx::cli::ExecTorchBinary("train", args); }},
+    {"train-router", "train a learned routing policy (counterfactual warm start, then REINFORCE; runs oryx-torch)",
+     [](const oryx::cli::Args& args) { return oryx::cli::ExecTorchBinary("train-router", args); }},
 #endif
 };
 
@@ -52,7 +62,15 @@ int main(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
   for (const Command& c : kCommands) {
-    if (args[0] == c.name) return c.run(oryx::cli::Args(args.begin() + 1, args.end()));
+    if (args[0] != c.name) continue;
+    try {
+      return c.run(oryx::cli::Args(args.begin() + 1, args.end()));
+    } catch (const std::exception& e) {
+      std::cerr << "oryx: error: internal error in '" << c.name << "': " << e.what() << "\n";
+    } catch (...) {
+      std::cerr << "oryx: error: internal error in '" << c.name << "': unknown exception\n";
+    }
+    return 1;
   }
   std::cerr << "oryx: error: unknown command '" << args[0] << "' (run 'oryx --help' for the list)\n";
   return 2;

@@ -13,6 +13,7 @@
 #include "engine/status_macros.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
+#include "engine/json_text.h"
 
 namespace oryx::cli {
 
@@ -73,7 +74,7 @@ int RunServe(const Args& args) {
     sigwait(&stop_signals, &signal);
     std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
     http->Stop();
-    std::cerr << "oryx serve: " << http->stats().ToJson().dump() << std::endl;
+    std::cerr << "oryx serve: " << JsonText(http->stats().ToJson()) << std::endl;
     return absl::OkStatus();
   });
 }

@@ -13,7 +13,7 @@ int RunTrainRouter(const Args& args) {
   policies::TrainRouterOptions o;
   std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1", drafts;
   int64_t seed = static_cast<int64_t>(o.seed), threads = 0;
-  FlagSet f("oryx train-router --model DIR --out FILE [--data DIR | --haystack FILE...] [--lambda L1,L2...]",
+  FlagSet f("oryx train-router --model DIR --out FILE --data DIR|--haystack FILE... [--lambda L1,L2...]",
             "Trains a routing policy for learned:FILE. Episodes run through the engine: needle-in-a-haystack\n"
             "(the prompt routed in segments, the answer generated greedily), text (held-out text continued;\n"
             "quality = agreement with the all-attention continuation) and MQAR (teacher-forced; quality =\n"

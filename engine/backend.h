@@ -1,5 +1,5 @@
 // The engine's forward contract (DESIGN.md §5): the state a sequence carries, one batched forward over
-// spans of tokens with a mode per token, and the Backend interface behind which the CPU (and later CUDA)
+// spans of tokens with a mode per token, and the Backend interface behind which the CPU and CUDA
 // implementations sit. No Eigen, CUDA or LibTorch in this header.
 //
 // Dimension legend: T tokens in a span, D d_model, H heads, dh head dim, HD = H*dh, V vocab, w conv width.
@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/aligned_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config.h"
@@ -93,14 +94,16 @@ class SequenceState {
   friend absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardItem> batch,
                                            const void* device_owner);
   SequenceState(const SequenceState& other, int);  // copies the scalars only
+  // 64-byte aligned (kernels/aligned_vector.h): a forward's bits must not depend on where these lie.
+  using Floats = kernels::AlignedVector<float>;
   struct Layer {
-    std::vector<float> k;     // [position, HD]  rotated keys of every token so far
-    std::vector<float> v;     // [position, HD]
-    std::vector<float> s;     // [H, dh, dh]     recurrent state
-    std::vector<float> conv;  // [w-1, 2*HD]     the last w-1 conv inputs, oldest first
+    Floats k;     // [position, HD]  rotated keys of every token so far
+    Floats v;     // [position, HD]
+    Floats s;     // [H, dh, dh]     recurrent state
+    Floats conv;  // [w-1, 2*HD]     the last w-1 conv inputs, oldest first
     // keep_states history of the last span of T tokens:
-    std::vector<float> span_states;  // [H, T+1, dh, dh]: before the span, then after each token
-    std::vector<float> span_inputs;  // [w-1+T, 2*HD]:    the conv window before the span, then its inputs
+    Floats span_states;  // [H, T+1, dh, dh]: before the span, then after each token
+    Floats span_inputs;  // [w-1+T, 2*HD]:    the conv window before the span, then its inputs
   };
   std::vector<Layer> layers_;
   int64_t position_ = 0;

@@ -31,12 +31,13 @@ float Softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // Grows a buffer to at least n floats (never shrinks, so steady-state forwards allocate nothing).
-float* AtLeast(std::vector<float>& v, int64_t n) {
+template <typename Vector>
+float* AtLeast(Vector& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   return v.data();
 }
 
-void Append(std::vector<float>& dst, const float* src, int64_t n) { dst.insert(dst.end(), src, src + n); }
+void Append(kernels::AlignedVector<float>& dst, const float* src, int64_t n) { dst.insert(dst.end(), src, src + n); }
 
 }  // namespace
 
@@ -194,8 +195,8 @@ struct CpuBackend::Span {
 };
 
 struct CpuBackend::Scratch {
-  std::vector<float> x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
-  std::vector<std::vector<float>> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
+  Floats x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
+  std::vector<Floats> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
   std::vector<Span> spans;
 };
 
@@ -211,18 +212,23 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   const int64_t H = c.n_heads, HD = c.qk_dim();
   b->gate_width_ = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
   b->proj_width_ = 4 * HD + b->gate_width_ + HD;
-  auto get = [&](std::string_view name, std::vector<float>& out) -> absl::Status {
-    ORYX_ASSIGN_OR_RETURN(out, ckpt.TensorAsFloats(name));
+  // Each tensor is read once, so its file pages are dropped as soon as it is converted (DropTensorPages):
+  // loading then peaks at the fp32 weights plus one tensor, not plus the whole file.
+  auto get = [&](std::string_view name, Floats& out) -> absl::Status {
+    ORYX_ASSIGN_OR_RETURN(TensorView view, ckpt.Tensor(name));
+    const std::vector<float> values = TensorToFloats(view);
+    out.assign(values.begin(), values.end());
+    DropTensorPages(view);
     return absl::OkStatus();
   };
   ORYX_RETURN_IF_ERROR(get(kEmbedWeight, b->embed_));
   ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, b->final_norm_));
   if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, b->lm_head_));
   b->layers_.resize(c.n_layers);
-  std::vector<float> part;
+  Floats part;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     Layer& l = b->layers_[il];
-    auto layer = [&](std::string_view suffix, std::vector<float>& out) { return get(LayerTensorName(il, suffix), out); };
+    auto layer = [&](std::string_view suffix, Floats& out) { return get(LayerTensorName(il, suffix), out); };
     for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kOProj, &l.o_proj},
                                  {kConvWeight, &l.conv_weight}, {kConvBias, &l.conv_bias}, {kGateNorm, &l.gate_norm},
                                  {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down}}) {
@@ -237,6 +243,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
       fused.push_back(kAlphaProj);
     }
     fused.push_back(kQAttn);
+    l.in_proj.reserve(b->proj_width_ * c.d_model);  // filled part by part: no regrowth, no transient copy
+    l.mlp_in.reserve(2 * c.mlp_hidden * c.d_model);
     for (std::string_view suffix : fused) {
       ORYX_RETURN_IF_ERROR(layer(suffix, part));
       Append(l.in_proj, part.data(), static_cast<int64_t>(part.size()));
@@ -251,13 +259,17 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   return b;
 }
 
-// y[M, N] = x[M, K] W^T, split over blocks of output features on the pool.
-void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const std::vector<float>& w, int64_t n, float* y,
+// y[M, N] = x[M, K] W^T, split over panels of output features on the pool. The panels are fixed (kPanel
+// features each, whatever the number of threads) and each is one product, so an output's arithmetic depends
+// on its panel alone: which thread runs it, and how many threads there are, cannot change a bit.
+void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Floats& w, int64_t n, float* y,
                         int64_t x_stride, int64_t y_stride) {
-  constexpr int64_t kBlock = 16;
-  pool_->ParallelFor((n + kBlock - 1) / kBlock, 4, [&](int64_t b0, int64_t b1) {
-    const int64_t n0 = b0 * kBlock, n1 = std::min(n, b1 * kBlock);
-    k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, w.data() + n0 * kdim, y + n0});
+  constexpr int64_t kPanel = 64;
+  pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kPanel, n1 = std::min(n, n0 + kPanel);
+      k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, w.data() + n0 * kdim, y + n0});
+    }
   });
 }
 
@@ -399,7 +411,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
     scores = std::max<int64_t>(scores, spans[b].len * static_cast<int64_t>(st.k.capacity()) / HD);
   }
   sc.attention.resize(pool_->num_threads());
-  for (std::vector<float>& buffer : sc.attention) AtLeast(buffer, scores);
+  for (Floats& buffer : sc.attention) AtLeast(buffer, scores);
   pool_->ParallelFor(B * H, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "kernels/aligned_vector.h"
 
 namespace oryx {
 namespace kernels::cpu {
@@ -28,31 +29,32 @@ class CpuBackend final : public Backend {
   int num_threads() const;
 
  private:
+  using Floats = kernels::AlignedVector<float>;  // every kernel buffer 64-byte aligned: see aligned_vector.h
   struct Layer {
-    std::vector<float> attn_norm, mlp_norm;  // [D]
+    Floats attn_norm, mlp_norm;  // [D]
     // The input projections fused into one [P, D] matrix, rows in this order:
     //   k [HD], v [HD], q_linear [HD], g [HD], mixer gates [G], q_attn [HD]
     // where G = H (mamba2: dt) or 2H (gdn: beta, then alpha). q_attn is last so that a span without
     // attention tokens skips it by computing fewer rows.
-    std::vector<float> in_proj;
-    std::vector<float> o_proj;                 // [D, HD]
-    std::vector<float> conv_weight, conv_bias;  // [2HD, w], [2HD]
-    std::vector<float> gate_norm;              // [dh]
-    std::vector<float> d_skip;                 // mamba2: [H]
-    std::vector<float> dt_bias, a_log;         // [H], [H]
-    std::vector<float> mlp_in;                 // [2F, D]: gate rows, then up rows
-    std::vector<float> mlp_down;               // [D, F]
+    Floats in_proj;
+    Floats o_proj;                 // [D, HD]
+    Floats conv_weight, conv_bias;  // [2HD, w], [2HD]
+    Floats gate_norm;              // [dh]
+    Floats d_skip;                 // mamba2: [H]
+    Floats dt_bias, a_log;         // [H], [H]
+    Floats mlp_in;                 // [2F, D]: gate rows, then up rows
+    Floats mlp_down;               // [D, F]
   };
   struct Span;  // one item's rows in the batch
   CpuBackend() = default;
   absl::Status Validate(std::span<const ForwardItem> batch) const;
   void LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans, int64_t rows);
-  void MatMul(const float* x, int64_t m, int64_t k, const std::vector<float>& w, int64_t n, float* y,
+  void MatMul(const float* x, int64_t m, int64_t k, const Floats& w, int64_t n, float* y,
               int64_t x_stride, int64_t y_stride);
 
   ModelConfig config_;
   int64_t proj_width_ = 0, gate_width_ = 0;  // P and G above
-  std::vector<float> embed_, final_norm_, lm_head_;  // [V, D], [D], [V, D] (empty when tied)
+  Floats embed_, final_norm_, lm_head_;  // [V, D], [D], [V, D] (empty when tied)
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
   struct Scratch;  // per-forward buffers, grown to the largest batch seen and reused: no allocation per token

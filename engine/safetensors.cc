@@ -20,6 +20,7 @@
 #include "engine/str_cat.h"
 #include "engine/tensor_names.h"
 #include "nlohmann/json.hpp"
+#include "engine/json_text.h"
 
 namespace oryx {
 
@@ -396,7 +397,7 @@ absl::StatusOr<std::string> EncodeHeader(std::span<const TensorView> tensors,
                     {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
-  std::string json = header.dump();
+  std::string json = JsonText(header);
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   const uint64_t len = json.size();
@@ -417,6 +418,13 @@ absl::StatusOr<std::string> EncodeSafetensors(std::span<const TensorView> tensor
 }
 
 // ---- SafetensorsFile --------------------------------------------------------------------------------------
+
+void DropTensorPages(const TensorView& tensor) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(tensor.bytes.data());
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + tensor.bytes.size()) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -670,7 +678,7 @@ absl::StatusOr<std::vector<std::string>> WriteShardedSafetensors(const std::stri
   }
   nlohmann::ordered_json index = {{"metadata", {{"total_size", DataBytes(tensors)}}},
                                   {"weight_map", std::move(weight_map)}};
-  ORYX_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, kSafetensorsIndexFileName), index.dump(2) + "\n"));
+  ORYX_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, kSafetensorsIndexFileName), JsonText(index, 2) + "\n"));
   written.push_back(std::string(kSafetensorsIndexFileName));
   return written;
 }

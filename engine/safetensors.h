@@ -52,6 +52,10 @@ struct TensorView {
 
 // The tensor's values as floats (bf16 widened exactly).
 std::vector<float> TensorToFloats(const TensorView& tensor);
+// Lets the kernel drop the memory pages that hold a memory-mapped tensor's bytes (those wholly inside it):
+// for a loader that reads each tensor once, so that its peak memory holds its converted weights and one
+// tensor of the file, not the whole file besides. The bytes stay readable (from the file) afterwards.
+void DropTensorPages(const TensorView& tensor);
 // Index of the first NaN or +-Inf element, or -1 if all are finite.
 int64_t FirstNonFinite(const TensorView& tensor);
 

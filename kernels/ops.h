@@ -1,7 +1,8 @@
 // The per-layer compute ops of the Oryx model (DESIGN.md §2) on raw fp32 buffers: projections, norms, RoPE,
 // causal conv, attention over a KV cache, the mamba2 / gdn recurrences, the SwiGLU gate, and sampling.
 //
-// One declaration, two implementations: kernels/cpu/<op>.cc (Eigen) and, later, kernels/cuda/<op>.cu.
+// Implemented on the CPU in kernels/cpu/<op>.cc (Eigen). The CUDA ops work on ragged batches in bf16 and are
+// declared apart, in kernels/cuda/ops_cuda.h.
 //
 // Dimension legend: M rows (tokens) of a projection, K input features, N output features, T tokens of a span,
 // Tq queries, Tk keys (KV cache length), H heads, dh head dim, C conv channels, w conv width, V vocab.

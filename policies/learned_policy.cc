@@ -9,6 +9,7 @@
 #include "engine/str_cat.h"
 #include "router/features.h"
 #include "tasks/rng.h"
+#include "engine/json_text.h"
 
 namespace oryx::policies {
 
@@ -137,7 +138,7 @@ absl::Status WritePolicyFile(const std::string& path, const PolicyNetwork& n) {
                                {"feature_version", router::kFeatureVersion}, {"features", n.features},
                                {"activation", "tanh"},            {"segment_len", n.segment_len},
                                {"draft_lengths", n.draft_lengths}, {"training", n.training}};
-  return WriteSafetensors(path, Views(tensors), {{std::string(kPolicyMetadataKey), meta.dump()}});
+  return WriteSafetensors(path, Views(tensors), {{std::string(kPolicyMetadataKey), JsonText(meta)}});
 }
 
 absl::StatusOr<PolicyNetwork> ReadPolicyFile(const std::string& path) {

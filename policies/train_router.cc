@@ -26,6 +26,7 @@
 #include "tasks/task_mix.h"
 #include "train/shards.h"
 #include "train/task_data.h"
+#include "engine/json_text.h"
 
 namespace oryx::policies {
 
@@ -512,7 +513,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   const std::string log_path = o.log_path.empty() ? o.out_path + ".log.jsonl" : o.log_path;
   std::ofstream log(log_path, o.resume ? std::ios::app : std::ios::trunc);
   if (!log) return absl::InvalidArgumentError(Cat("cannot write the log ", log_path));
-  auto record = [&](const nlohmann::json& r) { log << r.dump() << "\n" << std::flush; };
+  auto record = [&](const nlohmann::json& r) { log << JsonText(r) << "\n" << std::flush; };
 
   std::optional<router::CostModel> cost_model;
   if (cost_kind == CostKind::kTime) {
@@ -657,7 +658,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
       r["prefill_linear_by_draft_length"] = by_length;
     }
     record(r);
-    std::cerr << "train-router: counterfactual " << r.dump() << "\n";
+    std::cerr << "train-router: counterfactual " << JsonText(r) << "\n";
   }
   // Feature normalisation from the base and draft episodes' decisions.
   std::vector<const Step*> all_steps;
@@ -775,7 +776,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
         r["draft_labels_by_length"] = counts;
       }
       record(r);
-      std::cerr << "train-router: warm start " << r.dump() << "\n";
+      std::cerr << "train-router: warm start " << JsonText(r) << "\n";
       ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0));
     }
 

@@ -4,6 +4,7 @@
 
 #include "engine/sampler.h"
 #include "engine/str_cat.h"
+#include "engine/json_text.h"
 
 namespace oryx::server {
 
@@ -204,7 +205,7 @@ nlohmann::json ErrorObject(const absl::Status& status) {
   return ErrorObject(std::string_view(status.message().data(), status.message().size()), HttpStatus(status));
 }
 
-std::string Dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Dump(const nlohmann::json& j) { return JsonText(j); }
 
 size_t CompleteUtf8Prefix(std::string_view text) {
   // Look back at most 3 bytes for the lead byte of the last character; cut before it if it is incomplete.

@@ -24,6 +24,10 @@ using json = nlohmann::json;
 // A prompt of a model's whole context is well under this; a larger body is refused before it is read.
 constexpr size_t kMaxBodyBytes = size_t{16} << 20;
 
+// The status logged (never sent) for a streamed request whose client went away before it finished, as
+// nginx logs it: "client closed request".
+constexpr int kClientClosedRequest = 499;
+
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 void Reply(httplib::Response& res, int status, const json& body) {
@@ -107,7 +111,7 @@ struct HttpServer::Impl {
   Impl(Engine& engine, ServerOptions o) : options(std::move(o)), scheduler(engine, options.scheduler) {}
 
   void Routes();
-  void Completion(const httplib::Request& req, httplib::Response& res);
+  void Completion(const std::string& body, httplib::Response& res);
   void Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival, httplib::Response& res);
   void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
            Clock::time_point arrival) const;
@@ -139,17 +143,44 @@ void HttpServer::Impl::Routes() {
     Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
                      {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()}});
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { Completion(req, res); });
-  // Unknown routes (and methods) get a JSON 404 rather than an empty body.
-  http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
+  // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+              if (req.is_multipart_form_data()) {
+                res.status = 415;
+                return;  // the error handler writes the body
+              }
+              std::string body;
+              if (!reader([&](const char* data, size_t n) {
+                    body.append(data, n);
+                    return true;
+                  })) {
+                if (res.status < 400) res.status = 400;  // httplib sets 413 for a body over the limit
+                return;
+              }
+              Completion(body, res);
+            });
+  // Errors that no handler answered (an unknown route or method, a body too large or unreadable) get a JSON
+  // body rather than an empty one, and a log line.
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string message;
     if (res.status == 404) {
       message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, GET /v1/models, /health, /stats)");
     } else if (res.status == 413) {
       message = Cat("the request body is larger than ", kMaxBodyBytes >> 20, " MiB");
+    } else if (res.status == 415) {
+      message = Cat("unsupported content type '", req.get_header_value("Content-Type"),
+                    "': send the request as a JSON body (Content-Type: application/json)");
+    } else if (res.status == 400) {
+      message = "the request body could not be read";
     } else {
       message = Cat("HTTP status ", res.status);
+    }
+    if (options.log_requests) {
+      std::fprintf(stderr, "[serve] - %d %s %s: %s\n", res.status, req.method.c_str(), req.path.c_str(),
+                   message.c_str());
     }
     res.set_content(Dump(ErrorObject(message, res.status)), "application/json");
   });
@@ -169,7 +200,10 @@ void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, cons
                            Clock::time_point arrival) const {
   if (!options.log_requests) return;
   std::string line = absl::StrFormat("[serve] %s %d%s", id.id, status, stream ? " stream" : "");
-  if (r.ok()) {
+  if (status == kClientClosedRequest) {
+    line += absl::StrFormat(": cancelled, the client disconnected (%d generated tokens, %.1f ms in all)",
+                            r.ok() ? r->stats.generated_tokens : 0, MsSince(arrival));
+  } else if (r.ok()) {
     const json stats = ToJson(*r)["stats"];
     line += absl::StrFormat(" %s: %d prompt + %d generated tokens (%s) | first token %.1f ms after admission, "
                             "decode %.1f tok/s | %.1f ms in all",
@@ -182,13 +216,13 @@ void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, cons
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void HttpServer::Impl::Completion(const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Impl::Completion(const std::string& body, httplib::Response& res) {
   const Clock::time_point arrival = Clock::now();
   const CompletionId id{Cat("cmpl-", next_id++),
                         std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch()).count(),
                         options.model_name};
-  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(req.body, options.model_name);
+  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body, options.model_name);
   if (!parsed.ok()) {
     Log(id, HttpStatus(parsed.status()), false, parsed.status(), arrival);
     return ReplyError(res, parsed.status());
@@ -212,7 +246,8 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   auto events = std::make_shared<EventStream>();
   request.generate.on_token = [events, id](const TokenEvent& e) { return events->Token(id, e); };
   auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
-    Log(id, r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
+    const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());
+    Log(id, status, true, r, arrival);
     events->Finish(id, r);
   };
   if (absl::Status s = scheduler.Submit(std::move(request.generate), std::move(done)); !s.ok()) {

@@ -1,7 +1,10 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <exception>
 #include <utility>
+
+#include "engine/str_cat.h"
 
 namespace oryx::server {
 
@@ -102,11 +105,25 @@ void Scheduler::FailAll(std::map<int64_t, Done>& running, const absl::Status& st
   running.clear();
 }
 
+namespace {
+// A step whose code throws (a bug: nothing in it should) fails its requests like a failed step, with the
+// exception's text, rather than ending the server's process.
+absl::Status StepCatching(GenerationBatch& batch) {
+  try {
+    return batch.Step();
+  } catch (const std::exception& e) {
+    return absl::InternalError(Cat("generation step: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("generation step: unknown exception");
+  }
+}
+}  // namespace
+
 void Scheduler::Loop() {
   std::map<int64_t, Done> running;  // the batch's requests, by batch id
   while (Admit(running)) {
     if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
-    if (absl::Status step = batch_->Step(); !step.ok()) {
+    if (absl::Status step = StepCatching(*batch_); !step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
       FailAll(running, step);
       batch_ = std::make_unique<GenerationBatch>(engine_, options_.max_prefill_tokens);

@@ -171,7 +171,8 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
   std::optional<CorpusReader> val;
   std::unique_ptr<tasks::HaystackSource> haystack;
   std::string tokenizer_path = o.common.model_dir + "/tokenizer.model";
-  if (o.haystack_files.empty()) {
+  const bool needs_haystack = o.task != "mqar" || !o.data_dir.empty() || !o.haystack_files.empty();
+  if (o.haystack_files.empty() && needs_haystack) {
     ORYX_ASSIGN_OR_RETURN(CorpusReader reader, OpenValidation(o.data_dir, c));
     val.emplace(std::move(reader));
     tokenizer_path = val->tokenizer_path();
@@ -179,7 +180,7 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
   ORYX_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load(tokenizer_path));
   if (val) {
     haystack = std::make_unique<CorpusHaystack>(&*val);
-  } else {
+  } else if (needs_haystack) {
     ORYX_ASSIGN_OR_RETURN(TextHaystack text, TextHaystack::Load(o.haystack_files, tok));
     haystack = std::make_unique<TextHaystack>(std::move(text));
   }

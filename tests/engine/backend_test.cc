@@ -3,6 +3,7 @@
 // sequence runs linear mode like the full one; and the decode loop allocates nothing.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <random>
@@ -22,6 +23,15 @@ void* operator new(size_t n) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+// The kernels' buffers are 64-byte aligned (kernels/aligned_vector.h): counted the same way.
+void* operator new(size_t n, std::align_val_t alignment) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  const size_t a = static_cast<size_t>(alignment);
+  if (void* p = std::aligned_alloc(a, ((n == 0 ? 1 : n) + a - 1) / a * a)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace oryx {
 namespace {
@@ -152,6 +162,90 @@ TEST_P(BackendTest, CloneIsASnapshotThatRestoresExactly) {
   seq = std::move(snap);
   EXPECT_EQ(seq.position(), 7);
   EXPECT_EQ(Logits(seq, more), first);  // the same computation on the same state: bit-identical
+}
+
+// The same batch on the same states gives the same bits however the states' buffers happen to lie in
+// memory: a sequence rebuilt after other allocations moved the heap, forwarded again, matches exactly.
+TEST_P(BackendTest, SameBatchOnTheSameStatesGivesTheSameBitsWhereverTheBuffersLie) {
+  std::mt19937 rng(11);
+  const Tokens prompt = RandomTokens(rng, 13), span = RandomTokens(rng, 5);
+  std::vector<float> first;
+  std::vector<std::vector<float>> ballast;  // shifts where the next run's buffers land
+  for (int run = 0; run < 6; ++run) {
+    ballast.emplace_back(1 + 3 * run);
+    SequenceState seq = backend_->NewSequence();
+    std::vector<float> out = Logits(seq, prompt);
+    out = Logits(seq, span);
+    if (run == 0) {
+      first = out;
+    } else {
+      EXPECT_EQ(out, first) << "run " << run;
+    }
+  }
+}
+
+// The number of threads does not change a bit either: every product is split into fixed panels, and every
+// (sequence, head) part runs whole on one thread.
+TEST_P(BackendTest, ThreadCountDoesNotChangeTheBits) {
+  std::mt19937 rng(13);
+  const Tokens prompt = RandomTokens(rng, 21), span = RandomTokens(rng, 4);
+  // Wider than TinyConfig, so that every product spans several panels (vocab 300, MLP 256).
+  ModelConfig config = testutil::TinyConfig(GetParam());
+  config.d_model = 64;
+  config.n_heads = 2;
+  config.head_dim = 32;
+  config.mlp_hidden = 256;
+  config.vocab_size = 300;
+  testutil::WriteTinyCheckpoint(scratch_.Join("wide"), config, testutil::RandomTensors(config, DType::kF32, 9));
+  std::vector<float> want;
+  for (const int threads : {1, 2, 3, 5}) {
+    auto b = CpuBackend::Load(scratch_.Join("wide"), threads);
+    ASSERT_TRUE(b.ok()) << b.status();
+    SequenceState seq = (*b)->NewSequence();
+    std::vector<float> out;
+    for (const Tokens* run : {&prompt, &span}) {
+      ForwardItem item{&seq, run->tokens, run->modes, LogitsRows::kAll, &out, false};
+      ASSERT_TRUE((*b)->Forward(std::span(&item, 1)).ok());
+    }
+    if (want.empty()) {
+      want = out;
+    } else {
+      EXPECT_EQ(out, want) << threads << " threads";
+    }
+  }
+}
+
+// How much a sequence's logits move when the batch around it changes. The guarantee is the one above (same
+// batch, same bits); a different batch may change the last bits (a wide batch takes the GEMM path, a narrow
+// one a dot product per row) but never more than rounding. Prints whether the bits stayed the same, for
+// the README's statement.
+TEST_P(BackendTest, BatchAroundASequenceChangesItsLogitsOnlyByRounding) {
+  std::mt19937 rng(12);
+  const Tokens prompt = RandomTokens(rng, 6), step = RandomTokens(rng, 1);
+  std::vector<Tokens> others;
+  for (int i = 0; i < 15; ++i) others.push_back(RandomTokens(rng, 1 + i % 3));
+  std::vector<float> alone;
+  for (const int n_others : {0, 1, 3, 7, 15}) {
+    std::vector<SequenceState> seqs;
+    for (int i = 0; i <= n_others; ++i) seqs.push_back(backend_->NewSequence());
+    Logits(seqs[0], prompt);
+    std::vector<std::vector<float>> out(n_others + 1);
+    std::vector<ForwardItem> items = {{&seqs[0], step.tokens, step.modes, LogitsRows::kAll, &out[0], false}};
+    for (int i = 1; i <= n_others; ++i) {
+      items.push_back({&seqs[i], others[i - 1].tokens, others[i - 1].modes, LogitsRows::kLast, &out[i], false});
+    }
+    ASSERT_TRUE(backend_->Forward(items).ok());
+    if (n_others == 0) {
+      alone = out[0];
+      continue;
+    }
+    float worst = 0.f;
+    for (size_t i = 0; i < alone.size(); ++i) worst = std::max(worst, std::abs(out[0][i] - alone[i]));
+    std::printf("[batch composition] %s, %d other sequences: logits %s (max |difference| %.3g)\n",
+                GetParam() == LinearMixer::kMamba2 ? "mamba2" : "gdn", n_others,
+                out[0] == alone ? "bit-identical" : "differ in rounding", worst);
+    EXPECT_LE(worst, 1e-5f) << n_others << " other sequences";
+  }
 }
 
 TEST_P(BackendTest, DraftSequenceRunsLinearModeLikeTheFullSequenceAndRefusesAttention) {

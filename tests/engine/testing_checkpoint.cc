@@ -19,7 +19,7 @@
 
 namespace oryx::testutil {
 
-std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed) {
+std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed, int64_t max_position) {
   const char* src = std::getenv("ORYX_SOURCE_DIR");
   TokenizerTrainOptions t;
   t.input_files = {std::string(src != nullptr ? src : ".") + "/tests/data/tokenizer_corpus.txt"};
@@ -29,7 +29,7 @@ std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed) {
   EXPECT_TRUE(trained.ok()) << trained;
   ModelConfig c = TinyConfig(LinearMixer::kMamba2);
   c.vocab_size = 512;
-  c.max_position = 64;
+  c.max_position = max_position;
   std::vector<HostTensor> tensors = RandomTensors(c, DType::kF32, seed);
   const absl::Status written = WriteCheckpoint(dir.Join("model"), c, Views(tensors), kDefaultMaxShardBytes, t.out_path);
   EXPECT_TRUE(written.ok()) << written;

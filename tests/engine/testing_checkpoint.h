@@ -40,9 +40,9 @@ class ScratchDir;
 
 // A model for generation tests, written under `dir`: a tokenizer of 512 pieces trained on
 // tests/data/tokenizer_corpus.txt (found through ORYX_SOURCE_DIR), and TinyConfig(mamba2) with that vocabulary,
-// max_position 64 and random fp32 weights from `seed`. Returns the model directory; fails the test when it
-// cannot write it.
-std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed);
+// max_position 64 (or the given one) and random fp32 weights from `seed`. Returns the model directory; fails
+// the test when it cannot write it.
+std::string WriteTinyModelWithTokenizer(const ScratchDir& dir, uint32_t seed, int64_t max_position = 64);
 
 // A fresh empty directory under the system temp dir, removed (recursively) when the object dies.
 class ScratchDir {

@@ -401,5 +401,68 @@ TEST_F(HttpTest, BadRequestsAndRoutesGetJsonErrors) {
   EXPECT_EQ(json::parse(res->body)["scheduler"]["failed"], 4);  // the four the engine refused
 }
 
+// The body is JSON whatever content type the client declares (curl -d sends form-urlencoded), at any size
+// up to the limit; a multipart form is refused with 415 naming the type to send.
+TEST_F(HttpTest, TheBodyIsReadWhateverItsContentTypeUpToTheLimit) {
+  const std::string padded = R"({"prompt": "the quick", "max_tokens": 3, "ignore_eos": true})" + std::string(12000, ' ');
+  for (const char* type : {"application/x-www-form-urlencoded", "text/plain", "application/json"}) {
+    auto res = client_->Post("/v1/completions", padded, type);
+    ASSERT_TRUE(res) << type;
+    EXPECT_EQ(res->status, 200) << type << ": " << res->body;
+    EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3) << type;
+  }
+  auto res = client_->Post("/v1/completions", std::string((16 << 20) + 1, ' '), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_HAS_SUBSTR(res->body, "larger than 16 MiB");
+  httplib::MultipartFormDataItems form = {{"prompt", "hi", "", ""}};
+  res = client_->Post("/v1/completions", form);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 415);
+  EXPECT_HAS_SUBSTR(res->body, "Content-Type: application/json");
+}
+
+// Every error response is logged with its status, and a streaming client that goes away is logged as
+// cancelled (not as a finished 200).
+TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
+  // A model with room for a long generation, so that the client is gone long before it could end.
+  testutil::ScratchDir long_scratch;
+  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 4;
+  o.log_requests = true;
+  auto started = HttpServer::Start(*engine, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  httplib::Client client("127.0.0.1", server->port());
+  testing::internal::CaptureStderr();
+  auto res = client.Get("/nowhere");
+  ASSERT_TRUE(res);
+  res = client.Post("/v1/completions", R"({"prompt": "hi", "policy": "sometimes"})", "application/json");
+  ASSERT_TRUE(res);
+  // A stream read for one chunk, then dropped while the server has many tokens to go.
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = R"({"prompt": "the quick", "max_tokens": 8000, "ignore_eos": true, "stream": true})";
+  req.content_receiver = [](const char*, size_t, uint64_t, uint64_t) { return false; };
+  httplib::Client streaming("127.0.0.1", server->port());
+  (void)streaming.send(req);
+  streaming.stop();
+  for (int i = 0; i < 3000 && server->stats().completed + server->stats().failed < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server->Stop();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_HAS_SUBSTR(log, "404 GET /nowhere");
+  EXPECT_HAS_SUBSTR(log, " 400: unknown policy 'sometimes'");
+  EXPECT_HAS_SUBSTR(log, "499 stream: cancelled, the client disconnected");
+  EXPECT_EQ(log.find(" 200 stream"), std::string::npos) << log;
+  EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
+}
+
 }  // namespace
 }  // namespace oryx::server
