@@ -53,6 +53,20 @@ int RunTrain(const Args& args) {
   flags.Double("weight-decay", &o.weight_decay, "AdamW weight decay on matrices");
   flags.Double("grad-clip", &o.grad_clip, "gradient norm clip");
   flags.Double("task-fraction", &o.task_fraction, "share of sequences replaced by synthetic tasks (MQAR, NIAH)");
+  flags.Int("needle-min-length", &o.needle_min_length, "task sequences: shortest packed needle example", 1);
+  flags.Int("needle-max-length", &o.needle_max_length,
+            "task sequences: longest packed needle example (0: one example fills the sequence); needles are "
+            "trained at distances up to this", 0);
+  flags.Bool("needle-log-uniform", &o.needle_log_uniform,
+             "draw packed needle lengths log-uniformly (for a wide range: short and long examples alike)");
+  flags.Int("multikey-needles", &o.multikey_needles, "needles per multi-key example (the asked one + distractors)",
+            2, 64);
+  flags.Int("mqar-max-pairs", &o.mqar_max_pairs, "MQAR key-value pairs per sequence at most", 4, 4096);
+  flags.Double("mqar-spread", &o.mqar_spread,
+               "share of MQAR sequences whose queries spread over the whole sequence (long gaps)");
+  flags.String("init-from", &o.init_from,
+               "start from this model directory's weights with a fresh optimizer and schedule (a run continued "
+               "elsewhere from exported weights); the model flags must match its config");
   flags.Int("log-every", &o.log_every, "steps between progress lines", 1);
   flags.Int("eval-every", &o.eval_every, "steps between validation losses (0: only at the end)", 0);
   flags.Int("eval-sequences", &o.eval_sequences, "validation sequences per mode", 1);

@@ -71,6 +71,13 @@ int32_t NeedleMinLength(TaskKind kind, const TaskConfigs& c) {
 // Uniform on [0, 1] inclusive, in steps of 2^-20.
 double DrawDepth(Rng& rng) { return static_cast<double>(rng.UniformInt((1 << 20) + 1)) / (1 << 20); }
 
+// A length in [lo, hi] whose logarithm is uniform.
+int32_t LogUniformLength(Rng& rng, int32_t lo, int32_t hi) {
+  const double log_lo = std::log(static_cast<double>(lo)), log_hi = std::log(hi + 1.0);
+  const double x = std::exp(log_lo + rng.UniformDouble() * (log_hi - log_lo));
+  return std::clamp(static_cast<int32_t>(x), lo, hi);
+}
+
 // Appends `part` to `packed`, shifting its answer spans; the first part also gives the metadata.
 void AppendExample(const TaskExample& part, TaskExample& packed) {
   const int32_t offset = packed.length();
@@ -150,6 +157,10 @@ absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const Haystack
   if (config.task_fraction > 0 && total <= 0) {
     return absl::InvalidArgumentError("task mix: every task weight is 0 but task_fraction > 0");
   }
+  if (!(config.mqar_spread_fraction >= 0.0 && config.mqar_spread_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        Cat("task mix: mqar_spread_fraction ", config.mqar_spread_fraction, " outside [0, 1]"));
+  }
   if (config.mqar_min_pairs < 1 || config.mqar_max_pairs < config.mqar_min_pairs) {
     return absl::InvalidArgumentError(Cat("task mix: mqar pairs range [", config.mqar_min_pairs, ", ",
                                              config.mqar_max_pairs, "] is empty or starts below 1"));
@@ -214,6 +225,9 @@ absl::StatusOr<TaskExample> TaskMixer::MakeTaskSequence(int64_t index, int32_t l
     const int32_t pairs =
         static_cast<int32_t>(params.UniformRange(config_.mqar_min_pairs, config_.mqar_max_pairs));
     configs.mqar.num_pairs = std::min(pairs, cap);
+    if (config_.mqar_spread_fraction > 0 && params.UniformDouble() < config_.mqar_spread_fraction) {
+      configs.mqar.power_a = 1.0;  // every slot equally likely: queries anywhere up to the end
+    }
     return MakeExample(kind, configs, haystack_, length, std::nullopt, seed);
   }
   if (config_.needle_max_length == 0) {
@@ -225,8 +239,9 @@ absl::StatusOr<TaskExample> TaskMixer::MakeTaskSequence(int64_t index, int32_t l
   packed.seed = seed;
   for (uint64_t part = 0; packed.length() < length; ++part) {
     const int32_t left = length - packed.length();
-    int32_t n =
-        static_cast<int32_t>(params.UniformRange(config_.needle_min_length, config_.needle_max_length));
+    int32_t n = config_.needle_length_log_uniform
+                    ? LogUniformLength(params, config_.needle_min_length, config_.needle_max_length)
+                    : static_cast<int32_t>(params.UniformRange(config_.needle_min_length, config_.needle_max_length));
     if (left - n < config_.needle_min_length) n = left;  // the last example takes the rest
     const double depth = DrawDepth(params);
     absl::StatusOr<TaskExample> example =

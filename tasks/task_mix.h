@@ -69,6 +69,13 @@ struct TaskMixConfig {
   // (docs/RESULTS.md). needle_max_length 0: one example fills the sequence.
   int32_t needle_min_length = 96;
   int32_t needle_max_length = 1024;
+  // Draw the packed examples' lengths log-uniformly in [needle_min_length, needle_max_length] instead of
+  // uniformly: with a range as wide as a 16K context, short examples (many answers per sequence) and long
+  // ones (needles far from their question) then both get their share.
+  bool needle_length_log_uniform = false;
+  // The share of MQAR sequences whose queries are spread uniformly over the whole sequence (power_a 1)
+  // rather than crowded near the pairs (configs.mqar.power_a): long gaps between a pair and its query.
+  double mqar_spread_fraction = 0.0;
   TaskConfigs configs;
 };
 

@@ -27,6 +27,7 @@
 #include "train/shards.h"
 #include "train/task_data.h"
 #include "train/torch_io.h"
+#include "engine/json_text.h"
 
 namespace oryx::train {
 
@@ -201,7 +202,10 @@ double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
 Json TrainingIdentity(const TrainOptions& o) {
   return {{"seq_len", o.seq_len}, {"batch_size", o.batch_size}, {"grad_accum", o.grad_accum},
           {"seed", o.seed}, {"mixing", o.mixing == ModeMixing::kSequence ? "sequence" : "fragment"},
-          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss}};
+          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss},
+          {"task_mix", {{"needle_lengths", {o.needle_min_length, o.needle_max_length}},
+                        {"needle_log_uniform", o.needle_log_uniform}, {"multikey_needles", o.multikey_needles},
+                        {"mqar_max_pairs", o.mqar_max_pairs}, {"mqar_spread", o.mqar_spread}}}};
 }
 
 // A Kineto profile of the host ops and, with cuda, the device's kernels, from construction to Save.
@@ -248,6 +252,7 @@ class Trainer {
  private:
   absl::Status Setup();
   absl::Status Resume();
+  absl::Status InitFrom(const std::string& model_dir);
   absl::Status SaveCheckpoint(int64_t step);
   absl::Status Evaluate(int64_t step);
   void Log(const Json& line);
@@ -309,6 +314,12 @@ absl::Status Trainer::Setup() {
     mix.seed = o_.seed ^ 0x7461736b;
     mix.weights = {1.0, 1.0, 1.0, setup.has_digits ? 0.5 : 0.0};
     mix.configs = setup.configs;
+    mix.configs.niah_multikey.num_needles = static_cast<int32_t>(o_.multikey_needles);
+    mix.needle_min_length = static_cast<int32_t>(o_.needle_min_length);
+    mix.needle_max_length = static_cast<int32_t>(o_.needle_max_length);
+    mix.needle_length_log_uniform = o_.needle_log_uniform;
+    mix.mqar_max_pairs = static_cast<int32_t>(o_.mqar_max_pairs);
+    mix.mqar_spread_fraction = o_.mqar_spread;
     ORYX_ASSIGN_OR_RETURN(tasks::TaskMixer mixer, tasks::TaskMixer::Create(mix, haystack_.get()));
     mixer_.emplace(std::move(mixer));
   }
@@ -330,13 +341,30 @@ absl::Status Trainer::Setup() {
   std::error_code ec;
   fs::create_directories(out_, ec);
   if (ec) return absl::InternalError(absl::StrCat(out_.string(), ": cannot create: ", ec.message()));
+  if (o_.resume && !o_.init_from.empty()) {
+    return absl::InvalidArgumentError("--resume and --init-from exclude each other");
+  }
   if (o_.resume) {
     ORYX_RETURN_IF_ERROR(Resume());
   } else if (fs::exists(out_ / "checkpoint")) {
     return absl::FailedPreconditionError(absl::StrCat(
         (out_ / "checkpoint").string(), " exists: pass --resume to continue it, or choose another --out"));
   }
+  if (!o_.init_from.empty()) ORYX_RETURN_IF_ERROR(InitFrom(o_.init_from));
   log_ = std::make_unique<std::ofstream>(out_ / "log.jsonl", std::ios::app);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InitFrom(const std::string& model_dir) {
+  ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(model_dir));
+  const std::string ours = ToJson(o_.model), theirs = ToJson(ckpt.config());
+  if (ours != theirs) {
+    return absl::FailedPreconditionError(absl::StrCat("--init-from ", model_dir,
+                                                      ": its config differs from this run's model options:\n  ",
+                                                      theirs, "\nthis run:\n  ", ours));
+  }
+  ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
+  std::fprintf(stderr, "initialised from %s\n", model_dir.c_str());
   return absl::OkStatus();
 }
 
@@ -364,8 +392,8 @@ absl::Status Trainer::Resume() {
   }
   if (state["identity"] != TrainingIdentity(o_)) {
     return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(), " was trained with ",
-                                                      state["identity"].dump(), ", this run asks for ",
-                                                      TrainingIdentity(o_).dump()));
+                                                      JsonText(state["identity"]), ", this run asks for ",
+                                                      JsonText(TrainingIdentity(o_))));
   }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint((dir / "model").string()));
   ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
@@ -395,7 +423,7 @@ absl::Status Trainer::SaveCheckpoint(int64_t step) {
   }
   Json state = {{"step", step}, {"config", Json::parse(ToJson(o_.model))}, {"identity", TrainingIdentity(o_)},
                 {"elapsed_s", elapsed_before_ + std::chrono::duration<double>(Clock::now() - start_).count()}};
-  ORYX_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), state.dump(2)));
+  ORYX_RETURN_IF_ERROR(WriteFileAtomic((tmp / "state.json").string(), JsonText(state, 2)));
   // Swap: the old checkpoint is renamed aside, the new one renamed in, then the old one deleted.
   const fs::path old = out_ / absl::StrCat("checkpoint.old.", getpid());
   if (fs::exists(final_dir)) {
@@ -428,7 +456,7 @@ absl::Status Trainer::Evaluate(int64_t step) {
 }
 
 void Trainer::Log(const Json& line) {
-  if (log_) *log_ << line.dump() << std::endl;
+  if (log_) *log_ << JsonText(line) << std::endl;
 }
 
 absl::Status Trainer::Run() {

@@ -41,6 +41,19 @@ struct TrainOptions {
 
   double task_fraction = 0.0;    // share of training sequences replaced by synthetic tasks
   bool answer_only_loss = true;  // on task sequences, loss only on answer tokens
+  // The task mix (tasks/task_mix.h): needle examples packed at lengths in [min, max] (max 0: one example
+  // fills the sequence), log-uniform or uniform; needles per multi-key example; the MQAR pairs' upper bound
+  // and the share of MQAR sequences whose queries are spread over the whole sequence.
+  int64_t needle_min_length = 96, needle_max_length = 1024;
+  bool needle_log_uniform = false;
+  int64_t multikey_needles = 4;
+  int64_t mqar_max_pairs = 64;
+  double mqar_spread = 0.0;
+  // Start from these weights (a model directory: config.json and weights, e.g. an earlier run's OUT/model)
+  // with a fresh optimizer and schedule, rather than from a random initialisation: a run continued in a
+  // later session on another machine, where only the exported weights came back. The model options must
+  // match the checkpoint's config.
+  std::string init_from;
 
   int64_t log_every = 10;
   int64_t eval_every = 200;       // validation loss in attention, linear and mixed mode

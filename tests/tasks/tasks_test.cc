@@ -984,6 +984,72 @@ TEST(TaskMixerTest, NeedleMaxLengthZeroMakesOneExample) {
   }
 }
 
+// Log-uniform packing covers a wide range at both ends: many short examples (answers) and some that reach
+// far (needles thousands of tokens from their question), where uniform lengths give few short ones.
+TEST(TaskMixerTest, LogUniformNeedleLengthsCoverBothEndsOfAWideRange) {
+  const InMemoryHaystack hay = CountingHaystack();
+  TaskMixConfig config = TestMix(1.0);
+  config.weights = {0.0, 1.0, 1.0, 0.0};
+  config.needle_min_length = 48;
+  config.needle_max_length = 6000;
+  std::vector<int32_t> uniform, log_uniform;
+  for (const bool log : {false, true}) {
+    config.needle_length_log_uniform = log;
+    auto mixer = TaskMixer::Create(config, &hay);
+    ASSERT_TRUE(mixer.ok()) << mixer.status();
+    for (int64_t i = 0; i < 40; ++i) {
+      auto ex = mixer->MakeTaskSequence(i, 8192);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      ASSERT_TRUE(ex->Validate().ok());
+      EXPECT_EQ(ex->length(), 8192);
+      const auto parts = PackedExamples(ex->ids);
+      for (size_t k = 0; k + 1 < parts.size(); ++k) {  // the last one takes the rest
+        const int32_t n = parts[k].second - parts[k].first;
+        EXPECT_TRUE(n >= 48 && n <= 6000) << n;
+        (log ? log_uniform : uniform).push_back(n);
+      }
+    }
+  }
+  auto share_below = [](const std::vector<int32_t>& v, int32_t x) {
+    return static_cast<double>(std::count_if(v.begin(), v.end(), [&](int32_t n) { return n < x; })) / v.size();
+  };
+  // log(537) is halfway between log(48) and log(6001): about half the log-uniform examples are shorter.
+  EXPECT_NEAR(share_below(log_uniform, 537), 0.5, 0.12);
+  EXPECT_LT(share_below(uniform, 537), 0.2);
+  EXPECT_GT(1.0 - share_below(log_uniform, 3000), 0.03);  // and some still reach far
+  EXPECT_GT(log_uniform.size(), 2 * uniform.size());       // more examples, so more answers, per sequence
+}
+
+// Spread MQAR sequences ask their keys anywhere up to the end; the default ones crowd the queries near
+// the pairs.
+TEST(TaskMixerTest, MqarSpreadPutsQueriesFarFromTheirPairs) {
+  TaskMixConfig config = TestMix(1.0);
+  config.weights = {1.0, 0.0, 0.0, 0.0};
+  config.mqar_min_pairs = config.mqar_max_pairs = 8;
+  double mean_answer[2] = {0, 0};
+  int answers[2] = {0, 0};
+  for (const double spread : {0.0, 1.0}) {
+    config.mqar_spread_fraction = spread;
+    auto mixer = TaskMixer::Create(config, nullptr);
+    ASSERT_TRUE(mixer.ok()) << mixer.status();
+    for (int64_t i = 0; i < 30; ++i) {
+      auto ex = mixer->MakeTaskSequence(i, 4000);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      ASSERT_TRUE(ex->Validate().ok());
+      for (const AnswerSpan& a : ex->answers) {
+        mean_answer[spread > 0] += a.begin;
+        ++answers[spread > 0];
+      }
+    }
+  }
+  ASSERT_EQ(answers[0], 240);
+  ASSERT_EQ(answers[1], 240);
+  EXPECT_LT(mean_answer[0] / answers[0], 1000);  // power law: most queries early
+  EXPECT_GT(mean_answer[1] / answers[1], 1500);  // uniform: around the middle on average
+  config.mqar_spread_fraction = 1.5;
+  EXPECT_THAT(TaskMixer::Create(config, nullptr).status().message(), HasSubstr("mqar_spread_fraction"));
+}
+
 TEST(TaskMixerTest, BadConfigsAreErrors) {
   const InMemoryHaystack hay = CountingHaystack();
   EXPECT_FALSE(TaskMixer::Create(TestMix(1.5), &hay).ok());
