@@ -1,4 +1,4 @@
-// `oryx data prepare|pack|unpack|verify`: build the tokenised training corpus from Debian packages (or a
+// `oryx data prepare|pack|unpack|verify|text`: build the tokenised training corpus from Debian packages (or a
 // directory of text), pack a prefix of it for a GPU machine, unpack it there, and check it.
 #include <iostream>
 
@@ -30,7 +30,7 @@ std::string SourcesHelp() {
   for (const CorpusSourceInfo& src : BuiltinCorpusSources()) {
     std::string packages;
     for (const std::string& p : src.packages) packages += (packages.empty() ? "" : ", ") + p;
-    s += absl::StrFormat("\n  %-14s %-6s %s [%s]", src.name, src.kind, src.description, packages);
+    s += absl::StrFormat("\n  %-16s %-6s %s [%s]", src.name, src.kind, src.description, packages);
   }
   return s;
 }
@@ -47,24 +47,36 @@ int Prepare(const Args& args) {
   bool no_install = false, quiet = false;
   FlagSet flags(
       "oryx data prepare --out DIR [--sources NAME...] [--input-dir DIR] [--tokenizer FILE | --vocab N] "
-      "[--max-tokens N] [--val-fraction F] [...]",
+      "[--max-tokens N] [--min-document-bytes N] [--max-code-fraction F] [...]",
       "Builds a training corpus: one document per file, split train/validation by a hash of its name,\n"
       "each tokenised as BOS tokens EOS into uint16 shards, with manifest.json recording package versions,\n"
       "counts and SHA-256 checksums. Missing Debian packages are installed with apt-get when run as root.\n"
+      "HTML, info, man pages and .gz files are converted to text once, into the work directory.\n"
+      "--min-document-bytes joins each source's files (in path order) into documents of at least N bytes,\n"
+      "each file after a line \"==> PATH <==\", for long-context training (81920: documents of 16K tokens\n"
+      "and more). --max-code-fraction F leaves out code documents, in document order, that would lift\n"
+      "code above F of all tokens (0.7: at most 70% code).\n"
       "Deterministic: the same inputs and flags give byte-identical files.\n\n" +
           SourcesHelp());
   flags.String("out", &o.out_dir, "output corpus directory", /*required=*/true);
   flags.StringList("sources", &sources, "built-in sources to read (names, space- or comma-separated)");
   flags.String("input-dir", &o.input_dir, "read every file under DIR as a document instead of packages");
+  flags.String("input-code-dir", &o.input_code_dir,
+               "read every file under DIR as a code document (source input-code; with or without --input-dir)");
   flags.String("tokenizer", &o.tokenizer_path, "use this tokenizer model instead of training one");
   flags.Int("vocab", &vocab, "vocabulary size of the trained tokenizer", kMinVocabSize, 65536);
   flags.Int("tokenizer-sentences", &o.tokenizer_sentences, "lines sampled to train the tokenizer", 1);
   flags.Double("val-fraction", &o.val_fraction, "share of documents in the validation split");
   flags.Int("max-tokens", &o.max_tokens, "stop after about N tokens (0: everything)", 0);
   flags.Int("shard-tokens", &o.shard_tokens, "tokens per shard", 1);
-  flags.Int("max-document-bytes", &o.max_document_bytes, "skip larger files", 1);
-  flags.Int("threads", &threads, "tokenisation threads (output does not depend on it)", 1, 256);
-  flags.String("work-dir", &o.work_dir, "where package tarballs are unpacked [default: OUT/.work]");
+  flags.Int("max-document-bytes", &o.max_document_bytes, "skip larger files (not in sources of whole manuals)", 1);
+  flags.Int("min-document-bytes", &o.min_document_bytes,
+            "join each source's files into documents of at least N bytes (0: one document per file)", 0);
+  flags.Double("max-code-fraction", &o.max_code_fraction,
+               "leave out code documents that would lift code above this share of the tokens (1: no cap)");
+  flags.Int("threads", &threads, "conversion and tokenisation threads (output does not depend on it)", 1, 256);
+  flags.String("work-dir", &o.work_dir,
+               "where package tarballs are unpacked and documentation is converted [default: OUT/.work]");
   flags.Bool("no-install", &no_install, "never run apt-get; fail if a package is missing");
   flags.Bool("quiet", &quiet, "no progress lines");
   return RunWithFlags(flags, args, [&]() -> absl::Status {
@@ -81,6 +93,12 @@ int Prepare(const Args& args) {
     std::cerr << "oryx data: wrote " << o.out_dir << "/manifest.json\n";
     PrintSplit("train", s.train);
     PrintSplit("val", s.val);
+    std::cerr << absl::StrFormat(
+        "oryx data:   code %d tokens (%.1f%%), other %d tokens (%.1f%%); left out by --max-code-fraction: "
+        "%d documents, %d tokens\n",
+        s.code_tokens, 100.0 * s.code_tokens / std::max<int64_t>(1, tokens), tokens - s.code_tokens,
+        100.0 * (tokens - s.code_tokens) / std::max<int64_t>(1, tokens), s.code_capped_documents,
+        s.code_capped_tokens);
     std::cerr << absl::StrFormat(
         "oryx data: %.1f MB of text -> %d tokens in %.1f s (tokenising %.1f s: %.2f MB/s, %.0f tokens/s)\n",
         s.text_bytes / 1e6, tokens, s.seconds, s.tokenize_seconds, s.text_bytes / 1e6 / s.tokenize_seconds,

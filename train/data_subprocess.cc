@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,8 +23,17 @@ absl::Status RunCommand(const std::vector<std::string>& argv, const CommandOptio
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // extra_env replaces variables of the same name: getenv() would find an inherited one first.
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view var(*e);
+    bool replaced = false;
+    for (const std::string& x : options.extra_env) {
+      const size_t eq = x.find('=');
+      replaced |= eq != std::string::npos && var.size() > eq && var.substr(0, eq + 1) == x.substr(0, eq + 1);
+    }
+    if (!replaced) env_strings.push_back(*e);
+  }
   for (const std::string& e : options.extra_env) env_strings.push_back(e);
   std::vector<char*> env;
   for (std::string& e : env_strings) env.push_back(e.data());

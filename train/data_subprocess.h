@@ -1,4 +1,5 @@
-// Runs an external program (dpkg-query, apt-get, tar, xz) without a shell, for the corpus pipeline.
+// Runs an external program (dpkg-query, apt-get, tar, xz, gzip, man) without a shell, for the corpus
+// pipeline.
 #pragma once
 
 #include <string>
@@ -13,7 +14,7 @@ struct CommandOptions {
   std::string stdout_path;                 // else if set, the child's stdout goes to this file
   bool stdout_to_stderr = false;           // else if true, the child's stdout goes to our stderr
   bool quiet_stderr = false;               // send the child's stderr to /dev/null
-  std::vector<std::string> extra_env;      // "NAME=value" added to the environment
+  std::vector<std::string> extra_env;      // "NAME=value" set in the child's environment (replacing NAME)
 };
 
 // Runs argv[0] (looked up in PATH) with argv and waits. Errors name the program and its exit status.

@@ -1,5 +1,6 @@
 // Corpus pipeline tests on generated --input-dir corpora: SHA-256 vectors, determinism, manifest counts
-// against shard contents, the document-level split, reader windows, pack/unpack, and clean errors.
+// against shard contents, the document-level split, reader windows, pack/unpack, and clean errors; files
+// joined into long documents and the code cap; the HTML, info, gzip and man page conversions on fixtures.
 #include "train/corpus.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "train/data_subprocess.h"
 #include "train/sha256.h"
 #include "train/shards.h"
 
@@ -371,6 +373,247 @@ TEST_F(CorpusTest, DamagedCorporaGiveCleanErrors) {
   EXPECT_NE(r.status().message().find("manifest.json"), std::string::npos) << r.status();
 }
 
+// --- long documents and the code cap ------------------------------------------------------------------
+
+// The documents that min_document_bytes makes of the input directory: its files in path order (including
+// the two that are skipped for their content, which count towards a run's size), in runs of at least
+// `min_bytes`, a short last run joined to the one before; each kept file after its title line.
+std::multiset<std::string> ExpectedRuns(const std::map<std::string, std::string>& kept, int64_t min_bytes) {
+  std::map<std::string, std::string> files = kept;
+  files["binary.dat"] = std::string("abc\0def", 7);
+  files["latin1.txt"] = "caf\xe9 au lait\n";
+  std::vector<std::vector<std::string>> runs;
+  int64_t run_bytes = 0;
+  for (const auto& [name, text] : files) {
+    if (runs.empty() || run_bytes >= min_bytes) {
+      runs.emplace_back();
+      run_bytes = 0;
+    }
+    runs.back().push_back(name);
+    run_bytes += static_cast<int64_t>(text.size());
+  }
+  if (runs.size() > 1 && run_bytes < min_bytes) {
+    for (const std::string& name : runs.back()) runs[runs.size() - 2].push_back(name);
+    runs.pop_back();
+  }
+  std::multiset<std::string> docs;
+  for (const std::vector<std::string>& run : runs) {
+    std::string doc;
+    for (const std::string& name : run) {
+      if (kept.count(name) == 0) continue;
+      if (!doc.empty()) doc += doc.back() == '\n' ? "\n" : "\n\n";
+      doc += "==> " + name + " <==\n\n" + kept.at(name);
+    }
+    if (!doc.empty()) docs.insert(doc);
+  }
+  return docs;
+}
+
+TEST_F(CorpusTest, MinDocumentBytesJoinsFilesInPathOrder) {
+  PrepareCorpusOptions o = Options(FreshDir("joined"));
+  o.min_document_bytes = 3000;
+  absl::StatusOr<CorpusSummary> s = PrepareCorpus(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const json m = json::parse(*ReadFile(o.out_dir + "/manifest.json"));
+  absl::StatusOr<Tokenizer> tok = Tokenizer::Load(o.out_dir + "/tokenizer.model");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  std::multiset<std::string> got;
+  for (const std::string split : {"train", "val"}) {
+    for (const std::string& doc : Documents(*tok, SplitTokens(o.out_dir, m, split))) {
+      EXPECT_GE(doc.size(), 3000u) << doc.substr(0, 40);
+      got.insert(doc);
+    }
+  }
+  const std::multiset<std::string> expected = ExpectedRuns(*docs_, 3000);
+  EXPECT_EQ(got, expected);
+  EXPECT_GT(expected.size(), 3u);
+  EXPECT_LT(expected.size(), docs_->size() / 4);
+  EXPECT_EQ(m["options"]["min_document_bytes"], 3000);
+  // Bad files are left out one by one (counted as files), not with the run they are in.
+  const json& src = m["sources"][0];
+  EXPECT_EQ(src["skipped"]["binary"], 1);
+  EXPECT_EQ(src["skipped"]["invalid_utf8"], 1);
+  EXPECT_EQ(src["skipped"]["empty"], 1);
+
+  // Deterministic, whatever the thread count; the rule is unchanged by a larger threshold's runs.
+  PrepareCorpusOptions again = o;
+  again.out_dir = FreshDir("joined_again").string();
+  again.threads = 3;
+  ASSERT_TRUE(PrepareCorpus(again).ok());
+  for (const auto& e : fs::directory_iterator(o.out_dir)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(*ReadFile(o.out_dir + "/" + name), *ReadFile(again.out_dir + "/" + name)) << name;
+  }
+  // One document when the threshold exceeds the whole source.
+  again.out_dir = FreshDir("joined_one").string();
+  again.min_document_bytes = int64_t{1} << 40;
+  ASSERT_TRUE(PrepareCorpus(again).ok());
+  const json one = json::parse(*ReadFile(again.out_dir + "/manifest.json"));
+  EXPECT_EQ(one["splits"]["train"]["documents"].get<int64_t>() + one["splits"]["val"]["documents"].get<int64_t>(),
+            1);
+}
+
+// A directory of small C-like files, `n` of them.
+void MakeCodeDir(const fs::path& dir, int n) {
+  fs::create_directories(dir);
+  for (int i = 0; i < n; ++i) {
+    std::string text = "#include <linux/types.h>\n\n";
+    for (int f = 0; f <= i % 8; ++f) {
+      text += "static int f" + std::to_string(i) + "_" + std::to_string(f) + "(int x)\n{\n\treturn x + " +
+              std::to_string(f) + ";\n}\n\n";
+    }
+    std::ofstream(dir / ("file" + std::to_string(i) + ".c"), std::ios::binary) << text;
+  }
+}
+
+TEST_F(CorpusTest, MaxCodeFractionCapsCodeInDocumentOrder) {
+  const fs::path code_dir = TestRoot() / "code";
+  MakeCodeDir(code_dir, 160);
+  auto run = [&](const std::string& name, double fraction, int threads) {
+    PrepareCorpusOptions o = Options(FreshDir(name));
+    o.input_code_dir = code_dir.string();
+    o.max_code_fraction = fraction;
+    o.threads = threads;
+    absl::StatusOr<CorpusSummary> s = PrepareCorpus(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::make_pair(*s, json::parse(*ReadFile(o.out_dir + "/manifest.json")));
+  };
+  const auto [all, all_m] = run("cap_none", 1.0, 1);
+  const int64_t all_tokens = all.train.tokens + all.val.tokens;
+  ASSERT_GT(all.code_tokens, 0.4 * all_tokens);  // uncapped, well above the cap below
+  EXPECT_EQ(all.code_capped_documents, 0);
+  EXPECT_EQ(all_m["kinds"]["code"]["tokens"], all.code_tokens);
+  EXPECT_EQ(all_m["kinds"]["text"]["tokens"], all_tokens - all.code_tokens);
+  EXPECT_EQ(all_m["sources"][1]["name"], "input-code");
+  EXPECT_EQ(all_m["sources"][1]["kind"], "code");
+
+  const auto [capped, m] = run("cap_30", 0.3, 1);
+  const int64_t tokens = capped.train.tokens + capped.val.tokens;
+  EXPECT_LE(capped.code_tokens, 0.3 * tokens);
+  EXPECT_GE(capped.code_tokens, 0.3 * tokens - 200);  // the cap binds: code up to a document below it
+  EXPECT_GT(capped.code_capped_documents, 0);
+  EXPECT_EQ(capped.code_capped_tokens, all.code_tokens - capped.code_tokens);
+  EXPECT_EQ(tokens - capped.code_tokens, all_tokens - all.code_tokens);  // every non-code token is kept
+  EXPECT_EQ(m["sources"][1]["skipped"]["code_cap"], capped.code_capped_documents);
+  EXPECT_EQ(m["kinds"]["code_capped"]["documents"], capped.code_capped_documents);
+  EXPECT_NEAR(m["kinds"]["code_fraction"].get<double>(), static_cast<double>(capped.code_tokens) / tokens, 1e-12);
+  EXPECT_EQ(m["options"]["max_code_fraction"], 0.3);
+
+  // Deterministic whatever the thread count; a cap of 0 keeps no code.
+  const auto [again, again_m] = run("cap_30_threads", 0.3, 3);
+  EXPECT_EQ(again_m["splits"], m["splits"]);
+  const auto [none, none_m] = run("cap_0", 0.0, 1);
+  EXPECT_EQ(none.code_tokens, 0);
+  EXPECT_EQ(none.train.tokens + none.val.tokens, all_tokens - all.code_tokens);
+}
+
+// --- converting documentation formats ----------------------------------------------------------------
+
+// A fresh directory of its own for a conversion test (the corpus tests' root is gone by then).
+fs::path ConvertDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("oryx_convert_test_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(ConvertTest, HtmlToTextKeepsTheTextAndItsStructure) {
+  const std::string html =
+      "<!DOCTYPE html>\n<html><head><title>Page</title><style>p { color: red; }</style>\n"
+      "<script>var s = '</div>';</script></head>\n"
+      "<body><nav><a href='/'>Home</a> | <a href='/next'>Next</a></nav>\n"
+      "<div class=\"sphinxsidebar\" role=\"navigation\"><ul><li>Contents</li></ul></div>\n"
+      "<h1>The  <div class=x>Title</div></h1>\n"
+      "<p>Some   text,\n  across lines &amp; with <b>bold</b> &lt;tags&gt; &#8212; &#x41;&nbsp;B &unknown; a&b.</p>"
+      "<!-- a comment <p>not text</p> -->\n"
+      "<pre>\nint main() {\n    return 0; // &lt;ok&gt;\n}\n</pre>\n"
+      "<ul><li><p>first</p></li><li>second<br>line</li></ul>\n"
+      "<ol><li>one</li><li>two</li></ol>\n"
+      "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>\n"
+      "<dl><dt>term</dt><dd>its definition</dd></dl>\n"
+      "<p>x < y</p></body></html>\n";
+  EXPECT_EQ(HtmlToText(html),
+            "# The Title\n"
+            "\n"
+            "Some text, across lines & with bold <tags> \u2014 A B &unknown; a&b.\n"
+            "\n"
+            "int main() {\n"
+            "    return 0; // <ok>\n"
+            "}\n"
+            "\n"
+            "- first\n"  // a paragraph in an item ends with a blank line, as in a loose Markdown list
+            "\n"
+            "- second\n"
+            "line\n"
+            "\n"
+            "1. one\n"
+            "2. two\n"
+            "\n"
+            "a | b\n"
+            "1 | 2\n"
+            "\n"
+            "term\n"
+            "    its definition\n"
+            "\n"
+            "x < y\n");
+  EXPECT_EQ(HtmlToText(""), "");
+  EXPECT_EQ(HtmlToText("<p>unclosed <b>tags"), "unclosed tags\n");
+}
+
+TEST(ConvertTest, InfoToTextDropsNodeHeadersAndTables) {
+  const std::string info = std::string(
+      "This is tiny.info, produced by makeinfo version 6.8 from tiny.texi.\n\n"
+      "INFO-DIR-SECTION Test\nSTART-INFO-DIR-ENTRY\n* Tiny: (tiny).\nEND-INFO-DIR-ENTRY\n\n"
+      "\x1f\nFile: tiny.info,  Node: Top,  Next: Index,  Up: (dir)\n\n"
+      "Tiny\n****\n\nThis manual is tiny.\n\n"
+      "\x1f\nFile: tiny.info,  Node: Index,  Prev: Top,  Up: Top\n\nIndex\n*****\n\n") +
+      std::string("\0\b[index\0\b]\n* Menu:\n\n* tiny:     Top.     (line 6)\n\n", 52) +
+      "\x1f\nTag Table:\nNode: Top94\nNode: Index189\n\x1f\nEnd Tag Table\n\n"
+      "\x1f\nLocal Variables:\ncoding: utf-8\nEnd:\n";
+  EXPECT_EQ(InfoToText(info),
+            "Tiny\n****\n\nThis manual is tiny.\n\nIndex\n*****\n\n* Menu:\n\n* tiny:     Top.     (line 6)\n");
+}
+
+TEST(ConvertTest, ConvertDocumentFileDecompressesAndPicksTheConverter) {
+  const fs::path dir = ConvertDir("convert");
+  const std::string html = "<html><body><h2>Hello</h2><p>World &amp; all</p></body></html>\n";
+  const std::string info = "banner\n\x1f\nFile: a.info,  Node: Top,  Up: (dir)\n\nText of the node.\n";
+  std::ofstream(dir / "page.html") << html;
+  std::ofstream(dir / "manual.info-2") << info;
+  std::ofstream(dir / "notes.txt") << "  plain <p>text</p>  \n";
+  std::ofstream(dir / "packed.html") << html;
+  ASSERT_TRUE(RunCommand({"gzip", "-n", (dir / "packed.html").string()}).ok());
+  EXPECT_EQ(*ConvertDocumentFile((dir / "page.html").string(), ""), "## Hello\n\nWorld & all\n");
+  EXPECT_EQ(*ConvertDocumentFile((dir / "packed.html.gz").string(), ""), "## Hello\n\nWorld & all\n");
+  EXPECT_EQ(*ConvertDocumentFile((dir / "manual.info-2").string(), ""), "Text of the node.\n");
+  EXPECT_EQ(*ConvertDocumentFile((dir / "notes.txt").string(), ""), "  plain <p>text</p>  \n");
+  EXPECT_FALSE(ConvertDocumentFile((dir / "missing.html").string(), "").ok());
+  EXPECT_FALSE(ConvertDocumentFile((dir / "notes.txt").string(), "pdf").ok());
+  fs::remove_all(dir);
+}
+
+TEST(ConvertTest, ManPagesAreRenderedAsPlainText) {
+  if (std::system("command -v man >/dev/null 2>&1") != 0) GTEST_SKIP() << "man-db is not installed";
+  const fs::path dir = ConvertDir("man");
+  std::ofstream(dir / "tiny.7") << ".TH TINY 7 2024-01-01 \"Oryx\" \"Oryx Test Manual\"\n"
+                                   ".SH NAME\ntiny \\- a tiny page\n"
+                                   ".SH DESCRIPTION\nThis page has\n.B bold\nwords, and a\n.I term\nlist:\n"
+                                   ".TP\n.B one\nThe first item.\n";
+  std::ofstream(dir / "alias.7") << ".\\\" a page that only sources another\n.so man7/tiny.7\n";
+  ASSERT_TRUE(RunCommand({"gzip", "-n", "-k", (dir / "tiny.7").string()}).ok());
+  absl::StatusOr<std::string> text = ConvertDocumentFile((dir / "tiny.7").string(), "man");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_NE(text->find("NAME\n       tiny - a tiny page\n"), std::string::npos) << *text;
+  EXPECT_NE(text->find("This page has bold words, and a term list:"), std::string::npos) << *text;
+  EXPECT_NE(text->find("one    The first item."), std::string::npos) << *text;
+  EXPECT_EQ(text->find('\b'), std::string::npos);  // no overstrike
+  EXPECT_EQ(text->find('\x1b'), std::string::npos);  // no escape sequences
+  EXPECT_EQ(*ConvertDocumentFile((dir / "tiny.7.gz").string(), "man"), *text);
+  EXPECT_EQ(*ConvertDocumentFile((dir / "alias.7").string(), "man"), "");
+  fs::remove_all(dir);
+}
+
 TEST_F(CorpusTest, BadOptionsGiveCleanErrors) {
   PrepareCorpusOptions o = Options(FreshDir("bad_options"));
   o.val_fraction = 1.5;
@@ -392,6 +635,14 @@ TEST_F(CorpusTest, BadOptionsGiveCleanErrors) {
   o = Options(FreshDir("bad_options"));
   o.tokenizer_path = (TestRoot() / "missing.model").string();
   EXPECT_FALSE(PrepareCorpus(o).ok());
+  o = Options(FreshDir("bad_options"));
+  o.min_document_bytes = -1;
+  EXPECT_EQ(PrepareCorpus(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(FreshDir("bad_options"));
+  o.max_code_fraction = 1.5;
+  s = PrepareCorpus(o);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("--max-code-fraction"), std::string::npos) << s.status();
 }
 
 }  // namespace
