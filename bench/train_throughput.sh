@@ -3,7 +3,7 @@
 # line per run on stdout with the rate of the last logged window (after warm-up and graph recording).
 #
 #   bench/train_throughput.sh ORYX CORPUS_DIR OUT_DIR [RUN...]
-#   RUN is NAME:BATCH:GRAPH(on|off)[:EXTRA FLAGS]; NAME is 16m or 205m. Default: a 205M/16M grid on CUDA.
+#   RUN is NAME:BATCH:GRAPH(on|off)[:EXTRA FLAGS]; NAME is 16m, 26m, 29m (the 16K-context candidates) or 205m. Default: a 205M/16M grid on CUDA.
 #   Environment: DEVICE=cuda|cpu (default cuda), SEQ (default 2048), STEPS (default 25, logged every 5).
 #   On the CPU the MFU is against the fp32 GEMM rate LibTorch reaches on the same machine, measured in the
 #   same run (torch.mm of 2048 x 2048, all cores): a ratio, not a datasheet peak.
@@ -19,6 +19,8 @@ if [[ ${#RUNS[@]} -eq 0 ]]; then
 fi
 declare -A MODEL=(
   [16m]="--d-model 384 --layers 6 --heads 6 --head-dim 64 --mlp-hidden 1024"
+  [26m]="--d-model 448 --layers 8 --heads 7 --head-dim 64 --mlp-hidden 1216 --rope-theta 500000"
+  [29m]="--d-model 512 --layers 8 --heads 8 --head-dim 64 --mlp-hidden 1024 --rope-theta 500000"
   [205m]="--d-model 768 --layers 24 --heads 12 --head-dim 64 --mlp-hidden 2048"
 )
 peak=()
@@ -40,7 +42,7 @@ fi
 mkdir -p "$OUT"
 for run in "${RUNS[@]}"; do
   IFS=: read -r name batch graph extra <<<"$run"
-  [[ -n ${MODEL[$name]:-} ]] || { echo "train_throughput: unknown model '$name' (16m | 205m)" >&2; exit 2; }
+  [[ -n ${MODEL[$name]:-} ]] || { echo "train_throughput: unknown model '$name' (16m | 26m | 29m | 205m)" >&2; exit 2; }
   tag="$DEVICE-$name-b$batch-s$SEQ-graph-$graph${extra:+-$(echo "$extra" | tr -c 'a-zA-Z0-9.\n' '_')}"
   dir="$OUT/$tag"
   rm -rf "$dir"

@@ -51,12 +51,22 @@ class EngineModel final : public SequenceModel {
  public:
   explicit EngineModel(std::unique_ptr<CpuBackend> backend) : backend_(std::move(backend)) {}
   const ModelConfig& config() const override { return backend_->config(); }
-  absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes) override {
+  absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes,
+                                            int64_t first_row) override {
+    if (first_row < 0 || first_row >= static_cast<int64_t>(ids.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("logits from row ", first_row, " of ", ids.size()));
+    }
     SequenceState seq = backend_->NewSequence();
     std::vector<Mode> m(modes.size());
     for (size_t t = 0; t < modes.size(); ++t) m[t] = modes[t] ? Mode::kAttention : Mode::kLinear;
     std::vector<float> logits;
-    ORYX_RETURN_IF_ERROR(backend_->Forward(seq, ids, m, /*all_logits=*/true, &logits));
+    if (first_row > 0) {  // the rows before: state only, no LM head
+      ForwardItem head{&seq, ids.first(first_row), std::span<const Mode>(m).first(first_row), LogitsRows::kNone,
+                       nullptr, false};
+      ORYX_RETURN_IF_ERROR(backend_->Forward(std::span(&head, 1)));
+    }
+    ORYX_RETURN_IF_ERROR(backend_->Forward(seq, ids.subspan(first_row), std::span<const Mode>(m).subspan(first_row),
+                                           /*all_logits=*/true, &logits));
     return logits;
   }
 
@@ -210,15 +220,22 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
       }
       attention_tokens += Fraction(modes) * T;
       tokens += T;
-      ORYX_ASSIGN_OR_RETURN(std::vector<float> logits, model.Logits(ex.ids, modes));  // [T, V]
+      // Only the rows from the one that predicts the first answer token on are scored (the answers and
+      // their masks lie there), so only those logits are computed.
+      int64_t first = T - 1;
+      for (const tasks::AnswerSpan& a : ex.answers) first = std::min<int64_t>(first, a.begin - 1);
+      first = std::max<int64_t>(first, 0);
+      ORYX_ASSIGN_OR_RETURN(std::vector<float> logits, model.Logits(ex.ids, modes, first));  // [T - first, V]
       const int64_t V = c.vocab_size;
-      std::vector<int32_t> predicted(T);
-      for (int64_t t = 0; t < T; ++t) {
-        predicted[t] = static_cast<int32_t>(std::max_element(&logits[t * V], &logits[(t + 1) * V]) - &logits[t * V]);
+      std::vector<int32_t> predicted(T, -1);
+      for (int64_t t = first; t < T; ++t) {
+        const float* row = &logits[(t - first) * V];
+        predicted[t] = static_cast<int32_t>(std::max_element(row, row + V) - row);
       }
-      const std::vector<double> nll = TokenNll(std::span(logits).first((T - 1) * V), std::span(ex.ids).subspan(1), V);
-      std::vector<float> target_lp(T - 1);
-      for (int64_t t = 0; t + 1 < T; ++t) target_lp[t] = static_cast<float>(-nll[t]);
+      const std::vector<double> nll =
+          TokenNll(std::span(logits).first((T - 1 - first) * V), std::span(ex.ids).subspan(first + 1), V);
+      std::vector<float> target_lp(T - 1, 0.f);
+      for (int64_t t = first; t + 1 < T; ++t) target_lp[t] = static_cast<float>(-nll[t - first]);
       ORYX_ASSIGN_OR_RETURN(tasks::ExampleScore score, tasks::ScoreTeacherForced(ex, predicted));
       ORYX_ASSIGN_OR_RETURN(double ll, tasks::AnswerLogLikelihood(ex, target_lp));
       score.log_likelihood = ll;

@@ -22,7 +22,11 @@ class SequenceModel {
  public:
   virtual ~SequenceModel() = default;
   virtual const ModelConfig& config() const = 0;
-  virtual absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes) = 0;
+  // The logits [T - first_row, V] of rows first_row .. T-1 of the sequence run in the given modes (1 =
+  // attention). The rows before first_row are run but their logits not computed: task scoring needs only
+  // the rows that predict answers, and the LM head is a large share of a small model's forward.
+  virtual absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes,
+                                                    int64_t first_row = 0) = 0;
 };
 
 struct EvalCommon {

@@ -49,14 +49,16 @@ class TorchModel final : public SequenceModel {
  public:
   explicit TorchModel(Setup s) : s_(std::move(s)) {}
   const ModelConfig& config() const override { return (*s_.model)->config(); }
-  absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes) override {
+  absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes,
+                                            int64_t first_row) override {
     return Guarded([&]() -> absl::StatusOr<std::vector<float>> {
       torch::NoGradGuard no_grad;
       const int64_t T = static_cast<int64_t>(ids.size());
       std::vector<int64_t> wide(ids.begin(), ids.end());
       auto x = torch::from_blob(wide.data(), {1, T}, torch::kInt64).clone().to(s_.device);
       auto m = torch::from_blob(const_cast<uint8_t*>(modes.data()), {1, T}, torch::kUInt8).to(torch::kBool).to(s_.device);
-      auto logits = (*s_.model)->Forward(x, m).to(torch::kCPU, torch::kFloat32).contiguous();
+      auto logits = (*s_.model)->Forward(x, m).to(torch::kCPU, torch::kFloat32);
+      logits = logits.reshape({T, -1}).slice(0, first_row).contiguous();
       return std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
     });
   }

@@ -2,12 +2,14 @@
 # Checks of the shipped default model (models/default) through the engine, as CI runs them:
 #   1. greedy speculative decoding gives attention mode's tokens exactly (linear drafts, fixed and adaptive
 #      length, and n-gram drafts);
-#   2. perplexity of four stretches of the validation split (tests/data/default_model, 40K tokens as text)
-#      lies in the stated range: attention mode 7.5-10.5 (measured 8.84), linear mode above attention and
-#      below 11.5 (measured 9.81);
-#   3. on multi-key needle-in-a-haystack at 256, 512 and 1024 tokens (haystack: the same validation text,
-#      120 examples), linear prefill + attention generation beats all-linear by at least 0.10 (measured
-#      0.825 vs 0.667; all-attention 0.858) with under 5% of the tokens in attention mode (measured 0.8%).
+#   2. perplexity of four 1024-token stretches of the validation split (tests/data/default_model, held-out
+#      text) lies in the stated range: attention mode 7.5-10.5, linear mode above attention and below 11.5
+#      (measured on these four: attention 8.67, linear 9.48);
+#   3. on multi-key needle-in-a-haystack at 384 and 768 tokens (haystack: the same validation text, 40
+#      examples), linear prefill + attention generation beats all-linear by at least 0.10 (measured 0.875 vs
+#      0.500) with under 5% of the tokens in attention mode (measured 0.9%).
+# The run is kept short for CI (under a minute on 2 cores): the engine is deterministic, so these fixed
+# inputs give the same numbers on every run.
 #   default_model_test.sh PATH_TO_ORYX SOURCE_DIR
 set -euo pipefail
 ORYX="$1" SRC="$2"
@@ -33,7 +35,7 @@ PY
 done
 
 # 2. Validation perplexity in the stated range.
-"$ORYX" eval ppl --model "$MODEL" --text "$SRC"/tests/data/default_model/val-*.txt --seq-len 1024 --sequences 8 \
+"$ORYX" eval ppl --model "$MODEL" --text "$SRC"/tests/data/default_model/val-*.txt --seq-len 1024 --sequences 4 \
   --schedules attention linear --json >"$TMP/ppl.json"
 python3 - "$TMP/ppl.json" <<'PY' || fail "perplexity range"
 import json, sys
@@ -45,12 +47,12 @@ PY
 
 # 3. Linear prefill keeps the retrieval that all-linear loses.
 "$ORYX" eval niah-multikey --model "$MODEL" --haystack "$SRC"/tests/data/default_model/val-*.txt \
-  --lengths 256 512 1024 --seeds 8 --json >"$TMP/niah.json"
+  --lengths 384 768 --seeds 4 --policies linear prefill-linear --json >"$TMP/niah.json"
 python3 - "$TMP/niah.json" <<'PY' || fail "needle-in-a-haystack margin"
 import json, sys
 s = {r["policy"]: r for r in json.load(open(sys.argv[1]))["results"] if r.get("summary")}
 acc = {p: s[p]["accuracy"] for p in s}
-print(f"multi-key NIAH @256-1024: attention {acc['attention']:.3f}, linear {acc['linear']:.3f}, "
+print(f"multi-key NIAH @384-768: linear {acc['linear']:.3f}, "
       f"prefill-linear {acc['prefill-linear']:.3f} ({100 * s['prefill-linear']['attention_fraction']:.1f}% attention)")
 assert acc["prefill-linear"] - acc["linear"] >= 0.10, acc
 assert s["prefill-linear"]["attention_fraction"] < 0.05
