@@ -64,6 +64,8 @@ int RunTrain(const Args& args) {
   flags.Int("mqar-max-pairs", &o.mqar_max_pairs, "MQAR key-value pairs per sequence at most", 4, 4096);
   flags.Double("mqar-spread", &o.mqar_spread,
                "share of MQAR sequences whose queries spread over the whole sequence (long gaps)");
+  flags.Bool("allow-short-documents", &o.allow_short_documents,
+             "train even when the corpus's documents average less than half of --seq-len");
   flags.String("init-from", &o.init_from,
                "start from this model directory's weights with a fresh optimizer and schedule (a run continued "
                "elsewhere from exported weights); the model flags must match its config");

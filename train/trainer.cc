@@ -306,6 +306,19 @@ absl::Status Trainer::Setup() {
     return absl::FailedPreconditionError(absl::StrCat(o_.data_dir, ": the train split holds ",
                                                       train_->num_tokens(), " tokens, fewer than one sequence"));
   }
+  if (const Json& split = train_->manifest().json["splits"]["train"];
+      !o_.allow_short_documents && split.contains("documents") && split["documents"].is_number_integer() &&
+      split["documents"].get<int64_t>() > 0) {
+    const int64_t documents = split["documents"].get<int64_t>();
+    const int64_t mean = train_->num_tokens() / documents;
+    if (2 * mean < o_.seq_len) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          o_.data_dir, ": the train split's ", documents, " documents average ", mean, " tokens, less than half of ",
+          "--seq-len ", o_.seq_len, ": most of every window would be unrelated text. Prepare the corpus with ",
+          "longer documents (oryx data prepare --min-document-bytes, about 4 bytes a token), lower --seq-len, ",
+          "or pass --allow-short-documents"));
+    }
+  }
   if (o_.task_fraction > 0) {
     ORYX_ASSIGN_OR_RETURN(TaskSetup setup, MakeTaskSetup(*tokenizer_));
     haystack_ = std::make_unique<CorpusHaystack>(&*train_);

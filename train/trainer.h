@@ -54,6 +54,10 @@ struct TrainOptions {
   // later session on another machine, where only the exported weights came back. The model options must
   // match the checkpoint's config.
   std::string init_from;
+  // Training windows are cut from documents laid end to end; when the train split's documents average
+  // less than half a window, most of each window is unrelated text and nothing teaches the model to use its
+  // whole context, so the trainer refuses to start unless this is set.
+  bool allow_short_documents = false;
 
   int64_t log_every = 10;
   int64_t eval_every = 200;       // validation loss in attention, linear and mixed mode

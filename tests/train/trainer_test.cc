@@ -209,6 +209,17 @@ TEST(Trainer, ContradictoryOptionsAreRejected) {
   EXPECT_FALSE(Train(o).ok());
 }
 
+// A window far longer than the corpus's documents is refused before anything is written, unless asked for.
+TEST(Trainer, WindowsMuchLongerThanTheDocumentsAreRefused) {
+  TrainOptions o = Tiny(Root() + "/short-docs");
+  o.seq_len = 16384;
+  o.model.max_position = 16384;
+  const absl::Status s = Train(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("--min-document-bytes"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(o.out_dir + "/checkpoint"));
+}
+
 // Removes the temporary corpus and runs when the test binary ends.
 class CleanupEnvironment : public ::testing::Environment {
  public:
