@@ -152,7 +152,7 @@ int RunEval(const Args& args) {
     train::TaskEvalOptions o;
     o.task = kind;
     std::vector<std::string> policies, lengths, depths, haystack;
-    int64_t seeds = o.seeds, pairs = o.mqar_pairs;
+    int64_t seeds = o.seeds, pairs = o.mqar_pairs, needles = o.multikey_needles;
     const bool mqar = kind == "mqar";
     FlagSet f(mqar ? "oryx eval mqar --model DIR [--pairs N] [--policies P...] [--lengths N...]"
                    : absl::StrCat("oryx eval ", kind,
@@ -172,6 +172,7 @@ int RunEval(const Args& args) {
     if (mqar) {
       f.Int("pairs", &pairs, "key-value pairs per example", 1, 100000);
     } else {
+      if (kind == "niah-multikey") f.Int("needles", &needles, "needles per example: the asked one and distractors", 2, 64);
       f.StringList("depths", &depths, "needle depths in [0, 1] [default: 0 0.25 0.5 0.75 1]");
       f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
     }
@@ -193,6 +194,7 @@ int RunEval(const Args& args) {
       }
       o.seeds = static_cast<int32_t>(seeds);
       o.mqar_pairs = static_cast<int32_t>(pairs);
+      o.multikey_needles = static_cast<int32_t>(needles);
       ORYX_ASSIGN_OR_RETURN(std::unique_ptr<train::SequenceModel> model, open_model());
       return finish(train::EvalTask(o, *model));
     });

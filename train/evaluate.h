@@ -72,6 +72,7 @@ struct TaskEvalOptions {
   std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};  // ignored by mqar
   int32_t seeds = 8;
   int32_t mqar_pairs = 16;
+  int32_t multikey_needles = 4;  // niah-multikey: the asked needle and its distractors
 };
 absl::StatusOr<nlohmann::json> EvalTask(const TaskEvalOptions& options, SequenceModel& model);
 
