@@ -31,13 +31,10 @@ float Softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // Grows a buffer to at least n floats (never shrinks, so steady-state forwards allocate nothing).
-template <typename Vector>
-float* AtLeast(Vector& v, int64_t n) {
+float* AtLeast(kernels::AlignedVector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
   return v.data();
 }
-
-void Append(kernels::AlignedVector<float>& dst, const float* src, int64_t n) { dst.insert(dst.end(), src, src + n); }
 
 }  // namespace
 
@@ -212,12 +209,20 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   const int64_t H = c.n_heads, HD = c.qk_dim();
   b->gate_width_ = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
   b->proj_width_ = 4 * HD + b->gate_width_ + HD;
-  // Each tensor is read once, so its file pages are dropped as soon as it is converted (DropTensorPages):
-  // loading then peaks at the fp32 weights plus one tensor, not plus the whole file.
-  auto get = [&](std::string_view name, Floats& out) -> absl::Status {
+  // Each tensor is converted straight into its place, and its file pages are dropped as soon as it is
+  // (DropTensorPages): loading then peaks at the fp32 weights plus one tensor, not plus the whole file.
+  // With `at`, the tensor goes to out[*at ...] of a matrix fused from several (sized by the caller) and *at
+  // moves past it; without, `out` is the tensor.
+  auto get = [&](std::string_view name, Floats& out, int64_t* at = nullptr) -> absl::Status {
     ORYX_ASSIGN_OR_RETURN(TensorView view, ckpt.Tensor(name));
-    const std::vector<float> values = TensorToFloats(view);
-    out.assign(values.begin(), values.end());
+    const int64_t n = view.numel();
+    if (at == nullptr) out.resize(n);
+    const int64_t offset = at == nullptr ? 0 : *at;
+    if (offset + n > static_cast<int64_t>(out.size())) {
+      return absl::InternalError(Cat(dir, ": ", name, " does not fit its fused matrix"));
+    }
+    TensorToFloats(view, out.data() + offset);
+    if (at != nullptr) *at += n;
     DropTensorPages(view);
     return absl::OkStatus();
   };
@@ -225,10 +230,11 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, b->final_norm_));
   if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, b->lm_head_));
   b->layers_.resize(c.n_layers);
-  Floats part;
   for (int64_t il = 0; il < c.n_layers; ++il) {
     Layer& l = b->layers_[il];
-    auto layer = [&](std::string_view suffix, Floats& out) { return get(LayerTensorName(il, suffix), out); };
+    auto layer = [&](std::string_view suffix, Floats& out, int64_t* at = nullptr) {
+      return get(LayerTensorName(il, suffix), out, at);
+    };
     for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kOProj, &l.o_proj},
                                  {kConvWeight, &l.conv_weight}, {kConvBias, &l.conv_bias}, {kGateNorm, &l.gate_norm},
                                  {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down}}) {
@@ -243,16 +249,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
       fused.push_back(kAlphaProj);
     }
     fused.push_back(kQAttn);
-    l.in_proj.reserve(b->proj_width_ * c.d_model);  // filled part by part: no regrowth, no transient copy
-    l.mlp_in.reserve(2 * c.mlp_hidden * c.d_model);
-    for (std::string_view suffix : fused) {
-      ORYX_RETURN_IF_ERROR(layer(suffix, part));
-      Append(l.in_proj, part.data(), static_cast<int64_t>(part.size()));
-    }
-    for (std::string_view suffix : {kMlpGate, kMlpUp}) {
-      ORYX_RETURN_IF_ERROR(layer(suffix, part));
-      Append(l.mlp_in, part.data(), static_cast<int64_t>(part.size()));
-    }
+    l.in_proj.resize(b->proj_width_ * c.d_model);
+    int64_t at = 0;
+    for (std::string_view suffix : fused) ORYX_RETURN_IF_ERROR(layer(suffix, l.in_proj, &at));
+    l.mlp_in.resize(2 * c.mlp_hidden * c.d_model);
+    at = 0;
+    for (std::string_view suffix : {kMlpGate, kMlpUp}) ORYX_RETURN_IF_ERROR(layer(suffix, l.mlp_in, &at));
   }
   b->pool_ = std::make_unique<k::cpu::ThreadPool>(threads);
   b->scratch_ = std::make_unique<Scratch>();

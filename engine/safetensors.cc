@@ -265,11 +265,10 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-std::vector<float> TensorToFloats(const TensorView& tensor) {
+void TensorToFloats(const TensorView& tensor, float* out) {
   const size_t n = tensor.bytes.size() / DTypeSize(tensor.dtype);
-  std::vector<float> out(n);
   if (tensor.dtype == DType::kF32) {
-    if (n > 0) std::memcpy(out.data(), tensor.bytes.data(), n * sizeof(float));
+    if (n > 0) std::memcpy(out, tensor.bytes.data(), n * sizeof(float));
   } else {
     for (size_t i = 0; i < n; ++i) {
       uint16_t bits;
@@ -277,6 +276,11 @@ std::vector<float> TensorToFloats(const TensorView& tensor) {
       out[i] = Bf16ToFloat(bits);
     }
   }
+}
+
+std::vector<float> TensorToFloats(const TensorView& tensor) {
+  std::vector<float> out(tensor.bytes.size() / DTypeSize(tensor.dtype));
+  TensorToFloats(tensor, out.data());
   return out;
 }
 

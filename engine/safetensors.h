@@ -50,8 +50,9 @@ struct TensorView {
   int64_t numel() const;
 };
 
-// The tensor's values as floats (bf16 widened exactly).
+// The tensor's values as floats (bf16 widened exactly), returned or written to out[0 .. numel()).
 std::vector<float> TensorToFloats(const TensorView& tensor);
+void TensorToFloats(const TensorView& tensor, float* out);
 // Lets the kernel drop the memory pages that hold a memory-mapped tensor's bytes (those wholly inside it):
 // for a loader that reads each tensor once, so that its peak memory holds its converted weights and one
 // tensor of the file, not the whole file besides. The bytes stay readable (from the file) afterwards.

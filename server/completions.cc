@@ -13,7 +13,7 @@ namespace {
 using json = nlohmann::json;
 
 absl::Status Bad(std::string_view field, std::string_view want, const json& got) {
-  return absl::InvalidArgumentError(Cat("'", field, "' must be ", want, ", got ", Dump(got)));
+  return absl::InvalidArgumentError(Cat("'", field, "' must be ", want, ", got ", JsonText(got)));
 }
 
 absl::StatusOr<int64_t> Integer(std::string_view field, const json& v, int64_t min, int64_t max) {
@@ -133,7 +133,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
       q.policy = v.get<std::string>();
     } else if (key == "model") {
       if (!v.is_string() || v.get<std::string>() != model_name) {
-        return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", Dump(v)));
+        return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", JsonText(v)));
       }
     } else if (key == "n") {
       if (v != 1) return Bad(key, "1 (one completion per request)", v);
@@ -204,8 +204,6 @@ nlohmann::json ErrorObject(std::string_view message, int http_status) {
 nlohmann::json ErrorObject(const absl::Status& status) {
   return ErrorObject(std::string_view(status.message().data(), status.message().size()), HttpStatus(status));
 }
-
-std::string Dump(const nlohmann::json& j) { return JsonText(j); }
 
 size_t CompleteUtf8Prefix(std::string_view text) {
   // Look back at most 3 bytes for the lead byte of the last character; cut before it if it is incomplete.

@@ -49,8 +49,6 @@ nlohmann::json ErrorObject(std::string_view message, int http_status);
 nlohmann::json ErrorObject(const absl::Status& status);  // with HttpStatus(status)
 // 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 500 otherwise.
 int HttpStatus(const absl::Status& status);
-// JSON text with invalid UTF-8 (a token may end inside a character) replaced by U+FFFD, never an exception.
-std::string Dump(const nlohmann::json& j);
 
 // The length of text's longest prefix that does not end inside a UTF-8 character: a stream sends that and
 // keeps the rest for the next token (byte-fallback tokens split characters).

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/str_cat.h"
 #include "httplib.h"
+#include "engine/json_text.h"
 #include "server/completions.h"
 
 namespace oryx::server {
@@ -32,7 +33,7 @@ double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::
 
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(Dump(body), "application/json");
+  res.set_content(JsonText(body), "application/json");
 }
 
 void ReplyError(httplib::Response& res, const absl::Status& status) {
@@ -50,7 +51,7 @@ struct EventStream {
   absl::Status error;              // what ended the request, when it failed
   std::atomic<bool> cancelled{false};
 
-  void Push(const json& j) { frames.push_back("data: " + Dump(j) + "\n\n"); }
+  void Push(const json& j) { frames.push_back("data: " + JsonText(j) + "\n\n"); }
 
   // One chunk per token, even when its text is held back or empty (a model without a tokenizer). False once
   // the client has gone, which ends the request.
@@ -182,7 +183,7 @@ void HttpServer::Impl::Routes() {
       std::fprintf(stderr, "[serve] - %d %s %s: %s\n", res.status, req.method.c_str(), req.path.c_str(),
                    message.c_str());
     }
-    res.set_content(Dump(ErrorObject(message, res.status)), "application/json");
+    res.set_content(JsonText(ErrorObject(message, res.status)), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
     std::string what = "unknown exception";

@@ -9,7 +9,6 @@
 #include <dlfcn.h>
 
 #include <cstdio>
-#include <mutex>
 
 namespace {
 

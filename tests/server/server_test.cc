@@ -9,6 +9,7 @@
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "engine/json_text.h"
 #include "server/completions.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -154,7 +155,7 @@ TEST(Completions, StreamsHoldBackAnUnfinishedCharacterAndJsonNeverThrows) {
   EXPECT_EQ(CompleteUtf8Prefix("\xF0\x9F\x98"), 0u);       // an emoji cut
   EXPECT_EQ(CompleteUtf8Prefix(""), 0u);
   // A lone invalid byte reaches the JSON as U+FFFD instead of throwing.
-  EXPECT_EQ(Dump(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
+  EXPECT_EQ(JsonText(json("a\xFF")), "\"a\xEF\xBF\xBD\"");
 }
 
 TEST_F(ServerTest, ConcurrentRequestsShareTheBatchAndGetWhatEachGetsAlone) {
@@ -292,7 +293,7 @@ TEST_F(HttpTest, CompletionsMatchTheEngineAndStreamsCarryTheSameText) {
   const GenerateResult alone = Alone(Request("the quick brown", 12));
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["model"], "tiny");
-  EXPECT_EQ(j["choices"][0]["text"], json::parse(Dump(json(alone.text))));  // invalid UTF-8 replaced
+  EXPECT_EQ(j["choices"][0]["text"], json::parse(JsonText(json(alone.text))));  // invalid UTF-8 replaced
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["oryx"]["tokens"].get<std::vector<int32_t>>(), alone.tokens);
   EXPECT_EQ(j["usage"]["completion_tokens"], 12);
