@@ -73,10 +73,11 @@ void PrintTable(const Json& result) {
 
 int RunEval(const Args& args) {
   static const char* kUsage =
-      "usage: oryx eval <ppl|niah|niah-multikey|passkey|mqar|agreement> --model DIR [flags]\n\n"
+      "usage: oryx eval <ppl|niah|niah-multikey|passkey|mqar|copy|agreement> --model DIR [flags]\n\n"
       "  ppl         validation perplexity under mode schedules, with per-position losses\n"
       "  niah        needle-in-a-haystack accuracy by policy over lengths and depths\n"
       "  niah-multikey, passkey, mqar   the other synthetic retrieval tasks\n"
+      "  copy        continuing a passage of ordinary text that the context already holds, by distance\n"
       "  agreement   greedy self-speculation on held-out text, on the LibTorch reference (runs oryx-torch)\n\n"
       "Run 'oryx eval <kind> --help' for its flags.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -148,7 +149,7 @@ int RunEval(const Args& args) {
       return finish(train::EvalPerplexity(o, *model));
     });
   }
-  if (kind == "niah" || kind == "niah-multikey" || kind == "passkey" || kind == "mqar") {
+  if (kind == "niah" || kind == "niah-multikey" || kind == "passkey" || kind == "mqar" || kind == "copy") {
     train::TaskEvalOptions o;
     o.task = kind;
     std::vector<std::string> policies, lengths, depths, haystack;
@@ -161,6 +162,12 @@ int RunEval(const Args& args) {
                      "(teacher-forced exact match of every answer token) and answer log-likelihood by policy:\n"
                      "attention, linear, prefill-linear (prompt in linear mode, its last token and the answer in\n"
                      "attention mode)."
+                   : kind == "copy"
+                   ? "Copying ordinary text: a passage of the haystack (at the depth) is repeated at the end; given\n"
+                     "its first 16 tokens, the model must continue it for 32 more. Accuracy is the teacher-forced\n"
+                     "exact match of those 32 tokens, by policy: attention, linear, prefill-linear. Haystack text\n"
+                     "comes from the corpus's validation split, or from text files (--haystack), e.g. documents\n"
+                     "the model never trained on."
                    : "Task accuracy (teacher-forced exact match of every answer token) and answer log-likelihood\n"
                      "by policy: attention, linear, prefill-linear (prompt in linear mode, its last token and the\n"
                      "answer in attention mode). Haystack text comes from the corpus's validation split, or from\n"
@@ -173,7 +180,8 @@ int RunEval(const Args& args) {
       f.Int("pairs", &pairs, "key-value pairs per example", 1, 100000);
     } else {
       if (kind == "niah-multikey") f.Int("needles", &needles, "needles per example: the asked one and distractors", 2, 64);
-      f.StringList("depths", &depths, "needle depths in [0, 1] [default: 0 0.25 0.5 0.75 1]");
+      f.StringList("depths", &depths, kind == "copy" ? "passage depths in [0, 1] [default: 0 0.25 0.5 0.75 1]"
+                                                     : "needle depths in [0, 1] [default: 0 0.25 0.5 0.75 1]");
       f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
     }
     return RunWithFlags(f, rest, [&]() -> absl::Status {

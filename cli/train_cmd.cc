@@ -64,6 +64,9 @@ int RunTrain(const Args& args) {
   flags.Int("mqar-max-pairs", &o.mqar_max_pairs, "MQAR key-value pairs per sequence at most", 4, 4096);
   flags.Double("mqar-spread", &o.mqar_spread,
                "share of MQAR sequences whose queries spread over the whole sequence (long gaps)");
+  flags.String("task-weights", &o.task_weights,
+               "relative weights of the task kinds, e.g. niah_single=2,copy=1 (kinds: mqar niah_single niah_multikey "
+               "passkey copy; defaults 1 1 1 0.5 0)");
   flags.Bool("allow-short-documents", &o.allow_short_documents,
              "train even when the corpus's documents average less than half of --seq-len");
   flags.String("init-from", &o.init_from,

@@ -26,11 +26,12 @@ std::array<NamedId, 8> SpecialIds(const TaskVocab& v) {
            {"needle", v.needle}}};
 }
 
-constexpr std::array<std::pair<TaskKind, std::string_view>, 4> kKindNames = {{
+constexpr std::array<std::pair<TaskKind, std::string_view>, 5> kKindNames = {{
     {TaskKind::kMqar, "mqar"},
     {TaskKind::kNiahSingle, "niah_single"},
     {TaskKind::kNiahMultiKey, "niah_multikey"},
     {TaskKind::kPasskey, "passkey"},
+    {TaskKind::kCopy, "copy"},
 }};
 
 }  // namespace
@@ -107,7 +108,7 @@ absl::StatusOr<TaskKind> ParseTaskKind(std::string_view name) {
     if (n == name) return k;
   }
   return absl::InvalidArgumentError(
-      Cat("unknown task '", name, "' (expected mqar, niah_single, niah_multikey or passkey)"));
+      Cat("unknown task '", name, "' (expected mqar, niah_single, niah_multikey, passkey or copy)"));
 }
 
 bool TaskUsesHaystack(TaskKind kind) { return kind != TaskKind::kMqar; }

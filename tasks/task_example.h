@@ -66,8 +66,9 @@ enum class TaskKind {
   kNiahSingle,    // one needle in a haystack of real text
   kNiahMultiKey,  // one needle asked for among distractor needles with other keys
   kPasskey,       // a number hidden in a haystack
+  kCopy,          // a passage of the haystack repeated: continue it (tasks/copy.h)
 };
-// "mqar", "niah_single", "niah_multikey", "passkey".
+// "mqar", "niah_single", "niah_multikey", "passkey", "copy".
 std::string_view TaskKindName(TaskKind kind);
 absl::StatusOr<TaskKind> ParseTaskKind(std::string_view name);
 // True for the tasks that take a haystack and a depth.

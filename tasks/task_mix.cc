@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "tasks/rng.h"
 #include "engine/str_cat.h"
@@ -18,8 +20,8 @@ constexpr uint64_t kSaltParams = 3;
 constexpr uint64_t kSaltExample = 4;
 constexpr uint64_t kNoDepth = ~0ULL;
 
-constexpr std::array<TaskKind, 4> kKinds = {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey,
-                                            TaskKind::kPasskey};
+constexpr std::array<TaskKind, 5> kKinds = {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey,
+                                            TaskKind::kPasskey, TaskKind::kCopy};
 
 absl::Status NeedDepth(TaskKind kind, const HaystackSource* haystack, std::optional<double> depth) {
   if (haystack == nullptr) {
@@ -48,6 +50,8 @@ absl::Status ValidateKind(TaskKind kind, const TaskConfigs& c) {
       return ValidateNiahConfig(c.vocab, c.niah_multikey);
     case TaskKind::kPasskey:
       return ValidatePasskeyConfig(c.vocab, c.passkey);
+    case TaskKind::kCopy:
+      return ValidateCopyConfig(c.vocab, c.copy);
   }
   return absl::InvalidArgumentError("unknown task kind");
 }
@@ -62,6 +66,8 @@ int32_t NeedleMinLength(TaskKind kind, const TaskConfigs& c) {
       return NiahMinLength(c.niah_multikey) + c.niah_multikey.key_length + c.niah_multikey.value_length + 3;
     case TaskKind::kPasskey:
       return PasskeyMinLength(c.passkey);
+    case TaskKind::kCopy:
+      return CopyMinLength(c.copy);
     case TaskKind::kMqar:
       break;
   }
@@ -108,6 +114,8 @@ absl::StatusOr<TaskExample> MakeExample(TaskKind kind, const TaskConfigs& config
       return MakeNiahExample(configs.vocab, configs.niah_multikey, *haystack, length, *depth, seed);
     case TaskKind::kPasskey:
       return MakePasskeyExample(configs.vocab, configs.passkey, *haystack, length, *depth, seed);
+    case TaskKind::kCopy:
+      return MakeCopyExample(configs.vocab, configs.copy, *haystack, length, *depth, seed);
     case TaskKind::kMqar:
       break;
   }
@@ -188,6 +196,30 @@ absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const Haystack
     }
   }
   return TaskMixer(std::move(config), haystack);
+}
+
+absl::Status ApplyTaskWeights(std::string_view spec, std::array<double, 5>& weights) {
+  std::array<double, 5> out = weights;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view entry = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) {
+      return absl::InvalidArgumentError(Cat("task weights: '", entry, "' is not kind=weight"));
+    }
+    absl::StatusOr<TaskKind> kind = ParseTaskKind(entry.substr(0, eq));
+    if (!kind.ok()) return absl::InvalidArgumentError(Cat("task weights: ", kind.status().message()));
+    const std::string number(entry.substr(eq + 1));
+    char* end = nullptr;
+    const double w = number.empty() ? -1.0 : std::strtod(number.c_str(), &end);
+    if (number.empty() || *end != '\0' || !(w >= 0.0 && std::isfinite(w))) {
+      return absl::InvalidArgumentError(Cat("task weights: '", entry, "': the weight must be a number >= 0"));
+    }
+    out[static_cast<size_t>(*kind)] = w;
+  }
+  weights = out;
+  return absl::OkStatus();
 }
 
 bool TaskMixer::IsTaskSequence(int64_t index) const {

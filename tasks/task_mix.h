@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tasks/copy.h"
 #include "tasks/haystack.h"
 #include "tasks/mqar.h"
 #include "tasks/niah.h"
@@ -25,6 +27,7 @@ struct TaskConfigs {
   NiahConfig niah_single;    // num_needles is forced to 1
   NiahConfig niah_multikey;  // num_needles must be >= 2
   PasskeyConfig passkey;
+  CopyConfig copy;
 };
 
 // Makes one example of `kind`. `haystack` may be null for MQAR; the needle tasks need it and a depth in
@@ -54,14 +57,14 @@ absl::StatusOr<std::vector<EvalPoint>> EvalGrid(std::span<const int32_t> lengths
 struct TaskMixConfig {
   double task_fraction = 0.0;  // p: the share of training sequences that are task sequences, in [0, 1]
   uint64_t seed = 0;
-  // Relative weights of the kinds in the order of TaskKind (mqar, niah_single, niah_multikey, passkey);
-  // non-negative, at least one positive (when task_fraction > 0).
-  std::array<double, 4> weights = {1.0, 1.0, 1.0, 0.0};
+  // Relative weights of the kinds in the order of TaskKind (mqar, niah_single, niah_multikey, passkey,
+  // copy); non-negative, at least one positive (when task_fraction > 0).
+  std::array<double, 5> weights = {1.0, 1.0, 1.0, 0.0, 0.0};
   // MQAR pairs per sequence, uniform in [min, max] and then capped by what the length and the key/value
   // ranges allow (configs.mqar.num_pairs is ignored).
   int32_t mqar_min_pairs = 4;
   int32_t mqar_max_pairs = 64;
-  // Needle-kind sequences (niah_single, niah_multikey, passkey) are packed: independent examples of lengths
+  // Needle-kind sequences (niah_single, niah_multikey, passkey, copy) are packed: independent examples of lengths
   // uniform in [needle_min_length, needle_max_length] back to back, the last one taking the rest (so it has
   // between needle_min_length and needle_max_length + needle_min_length - 1 tokens). One example per
   // sequence would carry a handful of answer tokens in thousands; packing gives several. The longest
@@ -78,6 +81,11 @@ struct TaskMixConfig {
   double mqar_spread_fraction = 0.0;
   TaskConfigs configs;
 };
+
+// Applies "kind=weight,kind=weight,..." (kinds by their TaskKind names, e.g. "niah_single=2,copy=1") to
+// `weights`; kinds not named keep their weight. InvalidArgument naming the bad entry: an unknown kind, a
+// weight that is not a finite number >= 0, or an entry without '='.
+absl::Status ApplyTaskWeights(std::string_view spec, std::array<double, 5>& weights);
 
 // Decides, deterministically from (seed, index), which training sequences are task sequences and makes
 // them. Needle depths are uniform in [0, 1]. Immutable after Create(); const methods are thread-safe when

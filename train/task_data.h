@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<tasks::HaystackSource>> OpenHaystack(const std::v
                                                                     const std::string& split,
                                                                     const Tokenizer& tokenizer);
 
-// A task as the commands name it: niah, niah-multikey, passkey, mqar (or the TaskKind names).
+// A task as the commands name it: niah, niah-multikey, passkey, mqar, copy (or the TaskKind names).
 absl::StatusOr<tasks::TaskKind> ParseTaskName(std::string_view name);
 
 }  // namespace oryx::train

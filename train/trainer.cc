@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -319,13 +320,20 @@ absl::Status Trainer::Setup() {
           "or pass --allow-short-documents"));
     }
   }
+  if (std::array<double, 5> probe{}; !o_.task_weights.empty()) {
+    ORYX_RETURN_IF_ERROR(tasks::ApplyTaskWeights(o_.task_weights, probe));  // a bad spec fails without tasks too
+  }
   if (o_.task_fraction > 0) {
     ORYX_ASSIGN_OR_RETURN(TaskSetup setup, MakeTaskSetup(*tokenizer_));
     haystack_ = std::make_unique<CorpusHaystack>(&*train_);
     tasks::TaskMixConfig mix;
     mix.task_fraction = o_.task_fraction;
     mix.seed = o_.seed ^ 0x7461736b;
-    mix.weights = {1.0, 1.0, 1.0, setup.has_digits ? 0.5 : 0.0};
+    mix.weights = {1.0, 1.0, 1.0, setup.has_digits ? 0.5 : 0.0, 0.0};
+    ORYX_RETURN_IF_ERROR(tasks::ApplyTaskWeights(o_.task_weights, mix.weights));
+    if (mix.weights[static_cast<size_t>(tasks::TaskKind::kPasskey)] > 0 && !setup.has_digits) {
+      return absl::InvalidArgumentError("--task-weights: passkey needs a tokenizer whose digits are one token each");
+    }
     mix.configs = setup.configs;
     mix.configs.niah_multikey.num_needles = static_cast<int32_t>(o_.multikey_needles);
     mix.needle_min_length = static_cast<int32_t>(o_.needle_min_length);

@@ -49,6 +49,9 @@ struct TrainOptions {
   int64_t multikey_needles = 4;
   int64_t mqar_max_pairs = 64;
   double mqar_spread = 0.0;
+  // Relative weights of the task kinds, "kind=weight,..." over the defaults mqar=1, niah_single=1,
+  // niah_multikey=1, passkey=0.5 (0 without one-token digits), copy=0 (tasks::ApplyTaskWeights).
+  std::string task_weights;
   // Start from these weights (a model directory: config.json and weights, e.g. an earlier run's OUT/model)
   // with a fresh optimizer and schedule, rather than from a random initialisation: a run continued in a
   // later session on another machine, where only the exported weights came back. The model options must

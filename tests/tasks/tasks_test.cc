@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tasks/copy.h"
 #include "tasks/haystack.h"
 #include "tasks/mqar.h"
 #include "tasks/niah.h"
@@ -170,7 +171,8 @@ TEST(TaskVocabTest, ValidatesIds) {
 }
 
 TEST(TaskKindTest, NamesRoundTrip) {
-  for (TaskKind k : {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey, TaskKind::kPasskey}) {
+  for (TaskKind k : {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey, TaskKind::kPasskey,
+                     TaskKind::kCopy}) {
     auto parsed = ParseTaskKind(TaskKindName(k));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, k);
@@ -1081,6 +1083,131 @@ TEST(TaskMixerTest, BadConfigsAreErrors) {
   EXPECT_THAT(TaskMixer::Create(lengths, &hay).status().message(), HasSubstr("needle_min_length"));
   lengths.weights = {1.0, 0.0, 0.0, 0.0};  // ... unless no needle kind is drawn
   EXPECT_TRUE(TaskMixer::Create(lengths, &hay).ok());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Copy
+
+CopyConfig TestCopy(int32_t cue, int32_t answer) {
+  CopyConfig c;
+  c.cue_length = cue;
+  c.answer_length = answer;
+  return c;
+}
+
+TEST(CopyTest, DocumentedExample) {
+  const InMemoryHaystack hay({30, 31, 32, 33});
+  auto ex = MakeCopyExample(TestVocab(), TestCopy(1, 1), hay, 8, 0.0, 1);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  ASSERT_TRUE(ex->Validate().ok()) << ex->Validate();
+  // BOS h1 h2 h3 h4 h1 h2 EOS: the passage is the first two haystack tokens, its repeat follows.
+  ASSERT_EQ(ex->length(), 8);
+  EXPECT_EQ(ex->ids[0], TestVocab().bos);
+  EXPECT_EQ(ex->ids[5], ex->ids[1]);
+  EXPECT_EQ(ex->ids[6], ex->ids[2]);
+  EXPECT_EQ(ex->ids[7], TestVocab().eos);
+  EXPECT_EQ(ex->prompt_length, 6);
+  EXPECT_THAT(ex->answers, ElementsAre(AnswerSpan{6, 1}));
+  EXPECT_THAT(ex->loss_mask, ElementsAre(0, 0, 0, 0, 0, 1, 0, 0));
+  EXPECT_EQ(ex->needle_position, 1);
+  EXPECT_EQ(ex->kind, TaskKind::kCopy);
+}
+
+TEST(CopyTest, PassageSitsAtItsDepthAndIsRepeatedExactly) {
+  const InMemoryHaystack hay = CountingHaystack();  // consecutive ids: every cue is unique
+  const CopyConfig config = TestCopy(4, 6);
+  const int32_t length = 300, context = length - 2 - 10;
+  for (double depth : {0.0, 0.25, 0.5, 1.0}) {
+    auto ex = MakeCopyExample(TestVocab(), config, hay, length, depth, 9);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_TRUE(ex->Validate().ok()) << ex->Validate();
+    EXPECT_EQ(ex->length(), length);
+    const int32_t start = 1 + static_cast<int32_t>(std::llround(depth * (context - 10)));
+    EXPECT_EQ(ex->needle_position, start);
+    for (int32_t i = 0; i < 10; ++i) EXPECT_EQ(ex->ids[1 + context + i], ex->ids[start + i]) << i;
+    for (int32_t t = 1; t <= context; ++t) EXPECT_TRUE(IsHaystackToken(ex->ids[t]));
+    EXPECT_EQ(ex->prompt_length, 1 + context + 4);
+    EXPECT_EQ(std::count(ex->loss_mask.begin(), ex->loss_mask.end(), 1), 6);
+    auto again = MakeCopyExample(TestVocab(), config, hay, length, depth, 9);
+    EXPECT_EQ(again->ids, ex->ids);
+    EXPECT_NE(MakeCopyExample(TestVocab(), config, hay, length, depth, 10)->ids, ex->ids);
+  }
+}
+
+TEST(CopyTest, AnAmbiguousCueMovesToTheNearestUniqueOne) {
+  // Text 19, 20, ... with its first 4 tokens repeated at 100: the cue at offset 0 (depth 0) also occurs at
+  // 100 with another continuation, so the passage moves one cue length on.
+  std::vector<int32_t> tokens(200);
+  for (int32_t i = 0; i < 200; ++i) tokens[i] = 19 + i;
+  for (int32_t i = 0; i < 4; ++i) tokens[100 + i] = 19 + i;
+  class Fixed : public HaystackSource {
+   public:
+    explicit Fixed(std::vector<int32_t> t) : t_(std::move(t)) {}
+    absl::StatusOr<std::vector<int32_t>> Tokens(int64_t n, uint64_t) const override {
+      return std::vector<int32_t>(t_.begin(), t_.begin() + n);
+    }
+   private:
+    std::vector<int32_t> t_;
+  } hay(tokens);
+  auto ex = MakeCopyExample(TestVocab(), TestCopy(4, 4), hay, 2 + 200 + 8, 0.0, 1);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  EXPECT_EQ(ex->needle_position, 1 + 4);
+  const std::vector<int32_t> cue(ex->ids.begin() + ex->prompt_length - 4, ex->ids.begin() + ex->prompt_length);
+  int occurrences = 0;
+  for (int32_t i = 1; i + 4 <= 201; ++i) occurrences += std::equal(cue.begin(), cue.end(), ex->ids.begin() + i);
+  EXPECT_EQ(occurrences, 1);
+}
+
+TEST(CopyTest, BadParametersAreErrors) {
+  const InMemoryHaystack hay = CountingHaystack();
+  EXPECT_THAT(MakeCopyExample(TestVocab(), TestCopy(4, 6), hay, CopyMinLength(TestCopy(4, 6)) - 1, 0.5, 1)
+                  .status().message(), HasSubstr("shorter"));
+  EXPECT_TRUE(MakeCopyExample(TestVocab(), TestCopy(4, 6), hay, CopyMinLength(TestCopy(4, 6)), 0.5, 1).ok());
+  EXPECT_FALSE(MakeCopyExample(TestVocab(), TestCopy(4, 6), hay, 100, 1.5, 1).ok());
+  EXPECT_FALSE(MakeCopyExample(TestVocab(), TestCopy(0, 6), hay, 100, 0.5, 1).ok());
+  EXPECT_FALSE(MakeCopyExample(TestVocab(), TestCopy(4, 0), hay, 100, 0.5, 1).ok());
+  EXPECT_THAT(MakeCopyExample(TestVocab(), TestCopy(4, 6), BadHaystack(false), 100, 0.5, 1).status().message(),
+              HasSubstr("special"));
+  EXPECT_EQ(MakeCopyExample(TestVocab(), TestCopy(4, 6), BadHaystack(true), 100, 0.5, 1).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(MakeExample(TaskKind::kCopy, TestConfigs(), nullptr, 100, 0.5, 1).ok());
+  EXPECT_FALSE(MakeExample(TaskKind::kCopy, TestConfigs(), &hay, 100, std::nullopt, 1).ok());
+  EXPECT_TRUE(MakeExample(TaskKind::kCopy, TestConfigs(), &hay, 100, 0.5, 1).ok());
+}
+
+TEST(TaskMixerTest, PacksCopyExamplesWithTheirAnswersMasked) {
+  const InMemoryHaystack hay = CountingHaystack();
+  TaskMixConfig config = TestMix(1.0);
+  config.configs.copy = TestCopy(4, 8);
+  ASSERT_TRUE(ApplyTaskWeights("mqar=0,niah_single=0,niah_multikey=0,passkey=0,copy=1", config.weights).ok());
+  config.needle_min_length = 48;
+  config.needle_max_length = 120;
+  auto mixer = TaskMixer::Create(config, &hay);
+  ASSERT_TRUE(mixer.ok()) << mixer.status();
+  for (int64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(mixer->KindFor(i), TaskKind::kCopy);
+    auto ex = mixer->MakeTaskSequence(i, 800);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    ASSERT_TRUE(ex->Validate().ok()) << ex->Validate();
+    EXPECT_GE(ex->answers.size(), 6u);
+    // Only answer tokens are trained: 8 per packed example.
+    EXPECT_EQ(std::count(ex->loss_mask.begin(), ex->loss_mask.end(), 1), 8 * static_cast<int>(ex->answers.size()));
+  }
+  config.needle_min_length = CopyMinLength(config.configs.copy) - 1;
+  EXPECT_THAT(TaskMixer::Create(config, &hay).status().message(), HasSubstr("needle_min_length"));
+}
+
+TEST(TaskWeightsTest, NamedKindsChangeTheRestStay) {
+  std::array<double, 5> w = {1.0, 1.0, 1.0, 0.5, 0.0};
+  ASSERT_TRUE(ApplyTaskWeights("", w).ok());
+  EXPECT_THAT(w, ElementsAre(1.0, 1.0, 1.0, 0.5, 0.0));
+  ASSERT_TRUE(ApplyTaskWeights("copy=2,niah_single=0.25", w).ok());
+  EXPECT_THAT(w, ElementsAre(1.0, 0.25, 1.0, 0.5, 2.0));
+  for (const char* bad : {"copy", "cpy=1", "copy=-1", "copy=x", "copy=", "copy=1,x=2", "copy=inf"}) {
+    std::array<double, 5> before = w;
+    EXPECT_FALSE(ApplyTaskWeights(bad, w).ok()) << bad;
+    EXPECT_EQ(w, before) << bad;  // unchanged on error
+  }
 }
 
 }  // namespace
