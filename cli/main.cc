@@ -18,7 +18,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"generate", "generate text with a mode policy, speculation included", oryx::cli::RunGenerate},
-    {"eval", "ppl | niah | niah-multikey | passkey | mqar | agreement: perplexity by mode, retrieval by policy",
+    {"eval", "ppl | niah | niah-multikey | passkey | mqar | copy | agreement: perplexity by mode, retrieval by policy",
      oryx::cli::RunEval},
     {"bench", "decode | spec | cost | router | serve: speed against the roofline, speculation, cost model, routing,\n"
               "                the server under load",

@@ -77,18 +77,18 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   expect 0 "generate on the bundled model" -- generate --model "$M" --prompt "int main" --max-tokens 4 --json
   expect 1 "generate: empty prompt" -- generate --model "$M" --prompt ""
   expect 1 "generate: prompt and prompt file" -- generate --model "$M" --prompt a --prompt-file "$TMP/p.txt"
-  head -c 30000 /dev/urandom | base64 >"$TMP/long.txt"
+  head -c 60000 /dev/urandom | base64 >"$TMP/long.txt"  # far more than the 16,384-token context
   expect 1 "generate: prompt past max_position" -- generate --model "$M" --prompt-file "$TMP/long.txt"
   expect 1 "generate: unknown policy" -- generate --model "$M" --prompt hi --policy sometimes
   expect 1 "generate: bad speculative k" -- generate --model "$M" --prompt hi --policy speculative:0
   expect 1 "generate: negative entropy threshold" -- generate --model "$M" --prompt hi --policy entropy:-1
   expect 0 "generate: budget policy" -- generate --model "$M" --prompt hi --max-tokens 4 --policy budget:0.2 --json
-  expect 0 "generate: the shipped learned policy" -- generate --model "$M" --prompt hi --max-tokens 4 --policy "learned:$M/router/learned-lambda0.5.safetensors" --json
+  expect 1 "generate: missing learned policy file" -- generate --model "$M" --prompt hi --max-tokens 4 --policy "learned:$TMP/none.safetensors"
   expect 1 "generate: bad top-p" -- generate --model "$M" --prompt hi --top-p 1.5
   expect 1 "generate: negative temperature" -- generate --model "$M" --prompt hi --temperature -1
   expect 1 "generate: cuda backend not built" -- generate --model "$M" --prompt hi --device cuda
   mkdir -p "$TMP/broken" && find "$M" -maxdepth 1 -type f -exec cp {} "$TMP/broken/" \;
-  chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00002.safetensors" >"$TMP/broken/model-00001-of-00002.safetensors"
+  chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00004.safetensors" >"$TMP/broken/model-00001-of-00004.safetensors"
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
 fi
 if [[ " ${commands[*]} " == *" serve "* ]]; then

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Checks of the shipped default model (models/default) through the engine, as CI runs them:
+# Checks of the shipped default model (models/default, 29.4M parameters, 16,384-token context) through the
+# engine, as CI runs them:
 #   1. greedy speculative decoding gives attention mode's tokens exactly (linear drafts, fixed and adaptive
 #      length, and n-gram drafts);
-#   2. perplexity of four 1024-token stretches of the validation split (tests/data/default_model, held-out
-#      text) lies in the stated range: attention mode 7.5-10.5, linear mode above attention and below 11.5
-#      (measured on these four: attention 8.67, linear 9.48);
-#   3. on multi-key needle-in-a-haystack at 384 and 768 tokens (haystack: the same validation text, 40
-#      examples), linear prefill + attention generation beats all-linear by at least 0.10 (measured 0.875 vs
-#      0.500) with under 5% of the tokens in attention mode (measured 0.9%).
-# The run is kept short for CI (under a minute on 2 cores): the engine is deterministic, so these fixed
+#   2. perplexity of four 1024-token stretches of held-out text (tests/data/default_model: four 4096-token
+#      stretches of the corpus's validation split, two of kernel C and two of prose) lies in the stated
+#      range: attention mode 5.5-7.5, linear mode above attention and at most 8.5 (measured: attention 6.53,
+#      linear 7.37);
+#   3. on multi-key needle-in-a-haystack at 384 and 768 tokens (haystack: the same text, 40 examples), linear
+#      prefill + attention generation beats all-linear by at least 0.30 (measured 0.900 vs 0.125) with under
+#      5% of the tokens in attention mode (measured 0.9%);
+#   4. on the single needle at 4096 tokens (10 examples, depths 0 to 1), linear prefill + attention beats
+#      all-linear by at least 0.20 (measured 0.9 vs 0.5): retrieval across a longer context than CI can
+#      afford for the other checks.
+# The run is kept short for CI (about two minutes on 2 cores): the engine is deterministic, so these fixed
 # inputs give the same numbers on every run.
 #   default_model_test.sh PATH_TO_ORYX SOURCE_DIR
 set -euo pipefail
@@ -41,8 +46,8 @@ python3 - "$TMP/ppl.json" <<'PY' || fail "perplexity range"
 import json, sys
 ppl = {r["schedule"]: r["ppl"] for r in json.load(open(sys.argv[1]))["results"]}
 print(f"perplexity: attention {ppl['attention']:.2f}, linear {ppl['linear']:.2f}")
-assert 7.5 <= ppl["attention"] <= 10.5, ppl
-assert ppl["attention"] < ppl["linear"] <= 11.5, ppl
+assert 5.5 <= ppl["attention"] <= 7.5, ppl
+assert ppl["attention"] < ppl["linear"] <= 8.5, ppl
 PY
 
 # 3. Linear prefill keeps the retrieval that all-linear loses.
@@ -54,8 +59,18 @@ s = {r["policy"]: r for r in json.load(open(sys.argv[1]))["results"] if r.get("s
 acc = {p: s[p]["accuracy"] for p in s}
 print(f"multi-key NIAH @384-768: linear {acc['linear']:.3f}, "
       f"prefill-linear {acc['prefill-linear']:.3f} ({100 * s['prefill-linear']['attention_fraction']:.1f}% attention)")
-assert acc["prefill-linear"] - acc["linear"] >= 0.10, acc
+assert acc["prefill-linear"] - acc["linear"] >= 0.30, acc
 assert s["prefill-linear"]["attention_fraction"] < 0.05
+PY
+
+# 4. The same at 4096 tokens, one needle.
+"$ORYX" eval niah --model "$MODEL" --haystack "$SRC"/tests/data/default_model/val-*.txt \
+  --lengths 4096 --seeds 2 --policies linear prefill-linear --json >"$TMP/niah4k.json"
+python3 - "$TMP/niah4k.json" <<'PY' || fail "needle-in-a-haystack margin at 4096 tokens"
+import json, sys
+acc = {r["policy"]: r["accuracy"] for r in json.load(open(sys.argv[1]))["results"] if r.get("summary")}
+print(f"single NIAH @4096: linear {acc['linear']:.3f}, prefill-linear {acc['prefill-linear']:.3f}")
+assert acc["prefill-linear"] - acc["linear"] >= 0.20, acc
 PY
 [[ $failed -eq 0 ]] && echo "default model: all checks passed"
 exit $failed

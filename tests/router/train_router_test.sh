@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# `oryx train-router` end to end on the bundled model, at a tiny scale: a two-lambda sweep writes one
-# policy file per lambda and a log, the files load in `oryx generate --policy learned:FILE`, a resumed run
-# skips the lambdas already done and trains the rest, a run with draft lengths trains a draft head and
-# evaluates on held-out examples, and bad input is one clear error.
-#   train_router_test.sh PATH_TO_ORYX SOURCE_DIR
+# `oryx train-router` end to end at a tiny scale, on a small random-weight model with the bundled model's
+# tokenizer (the pipeline is under test, not the policy's quality; the bundled 29M model would take CI
+# minutes): a two-lambda sweep writes one policy file per lambda and a log, the files load in `oryx generate
+# --policy learned:FILE`, a resumed run skips the lambdas already done and trains the rest, a run with draft
+# lengths trains a draft head and evaluates on held-out examples, and bad input is one clear error.
+#   train_router_test.sh PATH_TO_ORYX PATH_TO_WRITE_RANDOM_MODEL SOURCE_DIR
 set -u
 ORYX="$1"
-SRC="$2"
-M="$SRC/models/default"
+WRITE_RANDOM="$2"
+SRC="$3"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+M="$TMP/model"
+"$WRITE_RANDOM" "$M" "$SRC/models/default" 3 d_model=128 n_layers=2 n_heads=2 head_dim=64 mlp_hidden=256 \
+  max_position=2048 || { echo "FAIL: could not write the random model"; exit 1; }
+SHARD=$(ls "$M"/*.safetensors | head -1)
 failed=0
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 TINY=(--model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks niah-multikey mqar --lengths 256
@@ -78,7 +83,7 @@ bad "unknown cost" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --cost m
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
 bad "truncated policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/cut.safetensors"
-bad "a checkpoint shard as policy" generate --model "$M" --prompt hi --policy "learned:$M/model-00002-of-00002.safetensors"
+bad "a checkpoint shard as policy" generate --model "$M" --prompt hi --policy "learned:$SHARD"
 
 [[ $failed -eq 0 ]] && echo "train_router_test: all checks passed"
 [[ $failed -eq 0 ]]
