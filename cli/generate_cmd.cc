@@ -56,6 +56,8 @@ int RunGenerate(const Args& args) {
             "                              the distribution it came from had entropy above TAU nats\n"
             "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
             "                              sequence's share of attention tokens stays at most FRACTION\n"
+            "  match:L                     prompt linear, except its last token and segments repeating a run of at\n"
+            "                              least L earlier tokens; generation in attention mode\n"
             "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
             "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
             "                              features picks each segment's mode (and, if trained to, draft lengths)");

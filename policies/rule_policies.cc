@@ -29,6 +29,11 @@ router::Decision BudgetRouter::Decide(const router::RouterContext& c) const {
   return {after <= fraction_ ? Mode::kAttention : Mode::kLinear};
 }
 
+router::Decision MatchRouter::Decide(const router::RouterContext& c) const {
+  if (PrefillBody(c)) return {c.match_length >= min_length_ ? Mode::kAttention : Mode::kLinear};
+  return {Mode::kAttention};
+}
+
 router::Decision RandomRouter::Decide(const router::RouterContext& c) const {
   const uint64_t h = tasks::MixSeed({0x726f757465, c.sequence_hash, static_cast<uint64_t>(c.position)});
   return {tasks::Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
@@ -45,6 +50,11 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy)
   if (kind == "entropy") {
     if (!parsed || value < 0) return absl::InvalidArgumentError(Cat("policy '", policy, "': entropy:TAU needs TAU >= 0 (nats)"));
     r = std::make_unique<EntropyRouter>(value);
+  } else if (kind == "match") {
+    if (!parsed || value < 1 || value != std::floor(value) || value > 1e6) {
+      return absl::InvalidArgumentError(Cat("policy '", policy, "': match:L needs a whole number L >= 1 (tokens)"));
+    }
+    r = std::make_unique<MatchRouter>(static_cast<int64_t>(value));
   } else if (kind == "budget" || kind == "random") {
     if (!parsed || value < 0 || value > 1) {
       return absl::InvalidArgumentError(Cat("policy '", policy, "': ", kind, ":FRACTION needs FRACTION in [0, 1]"));
@@ -63,6 +73,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy)
 void RegisterPolicies(PolicyRegistry& registry) {
   registry.Register("entropy", "entropy:TAU", MakeRulePolicy);
   registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
+  registry.Register("match", "match:L", MakeRulePolicy);
   registry.Register("random", "random:FRACTION", MakeRulePolicy);
   registry.Register("learned", "learned:PATH", MakeLearnedPolicy);
 }

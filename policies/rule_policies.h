@@ -4,6 +4,10 @@
 //                     (the model is unsure), else in linear mode. TAU >= 0.
 //   budget:FRACTION   the prompt in linear mode except its last token; then attention wherever it keeps the
 //                     sequence's share of attention-mode tokens at or below FRACTION, in [0, 1].
+//   match:L           the prompt in linear mode except its last token and the segments holding a run of at
+//                     least L tokens that occurred earlier in the prompt (a question repeating a needle's key,
+//                     a passage repeating earlier text: where attention can retrieve); generation in attention
+//                     mode. L >= 1.
 //   random:FRACTION   every segment (and generated token) in attention mode with probability FRACTION, from a
 //                     fixed hash of the prompt and the position: the baseline a router must beat at a matched
 //                     attention fraction.
@@ -39,6 +43,15 @@ class BudgetRouter final : public router::Router {
   double fraction_;
 };
 
+class MatchRouter final : public router::Router {
+ public:
+  explicit MatchRouter(int64_t min_length) : min_length_(min_length) {}
+  router::Decision Decide(const router::RouterContext& c) const override;
+
+ private:
+  int64_t min_length_;
+};
+
 class RandomRouter final : public router::Router {
  public:
   explicit RandomRouter(double fraction) : fraction_(fraction) {}
@@ -48,7 +61,7 @@ class RandomRouter final : public router::Router {
   double fraction_;
 };
 
-// Parses entropy:TAU, budget:FRACTION and random:FRACTION; InvalidArgument naming the policy for anything else.
+// Parses entropy:TAU, budget:FRACTION, match:L and random:FRACTION; InvalidArgument naming the policy for anything else.
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);
 void RegisterPolicies(PolicyRegistry& registry);
 // Every policy `oryx generate` and `oryx serve` take: speculative/'s (speculative[:K], speculative:ngram[:K])

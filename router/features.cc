@@ -33,6 +33,8 @@ void Featurize(const RouterContext& c, std::span<float> out) {
       costs_known ? static_cast<float>(std::log(c.predicted_attention_s / c.predicted_linear_s)) : 0.0f,
       acceptance_known ? 1.0f : 0.0f,
       acceptance_known ? static_cast<float>(c.acceptance) : 0.0f,
+      Log1p(c.match_length),
+      Log1p(c.match_distance),
   };
   std::copy(std::begin(values), std::end(values), out.begin());
 }

@@ -11,12 +11,12 @@
 
 namespace oryx::router {
 
-inline constexpr int kFeatureVersion = 1;
+inline constexpr int kFeatureVersion = 2;
 
 // Unknown statistics (entropy, margin, acceptance before they are measured) read as 0 with their *_known
 // flag 0. Counts and lengths enter as log(1 + x). The batch size is deliberately not a feature: a mode is
 // a per-sequence choice, and a policy trained at one batch size would read another as a new situation.
-inline constexpr std::array<std::string_view, 16> kFeatureNames = {
+inline constexpr std::array<std::string_view, 18> kFeatureNames = {
     "decode",                    // 0 prefill, 1 decode
     "log_position",              // the segment's first token
     "prompt_fraction",           // position / prompt_len, capped at 1
@@ -33,6 +33,8 @@ inline constexpr std::array<std::string_view, 16> kFeatureNames = {
     "log_cost_ratio",            // log(predicted attention step / predicted linear step); 0 without a cost model
     "acceptance_known",
     "acceptance",                // recent speculative acceptance rate
+    "log_match_length",          // the longest earlier match ending at the decision's tokens (version 2)
+    "log_match_distance",        // how far back it first occurred
 };
 inline constexpr int kNumFeatures = static_cast<int>(kFeatureNames.size());
 

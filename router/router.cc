@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "engine/status_macros.h"
 
@@ -66,10 +68,16 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   RouterContext c;
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
+  EarlierMatch matches;
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
     c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len);
+    c.match_length = c.match_distance = 0;
+    for (int64_t t = start; t < start + c.segment_tokens; ++t) {
+      const EarlierMatch::Match m = matches.Push(prompt[t]);
+      if (m.length > c.match_length) std::tie(c.match_length, c.match_distance) = std::pair(m.length, m.distance);
+    }
     if (options_.cost_model) {
       c.predicted_attention_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kAttention});
       c.predicted_linear_s = options_.cost_model->PredictSeconds({1, c.segment_tokens, start, Mode::kLinear});
@@ -99,6 +107,9 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
   c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
+  for (int64_t i = st.matches.size(); i < s.context_size(); ++i) st.match = st.matches.Push(s.context_token(i));
+  c.match_length = st.match.length;
+  c.match_distance = st.match.distance;
   if (options_.cost_model) {
     c.predicted_attention_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kAttention});
     c.predicted_linear_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kLinear});

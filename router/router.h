@@ -22,6 +22,7 @@
 
 #include "engine/engine.h"
 #include "router/cost_model.h"
+#include "router/earlier_match.h"
 #include "speculative/speculative.h"
 
 namespace oryx::router {
@@ -41,6 +42,10 @@ struct RouterContext {
   double entropy = -1;  // nats, of the last sampling distribution (decode; -1 when not known)
   double margin = -1;   // top-1 minus top-2 logit of the last token (decode; -1 when not known)
   bool repeated_ngram = false;  // the last 3 tokens occurred earlier in the sequence
+  // The longest run of tokens ending at one of the decision's tokens that also occurs earlier in the
+  // sequence (router/earlier_match.h): its length (the longest over a prefill segment's tokens; while
+  // decoding, ending at the token about to run) and how far back its first occurrence ends. 0 and 0: none.
+  int64_t match_length = 0, match_distance = 0;
   uint64_t sequence_hash = 0;   // a hash of the prompt: lets a randomised policy differ between sequences
   double predicted_attention_s = -1, predicted_linear_s = -1;  // the cost model's step times, when given
   double acceptance = -1;  // running average of accepted / drafted over recent speculative rounds (-1: none)
@@ -87,6 +92,8 @@ class RouterDecoder final : public StepwiseDecoder {
  private:
   struct SlotState {
     uint64_t prompt_hash = 0;
+    EarlierMatch matches;  // over the slot's context, pushed up to the token about to run
+    EarlierMatch::Match match;
     int64_t since_attention = 0;
     double entropy = -1, margin = -1, acceptance = -1;
     std::optional<Mode> decided;  // set by Step for the plain step that follows

@@ -1,9 +1,12 @@
 // The segment scheduler and the rule policies on a random tiny model: which tokens each policy runs in which
 // mode, the replay of prefill decisions by segment, the distribution statistics, and bad policy names.
 #include <cmath>
+#include <random>
 
 #include "gtest/gtest.h"
 #include "policies/rule_policies.h"
+#include "router/earlier_match.h"
+#include "router/features.h"
 #include "router/router.h"
 #include "tests/engine/testing_checkpoint.h"
 
@@ -40,6 +43,19 @@ TEST_F(RouterTest, EntropyPolicyAttendsWhenUnsure) {
   const GenerateStats never = Generated(*engine_, "entropy:1000", 12, 10);
   EXPECT_EQ(never.attention_tokens, 1 + 1);  // the last prompt token; the first step, with no entropy yet
   EXPECT_EQ(never.linear_tokens, 11 + 8);
+}
+
+TEST_F(RouterTest, MatchPolicyAttendsToSegmentsThatRepeatEarlierText) {
+  // Prompt tokens 4 + i % 20: 12 of them never repeat, so the body runs in linear mode; 30 of them repeat
+  // their first 10 from position 20 on, so the body's one segment (128 tokens) runs in attention mode.
+  const GenerateStats fresh = Generated(*engine_, "match:3", 12, 10);
+  EXPECT_EQ(fresh.linear_tokens, 11);
+  EXPECT_EQ(fresh.attention_tokens, 1 + 9);
+  const GenerateStats repeated = Generated(*engine_, "match:3", 30, 10);
+  EXPECT_EQ(repeated.linear_tokens, 0);
+  EXPECT_EQ(repeated.attention_tokens, 30 + 9);
+  const GenerateStats longer = Generated(*engine_, "match:11", 30, 10);  // the repeat is 10 tokens long
+  EXPECT_EQ(longer.linear_tokens, 29);
 }
 
 TEST_F(RouterTest, BudgetPolicyKeepsTheAttentionShare) {
@@ -101,12 +117,115 @@ TEST(RouterDecoder, DistributionStats) {
   EXPECT_EQ(margin, 10.0);
 }
 
+TEST(EarlierMatch, AgreesWithBruteForceOnRepetitiveText) {
+  // Small alphabets repeat a lot, so long matches, clones and overlapping occurrences all happen.
+  for (int32_t vocab : {2, 3, 5, 50}) {
+    std::mt19937 rng(vocab);
+    std::vector<int32_t> text;
+    for (int i = 0; i < 300; ++i) {
+      // Now and then copy an earlier run, as text that quotes itself does.
+      if (i > 20 && rng() % 10 == 0) {
+        const size_t from = rng() % (text.size() - 10), len = 3 + rng() % 8;
+        for (size_t k = 0; k < len; ++k) text.push_back(text[from + k]);
+      } else {
+        text.push_back(static_cast<int32_t>(rng() % vocab));
+      }
+    }
+    EarlierMatch m;
+    for (size_t n = 0; n < text.size(); ++n) {
+      const EarlierMatch::Match got = m.Push(text[n]), want = NaiveEarlierMatch(text, static_cast<int64_t>(n));
+      ASSERT_EQ(got.length, want.length) << "vocab " << vocab << ", token " << n;
+      ASSERT_EQ(got.distance, want.distance) << "vocab " << vocab << ", token " << n;
+    }
+    EXPECT_EQ(m.size(), static_cast<int64_t>(text.size()));
+  }
+}
+
+TEST(EarlierMatch, DocumentedCases) {
+  EarlierMatch m;
+  // a b c x a b c: the second "a b c" matches the first, 4 tokens back.
+  const std::vector<int32_t> text = {1, 2, 3, 9, 1, 2, 3};
+  std::vector<EarlierMatch::Match> got;
+  for (int32_t t : text) got.push_back(m.Push(t));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i].length, 0) << i;
+  EXPECT_EQ(got[4].length, 1);
+  EXPECT_EQ(got[5].length, 2);
+  EXPECT_EQ(got[6].length, 3);
+  EXPECT_EQ(got[6].distance, 4);
+}
+
+// Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token).
+class MatchRouter final : public Router {
+ public:
+  Decision Decide(const RouterContext& c) const override {
+    seen.push_back({c.match_length, c.match_distance});
+    return {c.last_prompt_token || c.match_length >= 3 ? Mode::kAttention : Mode::kLinear};
+  }
+  mutable std::vector<std::pair<int64_t, int64_t>> seen;
+};
+
+TEST(RouterDecoder, PrefillSegmentsSeeWhetherTheirTokensOccurredEarlier) {
+  RouterOptions o;
+  o.segment_len = 4;
+  auto router = std::make_unique<MatchRouter>();
+  MatchRouter* r = router.get();
+  RouterDecoder decoder(std::move(router), o);
+  // Segments [0,4) [4,8) [8,12) [12,14), then the last token alone; [8,12) repeats tokens 1..4.
+  const std::vector<int32_t> prompt = {10, 11, 12, 13, 14, 20, 21, 22, 11, 12, 13, 14, 30, 31, 32};
+  std::vector<Mode> got(prompt.size());
+  decoder.PrefillModes(prompt, 0, got);
+  const Mode A = Mode::kAttention, L = Mode::kLinear;
+  EXPECT_EQ(got, (std::vector<Mode>{L, L, L, L, L, L, L, L, A, A, A, A, L, L, A}));
+  ASSERT_EQ(r->seen.size(), 5u);
+  EXPECT_EQ(r->seen[2], (std::pair<int64_t, int64_t>(4, 7)));  // 11 12 13 14 at 8..11, first at 1..4
+  EXPECT_EQ(r->seen[3], (std::pair<int64_t, int64_t>(0, 0)));
+}
+
+TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
+  testutil::ScratchDir scratch;
+  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
+  auto router = std::make_unique<MatchRouter>();
+  MatchRouter* r = router.get();
+  engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(new RouterDecoder(std::move(router), RouterOptions{}));
+  });
+  GenerateRequest q;
+  q.prompt_tokens = {5, 6, 7, 8, 5, 6, 7};
+  q.max_tokens = 6;
+  q.stop_at_eos = false;
+  q.policy = "match";
+  auto result = engine.Generate(q);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // The prefill is one segment (and the last token alone); each decode decision after it sees the match
+  // ending at the token it is about to run, checked here against the brute force over the context.
+  std::vector<int32_t> context = q.prompt_tokens;
+  context.insert(context.end(), result->tokens.begin(), result->tokens.end());
+  ASSERT_GE(r->seen.size(), 2u + 5u);
+  for (size_t i = 2; i < 2 + 5; ++i) {
+    const int64_t at = static_cast<int64_t>(q.prompt_tokens.size() + i - 2);  // the token run by decision i
+    const EarlierMatch::Match want = NaiveEarlierMatch(context, at);
+    EXPECT_EQ(r->seen[i], (std::pair<int64_t, int64_t>(want.length, want.distance))) << "decode decision " << i - 2;
+  }
+}
+
+TEST(Features, MatchEntersAsLogs) {
+  RouterContext c;
+  c.match_length = 7;
+  c.match_distance = 100;
+  std::vector<float> f(kNumFeatures);
+  Featurize(c, f);
+  EXPECT_EQ(kFeatureNames[kNumFeatures - 2], "log_match_length");
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 2], std::log1p(7.0f));
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 1], std::log1p(100.0f));
+}
+
 TEST(RulePolicies, BadNamesAreErrors) {
-  for (const char* ok : {"entropy:0", "entropy:2.5", "budget:0", "budget:0.1", "budget:1", "random:0.3"}) {
+  for (const char* ok : {"entropy:0", "entropy:2.5", "budget:0", "budget:0.1", "budget:1", "random:0.3", "match:1",
+                         "match:16"}) {
     EXPECT_TRUE(policies::MakeRulePolicy(ok).ok()) << ok;
   }
   for (const char* bad : {"entropy", "entropy:-1", "entropy:x", "budget:1.5", "budget:", "budget:nan", "random:2",
-                          "fancy:1"}) {
+                          "fancy:1", "match", "match:0", "match:2.5", "match:-3"}) {
     EXPECT_EQ(policies::MakeRulePolicy(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }

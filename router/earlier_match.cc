@@ -1,0 +1,72 @@
+#include "router/earlier_match.h"
+
+#include <algorithm>
+
+namespace oryx::router {
+
+EarlierMatch::EarlierMatch() { states_.push_back(State{}); }
+
+int32_t EarlierMatch::Next(int32_t state, int32_t token) const {
+  for (const auto& [t, target] : states_[state].next) {
+    if (t == token) return target;
+  }
+  return -1;
+}
+
+void EarlierMatch::SetNext(int32_t state, int32_t token, int32_t target) {
+  for (auto& [t, to] : states_[state].next) {
+    if (t == token) {
+      to = target;
+      return;
+    }
+  }
+  states_[state].next.emplace_back(token, target);
+}
+
+EarlierMatch::Match EarlierMatch::Push(int32_t token) {
+  const int64_t n = size_++;
+  const int32_t cur = static_cast<int32_t>(states_.size());
+  states_.push_back(State{states_[last_].len + 1, -1, n, {}});
+  int32_t p = last_;
+  while (p != -1 && Next(p, token) == -1) {
+    SetNext(p, token, cur);
+    p = states_[p].link;
+  }
+  if (p == -1) {
+    states_[cur].link = 0;
+  } else {
+    const int32_t q = Next(p, token);
+    if (states_[p].len + 1 == states_[q].len) {
+      states_[cur].link = q;
+    } else {
+      const int32_t clone = static_cast<int32_t>(states_.size());
+      State copy = states_[q];  // transitions, link and first occurrence of q; a shorter length
+      copy.len = states_[p].len + 1;
+      states_.push_back(std::move(copy));
+      while (p != -1 && Next(p, token) == q) {
+        SetNext(p, token, clone);
+        p = states_[p].link;
+      }
+      states_[q].link = clone;
+      states_[cur].link = clone;
+    }
+  }
+  last_ = cur;
+  const State& earlier = states_[states_[cur].link];
+  if (earlier.len == 0) return {};
+  return {earlier.len, n - earlier.first_end};
+}
+
+EarlierMatch::Match NaiveEarlierMatch(const std::vector<int32_t>& tokens, int64_t end) {
+  // The longest L such that tokens[end-L+1 .. end] equals tokens[j-L+1 .. j] for some j < end; among the
+  // j that reach L, the first.
+  EarlierMatch::Match best;
+  for (int64_t j = 0; j < end; ++j) {
+    int64_t len = 0;
+    while (len <= j && tokens[end - len] == tokens[j - len]) ++len;
+    if (len > best.length) best = {len, end - j};
+  }
+  return best;
+}
+
+}  // namespace oryx::router

@@ -1,0 +1,47 @@
+// Whether the text just read occurred before: for each token as it arrives, the longest run of tokens
+// ending at it that also ends somewhere earlier in the text, and how far back. A causal content feature
+// for routing: a question that repeats a needle's key, or a passage that repeats earlier text, is where
+// attention mode can retrieve and linear mode has to remember.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace oryx::router {
+
+// A suffix automaton of the text pushed so far (Blumer et al., 1985), built online: O(1) amortised states
+// per token, transitions searched linearly (a state has few). After Push(t) at position n, the longest
+// suffix of text[0..n] that also occurs ending before n is the suffix link of the automaton's last state.
+class EarlierMatch {
+ public:
+  struct Match {
+    int64_t length = 0;    // tokens; 0: the token is new
+    int64_t distance = 0;  // n minus the end of that suffix's first occurrence (0 when length is 0)
+  };
+
+  EarlierMatch();
+  // Appends `token` and returns the match ending at it.
+  Match Push(int32_t token);
+  int64_t size() const { return size_; }
+
+ private:
+  struct State {
+    int64_t len = 0;
+    int32_t link = -1;
+    int64_t first_end = -1;  // end position of the first occurrence of this state's strings
+    std::vector<std::pair<int32_t, int32_t>> next;  // (token, state)
+  };
+  int32_t Next(int32_t state, int32_t token) const;
+  void SetNext(int32_t state, int32_t token, int32_t target);
+
+  std::vector<State> states_;
+  int32_t last_ = 0;
+  int64_t size_ = 0;
+};
+
+// What Push returns for tokens[end] after tokens[0..end-1], by brute force (O(end^2)): the reference the
+// tests check the automaton against.
+EarlierMatch::Match NaiveEarlierMatch(const std::vector<int32_t>& tokens, int64_t end);
+
+}  // namespace oryx::router
