@@ -208,6 +208,46 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   }
 }
 
+// Prefill in attention mode; then speculative rounds of 3 drafts for prompts of even length, plain attention
+// steps for the others: one batch holds both kinds of request.
+class HalfSpeculatingRouter final : public Router {
+ public:
+  Decision Decide(const RouterContext& c) const override {
+    if (c.phase == Phase::kPrefill) return {Mode::kAttention};
+    return {Mode::kAttention, c.prompt_len % 2 == 0 ? 3 : 0};
+  }
+  int64_t max_draft_length() const override { return 3; }
+};
+
+TEST(RouterDecoder, PlainAndSpeculatingRequestsInOneBatchKeepAttentionModesTokens) {
+  testutil::ScratchDir scratch;
+  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
+  engine.policies().Register("half", "half", [](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<HalfSpeculatingRouter>(), RouterOptions{}));
+  });
+  std::vector<GenerateRequest> requests;
+  for (int64_t len : {6, 7, 10, 13}) {
+    GenerateRequest q;
+    for (int64_t i = 0; i < len; ++i) q.prompt_tokens.push_back(static_cast<int32_t>(5 + (i * 7 + len) % 23));
+    q.max_tokens = 20;
+    q.stop_at_eos = false;
+    q.policy = "half";
+    requests.push_back(q);
+  }
+  auto mixed = engine.Generate(requests);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  for (GenerateRequest& q : requests) q.policy = "attention";
+  auto plain = engine.Generate(requests);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ((*mixed)[i].tokens, (*plain)[i].tokens) << "request " << i;  // greedy speculation is lossless
+    const bool speculates = requests[i].prompt_tokens.size() % 2 == 0;
+    const std::optional<SpecStats>& spec = (*mixed)[i].stats.spec;
+    EXPECT_EQ(spec.has_value() && spec->rounds > 0, speculates) << "request " << i;
+    if (!speculates) EXPECT_EQ((*mixed)[i].stats.linear_tokens, 0) << "request " << i;
+  }
+}
+
 TEST(Features, MatchEntersAsLogs) {
   RouterContext c;
   c.match_length = 7;
