@@ -25,7 +25,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 int32_t Sampler::Next(std::span<const float> logits) {
   if (params_.greedy()) {
     int64_t token = 0;
-    kernels::cpu::SampleGreedy({static_cast<int64_t>(logits.size()), 0.f, 0, 1.f, 0.f, logits.data(), &token});
+    kernels::cpu::SampleGreedy({static_cast<int64_t>(logits.size()), logits.data(), &token});
     return static_cast<int32_t>(token);
   }
   Distribution(logits, &probs_);

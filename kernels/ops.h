@@ -135,17 +135,10 @@ struct SwiGluParams {
   float* y_ptr;           // [rows, d]; may equal gate_ptr or up_ptr (in place) when the strides match
 };
 
-// Sampling one token from logits [V]. Candidates are ordered by (logit descending, index ascending), so ties go
-// to the lowest index. SampleGreedy takes the first. Sample: temperature <= 0 is greedy; otherwise keep the
-// first top_k candidates (top_k <= 0: all), softmax of logit / temperature over them, keep the shortest prefix
-// whose probability mass reaches top_p (top_p >= 1: all; always >= 1 token), then walk the kept prefix in order
-// and return the first token whose cumulative mass exceeds uniform * kept mass. Deterministic given `uniform`.
+// The greedy token of logits [V]: the largest logit, the lowest index on ties. (Sampling with temperature, top-k
+// and top-p lives in engine/sampler.cc, which calls SampleGreedy for temperature 0.)
 struct SampleParams {
   int64_t vocab;
-  float temperature;
-  int64_t top_k;
-  float top_p;
-  float uniform;            // in [0, 1), drawn by the caller
   const float* logits_ptr;  // [V]
   int64_t* token_ptr;       // [1] output
 };
@@ -173,8 +166,6 @@ void SwiGlu(const SwiGluParams& p);
 void SwiGluReference(const SwiGluParams& p);
 void SampleGreedy(const SampleParams& p);
 void SampleGreedyReference(const SampleParams& p);
-void Sample(const SampleParams& p);
-void SampleReference(const SampleParams& p);
 }  // namespace cpu
 
 }  // namespace oryx::kernels

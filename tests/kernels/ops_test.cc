@@ -352,67 +352,23 @@ TEST(SwiGluCpu, MatchesReference) {
 
 // ---------------------------------------------------------------------------------------------- sampling
 
-int64_t SampleWith(void (*op)(const SampleParams&), const std::vector<float>& logits, float temperature, int64_t top_k,
-            float top_p, float uniform) {
+int64_t Greedy(void (*op)(const SampleParams&), const std::vector<float>& logits) {
   int64_t token = -1;
-  op({static_cast<int64_t>(logits.size()), temperature, top_k, top_p, uniform, logits.data(), &token});
+  op({static_cast<int64_t>(logits.size()), logits.data(), &token});
   return token;
 }
 
 TEST(SampleCpu, GreedyPicksLowestIndexOnTies) {
   const std::vector<float> logits = {1.f, 3.f, -2.f, 3.f, 3.f};
-  EXPECT_EQ(SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f), 1);
-  EXPECT_EQ(SampleWith(cpu::SampleGreedyReference, logits, 0.f, 0, 1.f, 0.f), 1);
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 0.f, 0, 1.f, 0.7f), 1);  // temperature 0 is greedy
+  EXPECT_EQ(Greedy(cpu::SampleGreedy, logits), 1);
+  EXPECT_EQ(Greedy(cpu::SampleGreedyReference, logits), 1);
 }
 
 TEST(SampleCpu, GreedyMatchesReference) {
   for (int64_t v : {1, 7, 1000}) {
     const std::vector<float> logits = RandomVector(v, 48, -5.f, 5.f);
-    EXPECT_EQ(SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f),
-              SampleWith(cpu::SampleGreedyReference, logits, 0.f, 0, 1.f, 0.f));
+    EXPECT_EQ(Greedy(cpu::SampleGreedy, logits), Greedy(cpu::SampleGreedyReference, logits));
   }
-}
-
-TEST(SampleCpu, TopKOneIsGreedy) {
-  const std::vector<float> logits = RandomVector(100, 49, -5.f, 5.f);
-  const int64_t greedy = SampleWith(cpu::SampleGreedy, logits, 0.f, 0, 1.f, 0.f);
-  for (float u : {0.f, 0.3f, 0.999f}) EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 1, 1.f, u), greedy);
-}
-
-TEST(SampleCpu, MatchesReference) {
-  std::mt19937 rng(50);
-  std::uniform_real_distribution<float> uniform(0.f, 1.f);
-  for (int64_t v : {1, 7, 1000}) {
-    for (bool integer_logits : {false, true}) {  // integer logits: many ties, exercising the tie order
-      std::vector<float> logits = RandomVector(v, 51, -4.f, 4.f);
-      if (integer_logits) for (float& x : logits) x = std::round(x);
-      for (float temperature : {0.5f, 1.f, 2.f}) {
-        for (int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{5}, v + 3}) {
-          for (float top_p : {1.f, 0.9f, 0.3f}) {
-            for (int draw = 0; draw < 8; ++draw) {
-              const float u = uniform(rng);
-              EXPECT_EQ(SampleWith(cpu::Sample, logits, temperature, top_k, top_p, u),
-                        SampleWith(cpu::SampleReference, logits, temperature, top_k, top_p, u))
-                  << "V=" << v << " T=" << temperature << " k=" << top_k << " p=" << top_p << " u=" << u;
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-TEST(SampleCpu, HandComputedTopP) {
-  // logits log(2), log(4), 0, 0 at T = 1: probabilities .25, .5, .125, .125 (token 1 first).
-  const std::vector<float> logits = {std::log(2.f), std::log(4.f), 0.f, 0.f};
-  // top_p = 0.7 keeps {1, 0} (mass .75); u * .75 falls in token 1's .5 when u < 2/3.
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.6f), 1);
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.7f), 0);
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 0.7f, 0.99f), 0);
-  // No truncation: u = .9 lands in the last quarter, ties ordered by index: token 2 then 3.
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 1.f, 0.8f), 2);
-  EXPECT_EQ(SampleWith(cpu::Sample, logits, 1.f, 0, 1.f, 0.9f), 3);
 }
 
 }  // namespace
