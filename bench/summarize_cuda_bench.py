@@ -8,7 +8,7 @@ which a round breaks even with attention-mode steps).
 
 The roofline counts the bytes a step must move at least (bench/cuda_bench.h, StepBytes), recomputed here
 from the config, so that runs whose JSON carries an older count read the same:
-  python3 bench/summarize_cuda_bench.py bench/results/2026-11-29-h200-cuda > SUMMARY.md
+  python3 bench/summarize_cuda_bench.py results/2026-11-29-h200-cuda > SUMMARY.md
 """
 import glob, json, os, sys
 

@@ -19,7 +19,7 @@ mode) and writes, the recurrent and conv states it reads and writes, the logits 
 window of a text file (`oryx eval ppl --text`), in both modes; the engine also tokenises the prompt.
 
   python3 bench/torch_reference.py --config 1.4b --contexts 1024,8192,32768 --batches 1,4 \
-      --modes attention,linear --impl eager,graph,compile,compile-cg --out bench/results/torch.jsonl
+      --modes attention,linear --impl eager,graph,compile,compile-cg --out results/torch.jsonl
   python3 bench/torch_reference.py --model models/default --contexts 1024 --batches 1
   python3 bench/torch_reference.py --check models/default [--oryx build/bin/oryx]   # CPU, fp32
   python3 bench/torch_reference.py --device cpu --config tiny --contexts 64 --batches 1 --steps 3  # smoke

@@ -699,7 +699,7 @@ cudaError_t ChunkBackward(int64_t chunks, const void* q, const void* k, const vo
 // scans). Each of the 8 warps owns two 16 x 16 output tiles. Rows are padded to kTcLd floats: 32-byte
 // aligned for WMMA. (A first version split each operand into two TF32 terms, three products per step, for
 // fp32 accuracy; with 7 tiles its backward ran one block per SM, and training was slower than with the
-// LibTorch form: bench/results/2026-11-30-h200-chunk-output-tc on the branch wip/chunk-output-kernel.)
+// LibTorch form: results/2026-11-30-h200-chunk-output-tc on the branch wip/chunk-output-kernel.)
 
 namespace wm = nvcuda::wmma;
 

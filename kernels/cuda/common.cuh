@@ -204,7 +204,7 @@ __device__ __forceinline__ void AfterPrevious() {
 // kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On
 // the H200 it took 1.4b's steps at 32K from 1.353 to 1.257 ms (linear) and from 3.137 to 3.031 ms
 // (attention), and 130m's linear step at 1K from 0.523 to 0.463 ms (each pair in one call;
-// bench/results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
+// results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
 inline bool EarlyLoads() {
   static const bool on = [] {
     const char* env = std::getenv("ORYX_CUDA_EARLY_LOADS");

@@ -3,7 +3,7 @@
 // matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
 // column-major y^T = W x^T, hence (T, N) below). cuBLAS won from 2 rows on: on the H200, 1.4b at 32K, a
 // verify span of 4 rows took 4.63 against 5.34 ms with the GEMV kernel at 4 rows, and a linear decode step
-// of 4 sequences 1.76 against 2.40 ms (bench/results/2026-11-30-h200-verify-mma).
+// of 4 sequences 1.76 against 2.40 ms (results/2026-11-30-h200-verify-mma).
 #include <cublas_v2.h>
 
 #include <algorithm>
