@@ -1,5 +1,5 @@
 // The per-layer compute ops of the Oryx model (DESIGN.md §2) on raw fp32 buffers: projections, norms, RoPE,
-// causal conv, attention over a KV cache, the mamba2 / gdn recurrences, the SwiGLU gate, and sampling.
+// causal conv, attention over a KV cache, the mamba2 / gdn recurrences, the SwiGLU gate, and the greedy token choice.
 //
 // Implemented on the CPU in kernels/cpu/<op>.cc (Eigen). The CUDA ops work on ragged batches in bf16 and are
 // declared apart, in kernels/cuda/ops_cuda.h.
