@@ -48,6 +48,7 @@ int RunTrainRouter(const Args& args) {
   f.Double("explore", &o.exploration, "exploration floor e in [0, 1): episodes attend with probability e/2 + (1-e) p");
   f.Int("seed", &seed, "seed of the episodes and the sampling", 0);
   f.Int("threads", &threads, "CPU threads (0: all)", 0, 1024);
+  f.String("device", &o.device, "where episodes run: cpu | cuda (then the time cost is the GPU's)");
   f.Bool("resume", &o.resume, "go on from FILE.state");
   f.String("log", &o.log_path, "JSON-lines log (default FILE.log.jsonl)");
   return RunWithFlags(f, args, [&]() -> absl::Status {

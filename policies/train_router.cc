@@ -443,6 +443,9 @@ absl::Status ValidateOptions(const TrainRouterOptions& o) {
   if (o.samples < 2) return absl::InvalidArgumentError("--samples must be >= 2 (the leave-one-out baseline)");
   if (o.segment_len < 1) return absl::InvalidArgumentError("--segment-len must be >= 1");
   if (o.continuation < 1) return absl::InvalidArgumentError("--continuation must be >= 1");
+  if (o.device != "cpu" && o.device != "cuda") {
+    return absl::InvalidArgumentError(Cat("--device '", o.device, "': cpu or cuda"));
+  }
   if (!o.draft_lengths.empty()) {
     if (o.draft_lengths.size() < 2) {
       return absl::InvalidArgumentError("--draft-lengths: give two or more choices (0 = no speculation), or none");
@@ -478,7 +481,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   if (o.threads > 0) torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
 
-  ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
+  ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {o.device, o.threads}));
   if (!engine.tokenizer()) return absl::InvalidArgumentError("train-router: the model has no tokenizer");
   const ModelConfig& config = engine.backend().config();
   const int64_t max_draft =

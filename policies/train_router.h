@@ -72,6 +72,9 @@ struct TrainRouterOptions {
   double exploration = 0.1;  // e above, in [0, 1)
   uint64_t seed = 1;
   int threads = 0;
+  // Where the episodes run: cpu, or cuda (the CUDA backend: long episodes at GPU speed, and the `time` cost
+  // calibrated on the device the policy will serve on). The policy network trains on the CPU either way.
+  std::string device = "cpu";
   bool resume = false;
   std::string log_path;  // default: out_path + ".log.jsonl"
 };

@@ -80,6 +80,7 @@ bad "unknown task" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --tasks 
 bad "one draft length" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --draft-lengths 3
 bad "a draft length twice" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --draft-lengths 0,2,2
 bad "unknown cost" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --cost money
+bad "unknown device" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --device tpu
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
 bad "truncated policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/cut.safetensors"
