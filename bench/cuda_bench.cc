@@ -10,11 +10,11 @@
 #include "bench/bench_util.h"
 #include "engine/cuda_backend.h"
 #include "engine/engine.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "engine/tensor_names.h"
 #include "speculative/speculative.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 #include "train/shards.h"
 
 namespace oryx::bench {
@@ -224,7 +224,7 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
       emit(r);
     }
     speculative::AcceptRule accept = speculative::AcceptLossless;  // the real acceptance (greedy or sampled)
-    tasks::Rng rng(0x5eed + k);
+    Rng rng(0x5eed + k);
     // (A backend round judges its drafts itself, by the model's greedy acceptance; with random weights its
     // time is measured so, and its tokens per round are the simulated acceptance's: a round does the same
     // work whatever it accepts.)

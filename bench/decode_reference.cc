@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "bench/bench_util.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "train/torch_io.h"
 
 namespace oryx::bench {

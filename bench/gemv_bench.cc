@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "cli/flags.h"
+#include "base/flags.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/stream.h"
@@ -153,11 +153,11 @@ std::vector<nlohmann::json> Run(const Options& o) {
 int main(int argc, char** argv) {
   std::string config = "1.4b";
   int64_t calls = 64;
-  oryx::cli::FlagSet flags("bench_gemv [--config 1.4b|130m] [--calls N]",
+  oryx::FlagSet flags("bench_gemv [--config 1.4b|130m] [--calls N]",
                            "Times the decode step's products alone at batch 1 on the GPU; JSON lines.");
   flags.String("config", &config, "the shapes: 1.4b | 130m");
   flags.Int("calls", &calls, "calls per timed graph", 1, 4096);
-  return oryx::cli::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
+  return oryx::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
     Options o;
     if (config == "130m") {
       o.shape = {"130m", 768, 12, 64, 2048};

@@ -8,8 +8,8 @@
 
 #include "bench/bench_util.h"
 #include "engine/engine.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "policies/rule_policies.h"
 #include "policies/task_episodes.h"
 #include "router/cost_model.h"

@@ -11,12 +11,12 @@
 
 #include "bench/bench_util.h"
 #include "engine/engine.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "httplib.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 #include "train/shards.h"
 #ifdef ORYX_HAVE_CUDA
 #include "bench/cuda_bench.h"
@@ -124,7 +124,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> Prompts(const ServeBenchOption
       const int64_t index = static_cast<int64_t>((seed * 7919 + static_cast<uint64_t>(i) * 104729) % windows);
       ORYX_RETURN_IF_ERROR(corpus->ReadSequence(index, o.prompt_tokens, p.data()));
     } else {
-      tasks::Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
+      Rng rng(seed * 1000003 + static_cast<uint64_t>(i));
       p[0] = kBosId;
       for (size_t t = 1; t < p.size(); ++t) p[t] = static_cast<int32_t>(rng.UniformRange(4, vocab - 1));
     }
@@ -157,7 +157,7 @@ std::vector<Sample> RunOpenLoop(int port, const ServeBenchOptions& o, double rat
                                 const std::vector<std::vector<int32_t>>& prompts, uint64_t seed) {
   std::vector<Sample> samples(prompts.size());
   std::vector<std::thread> threads;
-  tasks::Rng rng(seed);
+  Rng rng(seed);
   Clock::time_point at = Clock::now();
   for (size_t i = 0; i < prompts.size(); ++i) {
     const double gap_s = -std::log(1 - rng.UniformDouble()) / rate;  // exponential: a Poisson process

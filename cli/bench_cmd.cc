@@ -11,10 +11,10 @@
 #include "bench/engine_bench.h"
 #include "bench/router_bench.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/flags.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #ifdef ORYX_HAVE_TORCH
 #include "bench/decode_reference.h"
 #endif

@@ -9,10 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "engine/file_util.h"
+#include "base/flags.h"
+#include "base/file_util.h"
 #include "engine/json_text.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "train/evaluate.h"
 
 namespace oryx::cli {

@@ -5,10 +5,10 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
+#include "base/flags.h"
 #include "engine/engine.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "policies/rule_policies.h"
 #include "engine/json_text.h"
 

@@ -8,9 +8,9 @@
 #include <iostream>
 
 #include "cli/commands.h"
-#include "cli/flags.h"
+#include "base/flags.h"
 #include "engine/engine.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
 #include "engine/json_text.h"

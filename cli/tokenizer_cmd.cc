@@ -8,9 +8,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
+#include "base/flags.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "engine/tokenizer.h"
 
 namespace oryx::cli {

@@ -1,9 +1,9 @@
 // `oryx train`: fragmented mixed-mode training of an Oryx model on a prepared corpus.
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
+#include "base/flags.h"
 #include "engine/config.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "train/trainer.h"
 
 namespace oryx::cli {

@@ -1,11 +1,11 @@
-// `oryx train-router`: trains a learned routing policy file (policies/train_router.h).
+// `oryx train-router`: trains a learned routing policy file (train/train_router.h).
 #include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "engine/status_macros.h"
-#include "policies/train_router.h"
+#include "base/flags.h"
+#include "base/status_macros.h"
+#include "train/train_router.h"
 
 namespace oryx::cli {
 

@@ -16,9 +16,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "engine/tensor_names.h"
 
 namespace oryx {

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 
 namespace oryx {
 

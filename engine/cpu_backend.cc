@@ -14,8 +14,8 @@
 #include "engine/cuda_backend.h"
 #endif
 #include "engine/sampler.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "engine/tensor_names.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ops.h"

@@ -21,8 +21,8 @@
 
 #include "engine/checkpoint.h"
 #include "engine/sampler.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "engine/tensor_names.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"

@@ -6,8 +6,8 @@
 
 #include "engine/checkpoint.h"
 #include "engine/mode_policy.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 
 namespace oryx {
 

@@ -1,7 +1,7 @@
 #include "engine/mode_policy.h"
 
 #include "absl/strings/numbers.h"
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 
 namespace oryx {
 

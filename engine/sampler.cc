@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 #include "kernels/ops.h"
 
 namespace oryx {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 
 namespace oryx {
 
@@ -50,7 +50,7 @@ class Sampler {
   // The next out.size() uniforms of the stream, which stays where it is (a backend that draws a round's
   // uniforms up front, then Skips the ones the round used).
   void PeekUniforms(std::span<double> out) const {
-    tasks::Rng ahead = rng_;
+    Rng ahead = rng_;
     for (double& u : out) u = ahead.UniformDouble();
   }
   void SkipUniforms(int64_t n) {
@@ -59,7 +59,7 @@ class Sampler {
 
  private:
   SamplingParams params_;
-  tasks::Rng rng_;
+  Rng rng_;
   std::vector<int32_t> order_;  // reused between calls
   std::vector<float> probs_;
 };

@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 
 namespace oryx {
 

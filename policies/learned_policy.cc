@@ -5,10 +5,10 @@
 
 #include "Eigen/Core"
 #include "engine/safetensors.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "router/features.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 #include "engine/json_text.h"
 
 namespace oryx::policies {
@@ -92,7 +92,7 @@ absl::Status PolicyNetwork::Validate() const {
 
 PolicyNetwork RandomPolicyNetwork(std::span<const int64_t> hidden, std::span<const int64_t> draft_lengths,
                                   int64_t segment_len, uint64_t seed) {
-  tasks::Rng rng(seed);
+  Rng rng(seed);
   auto linear = [&](int64_t out, int64_t in) {
     PolicyNetwork::Linear l{out, in, std::vector<float>(out * in), std::vector<float>(out, 0.0f)};
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
@@ -257,7 +257,7 @@ router::Decision LearnedRouter::Decide(const router::RouterContext& c) const {
   router::Decision d;
   const auto& lengths = policy_->network().draft_lengths;
   if (sample_seed_) {
-    tasks::Rng rng(tasks::MixSeed({*sample_seed_, c.sequence_hash, static_cast<uint64_t>(c.phase),
+    Rng rng(MixSeed({*sample_seed_, c.sequence_hash, static_cast<uint64_t>(c.phase),
                                    static_cast<uint64_t>(c.position)}));
     const double p = exploration_ / 2 + (1 - exploration_) * out.p_attention;
     d.mode = rng.UniformDouble() < p ? Mode::kAttention : Mode::kLinear;

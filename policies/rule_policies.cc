@@ -3,10 +3,10 @@
 #include <cmath>
 
 #include "absl/strings/numbers.h"
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 #include "policies/learned_policy.h"
 #include "speculative/speculative.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 
 namespace oryx::policies {
 
@@ -35,8 +35,8 @@ router::Decision MatchRouter::Decide(const router::RouterContext& c) const {
 }
 
 router::Decision RandomRouter::Decide(const router::RouterContext& c) const {
-  const uint64_t h = tasks::MixSeed({0x726f757465, c.sequence_hash, static_cast<uint64_t>(c.position)});
-  return {tasks::Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
+  const uint64_t h = MixSeed({0x726f757465, c.sequence_hash, static_cast<uint64_t>(c.position)});
+  return {Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
 }
 
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 
 namespace oryx::policies {
 

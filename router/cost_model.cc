@@ -6,8 +6,8 @@
 #include <cmath>
 #include <map>
 
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 
 namespace oryx::router {
 

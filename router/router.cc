@@ -5,7 +5,7 @@
 #include <tuple>
 #include <utility>
 
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 
 namespace oryx::router {
 

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "engine/sampler.h"
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 #include "engine/json_text.h"
 
 namespace oryx::server {

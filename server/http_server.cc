@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 #include "httplib.h"
 #include "engine/json_text.h"
 #include "server/completions.h"

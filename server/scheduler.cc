@@ -4,7 +4,7 @@
 #include <exception>
 #include <utility>
 
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 
 namespace oryx::server {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "absl/strings/numbers.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 
 namespace oryx::speculative {
 

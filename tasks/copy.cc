@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/str_cat.h"
-#include "tasks/rng.h"
+#include "base/str_cat.h"
+#include "base/rng.h"
 
 namespace oryx::tasks {
 namespace {

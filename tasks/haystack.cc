@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
-#include "tasks/rng.h"
-#include "engine/str_cat.h"
+#include "base/rng.h"
+#include "base/str_cat.h"
 
 namespace oryx::tasks {
 

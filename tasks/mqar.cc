@@ -5,8 +5,8 @@
 #include <cmath>
 #include <vector>
 
-#include "tasks/rng.h"
-#include "engine/str_cat.h"
+#include "base/rng.h"
+#include "base/str_cat.h"
 
 namespace oryx::tasks {
 namespace {

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "nlohmann/json.hpp"
-#include "engine/str_cat.h"
+#include "base/str_cat.h"
 
 namespace oryx::tasks {
 namespace {

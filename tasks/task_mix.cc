@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "tasks/rng.h"
-#include "engine/str_cat.h"
+#include "base/rng.h"
+#include "base/str_cat.h"
 
 namespace oryx::tasks {
 namespace {

@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "train/evaluate.h"
 #include "train/model.h"
 #include "train/shards.h"

@@ -1,6 +1,6 @@
 #include "train/mode_sampling.h"
 
-#include "tasks/rng.h"
+#include "base/rng.h"
 
 namespace oryx::train {
 
@@ -13,8 +13,8 @@ std::vector<uint8_t> SampleModes(uint64_t seed, int64_t sequence, int64_t len, i
   std::vector<uint8_t> modes(len);
   for (int64_t t = 0; t < len; ++t) {
     const int64_t fragment = mixing == ModeMixing::kSequence ? 0 : t / fragment_len;
-    const uint64_t draw = tasks::MixSeed({seed, kModeSalt, static_cast<uint64_t>(sequence), static_cast<uint64_t>(fragment)});
-    modes[t] = tasks::Rng(draw).UniformDouble() < attn_fraction;
+    const uint64_t draw = MixSeed({seed, kModeSalt, static_cast<uint64_t>(sequence), static_cast<uint64_t>(fragment)});
+    modes[t] = Rng(draw).UniformDouble() < attn_fraction;
   }
   return modes;
 }

@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
 #include "train/corpus.h"
 #include "train/sha256.h"
 

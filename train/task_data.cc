@@ -4,9 +4,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
-#include "tasks/rng.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/rng.h"
 
 namespace oryx::train {
 
@@ -53,7 +53,7 @@ absl::StatusOr<int64_t> WindowStart(int64_t n, int64_t total, uint64_t seed, con
   if (n > total) {
     return absl::FailedPreconditionError(absl::StrCat("haystack of ", n, " tokens asked from ", source, " of ", total));
   }
-  return static_cast<int64_t>(tasks::Rng(seed).UniformInt(static_cast<uint64_t>(total - n + 1)));
+  return static_cast<int64_t>(Rng(seed).UniformInt(static_cast<uint64_t>(total - n + 1)));
 }
 
 // Special ids (BOS/EOS between documents, task markers) become newlines, so needles stay unambiguous.

@@ -32,7 +32,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_check.h"

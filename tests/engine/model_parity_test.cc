@@ -3,7 +3,7 @@
 #include <random>
 
 #include "engine/cpu_backend.h"
-#include "engine/status_macros.h"
+#include "base/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
 #include "tests/train/testing_models.h"

@@ -11,8 +11,8 @@
 
 #include "engine/checkpoint.h"
 #include "engine/cpu_backend.h"
-#include "engine/file_util.h"
-#include "engine/str_cat.h"
+#include "base/file_util.h"
+#include "base/str_cat.h"
 #include "engine/tensor_names.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"

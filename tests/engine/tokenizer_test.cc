@@ -13,7 +13,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "engine/file_util.h"
+#include "base/file_util.h"
 #include "gtest/gtest.h"
 
 namespace oryx {

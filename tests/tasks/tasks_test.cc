@@ -14,7 +14,7 @@
 #include "tasks/haystack.h"
 #include "tasks/mqar.h"
 #include "tasks/niah.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 #include "tasks/scoring.h"
 #include "tasks/task_example.h"
 #include "tasks/task_mix.h"

@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "engine/file_util.h"
+#include "base/file_util.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/file_util.h"
+#include "base/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "train/corpus.h"

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace oryx::cli {
+namespace oryx {
 
 class FlagSet {
  public:
@@ -68,4 +68,4 @@ int RunError(const absl::Status& status);
 int RunWithFlags(FlagSet& flags, const std::vector<std::string>& args,
                  const std::function<absl::Status()>& body);
 
-}  // namespace oryx::cli
+}  // namespace oryx

@@ -1,5 +1,5 @@
 // Implementation of the shared flag parser.
-#include "cli/flags.h"
+#include "base/flags.h"
 
 #include <cmath>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 
-namespace oryx::cli {
+namespace oryx {
 
 FlagSet::FlagSet(std::string usage, std::string description)
     : usage_(std::move(usage)), description_(std::move(description)) {}
@@ -234,4 +234,4 @@ int RunWithFlags(FlagSet& flags, const std::vector<std::string>& args,
   return 0;
 }
 
-}  // namespace oryx::cli
+}  // namespace oryx

@@ -1,4 +1,4 @@
-// A small deterministic random generator for the synthetic tasks. Unlike the <random> distributions,
+// A small deterministic random generator (the synthetic tasks, sampling, routing). Unlike the <random> distributions,
 // every sampling routine here is specified by this code, so a seed gives the same task on every
 // compiler and standard library.
 #pragma once
@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-namespace oryx::tasks {
+namespace oryx {
 
 // Mixes any number of 64-bit words into one seed (SplitMix64 finaliser chained over the words). Use it to
 // derive independent per-example seeds: MixSeed({base_seed, index, salt}).
@@ -46,4 +46,4 @@ std::vector<int64_t> SampleWithoutReplacement(Rng& rng, int64_t n, int64_t k);
 // (very rarely) change a draw.
 std::vector<int64_t> WeightedSampleWithoutReplacement(Rng& rng, std::span<const double> weights, int64_t k);
 
-}  // namespace oryx::tasks
+}  // namespace oryx

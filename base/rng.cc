@@ -1,12 +1,12 @@
 // Deterministic PRNG (SplitMix64 seeding, xoshiro256**) and the sampling routines built on it.
-#include "tasks/rng.h"
+#include "base/rng.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <unordered_map>
 
-namespace oryx::tasks {
+namespace oryx {
 namespace {
 
 uint64_t SplitMix64(uint64_t& state) {
@@ -111,4 +111,4 @@ std::vector<int64_t> WeightedSampleWithoutReplacement(Rng& rng, std::span<const 
   return out;
 }
 
-}  // namespace oryx::tasks
+}  // namespace oryx

@@ -1,5 +1,5 @@
 // Whole-file reads and atomic writes.
-#include "engine/file_util.h"
+#include "base/file_util.h"
 
 #include <fcntl.h>
 #include <ftw.h>

@@ -1,4 +1,4 @@
-#include "policies/train_router.h"
+#include "train/train_router.h"
 
 #include <torch/torch.h>
 
@@ -15,14 +15,14 @@
 #include <optional>
 
 #include "engine/engine.h"
-#include "engine/file_util.h"
-#include "engine/status_macros.h"
-#include "engine/str_cat.h"
+#include "base/file_util.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "policies/learned_policy.h"
 #include "policies/task_episodes.h"
 #include "router/cost_model.h"
 #include "router/features.h"
-#include "tasks/rng.h"
+#include "base/rng.h"
 #include "tasks/task_mix.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -537,8 +537,8 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
                       std::optional<size_t> task_index = {}) -> absl::StatusOr<std::vector<Example>> {
     std::vector<Example> out;
     for (int64_t n = first; n < first + count; ++n) {
-      const uint64_t seed = tasks::MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
-      tasks::Rng rng(seed);
+      const uint64_t seed = MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
+      Rng rng(seed);
       const size_t t = task_index ? *task_index : rng.UniformInt(kinds.size());
       const int32_t len = o.lengths[rng.UniformInt(o.lengths.size())];
       Example x;
@@ -795,7 +795,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
         for (const auto& e : batch) ptrs.push_back(&e);
       }
       ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner.Run(ptrs, [&](size_t i, LearnedRouter::Trace trace) {
-        const uint64_t sample_seed = tasks::MixSeed({o.seed, li, static_cast<uint64_t>(it), i / batch.size()});
+        const uint64_t sample_seed = MixSeed({o.seed, li, static_cast<uint64_t>(it), i / batch.size()});
         return std::make_unique<LearnedRouter>(policy, sample_seed, std::move(trace), o.exploration);
       }));
       // Leave-one-out advantages; every decision of an episode is weighted by its episode's advantage.
