@@ -6,12 +6,13 @@
 #   bench/serve_grid.sh ORYX MODEL CORPUS OUT.jsonl
 #   Environment: DEVICE (default cuda), PROMPTS (default "4096 8192 15872"), POLICIES (default "attention
 #   speculative budget:0.1"), CLIENTS (default 1,8,32,64), MAX_TOKENS (default 512: 15872 + 512 = 16384,
-#   the model's context), REQUESTS (per level, default 32), TIMEOUT (seconds per run, default 120).
+#   the model's context), REQUESTS (per level, default 64: at least the largest level, or that level measures
+#   a smaller batch than it names), TIMEOUT (seconds per run, default 120).
 set -euo pipefail
 if [[ $# -ne 4 ]]; then sed -n '2,9p' "$0"; exit 2; fi
 ORYX=$1 MODEL=$2 CORPUS=$3 OUT=$4
 DEVICE=${DEVICE:-cuda} PROMPTS=${PROMPTS:-"4096 8192 15872"} POLICIES=${POLICIES:-"attention speculative budget:0.1"}
-CLIENTS=${CLIENTS:-1,8,32,64} MAX_TOKENS=${MAX_TOKENS:-512} REQUESTS=${REQUESTS:-32} TIMEOUT=${TIMEOUT:-120}
+CLIENTS=${CLIENTS:-1,8,32,64} MAX_TOKENS=${MAX_TOKENS:-512} REQUESTS=${REQUESTS:-64} TIMEOUT=${TIMEOUT:-120}
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 for prompt in $PROMPTS; do
