@@ -154,6 +154,7 @@ int RunEval(const Args& args) {
     o.task = kind;
     std::vector<std::string> policies, lengths, depths, haystack;
     int64_t seeds = o.seeds, pairs = o.mqar_pairs, needles = o.multikey_needles;
+    int64_t cue = o.copy_cue_length, answer = o.copy_answer_length;
     const bool mqar = kind == "mqar";
     FlagSet f(mqar ? "oryx eval mqar --model DIR [--pairs N] [--policies P...] [--lengths N...]"
                    : absl::StrCat("oryx eval ", kind,
@@ -164,8 +165,9 @@ int RunEval(const Args& args) {
                      "attention mode)."
                    : kind == "copy"
                    ? "Copying ordinary text: a passage of the haystack (at the depth) is repeated at the end; given\n"
-                     "its first 16 tokens, the model must continue it for 32 more. Accuracy is the teacher-forced\n"
-                     "exact match of those 32 tokens, by policy: attention, linear, prefill-linear. Haystack text\n"
+                     "its first --cue-tokens (16), the model must continue it for --answer-tokens (32). Accuracy is\n"
+                     "the teacher-forced exact match of those tokens (and token_accuracy the share right), by policy:\n"
+                     "attention, linear, prefill-linear. Haystack text\n"
                      "comes from the corpus's validation split, or from text files (--haystack), e.g. documents\n"
                      "the model never trained on."
                    : "Task accuracy (teacher-forced exact match of every answer token) and answer log-likelihood\n"
@@ -180,6 +182,10 @@ int RunEval(const Args& args) {
       f.Int("pairs", &pairs, "key-value pairs per example", 1, 100000);
     } else {
       if (kind == "niah-multikey") f.Int("needles", &needles, "needles per example: the asked one and distractors", 2, 64);
+      if (kind == "copy") {
+        f.Int("cue-tokens", &cue, "tokens of the repeated passage the model is given", 1, 4096);
+        f.Int("answer-tokens", &answer, "tokens of the passage it must continue (scored)", 1, 4096);
+      }
       f.StringList("depths", &depths, kind == "copy" ? "passage depths in [0, 1] [default: 0 0.25 0.5 0.75 1]"
                                                      : "needle depths in [0, 1] [default: 0 0.25 0.5 0.75 1]");
       f.StringList("haystack", &haystack, "text files for the haystack instead of --data");
@@ -203,6 +209,8 @@ int RunEval(const Args& args) {
       o.seeds = static_cast<int32_t>(seeds);
       o.mqar_pairs = static_cast<int32_t>(pairs);
       o.multikey_needles = static_cast<int32_t>(needles);
+      o.copy_cue_length = static_cast<int32_t>(cue);
+      o.copy_answer_length = static_cast<int32_t>(answer);
       ORYX_ASSIGN_OR_RETURN(std::unique_ptr<train::SequenceModel> model, open_model());
       return finish(train::EvalTask(o, *model));
     });

@@ -67,6 +67,9 @@ int RunTrain(const Args& args) {
   flags.String("task-weights", &o.task_weights,
                "relative weights of the task kinds, e.g. niah_single=2,copy=1 (kinds: mqar niah_single niah_multikey "
                "passkey copy; defaults 1 1 1 0.5 0)");
+  flags.Int("copy-cue-length", &o.copy_cue_length, "copy examples: tokens of the repeated passage given", 1, 4096);
+  flags.Int("copy-answer-length", &o.copy_answer_length, "copy examples: tokens of it to continue (trained)", 1,
+            4096);
   flags.Bool("allow-short-documents", &o.allow_short_documents,
              "train even when the corpus's documents average less than half of --seq-len");
   flags.String("init-from", &o.init_from,

@@ -198,6 +198,7 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
   ORYX_ASSIGN_OR_RETURN(tasks::TaskKind kind, ParseTaskName(o.task));
   setup.configs.mqar.num_pairs = o.mqar_pairs;
   setup.configs.niah_multikey.num_needles = o.multikey_needles;
+  setup.configs.copy = {o.copy_cue_length, o.copy_answer_length};
   for (int32_t len : o.lengths) {
     if (len > c.max_position) {
       return absl::InvalidArgumentError(absl::StrCat("length ", len, " exceeds the model's max_position ", c.max_position));

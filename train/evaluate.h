@@ -73,6 +73,7 @@ struct TaskEvalOptions {
   int32_t seeds = 8;
   int32_t mqar_pairs = 16;
   int32_t multikey_needles = 4;  // niah-multikey: the asked needle and its distractors
+  int32_t copy_cue_length = 16, copy_answer_length = 32;  // copy: tokens of the repeat given, and to continue
 };
 absl::StatusOr<nlohmann::json> EvalTask(const TaskEvalOptions& options, SequenceModel& model);
 

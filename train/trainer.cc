@@ -201,12 +201,17 @@ double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
 }
 
 Json TrainingIdentity(const TrainOptions& o) {
+  Json mix = {{"needle_lengths", {o.needle_min_length, o.needle_max_length}},
+              {"needle_log_uniform", o.needle_log_uniform}, {"multikey_needles", o.multikey_needles},
+              {"mqar_max_pairs", o.mqar_max_pairs}, {"mqar_spread", o.mqar_spread}};
+  // Options that came later enter only when set away from their defaults, so that older checkpoints resume.
+  if (!o.task_weights.empty()) mix["task_weights"] = o.task_weights;
+  if (o.copy_cue_length != 16 || o.copy_answer_length != 32) {
+    mix["copy_lengths"] = {o.copy_cue_length, o.copy_answer_length};
+  }
   return {{"seq_len", o.seq_len}, {"batch_size", o.batch_size}, {"grad_accum", o.grad_accum},
           {"seed", o.seed}, {"mixing", o.mixing == ModeMixing::kSequence ? "sequence" : "fragment"},
-          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss},
-          {"task_mix", {{"needle_lengths", {o.needle_min_length, o.needle_max_length}},
-                        {"needle_log_uniform", o.needle_log_uniform}, {"multikey_needles", o.multikey_needles},
-                        {"mqar_max_pairs", o.mqar_max_pairs}, {"mqar_spread", o.mqar_spread}}}};
+          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss}, {"task_mix", mix}};
 }
 
 // A Kineto profile of the host ops and, with cuda, the device's kernels, from construction to Save.
@@ -336,6 +341,7 @@ absl::Status Trainer::Setup() {
     }
     mix.configs = setup.configs;
     mix.configs.niah_multikey.num_needles = static_cast<int32_t>(o_.multikey_needles);
+    mix.configs.copy = {static_cast<int32_t>(o_.copy_cue_length), static_cast<int32_t>(o_.copy_answer_length)};
     mix.needle_min_length = static_cast<int32_t>(o_.needle_min_length);
     mix.needle_max_length = static_cast<int32_t>(o_.needle_max_length);
     mix.needle_length_log_uniform = o_.needle_log_uniform;

@@ -52,6 +52,8 @@ struct TrainOptions {
   // Relative weights of the task kinds, "kind=weight,..." over the defaults mqar=1, niah_single=1,
   // niah_multikey=1, passkey=0.5 (0 without one-token digits), copy=0 (tasks::ApplyTaskWeights).
   std::string task_weights;
+  // Copy examples: tokens of the repeated passage given (the cue) and to continue (the answer).
+  int64_t copy_cue_length = 16, copy_answer_length = 32;
   // Start from these weights (a model directory: config.json and weights, e.g. an earlier run's OUT/model)
   // with a fresh optimizer and schedule, rather than from a random initialisation: a run continued in a
   // later session on another machine, where only the exported weights came back. The model options must

@@ -165,6 +165,23 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
   EXPECT_NE(s.message().find("another config"), std::string::npos) << s;
 }
 
+TEST(Trainer, ResumeWithAnotherTaskMixIsRefused) {
+  TrainOptions o = Tiny(Root() + "/other_mix");
+  o.steps = 2;
+  ASSERT_TRUE(Train(o).ok());
+  o.resume = true;
+  o.steps = 4;
+  o.task_weights = "copy=1";  // the data would change under the checkpoint
+  absl::Status s = Train(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("task_weights"), std::string::npos) << s;
+  o.task_weights.clear();
+  o.copy_answer_length = 64;
+  s = Train(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("copy_lengths"), std::string::npos) << s;
+}
+
 TEST(Trainer, StartingOverAnExistingCheckpointWithoutResumeIsRefused) {
   TrainOptions o = Tiny(Root() + "/no_overwrite");
   o.steps = 1;
