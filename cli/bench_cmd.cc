@@ -57,6 +57,16 @@ struct BenchFlags {
     f.Bool("json", &out.json, "print JSON lines instead of a table");
     f.String("out", &out.out_file, "also write the JSON lines to this file (atomically)");
   }
+  // --batches and --contexts into the options, where given.
+  absl::Status ParseShapes(std::vector<int64_t>& batch_sizes, std::vector<int64_t>& context_lengths) const {
+    if (!batches.empty()) {
+      ORYX_ASSIGN_OR_RETURN(batch_sizes, ParsePositiveInts(batches, "batches"));
+    }
+    if (!contexts.empty()) {
+      ORYX_ASSIGN_OR_RETURN(context_lengths, ParsePositiveInts(contexts, "contexts"));
+    }
+    return absl::OkStatus();
+  }
 };
 
 int BenchDecode(const Args& rest) {
@@ -123,12 +133,7 @@ int BenchDecode(const Args& rest) {
       return absl::InvalidArgumentError("--acceptance is simulated; with --data the acceptance is measured");
     }
     o.mixer = mixer == "gdn" ? LinearMixer::kGdn : LinearMixer::kMamba2;
-    if (!c.batches.empty()) {
-      ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(c.batches, "batches"));
-    }
-    if (!c.contexts.empty()) {
-      ORYX_ASSIGN_OR_RETURN(o.contexts, ParsePositiveInts(c.contexts, "contexts"));
-    }
+    ORYX_RETURN_IF_ERROR(c.ParseShapes(o.batches, o.contexts));
     o.threads = static_cast<int>(c.threads);
 #ifdef ORYX_HAVE_TORCH
     o.reference = [&](const std::string& dir) {
@@ -186,12 +191,7 @@ int BenchSpec(const Args& rest) {
   f.Int("gen-tokens", &o.gen_tokens, "tokens generated per prompt", 2, 1 << 20);
   c.AddFlags(f);
   return RunWithFlags(f, rest, [&]() -> absl::Status {
-    if (!c.batches.empty()) {
-      ORYX_ASSIGN_OR_RETURN(o.batches, ParsePositiveInts(c.batches, "batches"));
-    }
-    if (!c.contexts.empty()) {
-      ORYX_ASSIGN_OR_RETURN(o.contexts, ParsePositiveInts(c.contexts, "contexts"));
-    }
+    ORYX_RETURN_IF_ERROR(c.ParseShapes(o.batches, o.contexts));
     if (!ks.empty()) {
       ORYX_ASSIGN_OR_RETURN(o.ks, ParsePositiveInts(ks, "k"));
     }

@@ -29,6 +29,7 @@ class EntropyRouter final : public router::Router {
  public:
   explicit EntropyRouter(double tau) : tau_(tau) {}
   router::Decision Decide(const router::RouterContext& c) const override;
+  bool reads_earlier_match() const override { return false; }
 
  private:
   double tau_;
@@ -38,6 +39,7 @@ class BudgetRouter final : public router::Router {
  public:
   explicit BudgetRouter(double fraction) : fraction_(fraction) {}
   router::Decision Decide(const router::RouterContext& c) const override;
+  bool reads_earlier_match() const override { return false; }
 
  private:
   double fraction_;
@@ -56,6 +58,7 @@ class RandomRouter final : public router::Router {
  public:
   explicit RandomRouter(double fraction) : fraction_(fraction) {}
   router::Decision Decide(const router::RouterContext& c) const override;
+  bool reads_earlier_match() const override { return false; }
 
  private:
   double fraction_;

@@ -68,13 +68,14 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   RouterContext c;
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
+  const bool match = router_->reads_earlier_match();
   EarlierMatch matches;
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
     c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len);
     c.match_length = c.match_distance = 0;
-    for (int64_t t = start; t < start + c.segment_tokens; ++t) {
+    for (int64_t t = start; match && t < start + c.segment_tokens; ++t) {
       const EarlierMatch::Match m = matches.Push(prompt[t]);
       if (m.length > c.match_length) std::tie(c.match_length, c.match_distance) = std::pair(m.length, m.distance);
     }
@@ -107,9 +108,11 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
   c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
-  for (int64_t i = st.matches.size(); i < s.context_size(); ++i) st.match = st.matches.Push(s.context_token(i));
-  c.match_length = st.match.length;
-  c.match_distance = st.match.distance;
+  if (router_->reads_earlier_match()) {
+    for (int64_t i = st.matches.size(); i < s.context_size(); ++i) st.match = st.matches.Push(s.context_token(i));
+    c.match_length = st.match.length;
+    c.match_distance = st.match.distance;
+  }
   if (options_.cost_model) {
     c.predicted_attention_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kAttention});
     c.predicted_linear_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kLinear});

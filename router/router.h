@@ -66,6 +66,9 @@ class Router {
   virtual Decision Decide(const RouterContext& context) const = 0;
   // The longest draft a decision may ask for (0: the router never speculates).
   virtual int64_t max_draft_length() const { return 0; }
+  // Whether Decide reads match_length / match_distance. Those cost an index over the sequence's tokens, kept
+  // only for routers that read them; a router that never does says so and its contexts hold 0 there.
+  virtual bool reads_earlier_match() const { return true; }
 };
 
 struct RouterOptions {

@@ -65,13 +65,15 @@ absl::StatusOr<TaskExample> MakeCopyExample(const TaskVocab& vocab, const CopyCo
   }
   const int32_t last = context - passage;
   const int32_t base = static_cast<int32_t>(std::llround(depth * last));
-  int32_t start = base;
-  for (int32_t attempt = 1; attempt <= 16 && !CueIsUnique(text, start, cue); ++attempt) {
-    // Nearest first: +1, -1, +2, -2, ... cue lengths away (clamped to [0, last]).
+  int32_t start = base;  // where no candidate's cue is unique
+  for (int32_t attempt = 0; attempt <= 16; ++attempt) {
+    // Nearest first: 0, +1, -1, +2, -2, ... cue lengths away (clamped to [0, last]).
     const int32_t step = (attempt + 1) / 2 * cue * (attempt % 2 == 1 ? 1 : -1);
-    start = std::clamp(base + step, 0, last);
+    if (const int32_t candidate = std::clamp(base + step, 0, last); CueIsUnique(text, candidate, cue)) {
+      start = candidate;
+      break;
+    }
   }
-  if (!CueIsUnique(text, start, cue)) start = base;
 
   TaskExample ex;
   ex.kind = TaskKind::kCopy;

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdlib>
-#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 
 #include "base/rng.h"
 #include "base/str_cat.h"
@@ -20,7 +23,7 @@ constexpr uint64_t kSaltParams = 3;
 constexpr uint64_t kSaltExample = 4;
 constexpr uint64_t kNoDepth = ~0ULL;
 
-constexpr std::array<TaskKind, 5> kKinds = {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey,
+constexpr std::array<TaskKind, std::tuple_size_v<TaskWeights>> kKinds = {TaskKind::kMqar, TaskKind::kNiahSingle, TaskKind::kNiahMultiKey,
                                             TaskKind::kPasskey, TaskKind::kCopy};
 
 absl::Status NeedDepth(TaskKind kind, const HaystackSource* haystack, std::optional<double> depth) {
@@ -198,22 +201,18 @@ absl::StatusOr<TaskMixer> TaskMixer::Create(TaskMixConfig config, const Haystack
   return TaskMixer(std::move(config), haystack);
 }
 
-absl::Status ApplyTaskWeights(std::string_view spec, std::array<double, 5>& weights) {
-  std::array<double, 5> out = weights;
-  while (!spec.empty()) {
-    const size_t comma = spec.find(',');
-    const std::string_view entry = spec.substr(0, comma);
-    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
-    const size_t eq = entry.find('=');
-    if (eq == std::string_view::npos) {
+absl::Status ApplyTaskWeights(std::string_view spec, TaskWeights& weights) {
+  TaskWeights out = weights;
+  // (absl::string_view is not std::string_view in every Abseil build: convert at the edges.)
+  for (absl::string_view entry : absl::StrSplit(absl::string_view(spec.data(), spec.size()), ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    if (entry.find('=') == absl::string_view::npos) {
       return absl::InvalidArgumentError(Cat("task weights: '", entry, "' is not kind=weight"));
     }
-    absl::StatusOr<TaskKind> kind = ParseTaskKind(entry.substr(0, eq));
+    absl::StatusOr<TaskKind> kind = ParseTaskKind(std::string_view(kv.first.data(), kv.first.size()));
     if (!kind.ok()) return absl::InvalidArgumentError(Cat("task weights: ", kind.status().message()));
-    const std::string number(entry.substr(eq + 1));
-    char* end = nullptr;
-    const double w = number.empty() ? -1.0 : std::strtod(number.c_str(), &end);
-    if (number.empty() || *end != '\0' || !(w >= 0.0 && std::isfinite(w))) {
+    double w = 0;
+    if (!absl::SimpleAtod(kv.second, &w) || !(w >= 0.0 && std::isfinite(w))) {
       return absl::InvalidArgumentError(Cat("task weights: '", entry, "': the weight must be a number >= 0"));
     }
     out[static_cast<size_t>(*kind)] = w;

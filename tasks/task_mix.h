@@ -53,13 +53,16 @@ absl::StatusOr<std::vector<EvalPoint>> EvalGrid(std::span<const int32_t> lengths
                                                 std::span<const double> depths, int32_t num_seeds,
                                                 uint64_t base_seed);
 
+// Relative weights of the task kinds, in the order of TaskKind (mqar, niah_single, niah_multikey, passkey, copy).
+using TaskWeights = std::array<double, 5>;
+
 // How the trainer mixes tasks into its data.
 struct TaskMixConfig {
   double task_fraction = 0.0;  // p: the share of training sequences that are task sequences, in [0, 1]
   uint64_t seed = 0;
   // Relative weights of the kinds in the order of TaskKind (mqar, niah_single, niah_multikey, passkey,
   // copy); non-negative, at least one positive (when task_fraction > 0).
-  std::array<double, 5> weights = {1.0, 1.0, 1.0, 0.0, 0.0};
+  TaskWeights weights = {1.0, 1.0, 1.0, 0.0, 0.0};
   // MQAR pairs per sequence, uniform in [min, max] and then capped by what the length and the key/value
   // ranges allow (configs.mqar.num_pairs is ignored).
   int32_t mqar_min_pairs = 4;
@@ -85,7 +88,7 @@ struct TaskMixConfig {
 // Applies "kind=weight,kind=weight,..." (kinds by their TaskKind names, e.g. "niah_single=2,copy=1") to
 // `weights`; kinds not named keep their weight. InvalidArgument naming the bad entry: an unknown kind, a
 // weight that is not a finite number >= 0, or an entry without '='.
-absl::Status ApplyTaskWeights(std::string_view spec, std::array<double, 5>& weights);
+absl::Status ApplyTaskWeights(std::string_view spec, TaskWeights& weights);
 
 // Decides, deterministically from (seed, index), which training sequences are task sequences and makes
 // them. Needle depths are uniform in [0, 1]. Immutable after Create(); const methods are thread-safe when

@@ -325,7 +325,7 @@ absl::Status Trainer::Setup() {
           "or pass --allow-short-documents"));
     }
   }
-  if (std::array<double, 5> probe{}; !o_.task_weights.empty()) {
+  if (tasks::TaskWeights probe{}; !o_.task_weights.empty()) {
     ORYX_RETURN_IF_ERROR(tasks::ApplyTaskWeights(o_.task_weights, probe));  // a bad spec fails without tasks too
   }
   if (o_.task_fraction > 0) {

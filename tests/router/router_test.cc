@@ -181,6 +181,28 @@ TEST(RouterDecoder, PrefillSegmentsSeeWhetherTheirTokensOccurredEarlier) {
   EXPECT_EQ(r->seen[3], (std::pair<int64_t, int64_t>(0, 0)));
 }
 
+TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
+  class Blind final : public Router {
+   public:
+    Decision Decide(const RouterContext& c) const override {
+      seen.push_back({c.match_length, c.match_distance});
+      return {Mode::kAttention};
+    }
+    bool reads_earlier_match() const override { return false; }
+    mutable std::vector<std::pair<int64_t, int64_t>> seen;
+  };
+  RouterOptions o;
+  o.segment_len = 4;
+  auto router = std::make_unique<Blind>();
+  Blind* r = router.get();
+  RouterDecoder decoder(std::move(router), o);
+  const std::vector<int32_t> prompt = {10, 11, 12, 13, 14, 20, 21, 22, 11, 12, 13, 14, 30, 31, 32};
+  std::vector<Mode> got(prompt.size());
+  decoder.PrefillModes(prompt, 0, got);
+  ASSERT_EQ(r->seen.size(), 5u);
+  for (const auto& m : r->seen) EXPECT_EQ(m, (std::pair<int64_t, int64_t>(0, 0)));
+}
+
 TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   testutil::ScratchDir scratch;
   Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
@@ -244,7 +266,9 @@ TEST(RouterDecoder, PlainAndSpeculatingRequestsInOneBatchKeepAttentionModesToken
     const bool speculates = requests[i].prompt_tokens.size() % 2 == 0;
     const std::optional<SpecStats>& spec = (*mixed)[i].stats.spec;
     EXPECT_EQ(spec.has_value() && spec->rounds > 0, speculates) << "request " << i;
-    if (!speculates) EXPECT_EQ((*mixed)[i].stats.linear_tokens, 0) << "request " << i;
+    if (!speculates) {
+      EXPECT_EQ((*mixed)[i].stats.linear_tokens, 0) << "request " << i;
+    }
   }
 }
 

@@ -1198,13 +1198,13 @@ TEST(TaskMixerTest, PacksCopyExamplesWithTheirAnswersMasked) {
 }
 
 TEST(TaskWeightsTest, NamedKindsChangeTheRestStay) {
-  std::array<double, 5> w = {1.0, 1.0, 1.0, 0.5, 0.0};
+  TaskWeights w = {1.0, 1.0, 1.0, 0.5, 0.0};
   ASSERT_TRUE(ApplyTaskWeights("", w).ok());
   EXPECT_THAT(w, ElementsAre(1.0, 1.0, 1.0, 0.5, 0.0));
   ASSERT_TRUE(ApplyTaskWeights("copy=2,niah_single=0.25", w).ok());
   EXPECT_THAT(w, ElementsAre(1.0, 0.25, 1.0, 0.5, 2.0));
   for (const char* bad : {"copy", "cpy=1", "copy=-1", "copy=x", "copy=", "copy=1,x=2", "copy=inf"}) {
-    std::array<double, 5> before = w;
+    TaskWeights before = w;
     EXPECT_FALSE(ApplyTaskWeights(bad, w).ok()) << bad;
     EXPECT_EQ(w, before) << bad;  // unchanged on error
   }
