@@ -282,7 +282,7 @@ CudaSequence& DeviceOf(const SequenceState& s) { return static_cast<CudaSequence
 }  // namespace
 
 // ORYX_CUDA_PROFILE=1: time every op of the decode-step and span forwards (verify spans: more rows than
-// sequences, at most kMaxGraphRows; prefill chunks are not kept) with events (graphs off), and print the
+// sequences, each at most kMaxGraphSpan; prefill chunks are not kept) with events (graphs off), and print the
 // mean time per forward of each op, by kind of forward, when the backend is destroyed. For finding where a
 // step's or a verify's time goes.
 struct CudaBackend::Profiler {
@@ -778,8 +778,12 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
 
 namespace {
 
-// Forwards of up to this many rows (decode steps, verify spans, speculative rounds) run as CUDA graphs.
-constexpr int64_t kMaxGraphRows = 64;
+// Forwards of short spans only (decode steps, verify spans, speculative rounds) run as CUDA graphs: every
+// span at most kMaxGraphSpan tokens and at most kMaxGraphRows rows in all. A longer span (a prefill chunk)
+// makes the forward a plain one, with the prefill's tiled attention.
+constexpr int64_t kMaxGraphSpan = 64;
+constexpr int64_t kMaxGraphRows = 1024;
+constexpr int64_t kMaxRoundDrafts = 64;
 
 int64_t AlignMeta(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
@@ -818,7 +822,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   const ModelConfig& c = config_;
   Plan plan{};
   plan.B = static_cast<int64_t>(batch.size());
-  int64_t max_keys = 0;
+  int64_t max_keys = 0, max_span = 0;
   bool any_keeps = false;
   // A sequence's attention rows in groups of at most `size`: how many groups, and the largest.
   struct Grouping {
@@ -831,6 +835,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   Grouping cuda_core{kc::kAttentionGroupRows}, mma_groups{kc::kAttentionMmaGroupRows}, tiles{kc::kAttentionTileRows};
   for (const ForwardItem& it : batch) {
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
+    max_span = std::max(max_span, T);
     CudaSequence& ds = DeviceOf(*it.seq);
     // (Growing keeps every state's contents: a batch that fails here leaves its sequences as they were.)
     if (it.seq->has_kv()) ORYX_RETURN_IF_ERROR(ds.EnsureCapacity(pos + T, pos));
@@ -862,7 +867,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     plan.temperature = sp.temperature, plan.top_p = sp.top_p, plan.top_k = sp.top_k;
   }
   // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
-  plan.tiled_attention = tiled_attention_ && plan.N > kMaxGraphRows && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
+  // (Many short spans, a large batch's verify spans, are not tiled: a tile would hold a few rows of its 64.)
+  plan.tiled_attention =
+      tiled_attention_ && max_span > kMaxGraphSpan && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
   // Verify spans of more than 4 attention rows attend on tensor cores too, in groups of up to 16 (kc::Attention
   // takes groups of more than 4 rows there); shorter ones in groups of up to 8 on CUDA cores.
   const bool mma = !plan.tiled_attention && mma_groups.largest > 4 && kc::GroupAttentionMmaApplies(ctx_->dims);
@@ -873,9 +880,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).
-  plan.graph = use_graphs_ && !profiler_ && plan.N <= kMaxGraphRows;
+  plan.graph = use_graphs_ && !profiler_ && max_span <= kMaxGraphSpan && plan.N <= kMaxGraphRows;
   // A graph bakes in its launches, so the chunked scan must never be wanted by a graph's shape.
-  static_assert(kc::kChunkedScanMinLen > kMaxGraphRows);
+  static_assert(kc::kChunkedScanMinLen > kMaxGraphSpan);
   if (plan.graph && max_keys > 0) {
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }
@@ -1222,7 +1229,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     const char* mode = plan.NA == plan.N ? "attention" : plan.NA == 0 ? "linear" : "mixed";
     const std::string kind = plan.N == plan.B ? Cat("decode step, ", mode, ", batch ", plan.B)
                                               : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
-    profiler_->Collect(plan.N <= kMaxGraphRows ? &kind : nullptr);
+    profiler_->Collect(plan.tiled_attention ? nullptr : &kind);
   }
   const int32_t* drawn = draws.on ? reinterpret_cast<const int32_t*>(sc.meta_host + draws.tokens) : nullptr;
   int32_t key_token = 0;
@@ -1240,7 +1247,9 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   const ModelConfig& c = config_;
   const int64_t B = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
   if (B == 0) return absl::OkStatus();
-  if (k < 1 || k > kMaxGraphRows) return absl::InvalidArgumentError(Cat("speculative round: k = ", k, " outside [1, 64]"));
+  if (k < 1 || k > kMaxRoundDrafts) {
+    return absl::InvalidArgumentError(Cat("speculative round: k = ", k, " outside [1, ", kMaxRoundDrafts, "]"));
+  }
   // The round's forwards as batches: the verify spans [pending, d_1..d_k] (the drafts' places filled in on
   // the device) and the drafts' single linear-mode tokens.
   std::vector<std::vector<int32_t>> spans(B);

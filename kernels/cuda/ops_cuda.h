@@ -196,7 +196,7 @@ void ConvWindowUpdate(const ConvWindowUpdateParams& p, cudaStream_t stream);
 // span's chunks in order; mamba2 runs all chunks in parallel and passes the state between them after, in
 // scan_scratch (ChunkedScanScratchFloats of scan_chunks, the count ChunkedScanChunks gives; with
 // scan_chunks 0 every mamba2 span runs token by token). State-capturing spans always run token by token.
-inline constexpr int32_t kChunkedScanMinLen = 128;  // the backend's threshold (> its 64-row graph limit)
+inline constexpr int32_t kChunkedScanMinLen = 128;  // the backend's threshold (> the longest span it runs in a CUDA graph, 64)
 struct RecurrentParams {
   ModelDims dims;
   int32_t layer;
