@@ -192,11 +192,11 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
                           const SequenceState& first, const CorpusReader* val, int64_t context, int64_t batch,
                           double attention_s, double linear_s, const Emit& emit) {
   const bool measured = val != nullptr;
-  const bool greedy_rounds = backend.backend_rounds();
+  const bool greedy_rounds = backend.runs_rounds();
   // Each draft length with rounds run forward by forward from the host, then whole by the backend (one
   // CUDA graph and one synchronisation per round).
   for (int64_t k : o.spec_ks) for (const bool on_device : {false, true}) {
-    backend.set_backend_rounds(on_device);
+    backend.set_runs_rounds(on_device);
     std::vector<SequenceState> seqs;
     std::vector<int32_t> pending(batch, 5);
     for (int64_t b = 0; b < batch; ++b) {
@@ -282,7 +282,7 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
               {"breakeven_acceptance", BreakEvenAcceptance(round_s, attention_s, k)}});
     emit(r);
   }
-  backend.set_backend_rounds(greedy_rounds);
+  backend.set_runs_rounds(greedy_rounds);
   return absl::OkStatus();
 }
 }  // namespace

@@ -134,20 +134,34 @@ struct ForwardItem {
   int32_t* next_token = nullptr;
 };
 
-// One sequence's part of a speculative round run by the backend (Backend::SpeculativeRound).
+// One sequence's part of a speculative round run whole by the backend (Backend::SpeculativeRound).
+struct RoundResult;
 struct RoundItem {
   SequenceState* seq = nullptr;    // has a KV cache; `pending` is its next token, not yet run
-  SequenceState* draft = nullptr;  // a draft sequence (MakeDraft of seq); the round overwrites it
+  SequenceState* draft = nullptr;  // a draft sequence holding seq's recurrent state (the caller refreshes it)
   int32_t pending = 0;
-  // The slot's sampler: greedy, or the distribution drafts are drawn from and judged against. Its stream
-  // advances by exactly the uniforms the decoder's own round would have used.
+  // The slot's sampler: greedy, or the distribution drafts are drawn from and judged against. The backend
+  // peeks its uniforms and leaves the stream where it is; the caller skips the ones the round used
+  // (UniformsOfSampledRound).
   Sampler* sampler = nullptr;
-  std::vector<int32_t>* emitted = nullptr;  // out: the accepted drafts, then the recovered or bonus token
+  RoundResult* result = nullptr;  // out
+};
+
+// What a round run by the backend gives back for one sequence. The backend runs the drafts and the verify
+// span and judges them; committing (the sequence cut back to after the accepted drafts) is the caller's.
+struct RoundResult {
+  std::vector<int32_t> drafts;  // d_1..d_k
+  // Greedy: the argmax of each verify row p_0..p_k, which the caller's accept rule compares with the drafts.
+  std::vector<int32_t> targets;
+  // Sampled: the verdict of the backend's own lossless rule (it ran on the device): how many drafts it
+  // accepted, and the recovered or bonus token.
+  int64_t accepted = 0;
+  int32_t next = 0;
 };
 
 // The uniforms a slot's sampler gives a sampled lossless round of k drafts of which `accepted` are accepted:
-// one per draft (LinearProposer), one per judged draft and one for the recovered or bonus token
-// (speculative::AcceptLossless). A backend that peeks all 2k + 1 up front then skips this many.
+// one per draft (the linear drafts), one per judged draft and one for the recovered or bonus token
+// (speculative::AcceptLossless). A backend that peeks all 2k + 1 up front leaves the caller to skip this many.
 inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
   return k + (accepted < k ? accepted + 2 : k + 1);
 }
@@ -155,6 +169,9 @@ inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
+  // A backend that can run whole speculative rounds (Backend::runs_rounds) does, when asked; off: the
+  // decoder runs them forward by forward.
+  bool device_rounds = true;
 };
 
 // A loaded model that runs batched forwards. Immutable weights; Forward may be called from several threads
@@ -175,13 +192,13 @@ class Backend {
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
   // Speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the host
-  // between a round's forwards costs: for every item, k linear-mode draft steps from `pending` on the draft
-  // (refreshed from seq first), each drawing from the last step's distribution (greedy: its argmax); one
-  // attention-mode verify span [pending, d_1..d_k] on seq; speculative::AcceptLossless's rule; seq committed
-  // (truncated) to after the accepted drafts. Every item's sampler must have the same parameters. Backends
-  // without it return Unimplemented (backend_rounds() false) and the decoder runs the round from Forward
-  // calls.
-  virtual bool backend_rounds() const { return false; }
+  // between a round's forwards costs. The capability: runs_rounds(). For every item, k linear-mode draft
+  // steps from `pending` on the draft sequence, each drawing from the last step's distribution (greedy: its
+  // argmax); one attention-mode verify span [pending, d_1..d_k] on seq, its states kept for rollback
+  // (ForwardItem::keep_states); the verdict in *result (RoundResult). Every item's sampler must have the same
+  // parameters. seq is left after the whole span: the caller commits. Backends without the capability return
+  // Unimplemented.
+  virtual bool runs_rounds() const { return false; }
   virtual absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
     (void)items, (void)k;
     return absl::UnimplementedError("this backend does not run speculative rounds itself");

@@ -534,6 +534,7 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
   if (options.device == "cuda") {
 #ifdef ORYX_HAVE_CUDA
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir));
+    cuda->set_runs_rounds(options.device_rounds);
     return std::unique_ptr<Backend>(std::move(cuda));
 #else
     return absl::UnimplementedError("device 'cuda': this build has no CUDA backend (configure with ORYX_CUDA=ON)");

@@ -1259,10 +1259,15 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   std::vector<ForwardItem> verify(B), drafts(B);
   for (int64_t b = 0; b < B; ++b) {
     const RoundItem& it = items[b];
-    if (it.seq == nullptr || it.draft == nullptr || it.emitted == nullptr || it.sampler == nullptr ||
+    if (it.seq == nullptr || it.draft == nullptr || it.result == nullptr || it.sampler == nullptr ||
         it.seq == it.draft || it.draft->has_kv() || it.draft->device() == nullptr || it.draft->device()->owner() != this) {
       return absl::InvalidArgumentError(Cat("speculative round: item ", b,
                                             " needs a sequence, a draft sequence of this backend, a sampler and an output"));
+    }
+    if (it.draft->position() != it.seq->position()) {
+      return absl::InvalidArgumentError(Cat("speculative round: item ", b, "'s draft sequence is at position ",
+                                            it.draft->position(), ", its sequence at ", it.seq->position(),
+                                            " (refresh it with CopyRecurrentFrom)"));
     }
     if (!it.sampler->params().SameDistributionAs(items[0].sampler->params())) {
       return absl::InvalidArgumentError(Cat("speculative round: item ", b, " samples with other parameters than item 0"));
@@ -1272,7 +1277,6 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     drafts[b] = {it.draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
   }
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, verify, this));
-  for (const RoundItem& it : items) it.draft->CopyRecurrentFrom(*it.seq);
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, drafts, this));
 
   std::lock_guard<std::mutex> lock(forward_mu_);
@@ -1356,24 +1360,18 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr, nullptr);
   FinishForward(verify, nullptr, nullptr);
 
-  // Accept (greedy: d_{i+1} while it is the argmax of verify row i; sampled: the device's AcceptLossless),
-  // then commit.
+  // The drafts, and the verify rows' argmaxes (greedy) or the device's verdict (sampled).
   for (int64_t b = 0; b < B; ++b) {
+    RoundResult& r = *items[b].result;
     const int32_t* d = span_host + b * S;  // pending, d_1..d_k
-    int64_t accepted = 0;
-    int32_t next = 0;
+    r.drafts.assign(d + 1, d + S);
     if (sampled) {
-      accepted = results_host[2 * b];
-      next = results_host[2 * b + 1];
-      items[b].sampler->SkipUniforms(UniformsOfSampledRound(k, accepted));
+      r.targets.clear();
+      r.accepted = results_host[2 * b];
+      r.next = results_host[2 * b + 1];
     } else {
-      const int32_t* best = results_host + b * S;
-      while (accepted < k && d[accepted + 1] == best[accepted]) ++accepted;
-      next = best[accepted];
+      r.targets.assign(results_host + b * S, results_host + (b + 1) * S);
     }
-    items[b].emitted->assign(d + 1, d + 1 + accepted);
-    items[b].emitted->push_back(next);
-    ORYX_RETURN_IF_ERROR(items[b].seq->Truncate(items[b].seq->position() - S + 1 + accepted));
   }
   return absl::OkStatus();
 }

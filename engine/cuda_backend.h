@@ -31,12 +31,13 @@ class CudaBackend final : public Backend {
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
   // The whole round on the device, one CUDA graph per shape, with one synchronisation at its end (the
-  // drafts come back with the verify rows' argmaxes, greedy, whose k comparisons the host makes, or with
-  // the device's AcceptLossless result, sampled).
-  bool backend_rounds() const override { return backend_rounds_; }
+  // drafts come back with the verify rows' argmaxes, greedy, or with the device's AcceptLossless verdict,
+  // sampled).
+  bool runs_rounds() const override { return runs_rounds_; }
   absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
-  // Off: backend_rounds() is false and speculative decoding runs its rounds from Forward calls (default on).
-  void set_backend_rounds(bool on) { backend_rounds_ = on; }
+  // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
+  // BackendOptions::device_rounds).
+  void set_runs_rounds(bool on) { runs_rounds_ = on; }
   // Up to 2048 tokens per prompt and 8192 rows per forward (the activations of 8192 rows of 1.4b take about
   // 1 GB), at least 256: attention runs in tiles, with no score buffer, and long spans keep the chunked scan
   // and the products busy.
@@ -48,7 +49,7 @@ class CudaBackend final : public Backend {
   int64_t weight_bytes() const { return weight_bytes_; }
   // Copy bandwidth of the device in bytes/s (read + write over the time of a large copy, best of 10).
   double MeasureCopyBandwidth() const;
-  // Forwards of up to 64 rows (decode steps, verify spans) replayed as CUDA graphs, one per shape (default on).
+  // Forwards of short spans (decode steps, verify spans) replayed as CUDA graphs, one per shape (default on).
   void set_cuda_graphs(bool on) { use_graphs_ = on; }
   bool cuda_graphs() const { return use_graphs_; }
   // Forwards of at most 8 rows fuse each norm / gate into the projection after it (default on).
@@ -115,7 +116,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Profiler> profiler_;  // ORYX_CUDA_PROFILE=1
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
-  bool backend_rounds_ = true;
+  bool runs_rounds_ = true;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

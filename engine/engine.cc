@@ -47,7 +47,17 @@ int64_t DecodeSlot::LatestEarlierMatch(int64_t len) const {
   return -1;
 }
 
-void StepwiseDecoder::StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) {
+absl::Status StepDecoder(Decoder& decoder, Backend& backend, std::span<DecodeSlot* const> slots) {
+  ORYX_ASSIGN_OR_RETURN(const bool ran, decoder.RunAlone(backend, slots));
+  if (ran) return absl::OkStatus();
+  std::vector<ForwardItem> items;
+  ORYX_RETURN_IF_ERROR(decoder.Plan(backend, slots, items));
+  if (!items.empty()) ORYX_RETURN_IF_ERROR(backend.Forward(items));
+  return decoder.Finish(slots);
+}
+
+absl::Status StepwiseDecoder::Plan(const Backend&, std::span<DecodeSlot* const> slots,
+                                   std::vector<ForwardItem>& items) {
   const size_t n = slots.size();
   const bool observe = ObservesLogits();
   modes_.resize(n);
@@ -59,9 +69,10 @@ void StepwiseDecoder::StepItems(std::span<DecodeSlot* const> slots, std::vector<
     items.push_back({s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast,
                      observe ? &logits_[i] : nullptr, false, s.sampler, &next_[i]});
   }
+  return absl::OkStatus();
 }
 
-void StepwiseDecoder::FinishStep(std::span<DecodeSlot* const> slots) {
+absl::Status StepwiseDecoder::Finish(std::span<DecodeSlot* const> slots) {
   const bool observe = ObservesLogits();
   for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
@@ -69,13 +80,6 @@ void StepwiseDecoder::FinishStep(std::span<DecodeSlot* const> slots) {
     if (observe) Observe(s, modes_[i], logits_[i]);
     s.emitted.assign(1, next_[i]);
   }
-}
-
-absl::Status StepwiseDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
-  items_.clear();
-  StepItems(slots, items_);
-  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-  FinishStep(slots);
   return absl::OkStatus();
 }
 
@@ -373,8 +377,7 @@ void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
   prefilling_.resize(prefill_lengths_.size());
 }
 
-absl::Status GenerationBatch::Prefill(Backend& backend) {
-  items_.clear();
+void GenerationBatch::PlanPrefill() {
   for (size_t i = 0; i < prefilling_.size(); ++i) {
     Request& r = *prefilling_[i];
     if (r.prefilled == 0) r.prefill_start = Clock::now();
@@ -387,16 +390,9 @@ absl::Status GenerationBatch::Prefill(Backend& backend) {
                       last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r.sampler : nullptr,
                       &r.first});
   }
-  // The requests already decoding under a decoder that shares its forward take their step in this one.
-  for (auto& [name, decoder] : decoders_) {
-    if (!decoder->SharesForward()) continue;
-    std::vector<DecodeSlot*> slots;
-    DecodingSlots(decoder.get(), slots);
-    if (slots.empty()) continue;
-    decoder->StepItems(slots, items_);
-    shared_.emplace_back(decoder.get(), std::move(slots));
-  }
-  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+}
+
+void GenerationBatch::FinishPrefill() {
   done_.clear();
   for (size_t i = 0; i < prefilling_.size(); ++i) {
     Request& r = *prefilling_[i];
@@ -407,31 +403,38 @@ absl::Status GenerationBatch::Prefill(Backend& backend) {
     if (!Emit(r, r.first)) done_.push_back(r.slot.id);
   }
   for (int64_t id : done_) Finish(id);
-  for (auto& [decoder, slots] : shared_) {
-    decoder->FinishStep(slots);
-    last_step_decoded_ += static_cast<int64_t>(slots.size());
-    last_step_shared_ += static_cast<int64_t>(slots.size());
-    EmitStep(slots);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
   last_step_decoded_ = last_step_shared_ = 0;
-  shared_.clear();
+  // The work of this step: prefill spans, and every decoding request's step under its decoder.
   ChoosePrefillSpans(backend);
-  if (!prefilling_.empty()) ORYX_RETURN_IF_ERROR(Prefill(backend));
-  // Every decoder that did not step in the prefill's forward steps its decoding requests together (those
-  // just prefilled included).
+  stepping_.clear();
   for (auto& [name, decoder] : decoders_) {
-    const Decoder* d = decoder.get();
-    if (std::any_of(shared_.begin(), shared_.end(), [d](const auto& s) { return s.first == d; })) continue;
-    DecodingSlots(d, slots_);
-    if (slots_.empty()) continue;
-    last_step_decoded_ += static_cast<int64_t>(slots_.size());
-    ORYX_RETURN_IF_ERROR(decoder->Step(backend, slots_));
-    EmitStep(slots_);
+    std::vector<DecodeSlot*> slots;
+    DecodingSlots(decoder.get(), slots);
+    if (!slots.empty()) stepping_.emplace_back(decoder.get(), std::move(slots));
+  }
+  for (const auto& [decoder, slots] : stepping_) last_step_decoded_ += static_cast<int64_t>(slots.size());
+  if (prefilling_.empty() && stepping_.size() == 1) {
+    auto& [decoder, slots] = stepping_[0];
+    ORYX_ASSIGN_OR_RETURN(const bool ran, decoder->RunAlone(backend, slots));
+    if (ran) {
+      EmitStep(slots);
+      return absl::OkStatus();
+    }
+  }
+  // One forward for all of it.
+  items_.clear();
+  PlanPrefill();
+  if (!prefilling_.empty()) last_step_shared_ = last_step_decoded_;
+  for (auto& [decoder, slots] : stepping_) ORYX_RETURN_IF_ERROR(decoder->Plan(backend, slots, items_));
+  if (!items_.empty()) ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  FinishPrefill();
+  for (auto& [decoder, slots] : stepping_) {
+    ORYX_RETURN_IF_ERROR(decoder->Finish(slots));
+    EmitStep(slots);
   }
   return absl::OkStatus();
 }

@@ -105,6 +105,10 @@ struct DecodeSlot {
   int64_t LatestEarlierMatch(int64_t len) const;
 };
 
+// How a policy decodes. Every engine step is one forward shared by all of the step's work: the prompts
+// being prefilled and every decoder's slots, whatever their policies and wherever they are in a step that
+// takes several forwards (a speculative round: draft steps, then a verify span). A decoder says what its
+// slots need forwarded this step (Plan) and reads what came back (Finish).
 class Decoder {
  public:
   virtual ~Decoder() = default;
@@ -112,29 +116,36 @@ class Decoder {
   virtual void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const = 0;
   // How many KV positions past the emitted tokens a step may write (so the engine can Reserve them).
   virtual int64_t Lookahead() const { return 0; }
-  // For every slot: run `pending` (and whatever else the strategy needs) and emit the next tokens. Must
-  // never go past the model's max_position; slots have position() + 1 <= max_position on entry.
-  virtual absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) = 0;
+  // Appends the items this step forwards for `slots` (they point into the decoder and stay valid until
+  // Finish); a slot may add none. Must never go past the model's max_position; slots have position() + 1 <=
+  // max_position on entry.
+  virtual absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                            std::vector<ForwardItem>& items) = 0;
+  // After the step's forward: every slot's emitted tokens, >= 0 in order (none while a slot is inside a step
+  // of several forwards, such as a speculative round that is drafting). The last becomes `pending`.
+  virtual absl::Status Finish(std::span<DecodeSlot* const> slots) = 0;
+  // When its slots are the step's only work, a decoder may run their step itself with as many forwards as it
+  // needs and no return to the engine between them (a speculative round run whole by the backend). Returns
+  // false when it did not, and nothing ran: the engine then calls Plan and Finish.
+  virtual absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) {
+    (void)backend, (void)slots;
+    return false;
+  }
   // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
   // batch, such as a server's, sees ever new ids).
   virtual void Release(int64_t slot_id) { (void)slot_id; }
-  // A decoder whose step is one forward of one token per slot may share that forward with other work (a
-  // batch's prefill spans: one pass over the weights for both). StepItems appends the step's items (they
-  // point into the decoder and stay valid until FinishStep); after the forward, FinishStep sets every slot's
-  // emitted tokens. Together they do what Step does.
-  virtual bool SharesForward() const { return false; }
-  virtual void StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) {}
-  virtual void FinishStep(std::span<DecodeSlot* const> slots) {}
 };
+
+// One step of one decoder's slots on their own: RunAlone, or Plan, one forward and Finish.
+absl::Status StepDecoder(Decoder& decoder, Backend& backend, std::span<DecodeSlot* const> slots);
 
 // The usual decoder: each step runs every slot's pending token in one mode and samples the next token.
 // Subclasses choose the mode per slot and may look at the logits the step produced.
 class StepwiseDecoder : public Decoder {
  public:
-  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
-  bool SharesForward() const override { return true; }
-  void StepItems(std::span<DecodeSlot* const> slots, std::vector<ForwardItem>& items) override;
-  void FinishStep(std::span<DecodeSlot* const> slots) override;
+  absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                    std::vector<ForwardItem>& items) override;
+  absl::Status Finish(std::span<DecodeSlot* const> slots) override;
 
  protected:
   virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;
@@ -147,7 +158,6 @@ class StepwiseDecoder : public Decoder {
   std::vector<Mode> modes_;
   std::vector<std::vector<float>> logits_;
   std::vector<int32_t> next_;
-  std::vector<ForwardItem> items_;
 };
 
 // Policy names to decoders. Built in: attention, linear, prefill-linear, periodic:N (engine/mode_policy.h).
@@ -198,11 +208,12 @@ class Engine {
 };
 
 // Continuous batching: requests join between steps and leave as they finish, so that a server keeps the
-// backend's batch full while requests come and go. Each Step prefills the next span (Backend::PrefillSpan)
-// of every prompt still being prefilled, draws the first token of each prompt it finishes, and runs one
-// decoder step over every request that is decoding, so a long prompt never stalls the others' decoding
-// for more than a span. The decode steps of decoders that can (Decoder::SharesForward) run in the prefill's
-// forward: one pass over the weights for both; the others run after it. What a request generates does not
+// backend's batch full while requests come and go. Each Step is one forward: the next span
+// (Backend::PrefillSpan) of every prompt still being prefilled, and one decoder step (Decoder::Plan) of
+// every request that is decoding, whatever its policy, so a long prompt never stalls the others' decoding
+// for more than a span and one pass over the weights serves them all. A step whose only work is one
+// decoder's slots may be run by that decoder (Decoder::RunAlone: a speculative round on the device). It
+// draws the first token of each prompt it finishes. What a request generates does not
 // depend on what else shares its batch (on a device, up to the rounding of its kernels, which may differ
 // with the batch's shape).
 //
@@ -228,7 +239,7 @@ class GenerationBatch {
   int64_t active() const { return static_cast<int64_t>(active_.size()); }  // added and not finished
   int64_t decoding() const;  // of those, past their prefill
   int64_t last_step_decoded() const { return last_step_decoded_; }  // requests the last Step decoded
-  // Of those, the ones whose step ran in the prefill's forward (Decoder::SharesForward).
+  // Of those, the ones whose step ran in one forward with prefill spans.
   int64_t last_step_shared() const { return last_step_shared_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
@@ -243,8 +254,10 @@ class GenerationBatch {
   void DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots);
   // The prompts this step prefills (prefilling_) and the span of each (prefill_lengths_).
   void ChoosePrefillSpans(const Backend& backend);
-  // Forwards those spans, with the steps of the decoders that share the forward; emits what they produced.
-  absl::Status Prefill(Backend& backend);
+  // Appends those spans' forward items.
+  void PlanPrefill();
+  // After the forward: counts the spans, draws the first tokens of the prompts they finished.
+  void FinishPrefill();
   void Finish(int64_t id);
   Engine& engine_;
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
@@ -257,9 +270,8 @@ class GenerationBatch {
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;
   std::vector<int64_t> prefill_lengths_;  // the span each forwards this step
-  std::vector<DecodeSlot*> slots_;
   std::vector<int64_t> done_;
-  std::vector<std::pair<Decoder*, std::vector<DecodeSlot*>>> shared_;  // steps riding on the prefill forward
+  std::vector<std::pair<Decoder*, std::vector<DecodeSlot*>>> stepping_;  // the decoders' slots this step
 };
 
 }  // namespace oryx

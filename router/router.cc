@@ -133,41 +133,75 @@ Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
   return DecideDecode(s, batch).mode;
 }
 
-absl::Status RouterDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
-  if (!spec_) return StepwiseDecoder::Step(backend, slots);
+void RouterDecoder::DecideStep(std::span<DecodeSlot* const> slots) {
+  if (decided_) {
+    decided_ = false;
+    return;
+  }
+  const int64_t batch = static_cast<int64_t>(slots.size());
+  decisions_.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    // A slot inside a speculative round goes on with it (its decision was made when the round began).
+    decisions_[i] = spec_->InRound(slots[i]->id) ? Decision{Mode::kAttention, 1} : DecideDecode(*slots[i], batch);
+  }
+}
+
+absl::StatusOr<bool> RouterDecoder::RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) {
+  if (!spec_) return false;
+  DecideStep(slots);
+  decided_ = true;
+  draft_lengths_.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (decisions_[i].draft_length == 0 || spec_->InRound(slots[i]->id)) return false;
+    draft_lengths_[i] = decisions_[i].draft_length;
+  }
+  ORYX_ASSIGN_OR_RETURN(const bool ran, spec_->RunWhole(backend, slots, draft_lengths_));
+  if (!ran) return false;
+  decided_ = false;
+  speculating_.assign(slots.begin(), slots.end());
+  NoteRounds();
+  return true;
+}
+
+absl::Status RouterDecoder::Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                                 std::vector<ForwardItem>& items) {
+  if (!spec_) return StepwiseDecoder::Plan(backend, slots, items);
+  DecideStep(slots);
   plain_.clear();
   speculating_.clear();
   draft_lengths_.clear();
-  const int64_t batch = static_cast<int64_t>(slots.size());
-  for (DecodeSlot* s : slots) {
-    const Decision d = DecideDecode(*s, batch);
-    if (d.draft_length > 0) {
-      speculating_.push_back(s);
-      draft_lengths_.push_back(d.draft_length);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (decisions_[i].draft_length > 0) {
+      speculating_.push_back(slots[i]);
+      draft_lengths_.push_back(decisions_[i].draft_length);
     } else {
-      slots_[s->id].decided = d.mode;
-      plain_.push_back(s);
+      slots_[slots[i]->id].decided = decisions_[i].mode;
+      plain_.push_back(slots[i]);
     }
   }
-  if (!plain_.empty()) ORYX_RETURN_IF_ERROR(StepwiseDecoder::Step(backend, plain_));
-  if (speculating_.empty()) return absl::OkStatus();
-  before_.resize(speculating_.size());
-  for (size_t i = 0; i < speculating_.size(); ++i) {
-    const auto& spec = speculating_[i]->stats->spec;
-    before_[i] = spec ? std::pair(spec->drafted, spec->accepted) : std::pair<int64_t, int64_t>(0, 0);
-  }
-  ORYX_RETURN_IF_ERROR(spec_->Round(backend, speculating_, draft_lengths_));
-  for (size_t i = 0; i < speculating_.size(); ++i) {
-    SlotState& st = slots_[speculating_[i]->id];
+  ORYX_RETURN_IF_ERROR(StepwiseDecoder::Plan(backend, plain_, items));
+  return spec_->PlanRounds(backend, speculating_, draft_lengths_, items);
+}
+
+absl::Status RouterDecoder::Finish(std::span<DecodeSlot* const> slots) {
+  if (!spec_) return StepwiseDecoder::Finish(slots);
+  ORYX_RETURN_IF_ERROR(StepwiseDecoder::Finish(plain_));
+  ORYX_RETURN_IF_ERROR(spec_->Finish(speculating_));
+  NoteRounds();
+  return absl::OkStatus();
+}
+
+void RouterDecoder::NoteRounds() {
+  for (DecodeSlot* s : speculating_) {
+    if (spec_->InRound(s->id)) continue;  // still drafting
+    SlotState& st = slots_[s->id];
     st.since_attention = 0;  // the verify span ran in attention mode
-    const SpecStats& spec = *speculating_[i]->stats->spec;
-    const int64_t drafted = spec.drafted - before_[i].first, accepted = spec.accepted - before_[i].second;
+    const auto [drafted, accepted] = spec_->LastRound(s->id);
     if (drafted > 0) {
       const double rate = static_cast<double>(accepted) / static_cast<double>(drafted);
       st.acceptance = st.acceptance < 0 ? rate : 0.7 * st.acceptance + 0.3 * rate;
     }
   }
-  return absl::OkStatus();
 }
 
 void RouterDecoder::Observe(const DecodeSlot& s, Mode mode, std::span<const float> logits) {

@@ -82,10 +82,14 @@ class RouterDecoder final : public StepwiseDecoder {
   ~RouterDecoder() override;
   void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override;
   int64_t Lookahead() const override;
-  // Slots whose decision speculates run one speculative round; the others one step, each in its mode.
-  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  // Slots whose decision speculates step through a speculative round (draft steps, then a verify span); the
+  // others take one step, each in its mode; all in the step's one forward. A slot inside a round goes on with it.
+  absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                    std::vector<ForwardItem>& items) override;
+  absl::Status Finish(std::span<DecodeSlot* const> slots) override;
+  // When every slot's decision speculates with one draft length, the backend may run the rounds whole.
+  absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override;
   void Release(int64_t slot_id) override;
-  bool SharesForward() const override { return false; }  // some slots may run speculative rounds instead
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -99,17 +103,22 @@ class RouterDecoder final : public StepwiseDecoder {
     EarlierMatch::Match match;
     int64_t since_attention = 0;
     double entropy = -1, margin = -1, acceptance = -1;
-    std::optional<Mode> decided;  // set by Step for the plain step that follows
+    std::optional<Mode> decided;  // set by Plan for the plain step's ChooseMode
   };
   Decision DecideDecode(const DecodeSlot& slot, int64_t batch);
+  // Every slot's decision for this step (decisions_), unless RunAlone made them already.
+  void DecideStep(std::span<DecodeSlot* const> slots);
+  // After the speculating slots' step: the acceptance of the rounds that ended.
+  void NoteRounds();
   std::unique_ptr<Router> router_;
   RouterOptions options_;
   std::map<int64_t, SlotState> slots_;
   std::unique_ptr<speculative::SpeculativeDecoder> spec_;  // when the router may speculate
   // Per-step buffers, reused so that a decode step allocates nothing.
+  std::vector<Decision> decisions_;
+  bool decided_ = false;  // decisions_ hold this step's (made by RunAlone, for the Plan that follows)
   std::vector<DecodeSlot*> plain_, speculating_;
   std::vector<int64_t> draft_lengths_;
-  std::vector<std::pair<int64_t, int64_t>> before_;  // each speculating slot's (drafted, accepted) before the round
 };
 
 // The tokens of the prefill segment that starts at `start`: segment_len (at least 1) of the prompt's first

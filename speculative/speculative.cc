@@ -22,76 +22,17 @@ int32_t Argmax(std::span<const float> row) {
 // ---------------------------------------------------------------------------------------------------------
 // Proposers
 
-absl::StatusOr<SequenceState*> LinearProposer::DraftFor(const DecodeSlot& slot) {
-  auto it = drafts_.find(slot.id);
-  if (it == drafts_.end()) {
-    ORYX_ASSIGN_OR_RETURN(SequenceState draft, slot.seq->TryMakeDraft());
-    it = drafts_.emplace(slot.id, std::move(draft)).first;
-  }
-  return &it->second;
-}
-
-absl::Status LinearProposer::Propose(Backend& backend, std::span<DecodeSlot* const> slots,
-                                     std::span<const int64_t> k, std::span<Proposal> out) {
-  std::vector<SequenceState*> draft(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    out[i].tokens.clear();
-    out[i].q.clear();
-    draft[i] = nullptr;
-    if (k[i] == 0) continue;
-    ORYX_ASSIGN_OR_RETURN(draft[i], DraftFor(*slots[i]));
-    draft[i]->CopyRecurrentFrom(*slots[i]->seq);
-  }
-  const int64_t steps = k.empty() ? 0 : *std::max_element(k.begin(), k.end());
-  const Mode linear = Mode::kLinear;
-  std::vector<int32_t> inputs(slots.size());
-  std::vector<std::vector<float>> logits(slots.size());
-  std::vector<ForwardItem> items;
-  std::vector<size_t> who;
-  std::vector<float> q;
-  for (int64_t step = 0; step < steps; ++step) {
-    items.clear();
-    who.clear();
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (step >= k[i]) continue;
-      inputs[i] = step == 0 ? slots[i]->pending : out[i].tokens.back();
-      items.push_back({draft[i], std::span(&inputs[i], 1), std::span(&linear, 1), LogitsRows::kLast, &logits[i], false});
-      who.push_back(i);
-    }
-    ORYX_RETURN_IF_ERROR(backend.Forward(items));
-    for (size_t i : who) {
-      Sampler& sampler = *slots[i]->sampler;
-      ++slots[i]->stats->linear_tokens;
-      if (sampler.params().greedy()) {  // a point mass: no q rows (greedy acceptance compares argmaxes)
-        out[i].tokens.push_back(Argmax(logits[i]));
-        continue;
-      }
-      sampler.Distribution(logits[i], &q);
-      out[i].tokens.push_back(sampler.Draw(q));
-      out[i].q.insert(out[i].q.end(), q.begin(), q.end());
+void NgramProposer::Propose(const DecodeSlot& slot, int64_t k, Proposal& out) {
+  out.tokens.clear();
+  out.q.clear();
+  // The context is the prompt, then the generated tokens (the last of which is the pending token).
+  const int64_t n = slot.context_size();
+  for (int64_t len = std::min<int64_t>(max_ngram_, n - 1); len >= min_ngram_ && out.tokens.empty(); --len) {
+    const int64_t s = slot.LatestEarlierMatch(len);
+    for (int64_t j = s + len; s >= 0 && j < n && static_cast<int64_t>(out.tokens.size()) < k; ++j) {
+      out.tokens.push_back(slot.context_token(j));
     }
   }
-  last_forwards_ = steps;
-  return absl::OkStatus();
-}
-
-absl::Status NgramProposer::Propose(Backend&, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
-                                    std::span<Proposal> out) {
-  for (size_t i = 0; i < slots.size(); ++i) {
-    out[i].tokens.clear();
-    out[i].q.clear();
-    if (k[i] == 0) continue;
-    // The context is the prompt, then the generated tokens (the last of which is the pending token).
-    const DecodeSlot& slot = *slots[i];
-    const int64_t n = slot.context_size();
-    for (int64_t len = std::min<int64_t>(max_ngram_, n - 1); len >= min_ngram_ && out[i].tokens.empty(); --len) {
-      const int64_t s = slot.LatestEarlierMatch(len);
-      for (int64_t j = s + len; s >= 0 && j < n && static_cast<int64_t>(out[i].tokens.size()) < k[i]; ++j) {
-        out[i].tokens.push_back(slot.context_token(j));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -102,15 +43,9 @@ int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Pr
   const int64_t n = static_cast<int64_t>(draft.tokens.size());
   auto row = [&](int64_t i) { return logits.subspan(i * V, V); };
   if (sampler.params().greedy()) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t best = Argmax(row(i));
-      if (draft.tokens[i] != best) {
-        *next = best;
-        return i;
-      }
-    }
-    *next = Argmax(row(n));
-    return n;
+    std::vector<int32_t> targets(n + 1);
+    for (int64_t i = 0; i <= n; ++i) targets[i] = Argmax(row(i));
+    return AcceptGreedy(draft.tokens, targets, next);
   }
   std::vector<float> p;
   for (int64_t i = 0; i < n; ++i) {
@@ -129,6 +64,14 @@ int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Pr
   sampler.Distribution(row(n), &p);
   *next = sampler.Draw(p);
   return n;
+}
+
+int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int32_t> targets, int32_t* next) {
+  const int64_t n = static_cast<int64_t>(drafts.size());
+  int64_t accepted = 0;
+  while (accepted < n && drafts[accepted] == targets[accepted]) ++accepted;
+  *next = targets[accepted];
+  return accepted;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -201,20 +144,75 @@ void DraftLengthController::RecordCost(int64_t k, double round_s) {
 // ---------------------------------------------------------------------------------------------------------
 // The round
 
+namespace {
+constexpr Mode kLinearMode[] = {Mode::kLinear};
+constexpr Mode kAttentionMode[] = {Mode::kAttention};
+}  // namespace
+
+// One slot's round in progress, and what it keeps between rounds.
+struct SpeculativeDecoder::SlotRound {
+  enum class Phase { kIdle, kDrafting, kVerifying, kPlain };
+  Phase phase = Phase::kIdle;
+  int64_t k = 0;  // drafts this round
+  Proposal draft;
+  std::optional<SequenceState> draft_seq;  // linear drafts: a KV-less copy of the slot's state
+  Clock::time_point start;
+  // What the step's forward item points at.
+  int32_t input = 0, drawn = 0;
+  std::vector<int32_t> span;
+  std::vector<Mode> modes;
+  std::vector<float> logits, q;
+  int64_t last_drafted = -1, last_accepted = -1;
+};
+
 SpeculativeDecoder::SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options)
     : proposer_(std::move(proposer)),
       options_(std::move(options)),
+      accept_(options_.accept ? options_.accept : AcceptRule(AcceptLossless)),
       controller_(options_.k > 0 ? options_.k : options_.max_k) {}
 
-absl::Status SpeculativeDecoder::Step(Backend& backend, std::span<DecodeSlot* const> slots) {
+SpeculativeDecoder::~SpeculativeDecoder() = default;
+
+SpeculativeDecoder::SlotRound& SpeculativeDecoder::RoundOf(int64_t slot_id) {
+  std::unique_ptr<SlotRound>& r = rounds_[slot_id];
+  if (!r) r = std::make_unique<SlotRound>();
+  return *r;
+}
+
+void SpeculativeDecoder::Release(int64_t slot_id) {
+  rounds_.erase(slot_id);
+  controller_.Release(slot_id);
+}
+
+bool SpeculativeDecoder::InRound(int64_t slot_id) const {
+  auto it = rounds_.find(slot_id);
+  return it != rounds_.end() && it->second->phase != SlotRound::Phase::kIdle;
+}
+
+std::pair<int64_t, int64_t> SpeculativeDecoder::LastRound(int64_t slot_id) const {
+  auto it = rounds_.find(slot_id);
+  if (it == rounds_.end()) return {-1, -1};
+  return {it->second->last_drafted, it->second->last_accepted};
+}
+
+int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
+  // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
+  return std::max<int64_t>(0, std::min({want, options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
+                                        c.max_position - s.seq->position() - 1}));
+}
+
+void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlot* const> slots,
+                                       std::span<const int64_t> want) {
+  k_.assign(slots.size(), 0);
   int64_t k = options_.k;
-  if (k == 0) {
-    ids_.resize(slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) ids_[i] = slots[i]->id;
-    k = controller_.Choose(ids_);
+  if (want.empty() && k == 0) {
+    ids_.clear();
+    for (const DecodeSlot* s : slots) {
+      if (!InRound(s->id)) ids_.push_back(s->id);
+    }
+    if (!ids_.empty()) k = controller_.Choose(ids_);
   }
-  want_.assign(slots.size(), k);
-  return Round(backend, slots, want_);
+  for (size_t i = 0; i < slots.size(); ++i) k_[i] = DraftLength(c, *slots[i], want.empty() ? k : want[i]);
 }
 
 void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted) {
@@ -232,124 +230,202 @@ void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepte
     if (j < accepted) ++st.accepted_at[j];
   }
   controller_.RecordRound(s.id, drafted, accepted);
+  SlotRound& r = RoundOf(s.id);
+  r.last_drafted = drafted;
+  r.last_accepted = accepted;
 }
 
-absl::StatusOr<bool> SpeculativeDecoder::MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots,
-                                                           int64_t k) {
-  auto* linear = dynamic_cast<LinearProposer*>(proposer_.get());
-  using Rule = int64_t (*)(Sampler&, std::span<const float>, const Proposal&, int64_t, int32_t*);
-  const Rule* rule = options_.accept.target<Rule>();
-  if (k < 1 || linear == nullptr || !backend.backend_rounds() || rule == nullptr || *rule != &AcceptLossless) return false;
+absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted,
+                                        int32_t next) {
+  const int64_t drafted = static_cast<int64_t>(drafts.size());
+  if (drafted > 0) {  // the sequence is after [x, d_1..d_k]: back to after x and the accepted drafts
+    ORYX_RETURN_IF_ERROR(s.seq->Truncate(s.seq->position() - drafted + accepted));
+  }
+  s.emitted.assign(drafts.begin(), drafts.begin() + accepted);
+  s.emitted.push_back(next);
+  Account(s, drafted, accepted);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<DecodeSlot* const> slots,
+                                                  std::span<const int64_t> want) {
+  if (slots.empty() || !backend.runs_rounds() || !proposer_->drafts_in_linear_mode() || options_.accept) {
+    return false;
+  }
+  for (const DecodeSlot* s : slots) {
+    if (InRound(s->id)) return false;
+  }
+  ChooseLengths(backend.config(), slots, want);
+  lengths_chosen_ = true;  // PlanRounds takes these when the round does not qualify
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
+  const int64_t k = k_[0];
   const SamplingParams& first = slots[0]->sampler->params();
   for (size_t i = 0; i < slots.size(); ++i) {
     if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
+  if (k < 1) return false;
   round_items_.resize(slots.size());
+  round_results_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    ORYX_ASSIGN_OR_RETURN(SequenceState* draft, linear->DraftFor(*slots[i]));
-    round_items_[i] = {slots[i]->seq, draft, slots[i]->pending, slots[i]->sampler, &slots[i]->emitted};
+    DecodeSlot& s = *slots[i];
+    SlotRound& r = RoundOf(s.id);
+    if (!r.draft_seq) {
+      ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
+      r.draft_seq.emplace(std::move(draft));
+    } else {
+      r.draft_seq->CopyRecurrentFrom(*s.seq);
+    }
+    round_items_[i] = {s.seq, &*r.draft_seq, s.pending, s.sampler, &round_results_[i]};
   }
+  lengths_chosen_ = false;
   const auto t0 = Clock::now();
   ORYX_RETURN_IF_ERROR(backend.SpeculativeRound(round_items_, k));
   const double round_s = Seconds(t0);
-  for (DecodeSlot* s : slots) {
-    const int64_t accepted = static_cast<int64_t>(s->emitted.size()) - 1;
-    s->stats->linear_tokens += k;
-    Account(*s, k, accepted);
-    s->stats->spec->backend_round_s += round_s;
-    ++s->stats->spec->backend_rounds;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    DecodeSlot& s = *slots[i];
+    const RoundResult& res = round_results_[i];
+    int64_t accepted = res.accepted;
+    int32_t next = res.next;
+    if (s.sampler->params().greedy()) {
+      accepted = AcceptGreedy(res.drafts, res.targets, &next);
+    } else {  // the backend peeked the round's uniforms: the stream goes past the ones it used
+      s.sampler->SkipUniforms(UniformsOfSampledRound(k, accepted));
+    }
+    s.stats->linear_tokens += k;
+    ORYX_RETURN_IF_ERROR(Commit(s, res.drafts, accepted, next));
+    s.stats->spec->backend_round_s += round_s;
+    ++s.stats->spec->backend_rounds;
   }
   controller_.RecordCost(k, round_s);
   return true;
 }
 
-absl::Status SpeculativeDecoder::PlainStep(Backend& backend, std::span<DecodeSlot* const> slots) {
-  const size_t n = slots.size();
-  modes_.resize(n);
-  next_.resize(n);
-  items_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
+absl::Status SpeculativeDecoder::PlanRounds(const Backend& backend, std::span<DecodeSlot* const> slots,
+                                            std::span<const int64_t> want, std::vector<ForwardItem>& items) {
+  const ModelConfig& c = backend.config();
+  vocab_ = c.vocab_size;
+  if (!lengths_chosen_) ChooseLengths(c, slots, want);
+  lengths_chosen_ = false;
+  planned_at_ = Clock::now();
+  const bool linear = proposer_->drafts_in_linear_mode();
+  using Phase = SlotRound::Phase;
+  for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
-    modes_[i].assign(1, Mode::kAttention);
-    items_[i] = {s.seq, std::span(&s.pending, 1), modes_[i], LogitsRows::kLast, nullptr, false, s.sampler, &next_[i]};
+    SlotRound& r = RoundOf(s.id);
+    if (r.phase == Phase::kIdle) {  // 1. Propose: a new round
+      r.k = k_[i];
+      r.start = planned_at_;
+      r.draft.tokens.clear();
+      r.draft.q.clear();
+      if (r.k > 0 && !linear) {
+        proposer_->Propose(s, r.k, r.draft);
+        r.k = static_cast<int64_t>(r.draft.tokens.size());
+      }
+      if (r.k > 0 && linear) {
+        if (!r.draft_seq) {
+          ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
+          r.draft_seq.emplace(std::move(draft));
+        } else {
+          r.draft_seq->CopyRecurrentFrom(*s.seq);
+        }
+        r.phase = Phase::kDrafting;
+      } else {
+        r.phase = r.k > 0 ? Phase::kVerifying : Phase::kPlain;
+      }
+    }
+    switch (r.phase) {
+      case Phase::kDrafting:  // one linear-mode draft step
+        r.input = r.draft.tokens.empty() ? s.pending : r.draft.tokens.back();
+        if (s.sampler->params().greedy()) {  // the argmax, drawn by the backend (a point mass: no q rows)
+          items.push_back({&*r.draft_seq, std::span(&r.input, 1), kLinearMode, LogitsRows::kLast, nullptr, false,
+                           s.sampler, &r.drawn});
+        } else {
+          items.push_back({&*r.draft_seq, std::span(&r.input, 1), kLinearMode, LogitsRows::kLast, &r.logits, false});
+        }
+        break;
+      case Phase::kVerifying:  // 2. Verify: attention mode over [x, d_1..d_k], keeping the states for rollback
+        r.span.assign(1, s.pending);
+        r.span.insert(r.span.end(), r.draft.tokens.begin(), r.draft.tokens.end());
+        r.modes.assign(r.span.size(), Mode::kAttention);
+        items.push_back({s.seq, r.span, r.modes, LogitsRows::kAll, &r.logits, /*keep_states=*/true});
+        break;
+      case Phase::kPlain:  // no drafts: a plain attention-mode step, the next token drawn by the backend
+        items.push_back({s.seq, std::span(&s.pending, 1), kAttentionMode, LogitsRows::kLast, nullptr, false, s.sampler,
+                         &r.drawn});
+        break;
+      case Phase::kIdle:
+        break;
+    }
   }
-  const auto t0 = Clock::now();
-  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-  const double step_s = Seconds(t0);
-  for (size_t i = 0; i < n; ++i) {
-    slots[i]->emitted.assign(1, next_[i]);
-    Account(*slots[i], 0, 0);
-    slots[i]->stats->spec->verify_s += step_s;
-    ++slots[i]->stats->spec->verify_forwards;
+  return absl::OkStatus();
+}
+
+absl::Status SpeculativeDecoder::Finish(std::span<DecodeSlot* const> slots) {
+  const double step_s = Seconds(planned_at_);
+  const auto now = Clock::now();
+  using Phase = SlotRound::Phase;
+  ended_.clear();  // (k, seconds) of the rounds that end here, for the controller's cost fit
+  for (DecodeSlot* sp : slots) {
+    DecodeSlot& s = *sp;
+    SlotRound& r = RoundOf(s.id);
+    s.emitted.clear();
+    if (!s.stats->spec) s.stats->spec.emplace();
+    SpecStats& st = *s.stats->spec;
+    switch (r.phase) {
+      case Phase::kDrafting: {
+        ++s.stats->linear_tokens;
+        st.draft_s += step_s;
+        ++st.draft_forwards;
+        Sampler& sampler = *s.sampler;
+        if (sampler.params().greedy()) {
+          r.draft.tokens.push_back(r.drawn);
+        } else {
+          sampler.Distribution(r.logits, &r.q);
+          r.draft.tokens.push_back(sampler.Draw(r.q));
+          r.draft.q.insert(r.draft.q.end(), r.q.begin(), r.q.end());
+        }
+        if (static_cast<int64_t>(r.draft.tokens.size()) == r.k) r.phase = Phase::kVerifying;
+        continue;
+      }
+      case Phase::kVerifying: {  // 3. Accept and 4. commit, each sequence its own count
+        int32_t next = 0;
+        const int64_t accepted = accept_(*s.sampler, r.logits, r.draft, vocab_, &next);
+        ORYX_RETURN_IF_ERROR(Commit(s, r.draft.tokens, accepted, next));
+        break;
+      }
+      case Phase::kPlain:
+        s.emitted.assign(1, r.drawn);
+        Account(s, 0, 0);
+        break;
+      case Phase::kIdle:
+        continue;
+    }
+    st.verify_s += step_s;
+    ++st.verify_forwards;
+    r.phase = Phase::kIdle;
+    const double round_s = std::chrono::duration<double>(now - r.start).count();
+    auto it = std::find_if(ended_.begin(), ended_.end(), [&](const auto& e) { return e.first == r.k; });
+    if (it == ended_.end()) {
+      ended_.emplace_back(r.k, round_s);
+    } else {
+      it->second = std::max(it->second, round_s);
+    }
   }
-  controller_.RecordCost(0, step_s);
+  for (const auto& [k, round_s] : ended_) controller_.RecordCost(k, round_s);
   return absl::OkStatus();
 }
 
 absl::Status SpeculativeDecoder::Round(Backend& backend, std::span<DecodeSlot* const> slots,
                                        std::span<const int64_t> want) {
-  const ModelConfig& c = backend.config();
-  const int64_t V = c.vocab_size;
-  const size_t n = slots.size();
-  k_.resize(n);
-  proposals_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const DecodeSlot& s = *slots[i];
-    // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
-    k_[i] = std::max<int64_t>(0, std::min({want[i], options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
-                                           c.max_position - s.seq->position() - 1}));
-  }
-  if (n > 0 && std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; })) return PlainStep(backend, slots);
-  if (n > 0) {
-    ORYX_ASSIGN_OR_RETURN(const bool ran, MaybeBackendRound(backend, slots, k_[0]));
-    if (ran) return absl::OkStatus();
-  }
-
-  // 1. Propose.
-  auto t0 = Clock::now();
-  ORYX_RETURN_IF_ERROR(proposer_->Propose(backend, slots, k_, proposals_));
-  const double draft_s = Seconds(t0);
-  int64_t draft_steps = 0;
-  for (size_t i = 0; i < n; ++i) draft_steps = std::max<int64_t>(draft_steps, proposals_[i].tokens.size());
-
-  // 2. Verify: attention mode over [x, d_1..d_k] for every slot at once, keeping the states for rollback.
-  t0 = Clock::now();
-  spans_.resize(n);
-  modes_.resize(n);
-  logits_.resize(n);
-  items_.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    DecodeSlot& s = *slots[i];
-    spans_[i].assign(1, s.pending);
-    spans_[i].insert(spans_[i].end(), proposals_[i].tokens.begin(), proposals_[i].tokens.end());
-    modes_[i].assign(spans_[i].size(), Mode::kAttention);
-    // The states inside the span are kept only when there is something to roll back.
-    items_[i] = {s.seq, spans_[i], modes_[i], LogitsRows::kAll, &logits_[i], !proposals_[i].tokens.empty()};
-  }
-  ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-
-  // 3. Accept and 4. commit, each sequence its own count.
-  for (size_t i = 0; i < n; ++i) {
-    DecodeSlot& s = *slots[i];
-    const Proposal& d = proposals_[i];
-    const int64_t drafted = static_cast<int64_t>(d.tokens.size());
-    const int64_t start = s.seq->position() - (drafted + 1);
-    int32_t next = 0;
-    const int64_t accepted = options_.accept(*s.sampler, logits_[i], d, V, &next);
-    ORYX_RETURN_IF_ERROR(s.seq->Truncate(start + 1 + accepted));
-    s.emitted.assign(d.tokens.begin(), d.tokens.begin() + accepted);
-    s.emitted.push_back(next);
-    Account(s, drafted, accepted);
-  }
-  const double verify_s = Seconds(t0);
-  controller_.RecordCost(draft_steps, draft_s + verify_s);
-  for (DecodeSlot* s : slots) {
-    s->stats->spec->draft_s += draft_s;
-    s->stats->spec->verify_s += verify_s;
-    s->stats->spec->draft_forwards += proposer_->last_forwards();
-    ++s->stats->spec->verify_forwards;
-  }
+  ORYX_ASSIGN_OR_RETURN(const bool ran, RunWhole(backend, slots, want));
+  if (ran) return absl::OkStatus();
+  std::vector<ForwardItem> items;
+  do {
+    items.clear();
+    ORYX_RETURN_IF_ERROR(PlanRounds(backend, slots, want, items));
+    if (!items.empty()) ORYX_RETURN_IF_ERROR(backend.Forward(items));
+    ORYX_RETURN_IF_ERROR(Finish(slots));
+  } while (std::any_of(slots.begin(), slots.end(), [this](const DecodeSlot* s) { return InRound(s->id); }));
   return absl::OkStatus();
 }
 

@@ -19,9 +19,11 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -38,37 +40,26 @@ struct Proposal {
   std::vector<float> q;         // [n, V]: q_0..q_{n-1}; empty when proposed with certainty (point masses)
 };
 
+// Where a round's drafts come from. A proposer that drafts with the model (linear mode) only says so: the
+// decoder runs its draft steps, one forward each, inside the engine's steps, or the backend runs the whole
+// round (Backend::SpeculativeRound). The others propose at once, without the model.
 class Proposer {
  public:
   virtual ~Proposer() = default;
   virtual std::string_view name() const = 0;
-  // For each slot, up to k[i] tokens following slots[i]->pending, drawn with the slot's sampler settings.
-  // Must not change the slots' sequences. Linear-mode tokens it runs are added to the slot's linear_tokens.
-  virtual absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
-                               std::span<Proposal> out) = 0;
-  // Batched model forwards the last Propose ran.
-  virtual int64_t last_forwards() const { return 0; }
-  // The slot has finished: drop what the proposer keeps for it.
-  virtual void Release(int64_t slot_id) { (void)slot_id; }
+  // Drafts are the model's own, in linear mode on a KV-less copy of the slot's state (SequenceState::MakeDraft):
+  // k linear decode steps from the pending token, each drawn from the last step's distribution (greedy: its
+  // argmax, and no q rows: greedy acceptance needs none).
+  virtual bool drafts_in_linear_mode() const { return false; }
+  // Otherwise: up to k tokens following slot.pending, into out (tokens, and q, or no q: point masses).
+  virtual void Propose(const DecodeSlot& slot, int64_t k, Proposal& out) { (void)slot, (void)k, (void)out; }
 };
 
-// Drafts in linear mode on a KV-less copy of each sequence's recurrent state (no attention reads, no KV
-// writes): k batched linear decode steps from the pending token. Greedy slots get the argmax and no q rows
-// (a point mass: greedy acceptance needs none).
+// Drafts in linear mode (see drafts_in_linear_mode): no attention reads, no KV writes.
 class LinearProposer final : public Proposer {
  public:
   std::string_view name() const override { return "linear"; }
-  absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
-                       std::span<Proposal> out) override;
-  int64_t last_forwards() const override { return last_forwards_; }
-  void Release(int64_t slot_id) override { drafts_.erase(slot_id); }
-  // The slot's draft sequence (made on first use; refreshed from the slot's sequence by whoever runs it);
-  // ResourceExhausted when the device has no room for it.
-  absl::StatusOr<SequenceState*> DraftFor(const DecodeSlot& slot);
-
- private:
-  std::map<int64_t, SequenceState> drafts_;  // by slot id, refreshed every round
-  int64_t last_forwards_ = 0;
+  bool drafts_in_linear_mode() const override { return true; }
 };
 
 // Prompt lookup: finds the latest earlier occurrence of the context's last n tokens (n from max_ngram down
@@ -77,8 +68,7 @@ class NgramProposer final : public Proposer {
  public:
   explicit NgramProposer(int max_ngram = 3, int min_ngram = 1) : max_ngram_(max_ngram), min_ngram_(min_ngram) {}
   std::string_view name() const override { return "ngram"; }
-  absl::Status Propose(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
-                       std::span<Proposal> out) override;
+  void Propose(const DecodeSlot& slot, int64_t k, Proposal& out) override;
 
  private:
   int max_ngram_, min_ngram_;
@@ -91,11 +81,17 @@ using AcceptRule = std::function<int64_t(Sampler& sampler, std::span<const float
                                          int64_t vocab, int32_t* next)>;
 int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Proposal& draft, int64_t vocab,
                        int32_t* next);
+// The greedy case of the rule, from the argmax of each verify row (targets [n + 1]): d_i is accepted while
+// it equals targets[i - 1]; *next = the target after the accepted prefix. AcceptLossless's greedy branch, and
+// the judge of rounds a backend ran whole (RoundResult::targets).
+int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int32_t> targets, int32_t* next);
 
 struct SpeculativeOptions {
   int64_t k = 0;        // fixed draft length; 0: adaptive (chosen per round up to max_k)
   int64_t max_k = 8;
-  AcceptRule accept = AcceptLossless;
+  // Empty: AcceptLossless, which a backend may also run on the device (whole rounds). Tests substitute
+  // wrong rules to show that the tests catch them; rounds then always run on the host.
+  AcceptRule accept;
 };
 
 // Chooses the draft length of each batched round: from the acceptance rate measured at each draft position
@@ -129,48 +125,74 @@ class DraftLengthController {
   double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds)
 };
 
-// The speculative decoder: rounds of propose / verify / accept / commit, batched over slots (each accepts
-// its own number of tokens). When every slot drafts with the linear proposer at one draft length and with
-// one sampling distribution, is judged by AcceptLossless, and the backend runs whole rounds
-// (Backend::backend_rounds), the round is the backend's SpeculativeRound: the same forwards and, up to
-// rounding at near ties of the sampled distributions, the same tokens, without a return to the host between
-// them.
+// The speculative decoder: rounds of propose / verify / accept / commit, each slot its own round and its own
+// count of accepted tokens. A round is a sequence of engine steps, each sharing the engine's one forward
+// with everything else in the batch: with linear drafts, k draft steps (one linear-mode token on the slot's
+// draft sequence each), then the verify step (the span [x, d_1..d_k] in attention mode); with proposals made
+// at once (n-gram), the verify step alone; with k = 0, a plain attention step. When the decoder's slots are
+// the step's only work, every slot starts a round with the same draft length and sampling distribution, the
+// drafts are linear and judged by the lossless rule, and the backend runs whole rounds
+// (Backend::runs_rounds), the round is the backend's SpeculativeRound instead (RunAlone): the same forwards
+// and, up to rounding at near ties of the sampled distributions, the same tokens, without a return to the
+// host between them. Both ways end in one commit (Commit) and one account of the round.
 class SpeculativeDecoder final : public Decoder {
  public:
   SpeculativeDecoder(std::unique_ptr<Proposer> proposer, SpeculativeOptions options);
+  ~SpeculativeDecoder() override;
   void PrefillModes(std::span<const int32_t>, int64_t, std::span<Mode> modes) const override {
     std::fill(modes.begin(), modes.end(), Mode::kAttention);
   }
   int64_t Lookahead() const override { return options_.k > 0 ? options_.k + 1 : options_.max_k + 1; }
-  absl::Status Step(Backend& backend, std::span<DecodeSlot* const> slots) override;
-  void Release(int64_t slot_id) override {
-    proposer_->Release(slot_id);
-    controller_.Release(slot_id);
+  // Slots between rounds start one with the controller's (or the fixed) draft length.
+  absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                    std::vector<ForwardItem>& items) override {
+    return PlanRounds(backend, slots, {}, items);
   }
-  // One round for each slot with the draft length given for it (k[i] <= max_k; 0: a plain attention step
-  // through the same verify forward). Step is Round with the controller's (or the fixed) k.
-  absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> k);
+  absl::Status Finish(std::span<DecodeSlot* const> slots) override;
+  absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override {
+    return RunWhole(backend, slots, {});
+  }
+  void Release(int64_t slot_id) override;
+
+  // Plan with the draft length of each slot that starts a round given (want[i] <= max_k; 0: a plain attention
+  // step; empty: the controller's). For a router that chooses the lengths.
+  absl::Status PlanRounds(const Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> want,
+                          std::vector<ForwardItem>& items);
+  // The backend's whole round for every slot (RunAlone), with the draft lengths given as in PlanRounds; false
+  // when the round does not qualify (see above) and nothing ran.
+  absl::StatusOr<bool> RunWhole(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
+  // One whole round for each slot, by the backend or step by step: for benchmarks and tests.
+  absl::Status Round(Backend& backend, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
+  // Whether the slot is inside a round (drafting, or its verify span planned).
+  bool InRound(int64_t slot_id) const;
+  // The slot's last finished round: (drafted, accepted), or (-1, -1) before its first.
+  std::pair<int64_t, int64_t> LastRound(int64_t slot_id) const;
 
  private:
-  // Backend::SpeculativeRound for the slots, all with draft length k, when the round qualifies (see above);
-  // false when it does not and nothing ran.
-  absl::StatusOr<bool> MaybeBackendRound(Backend& backend, std::span<DecodeSlot* const> slots, int64_t k);
-  // Every slot's round has no drafts: a plain attention-mode decode step, the next tokens drawn by the
-  // backend (on the device where it can), exactly as attention-mode decoding runs it.
-  absl::Status PlainStep(Backend& backend, std::span<DecodeSlot* const> slots);
+  struct SlotRound;
+  SlotRound& RoundOf(int64_t slot_id);
+  // The draft length a slot's round would have: want (or the fixed k / max_k) cut so that the verify span
+  // fits below max_position and no draft is past the slot's remaining tokens.
+  int64_t DraftLength(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
+  // The draft lengths of slots starting a round now: `want`, or the controller's choice for all of them.
+  void ChooseLengths(const ModelConfig& config, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
+  // The round's end, however it ran: cuts the sequence back to after x and the accepted drafts, emits them
+  // and the next token, and counts the round.
+  absl::Status Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next);
   // Counts a slot's round (its drafts and how many were accepted) in its stats and the controller.
   void Account(DecodeSlot& s, int64_t drafted, int64_t accepted);
-  std::vector<RoundItem> round_items_;
   std::unique_ptr<Proposer> proposer_;
   SpeculativeOptions options_;
+  AcceptRule accept_;  // options_.accept, or AcceptLossless
   DraftLengthController controller_;
-  std::vector<Proposal> proposals_;
-  std::vector<int64_t> want_, k_, ids_;
-  std::vector<std::vector<int32_t>> spans_;
-  std::vector<std::vector<Mode>> modes_;
-  std::vector<std::vector<float>> logits_;
-  std::vector<ForwardItem> items_;
-  std::vector<int32_t> next_;
+  std::map<int64_t, std::unique_ptr<SlotRound>> rounds_;  // by slot id
+  std::vector<int64_t> k_, ids_;
+  std::vector<RoundItem> round_items_;
+  std::vector<RoundResult> round_results_;
+  std::chrono::steady_clock::time_point planned_at_;  // when the last Plan ran (its forward follows)
+  int64_t vocab_ = 0;
+  bool lengths_chosen_ = false;  // RunWhole chose k_ and ran nothing: the Plan that follows takes them
+  std::vector<std::pair<int64_t, double>> ended_;
 };
 
 // Parses speculative[:K] and speculative:ngram[:K] (K >= 1; omitted: adaptive).

@@ -391,10 +391,10 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
       qs[i].policy = sampled ? policy.substr(8) : policy;
       if (sampled) qs[i].sampling = {0.8f, 0, 0.95f, 100 + i};
     }
-    cuda->set_backend_rounds(false);
+    cuda->set_runs_rounds(false);
     auto host = engine.Generate(qs);
     ASSERT_TRUE(host.ok()) << host.status();
-    cuda->set_backend_rounds(true);
+    cuda->set_runs_rounds(true);
     auto device = engine.Generate(qs);
     ASSERT_TRUE(device.ok()) << device.status();
     int64_t backend_rounds = 0, accepted = 0;
@@ -586,27 +586,33 @@ TEST(CudaBackend, SpeculativeRoundRejectsBadItems) {
   std::vector<int32_t> prompt = {5, 6, 7};
   ASSERT_TRUE((*gpu)->Forward(seq, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
   SequenceState draft = seq.MakeDraft(), draft2 = other.MakeDraft();
-  std::vector<int32_t> emitted, emitted2;
+  RoundResult result, result2;
   Sampler greedy(SamplingParams{}), hot(SamplingParams{0.8f, 0, 1.f, 1});
   auto round = [&](RoundItem item, int64_t k) {
     return (*gpu)->SpeculativeRound(std::span<const RoundItem>(&item, 1), k).code();
   };
-  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, 0), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(round({&seq, &other, 8, &greedy, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a draft
+  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &result}, 0), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(round({&seq, &other, 8, &greedy, &result}, 2), absl::StatusCode::kInvalidArgument);  // not a draft
   EXPECT_EQ(round({&seq, &draft, 8, &greedy, nullptr}, 2), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(round({&seq, &draft, 8, nullptr, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // no sampler
-  EXPECT_EQ(round({&seq, &draft, -1, &greedy, &emitted}, 2), absl::StatusCode::kInvalidArgument);  // not a token
-  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, (*gpu)->config().max_position),
+  EXPECT_EQ(round({&seq, &draft, 8, nullptr, &result}, 2), absl::StatusCode::kInvalidArgument);  // no sampler
+  EXPECT_EQ(round({&seq, &draft, -1, &greedy, &result}, 2), absl::StatusCode::kInvalidArgument);  // not a token
+  EXPECT_EQ(round({&seq, &draft, 8, &greedy, &result}, (*gpu)->config().max_position),
             absl::StatusCode::kInvalidArgument);
   // Two samplers with different parameters in one round.
   ASSERT_TRUE((*gpu)->Forward(other, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
-  const RoundItem mixed[] = {{&seq, &draft, 8, &greedy, &emitted}, {&other, &draft2, 8, &hot, &emitted2}};
+  const RoundItem mixed[] = {{&seq, &draft, 8, &greedy, &result}, {&other, &draft2, 8, &hot, &result2}};
   EXPECT_EQ((*gpu)->SpeculativeRound(mixed, 2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(seq.position(), 3);
-  ASSERT_EQ(round({&seq, &draft, 8, &greedy, &emitted}, 4), absl::StatusCode::kOk);
-  EXPECT_GE(emitted.size(), 1u);
-  EXPECT_LE(emitted.size(), 5u);
-  EXPECT_EQ(seq.position(), 3 + static_cast<int64_t>(emitted.size()));
+  // A draft sequence that does not hold the sequence's state (not refreshed).
+  SequenceState stale = draft.Clone();
+  ASSERT_TRUE((*gpu)->Forward(seq, std::vector<int32_t>{9}, std::vector<Mode>{Mode::kAttention}, false, &logits).ok());
+  EXPECT_EQ(round({&seq, &stale, 8, &greedy, &result}, 2), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(seq.position(), 4);
+  draft.CopyRecurrentFrom(seq);
+  ASSERT_EQ(round({&seq, &draft, 8, &greedy, &result}, 4), absl::StatusCode::kOk);
+  // The whole verify span stays, for the caller to commit; the drafts and the verify rows' argmaxes come back.
+  EXPECT_EQ(seq.position(), 4 + 5);
+  EXPECT_EQ(result.drafts.size(), 4u);
+  EXPECT_EQ(result.targets.size(), 5u);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -213,62 +213,47 @@ TEST_F(EngineTest, RequestsJoiningARunningBatchGetWhatEachGetsAlone) {
   EXPECT_TRUE(batch.TakeFinished().empty());
 }
 
-// A backend that counts the forwards it runs and their rows.
-class CountingBackend final : public Backend {
- public:
-  explicit CountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  const ModelConfig& config() const override { return inner_->config(); }
-  SequenceState NewSequence() const override { return inner_->NewSequence(); }
-  absl::Status Forward(std::span<const ForwardItem> batch) override {
-    ++forwards;
-    int64_t prompt_rows = 0;
-    for (const ForwardItem& item : batch) {
-      rows += static_cast<int64_t>(item.tokens.size());
-      if (item.tokens.size() > 1) prompt_rows += static_cast<int64_t>(item.tokens.size());
-    }
-    max_prompt_rows = std::max(max_prompt_rows, prompt_rows);
-    return inner_->Forward(batch);
-  }
-  int64_t forwards = 0, rows = 0, max_prompt_rows = 0;  // max_prompt_rows: of spans longer than one token
-
- private:
-  std::unique_ptr<Backend> inner_;
-};
 
 // The test model on a CountingBackend, which *counted points to; nothing when it cannot be loaded.
-std::optional<Engine> CountingEngine(const std::string& model_dir, CountingBackend** counted) {
+std::optional<Engine> CountingEngine(const std::string& model_dir, testutil::CountingBackend** counted) {
   auto inner = LoadBackend(model_dir, {"cpu", 2});
   auto tokenizer = Tokenizer::Load(model_dir + "/tokenizer.model");
   EXPECT_TRUE(inner.ok() && tokenizer.ok()) << inner.status() << tokenizer.status();
   if (!inner.ok() || !tokenizer.ok()) return std::nullopt;
-  auto backend = std::make_unique<CountingBackend>(std::move(*inner));
+  auto backend = std::make_unique<testutil::CountingBackend>(std::move(*inner));
   *counted = backend.get();
   return Engine(std::move(backend), std::move(*tokenizer));
 }
 
-// A prompt that joins while others decode is prefilled in the same forward as their decode step: one pass
-// over the weights for both, and the same tokens as each request alone.
+// A prompt that joins while others decode is prefilled in the same forward as their decode step, and
+// requests under different policies decode in one forward: every step is one pass over the weights, and
+// each request gets the same tokens as alone.
 TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
-  CountingBackend* counted = nullptr;
+  testutil::CountingBackend* counted = nullptr;
   std::optional<Engine> counting = CountingEngine(model_dir_, &counted);
   ASSERT_TRUE(counting.has_value());
   Engine& engine = *counting;
-  CountingBackend& backend = *counted;
+  testutil::CountingBackend& backend = *counted;
   GenerationBatch batch(engine);
   std::vector<GenerateRequest> qs = {Request("one two", 8), Request("three four five", 5)};
   qs[1].policy = "prefill-linear";
   ASSERT_TRUE(batch.Add(qs[0]).ok());
-  ASSERT_TRUE(batch.Step().ok());  // prefill, then the first decode step: two forwards
-  EXPECT_EQ(backend.forwards, 2);
+  ASSERT_TRUE(batch.Step().ok());  // the prefill, which draws the first token
+  EXPECT_EQ(backend.forwards, 1);
   ASSERT_TRUE(batch.Add(qs[1]).ok());
   const int64_t prompt_rows = 1 + static_cast<int64_t>(engine.tokenizer()->Encode(qs[1].prompt).size());
   backend.forwards = backend.rows = 0;
-  ASSERT_TRUE(batch.Step().ok());  // request 1's prompt and request 0's decode step in one forward, then
-  EXPECT_EQ(backend.forwards, 2);  // request 1's first decode step (its decoder differs from request 0's)
-  EXPECT_EQ(backend.rows, prompt_rows + 1 + 1);
-  EXPECT_EQ(batch.last_step_decoded(), 2);
+  ASSERT_TRUE(batch.Step().ok());  // request 1's prompt and request 0's decode step in one forward
+  EXPECT_EQ(backend.forwards, 1);
+  EXPECT_EQ(backend.rows, prompt_rows + 1);
+  EXPECT_EQ(batch.last_step_decoded(), 1);
   EXPECT_EQ(batch.last_step_shared(), 1);
+  backend.forwards = backend.rows = 0;
+  ASSERT_TRUE(batch.Step().ok());  // both decode, each under its own policy, in one forward
+  EXPECT_EQ(backend.forwards, 1);
+  EXPECT_EQ(backend.rows, 2);
+  EXPECT_EQ(batch.last_step_decoded(), 2);
+  EXPECT_EQ(batch.last_step_shared(), 0);
   std::vector<std::pair<int64_t, GenerateResult>> finished;
   while (batch.active() > 0) {
     ASSERT_TRUE(batch.Step().ok());
@@ -281,11 +266,11 @@ TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
 // With a prefill token budget, a step forwards at most that many prompt tokens (the prompts added first
 // take it), and every request still gets what it gets alone.
 TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
-  CountingBackend* counted = nullptr;
+  testutil::CountingBackend* counted = nullptr;
   std::optional<Engine> counting = CountingEngine(model_dir_, &counted);
   ASSERT_TRUE(counting.has_value());
   Engine& engine = *counting;
-  CountingBackend& backend = *counted;
+  testutil::CountingBackend& backend = *counted;
   GenerationBatch batch(engine, /*max_prefill_tokens=*/5);
   std::vector<GenerateRequest> qs = {Request("one two three four five six", 6), Request("seven eight nine ten", 6),
                                      Request("eleven", 6)};

@@ -5,7 +5,9 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,6 +96,29 @@ void WriteTinyCheckpoint(const std::string& dir, const ModelConfig& config,
 // An engine (one CPU thread, no tokenizer) on a random checkpoint of TinyConfig(mixer), written under
 // `scratch`; the weights come from `seed`.
 Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed);
+
+// A backend that counts the forwards it runs and their rows.
+class CountingBackend final : public Backend {
+ public:
+  explicit CountingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  SequenceState NewSequence() const override { return inner_->NewSequence(); }
+  absl::Status Forward(std::span<const ForwardItem> batch) override {
+    ++forwards;
+    int64_t prompt_rows = 0;
+    for (const ForwardItem& item : batch) {
+      rows += static_cast<int64_t>(item.tokens.size());
+      if (item.tokens.size() > 1) prompt_rows += static_cast<int64_t>(item.tokens.size());
+    }
+    max_prompt_rows = std::max(max_prompt_rows, prompt_rows);
+    return inner_->Forward(batch);
+  }
+  int64_t forwards = 0, rows = 0, max_prompt_rows = 0;  // max_prompt_rows: of spans longer than one token
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
 
 // Reads the file, applies `edit` to its tensors, writes it back with WriteSafetensors (no config
 // checks), so that tests can make a checkpoint whose weights disagree with its config.

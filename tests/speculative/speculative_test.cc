@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "engine/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
 
@@ -100,15 +101,9 @@ class ScriptedProposer final : public Proposer {
   ScriptedProposer(std::vector<int32_t> continuation, int64_t good, int32_t vocab)
       : continuation_(std::move(continuation)), good_(good), vocab_(vocab) {}
   std::string_view name() const override { return "scripted"; }
-  absl::Status Propose(Backend&, std::span<DecodeSlot* const> slots, std::span<const int64_t> k,
-                       std::span<Proposal> out) override {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      out[i] = {};
-      for (int64_t j = 0; j < k[i]; ++j) {
-        out[i].tokens.push_back(j < good_ ? continuation_[j] : (continuation_[j] + 1) % vocab_);
-      }
-    }
-    return absl::OkStatus();
+  void Propose(const DecodeSlot&, int64_t k, Proposal& out) override {
+    out = {};
+    for (int64_t j = 0; j < k; ++j) out.tokens.push_back(j < good_ ? continuation_[j] : (continuation_[j] + 1) % vocab_);
   }
 
  private:
@@ -171,7 +166,7 @@ TEST_P(SpeculativeTest, AfterARoundTheStateIsAttentionDecodingsForEveryAcceptanc
     SpeculativeDecoder decoder(
         std::make_unique<ScriptedProposer>(std::vector<int32_t>(cont.begin() + 1, cont.end()), good, V), options);
     DecodeSlot* slots[] = {&slot};
-    ASSERT_TRUE(decoder.Step(backend, slots).ok());
+    ASSERT_TRUE(decoder.Round(backend, slots, {}).ok());
     ASSERT_EQ(static_cast<int64_t>(slot.emitted.size()), good + 1) << "accepted " << good;
     EXPECT_EQ(slot.emitted.back(), cont[good + 1]);  // recovered (or bonus) token = attention's next
     EXPECT_EQ(seq.position(), static_cast<int64_t>(prompt.size()) + 1 + good);
@@ -375,7 +370,7 @@ TEST_P(SpeculativeTest, SampledRoundsUseTheUniformsBackendsRestore) {
   for (; seq.position() + 1 < max_position; ++round) {  // (the decoder's contract: room for the pending token)
     const Sampler before = sampler;
     const int64_t drafted_before = stats.spec ? stats.spec->drafted : 0;
-    ASSERT_TRUE(decoder.Step(backend, slots).ok());
+    ASSERT_TRUE(decoder.Round(backend, slots, {}).ok());
     // (Near max_position a round drafts fewer than k.)
     const int64_t drafted = stats.spec->drafted - drafted_before;
     const int64_t accepted = static_cast<int64_t>(slot.emitted.size()) - 1;
@@ -474,19 +469,62 @@ TEST(DraftLengthController, OneDraftLengthForTheBatchFromEverySlotsAcceptance) {
   EXPECT_LT(controller.Choose(ids), 8);
 }
 
+// Requests under attention, linear and speculative policies (linear drafts of fixed and adaptive length,
+// n-gram drafts) decode in one batch: every step of the batch is one forward, whatever the mix of policies
+// and round phases it holds, and each request gets the tokens it gets alone.
+TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
+  testutil::ScratchDir scratch;
+  Engine alone = SpeculativeEngine(scratch, GetParam(), 5);
+  auto inner = CpuBackend::Load(scratch.Join("m5"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto counting = std::make_unique<testutil::CountingBackend>(std::move(*inner));
+  testutil::CountingBackend& counted = *counting;
+  Engine engine(std::move(counting), std::nullopt);
+  RegisterPolicies(engine.policies());
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::mt19937 rng(11);
+  GenerationBatch batch(engine);
+  std::vector<GenerateRequest> qs;
+  for (const char* policy : {"attention", "speculative:3", "linear", "speculative", "speculative:ngram:2",
+                             "speculative:5", "prefill-linear"}) {
+    GenerateRequest q;
+    q.prompt_tokens = RandomPrompt(rng, 3 + rng() % 10, V);
+    q.max_tokens = 16 + rng() % 8;
+    q.stop_at_eos = false;
+    q.policy = policy;
+    qs.push_back(q);
+  }
+  std::vector<GenerateResult> got(qs.size());
+  int64_t steps = 0;
+  for (size_t next = 0; batch.active() > 0 || next < qs.size(); ++steps) {
+    if (next < qs.size() && steps % 3 == 0) {  // joining as the others decode
+      ASSERT_TRUE(batch.Add(qs[next++]).ok());
+    }
+    const int64_t before = counted.forwards;
+    ASSERT_TRUE(batch.Step().ok());
+    EXPECT_EQ(counted.forwards - before, 1) << "step " << steps;
+    for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
+  }
+  for (size_t i = 0; i < qs.size(); ++i) {
+    auto want = alone.Generate(qs[i]);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(got[i].tokens, want->tokens) << qs[i].policy;
+    if (qs[i].policy.starts_with("speculative:") && qs[i].policy != "speculative:ngram:2") {
+      ASSERT_TRUE(got[i].stats.spec.has_value()) << qs[i].policy;
+      EXPECT_GT(got[i].stats.spec->drafted, 0) << qs[i].policy;
+    }
+  }
+}
+
 TEST(NgramProposer, ProposesWhatFollowedTheLatestEarlierMatch) {
   std::vector<int32_t> prompt = {1, 2, 3, 4, 9, 2, 3, 5, 6}, generated = {7, 2, 3};
   DecodeSlot slot{0, nullptr, 3, 9, &prompt, &generated, 10, nullptr, nullptr, {}};
   NgramProposer proposer(3, 1);
-  std::vector<Proposal> out(1);
-  DecodeSlot* slots[] = {&slot};
-  const int64_t k[] = {3};
+  Proposal out;
   // "7 2 3" never occurred; "2 3" did, latest at prompt[5..6], followed by 5 6 7.
-  testutil::ScratchDir scratch;
-  Engine engine = SpeculativeEngine(scratch, LinearMixer::kMamba2, 1);  // the proposer never runs the model
-  ASSERT_TRUE(proposer.Propose(engine.backend(), slots, k, out).ok());
-  EXPECT_EQ(out[0].tokens, (std::vector<int32_t>{5, 6, 7}));
-  EXPECT_TRUE(out[0].q.empty());
+  proposer.Propose(slot, 3, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_TRUE(out.q.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Mixers, SpeculativeTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
