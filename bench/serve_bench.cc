@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "engine/engine.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
 #include "httplib.h"
@@ -40,6 +41,7 @@ double Percentile(std::vector<double> v, double q) {
 }
 
 struct Sample {
+  std::string policy;
   double ttft_s = 0, latency_s = 0;
   std::vector<double> gaps_s;  // between consecutive token chunks, as the client received them
   int64_t tokens = 0;
@@ -65,15 +67,24 @@ absl::StatusOr<Engine> MakeEngine(const ServeBenchOptions& o, std::string* model
   return absl::InvalidArgumentError("bench serve: give --model (random weights, --config, are for --device cuda)");
 }
 
-// One streaming completion of `prompt`, timed from the request to its first chunk and to its end.
-Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::vector<int32_t>& prompt) {
+// The policies of --policy (comma-separated); request i takes the (i mod n)-th.
+std::vector<std::string> PolicyList(const ServeBenchOptions& o) {
+  std::vector<std::string> out;
+  for (absl::string_view p : absl::StrSplit(o.policy, ',')) out.emplace_back(p);
+  return out;
+}
+
+// One streaming completion of prompt i, timed from the request to its first chunk and to its end.
+Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::vector<int32_t>& prompt, size_t i) {
+  const std::vector<std::string> policies = PolicyList(o);
   Sample s;
+  s.policy = policies[i % policies.size()];
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
   req.set_header("Content-Type", "application/json");
   req.body = JsonText(json{{"prompt", prompt}, {"max_tokens", o.max_tokens}, {"ignore_eos", true}, {"stream", true},
-                  {"policy", o.policy}});
+                  {"policy", s.policy}});
   std::string body;
   const Clock::time_point start = Clock::now();
   std::vector<double> frame_s;  // when each event frame ("data: ...\n\n") was complete
@@ -144,7 +155,7 @@ std::vector<Sample> RunLevel(int port, const ServeBenchOptions& o, int64_t clien
     threads.emplace_back([&] {
       httplib::Client client("127.0.0.1", port);
       client.set_read_timeout(std::chrono::seconds(600));
-      for (int64_t i = next++; i < count; i = next++) samples[i] = Complete(client, o, prompts[i]);
+      for (int64_t i = next++; i < count; i = next++) samples[i] = Complete(client, o, prompts[i], i);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -166,7 +177,7 @@ std::vector<Sample> RunOpenLoop(int port, const ServeBenchOptions& o, double rat
     threads.emplace_back([&, i] {
       httplib::Client client("127.0.0.1", port);
       client.set_read_timeout(std::chrono::seconds(600));
-      samples[i] = Complete(client, o, prompts[i]);
+      samples[i] = Complete(client, o, prompts[i], i);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -189,6 +200,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   std::string model;
   ORYX_ASSIGN_OR_RETURN(Engine engine, MakeEngine(o, &model));
   policies::RegisterAllPolicies(engine.policies());
+  for (const std::string& p : PolicyList(o)) {  // an unknown name fails here, not in every request
+    if (absl::StatusOr<std::unique_ptr<Decoder>> d = engine.policies().Make(p); !d.ok()) {
+      return absl::InvalidArgumentError(Cat("bench serve: --policy: ", d.status().message()));
+    }
+  }
   const ModelConfig& c = engine.backend().config();
   if (o.prompt_tokens + o.max_tokens > c.max_position) {
     return absl::InvalidArgumentError(Cat("bench serve: ", o.prompt_tokens, " prompt + ", o.max_tokens,
@@ -284,6 +300,21 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                                : 0.0},
                 {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
+    if (PolicyList(o).size() > 1) {  // mixed policies: each one's share of the level
+      for (const std::string& p : PolicyList(o)) {
+        int64_t n = 0, p_tokens = 0;
+        std::vector<double> p_latency;
+        for (const Sample& s : samples) {
+          if (s.policy != p) continue;
+          ++n;
+          p_tokens += s.tokens;
+          p_latency.push_back(1e3 * s.latency_s);
+        }
+        row["by_policy"][p] = {{"requests", n},
+                               {"generated_tokens_per_s", static_cast<double>(p_tokens) / wall},
+                               {"latency_ms_p50", Percentile(p_latency, 0.5)}};
+      }
+    }
     if (drafted > 0) {
       row["drafted"] = drafted;
       row["accepted"] = accepted;

@@ -351,7 +351,7 @@ int BenchServe(const Args& rest) {
   f.Int("requests", &requests, "requests per level (0: 4 x the level, at least 8)", 0, 1 << 20);
   f.Int("prompt-tokens", &o.prompt_tokens, "prompt length in tokens", 1, 1 << 24);
   f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
-  f.String("policy", &o.policy, "mode policy of every request");
+  f.String("policy", &o.policy, "mode policy of every request; several, comma-separated: request i takes the (i mod n)-th");
   f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");
   f.Int("max-batch", &o.max_batch, "the server's batch bound (0: the largest level)", 0, 4096);
   f.Int("max-prefill-tokens", &o.max_prefill_tokens, "the server's prompt tokens per step at most (0: no bound)", 0,
