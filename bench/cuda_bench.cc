@@ -223,7 +223,7 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
                 {"capture_fraction_of_verify", (verify.first - verify.second) / verify.first}});
       emit(r);
     }
-    speculative::AcceptRule accept = speculative::AcceptLossless;  // the real acceptance (greedy or sampled)
+    speculative::AcceptRule accept;  // empty: AcceptLossless, the real acceptance, which the backend may run
     Rng rng(0x5eed + k);
     // (A backend round judges its drafts itself, by the model's greedy acceptance; with random weights its
     // time is measured so, and its tokens per round are the simulated acceptance's: a round does the same
