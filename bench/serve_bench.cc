@@ -300,19 +300,20 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                                : 0.0},
                 {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
-    if (PolicyList(o).size() > 1) {  // mixed policies: each one's share of the level
+    if (PolicyList(o).size() > 1) {  // mixed policies: how each one's requests fared
       for (const std::string& p : PolicyList(o)) {
-        int64_t n = 0, p_tokens = 0;
-        std::vector<double> p_latency;
+        std::vector<double> p_latency, p_ttft, p_rate;
         for (const Sample& s : samples) {
           if (s.policy != p) continue;
-          ++n;
-          p_tokens += s.tokens;
           p_latency.push_back(1e3 * s.latency_s);
+          p_ttft.push_back(1e3 * s.ttft_s);
+          if (s.tokens > 1) p_rate.push_back(static_cast<double>(s.tokens - 1) / (s.latency_s - s.ttft_s));
         }
-        row["by_policy"][p] = {{"requests", n},
-                               {"generated_tokens_per_s", static_cast<double>(p_tokens) / wall},
-                               {"latency_ms_p50", Percentile(p_latency, 0.5)}};
+        row["by_policy"][p] = {{"requests", p_latency.size()},
+                               {"latency_ms_p50", Percentile(p_latency, 0.5)},
+                               {"ttft_ms_p50", Percentile(p_ttft, 0.5)},
+                               // A request's tokens per second after its first token, the median request.
+                               {"decode_tokens_per_s_p50", Percentile(p_rate, 0.5)}};
       }
     }
     if (drafted > 0) {
