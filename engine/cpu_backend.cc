@@ -10,9 +10,6 @@
 #include <stdexcept>
 
 #include "engine/checkpoint.h"
-#ifdef ORYX_HAVE_CUDA
-#include "engine/cuda_backend.h"
-#endif
 #include "engine/sampler.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
@@ -37,150 +34,6 @@ float* AtLeast(kernels::AlignedVector<float>& v, int64_t n) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------------------
-// SequenceState
-
-SequenceState::SequenceState(const ModelConfig& c)
-    : layers_(c.n_layers), heads_(c.n_heads), head_dim_(c.head_dim), conv_rows_(c.conv_width - 1) {
-  for (Layer& l : layers_) {
-    l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
-    l.conv.assign(conv_rows_ * 2 * c.qk_dim(), 0.f);
-  }
-}
-
-SequenceState::SequenceState(const ModelConfig& c, std::unique_ptr<DeviceSequence> device)
-    : layers_(c.n_layers),
-      heads_(c.n_heads),
-      head_dim_(c.head_dim),
-      conv_rows_(c.conv_width - 1),
-      device_(std::move(device)) {}
-
-namespace {
-SequenceState OrAbort(absl::StatusOr<SequenceState> s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "fatal: %s: %s\n", what, std::string(s.status().message()).c_str());
-    std::abort();
-  }
-  return std::move(*s);
-}
-}  // namespace
-
-SequenceState SequenceState::Clone() const { return OrAbort(TryClone(), "SequenceState::Clone"); }
-SequenceState SequenceState::MakeDraft() const { return OrAbort(TryMakeDraft(), "SequenceState::MakeDraft"); }
-
-absl::StatusOr<SequenceState> SequenceState::TryClone() const {
-  SequenceState copy(*this, 0);
-  if (device_) {
-    copy.layers_.resize(layers_.size());
-    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_));
-    return copy;
-  }
-  copy.layers_ = layers_;
-  return copy;
-}
-
-SequenceState::SequenceState(const SequenceState& other, int)
-    : position_(other.position_),
-      has_kv_(other.has_kv_),
-      span_start_(other.span_start_),
-      span_len_(other.span_len_),
-      heads_(other.heads_),
-      head_dim_(other.head_dim_),
-      conv_rows_(other.conv_rows_) {}
-
-absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
-  SequenceState draft(*this, 0);
-  draft.has_kv_ = false;
-  draft.span_start_ = -1;
-  draft.span_len_ = 0;
-  draft.layers_.resize(layers_.size());
-  if (device_) {
-    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_));
-    return draft;
-  }
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    draft.layers_[i].s = layers_[i].s;
-    draft.layers_[i].conv = layers_[i].conv;
-  }
-  return draft;
-}
-
-void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
-  if (device_) {
-    device_->CopyRecurrentFrom(*other.device_);  // both made by the same backend
-  } else {
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      std::copy(other.layers_[i].s.begin(), other.layers_[i].s.end(), layers_[i].s.begin());
-      std::copy(other.layers_[i].conv.begin(), other.layers_[i].conv.end(), layers_[i].conv.begin());
-    }
-  }
-  position_ = other.position_;
-  span_start_ = -1;
-  span_len_ = 0;
-}
-
-absl::Status SequenceState::Reserve(int64_t tokens) {
-  if (!has_kv_) return absl::OkStatus();
-  if (device_) return device_->Reserve(tokens, position_);
-  const int64_t hd = heads_ * head_dim_;
-  try {
-    for (Layer& l : layers_) {
-      l.k.reserve(tokens * hd);
-      l.v.reserve(tokens * hd);
-    }
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions needs ",
-                                            static_cast<double>(tokens * hd) * 8.0 * layers_.size() / (1 << 30),
-                                            " GiB"));
-  } catch (const std::length_error&) {
-    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions is too large"));
-  }
-  return absl::OkStatus();
-}
-
-int64_t SequenceState::kv_bytes() const {
-  if (device_) return device_->kv_bytes();
-  int64_t bytes = 0;
-  for (const Layer& l : layers_) bytes += static_cast<int64_t>((l.k.capacity() + l.v.capacity()) * sizeof(float));
-  return bytes;
-}
-
-absl::Status SequenceState::Truncate(int64_t position) {
-  if (position > position_ || position < 0) {
-    return absl::InvalidArgumentError(Cat("truncate: position ", position, " outside [0, ", position_, "]"));
-  }
-  if (position == position_) return absl::OkStatus();
-  if (span_start_ < 0 || position < span_start_) {
-    return absl::FailedPreconditionError(
-        Cat("truncate: the recurrent state at position ", position, " was not kept (",
-            span_start_ < 0 ? std::string("no span was forwarded with keep_states")
-                            : Cat("the kept span starts at ", span_start_),
-            "); take a Clone() snapshot instead"));
-  }
-  const int64_t j = position - span_start_, dd = head_dim_ * head_dim_, hd = heads_ * head_dim_;
-  if (device_) {
-    device_->RestoreSpan(j);  // the device KV cache is cut by the position alone
-    position_ = position;
-    return absl::OkStatus();
-  }
-  for (Layer& l : layers_) {
-    for (int64_t h = 0; h < heads_; ++h) {
-      const float* src = l.span_states.data() + (h * (span_len_ + 1) + j) * dd;
-      std::copy(src, src + dd, l.s.data() + h * dd);
-    }
-    // The window before token j of the span: rows j .. j + w - 2 of (window before the span, span inputs).
-    const float* rows = l.span_inputs.data() + j * 2 * hd;
-    std::copy(rows, rows + conv_rows_ * 2 * hd, l.conv.data());
-    if (has_kv_) {
-      l.k.resize(position * hd);
-      l.v.resize(position * hd);
-    }
-  }
-  // The span's history stays valid up to the new position; the per-head layout keeps its stride.
-  position_ = position;
-  return absl::OkStatus();
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // CpuBackend
@@ -277,52 +130,6 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Floats& w
 
 absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
   return ValidateForwardBatch(config_, batch, nullptr);
-}
-
-absl::Status ValidateForwardBatch(const ModelConfig& c, std::span<const ForwardItem> batch, const void* device_owner) {
-  if (batch.empty()) return absl::InvalidArgumentError("forward: empty batch");
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const ForwardItem& it = batch[b];
-    // Built only on error: a forward that passes allocates nothing here.
-    auto where = [&] { return batch.size() > 1 ? Cat("forward: item ", b, ": ") : std::string("forward: "); };
-    if (it.seq == nullptr) return absl::InvalidArgumentError(where() + "no sequence");
-    for (size_t other = 0; other < b; ++other) {
-      if (batch[other].seq == it.seq) return absl::InvalidArgumentError(where() + "sequence given twice in one batch");
-    }
-    if (it.seq->layers_.size() != static_cast<size_t>(c.n_layers) || it.seq->heads_ != c.n_heads ||
-        it.seq->head_dim_ != c.head_dim) {
-      return absl::InvalidArgumentError(where() + "sequence state made for a different model");
-    }
-    if ((it.seq->device_ ? it.seq->device_->owner() : nullptr) != device_owner) {
-      return absl::InvalidArgumentError(where() + "sequence state made by a different backend");
-    }
-    const int64_t T = static_cast<int64_t>(it.tokens.size());
-    if (T == 0) return absl::InvalidArgumentError(where() + "empty span of tokens");
-    if (it.modes.size() != it.tokens.size()) {
-      return absl::InvalidArgumentError(Cat(where(), T, " tokens but ", it.modes.size(), " modes"));
-    }
-    if (it.seq->position_ + T > c.max_position) {
-      return absl::InvalidArgumentError(Cat(where(), "positions ", it.seq->position_, "..", it.seq->position_ + T - 1,
-                                            " exceed the model's max_position ", c.max_position));
-    }
-    for (int32_t t : it.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return absl::InvalidArgumentError(Cat(where(), "token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
-      }
-    }
-    if (!it.seq->has_kv_) {
-      for (Mode m : it.modes) {
-        if (m != Mode::kLinear) return absl::InvalidArgumentError(where() + "an attention-mode token on a draft sequence");
-      }
-    }
-    if (it.sampler != nullptr && (it.logits != LogitsRows::kLast || it.next_token == nullptr)) {
-      return absl::InvalidArgumentError(where() + "a sampler needs the last row's logits and a next_token to write");
-    }
-    if (it.logits != LogitsRows::kNone && it.logits_out == nullptr && it.sampler == nullptr) {
-      return absl::InvalidArgumentError(where() + "logits asked for but no output buffer given");
-    }
-  }
-  return absl::OkStatus();
 }
 
 void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans,
@@ -524,23 +331,6 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
     r += rows;
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
-  if (options.device == "cpu") {
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads));
-    return std::unique_ptr<Backend>(std::move(cpu));
-  }
-  if (options.device == "cuda") {
-#ifdef ORYX_HAVE_CUDA
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir));
-    cuda->set_runs_rounds(options.device_rounds);
-    return std::unique_ptr<Backend>(std::move(cuda));
-#else
-    return absl::UnimplementedError("device 'cuda': this build has no CUDA backend (configure with ORYX_CUDA=ON)");
-#endif
-  }
-  return absl::InvalidArgumentError(Cat("unknown device '", options.device, "' (cpu, cuda)"));
 }
 
 }  // namespace oryx
