@@ -475,197 +475,243 @@ struct EvalTotal {
 
 }  // namespace
 
-absl::Status TrainRouter(const TrainRouterOptions& o) {
-  ORYX_RETURN_IF_ERROR(ValidateOptions(o));
-  const CostKind cost_kind = *ParseCost(o.cost);
-  if (o.threads > 0) torch::set_num_threads(o.threads);
-  torch::manual_seed(o.seed);
+namespace {
 
+// The phases of TrainRouter over what they share: the engine that runs the episodes, the counterfactual data
+// of phase 1 and the log.
+class RouterTrainer {
+ public:
+  // Loads the model, the task sources and (cost "time") the cost model, calibrated here.
+  static absl::StatusOr<std::unique_ptr<RouterTrainer>> Create(const TrainRouterOptions& o);
+  // 1. Counterfactual data, shared by every lambda, and the feature normalisation from it.
+  absl::Status CollectCounterfactuals();
+  // 2. One lambda: labels and warm start (unless resumed after them), REINFORCE, the policy file.
+  absl::Status TrainLambda(size_t li, int64_t resume_iteration);
+  // 3. Held-out evaluation: every task's examples from a stream no training step drew from, run with the
+  //    rule baselines and each trained policy (greedy).
+  absl::Status Evaluate();
+
+ private:
+  using RuleFn = std::function<router::Decision(const router::RouterContext&)>;
+  RouterTrainer(const TrainRouterOptions& o, Engine engine) : o_(o), engine_(std::move(engine)) {}
+  // Examples first .. first + count of a stream (see Examples' body).
+  absl::StatusOr<std::vector<Example>> Examples(uint64_t stream, int64_t first, int64_t count,
+                                                std::optional<size_t> task_index = {});
+  // A router from a fixed rule, recording its decisions.
+  std::unique_ptr<router::Router> Rule(RuleFn fn, LearnedRouter::Trace trace) const;
+  void Record(const nlohmann::json& r) { log_ << JsonText(r) << "\n" << std::flush; }
+  // The warm start of a fresh network: cost-sensitive labels from the counterfactuals.
+  void WarmStart(double lambda, Net& net, torch::optim::Adam& opt);
+  // REINFORCE iterations first_iteration .. o.iterations - 1; *last_record: the last one's log record.
+  absl::Status Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration,
+                         nlohmann::json* last_record);
+
+  const TrainRouterOptions& o_;
+  Engine engine_;
+  int64_t max_draft_ = 0;
+  std::vector<std::optional<tasks::TaskKind>> kinds_;  // per task; none: text continuation
+  std::optional<train::TaskSetup> setup_;
+  std::unique_ptr<tasks::HaystackSource> haystack_, text_source_;
+  std::ofstream log_;
+  std::optional<Costs> costs_;
+  std::optional<EpisodeRunner> runner_;
+  // Phase 1: the base episodes of the warm-start examples, each with one decision flipped, with the decode
+  // phase flipped as one, and under every draft length.
+  struct Flip {
+    size_t base;  // index into base_
+    StepKey key;
+  };
+  std::vector<Example> warm_;
+  std::vector<const Example*> base_examples_;
+  std::vector<Base> base_kinds_;
+  std::vector<Episode> base_, flipped_, decode_flipped_, drafted_;
+  std::vector<Flip> flips_;
+  std::vector<size_t> decode_flip_of_;  // warm example index of each decode flip
+  torch::Tensor mean_, inv_std_;
+};
+
+absl::StatusOr<std::unique_ptr<RouterTrainer>> RouterTrainer::Create(const TrainRouterOptions& o) {
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {o.device, o.threads}));
   if (!engine.tokenizer()) return absl::InvalidArgumentError("train-router: the model has no tokenizer");
-  const ModelConfig& config = engine.backend().config();
-  const int64_t max_draft =
-      o.draft_lengths.empty() ? 0 : *std::max_element(o.draft_lengths.begin(), o.draft_lengths.end());
+  std::unique_ptr<RouterTrainer> t(new RouterTrainer(o, std::move(engine)));
+  const Tokenizer& tokenizer = *t->engine_.tokenizer();
+  const ModelConfig& config = t->engine_.backend().config();
+  t->max_draft_ = o.draft_lengths.empty() ? 0 : *std::max_element(o.draft_lengths.begin(), o.draft_lengths.end());
   bool text = false;
-  std::vector<std::optional<tasks::TaskKind>> kinds;  // none: text continuation
-  for (const std::string& t : o.tasks) {
-    if (t == "text") {
-      kinds.push_back(std::nullopt);
+  for (const std::string& task : o.tasks) {
+    if (task == "text") {
+      t->kinds_.push_back(std::nullopt);
       text = true;
       continue;
     }
-    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, train::ParseTaskName(t));
-    kinds.push_back(k);
+    ORYX_ASSIGN_OR_RETURN(tasks::TaskKind k, train::ParseTaskName(task));
+    t->kinds_.push_back(k);
   }
   for (int32_t len : o.lengths) {
-    const int64_t need = len + (text ? o.continuation + max_draft + 1 : 0);
+    const int64_t need = len + (text ? o.continuation + t->max_draft_ + 1 : 0);
     if (len < 64 || need > config.max_position) {
       return absl::InvalidArgumentError(Cat("--lengths: ", len, text ? Cat(" (+ ", o.continuation, " continued tokens)") : "",
                                             " is outside [64, max_position ", config.max_position, "]"));
     }
   }
-  ORYX_ASSIGN_OR_RETURN(train::TaskSetup setup, train::MakeTaskSetup(*engine.tokenizer()));
-  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<tasks::HaystackSource> haystack,
-                        train::OpenHaystack(o.haystack_files, o.data_dir, "train", *engine.tokenizer()));
+  ORYX_ASSIGN_OR_RETURN(t->setup_, train::MakeTaskSetup(tokenizer));
+  ORYX_ASSIGN_OR_RETURN(t->haystack_, train::OpenHaystack(o.haystack_files, o.data_dir, "train", tokenizer));
   // Text to continue: held out from the model's training (the validation split), unless files are given.
-  std::unique_ptr<tasks::HaystackSource> text_source;
   if (text) {
-    ORYX_ASSIGN_OR_RETURN(text_source, train::OpenHaystack(o.haystack_files, o.data_dir, "val", *engine.tokenizer()));
+    ORYX_ASSIGN_OR_RETURN(t->text_source_, train::OpenHaystack(o.haystack_files, o.data_dir, "val", tokenizer));
   }
 
   const std::string log_path = o.log_path.empty() ? o.out_path + ".log.jsonl" : o.log_path;
-  std::ofstream log(log_path, o.resume ? std::ios::app : std::ios::trunc);
-  if (!log) return absl::InvalidArgumentError(Cat("cannot write the log ", log_path));
-  auto record = [&](const nlohmann::json& r) { log << JsonText(r) << "\n" << std::flush; };
+  t->log_.open(log_path, o.resume ? std::ios::app : std::ios::trunc);
+  if (!t->log_) return absl::InvalidArgumentError(Cat("cannot write the log ", log_path));
 
+  const CostKind cost_kind = *ParseCost(o.cost);
   std::optional<router::CostModel> cost_model;
   if (cost_kind == CostKind::kTime) {
     const auto t0 = Clock::now();
     ORYX_ASSIGN_OR_RETURN(std::vector<router::Measurement> ms,
-                          router::MeasureSpans(engine.backend(), router::CalibrationShapes(config), 3));
+                          router::MeasureSpans(t->engine_.backend(), router::CalibrationShapes(config), 3));
     ORYX_ASSIGN_OR_RETURN(cost_model, router::CostModel::Fit(config, ms));
     const nlohmann::json r = {{"phase", "cost_model"}, {"coefficients", cost_model->ToJson()}, {"seconds", Seconds(t0)}};
-    record(r);
+    t->Record(r);
     std::cerr << "train-router: calibrated the cost model in " << Seconds(t0) << " s\n";
   }
-  const Costs costs(cost_kind, config, cost_model, o.segment_len);
-  EpisodeRunner runner(&engine, o.segment_len, &costs, o.draft_lengths);
+  t->costs_.emplace(cost_kind, config, cost_model, o.segment_len);
+  t->runner_.emplace(&t->engine_, o.segment_len, &*t->costs_, o.draft_lengths);
+  return t;
+}
+
 
   // Examples first .. first + count of a stream: task (task_index, or drawn), length and depth from each
   // example's own seed (disjoint from the benchmark's grid, whose seeds mix base seed 7 with the grid point).
-  auto examples = [&](uint64_t stream, int64_t first, int64_t count,
-                      std::optional<size_t> task_index = {}) -> absl::StatusOr<std::vector<Example>> {
-    std::vector<Example> out;
-    for (int64_t n = first; n < first + count; ++n) {
-      const uint64_t seed = MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
-      Rng rng(seed);
-      const size_t t = task_index ? *task_index : rng.UniformInt(kinds.size());
-      const int32_t len = o.lengths[rng.UniformInt(o.lengths.size())];
-      Example x;
-      x.name = o.tasks[t];
-      if (!kinds[t]) {
-        x.prompt = {static_cast<int32_t>(config.bos_id)};
-        ORYX_ASSIGN_OR_RETURN(std::vector<int32_t> window, text_source->Tokens(len - 1, seed));
-        x.prompt.insert(x.prompt.end(), window.begin(), window.end());
-        x.generate = o.continuation;
-        x.prefix_quality = true;
-      } else {
-        ORYX_ASSIGN_OR_RETURN(x.task, tasks::MakeExample(*kinds[t], setup.configs, haystack.get(), len, rng.UniformDouble(), seed));
-        x.teacher_forced = *kinds[t] == tasks::TaskKind::kMqar;
-        x.prompt = x.task.Prompt();
-        x.answer = x.task.AnswerTokens(0);
-        x.generate = static_cast<int64_t>(x.answer.size());
-      }
-      out.push_back(std::move(x));
+absl::StatusOr<std::vector<Example>> RouterTrainer::Examples(uint64_t stream, int64_t first, int64_t count,
+                                                             std::optional<size_t> task_index) {
+  const TrainRouterOptions& o = o_;
+  const ModelConfig& config = engine_.backend().config();
+  std::vector<Example> out;
+  for (int64_t n = first; n < first + count; ++n) {
+    const uint64_t seed = MixSeed({0x747261696e, o.seed, stream, static_cast<uint64_t>(n)});
+    Rng rng(seed);
+    const size_t t = task_index ? *task_index : rng.UniformInt(kinds_.size());
+    const int32_t len = o.lengths[rng.UniformInt(o.lengths.size())];
+    Example x;
+    x.name = o.tasks[t];
+    if (!kinds_[t]) {
+      x.prompt = {static_cast<int32_t>(config.bos_id)};
+      ORYX_ASSIGN_OR_RETURN(std::vector<int32_t> window, text_source_->Tokens(len - 1, seed));
+      x.prompt.insert(x.prompt.end(), window.begin(), window.end());
+      x.generate = o.continuation;
+      x.prefix_quality = true;
+    } else {
+      ORYX_ASSIGN_OR_RETURN(x.task, tasks::MakeExample(*kinds_[t], setup_->configs, haystack_.get(), len, rng.UniformDouble(), seed));
+      x.teacher_forced = *kinds_[t] == tasks::TaskKind::kMqar;
+      x.prompt = x.task.Prompt();
+      x.answer = x.task.AnswerTokens(0);
+      x.generate = static_cast<int64_t>(x.answer.size());
     }
-    ORYX_RETURN_IF_ERROR(runner.FillReferences(out));
-    return out;
-  };
-  // A router from a fixed rule, recording its decisions.
-  auto rule = [&](std::function<router::Decision(const router::RouterContext&)> fn, LearnedRouter::Trace trace) {
-    return std::make_unique<FunctionRouter>(
-        [fn = std::move(fn), trace = std::move(trace)](const router::RouterContext& c) {
-          const router::Decision d = fn(c);
-          if (trace) trace(c, d);
-          return d;
-        },
-        max_draft);
-  };
+    out.push_back(std::move(x));
+  }
+  ORYX_RETURN_IF_ERROR(runner_->FillReferences(out));
+  return out;
+}
 
-  // 1. Counterfactual data, shared by every lambda: for each warm-start example and each base, the base
-  //    episode and one episode per decision with that decision flipped; and each generated example run
-  //    prefill-linear with every draft length.
+std::unique_ptr<router::Router> RouterTrainer::Rule(RuleFn fn, LearnedRouter::Trace trace) const {
+  return std::make_unique<FunctionRouter>(
+      [fn = std::move(fn), trace = std::move(trace)](const router::RouterContext& c) {
+        const router::Decision d = fn(c);
+        if (trace) trace(c, d);
+        return d;
+      },
+      max_draft_);
+}
+
+absl::Status RouterTrainer::CollectCounterfactuals() {
+  const TrainRouterOptions& o = o_;
+  // For each warm-start example and each base, the base episode and one episode per decision with that
+  // decision flipped_; and each generated example run prefill-linear with every draft length.
   auto t0 = Clock::now();
-  ORYX_ASSIGN_OR_RETURN(std::vector<Example> warm, examples(0, 0, o.warm_examples));
-  std::vector<const Example*> base_examples;
-  std::vector<Base> base_kinds;
+  ORYX_ASSIGN_OR_RETURN(warm_, Examples(0, 0, o.warm_examples));
   for (Base b : {Base::kPrefillLinear, Base::kLinear, Base::kAttention}) {
-    for (const auto& e : warm) base_examples.push_back(&e), base_kinds.push_back(b);
+    for (const auto& e : warm_) base_examples_.push_back(&e), base_kinds_.push_back(b);
   }
-  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> base, runner.Run(base_examples, [&](size_t i, LearnedRouter::Trace trace) {
-    const Base kind = base_kinds[i];
-    return rule([kind](const router::RouterContext& c) { return BaseDecision(kind, c); }, std::move(trace));
+  ORYX_ASSIGN_OR_RETURN(base_, runner_->Run(base_examples_, [&](size_t i, LearnedRouter::Trace trace) {
+    const Base kind = base_kinds_[i];
+    return Rule([kind](const router::RouterContext& c) { return BaseDecision(kind, c); }, std::move(trace));
   }));
-  struct Flip {
-    size_t base;  // index into `base`
-    StepKey key;
-  };
-  std::vector<Flip> flips;
   std::vector<const Example*> flip_examples;
-  for (size_t i = 0; i < base.size(); ++i) {
-    for (const auto& [key, step] : base[i].steps) {
-      flips.push_back({i, key});
-      flip_examples.push_back(base_examples[i]);
+  for (size_t i = 0; i < base_.size(); ++i) {
+    for (const auto& [key, step] : base_[i].steps) {
+      flips_.push_back({i, key});
+      flip_examples.push_back(base_examples_[i]);
     }
   }
-  // The decode phase flipped as one segment: prefill-linear with linear decoding. One decode step rarely
+  // The decode phase flipped_ as one segment: prefill-linear with linear decoding. One decode step rarely
   // changes a continuation alone, while all of them do.
-  std::vector<size_t> decode_flip_of;  // warm example index of each
   std::vector<const Example*> decode_flip_examples;
-  for (size_t i = 0; i < warm.size(); ++i) {
-    if (!warm[i].teacher_forced && warm[i].generate >= 2) decode_flip_of.push_back(i), decode_flip_examples.push_back(&warm[i]);
+  for (size_t i = 0; i < warm_.size(); ++i) {
+    if (!warm_[i].teacher_forced && warm_[i].generate >= 2) decode_flip_of_.push_back(i), decode_flip_examples.push_back(&warm_[i]);
   }
   std::vector<const Example*> draft_examples;  // each generated warm example once per draft length, in order
-  for (const Example& e : warm) {
+  for (const Example& e : warm_) {
     if (e.teacher_forced || e.generate < 2) continue;
     for (size_t k = 0; k < o.draft_lengths.size(); ++k) draft_examples.push_back(&e);
   }
-  std::cerr << "train-router: " << warm.size() << " warm-start examples, "
-            << base.size() + flips.size() + decode_flip_of.size() + draft_examples.size() << " counterfactual episodes\n";
-  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> flipped, runner.Run(flip_examples, [&](size_t j, LearnedRouter::Trace trace) {
-    const StepKey key = flips[j].key;
-    const Base kind = base_kinds[flips[j].base];
-    return rule([kind, key](const router::RouterContext& c) {
+  std::cerr << "train-router: " << warm_.size() << " warm-start examples, "
+            << base_.size() + flips_.size() + decode_flip_of_.size() + draft_examples.size() << " counterfactual episodes\n";
+  ORYX_ASSIGN_OR_RETURN(flipped_, runner_->Run(flip_examples, [&](size_t j, LearnedRouter::Trace trace) {
+    const StepKey key = flips_[j].key;
+    const Base kind = base_kinds_[flips_[j].base];
+    return Rule([kind, key](const router::RouterContext& c) {
       router::Decision d = BaseDecision(kind, c);
       if (KeyOf(c) == key) d.mode = d.mode == Mode::kAttention ? Mode::kLinear : Mode::kAttention;
       return d;
     }, std::move(trace));  // (the trace also costs the decisions)
   }));
-  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> decode_flipped, runner.Run(decode_flip_examples, [&](size_t, LearnedRouter::Trace trace) {
-    return rule([](const router::RouterContext& c) {
+  ORYX_ASSIGN_OR_RETURN(decode_flipped_, runner_->Run(decode_flip_examples, [&](size_t, LearnedRouter::Trace trace) {
+    return Rule([](const router::RouterContext& c) {
       return router::Decision{c.last_prompt_token ? Mode::kAttention : Mode::kLinear};
     }, std::move(trace));
   }));
   const size_t n_lengths = o.draft_lengths.size();
-  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> drafted, runner.Run(draft_examples, [&](size_t j, LearnedRouter::Trace trace) {
+  ORYX_ASSIGN_OR_RETURN(drafted_, runner_->Run(draft_examples, [&](size_t j, LearnedRouter::Trace trace) {
     const int64_t k = o.draft_lengths[j % n_lengths];
-    return rule([k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); }, std::move(trace));
+    return Rule([k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); }, std::move(trace));
   }));
   {
     double base_quality[kBases] = {}, base_cost[kBases] = {}, helped = 0, hurt = 0;
-    for (size_t i = 0; i < base.size(); ++i) {
-      base_quality[static_cast<int>(base_kinds[i])] += base[i].quality;
-      base_cost[static_cast<int>(base_kinds[i])] += base[i].cost;
+    for (size_t i = 0; i < base_.size(); ++i) {
+      base_quality[static_cast<int>(base_kinds_[i])] += base_[i].quality;
+      base_cost[static_cast<int>(base_kinds_[i])] += base_[i].cost;
     }
-    for (size_t j = 0; j < flips.size(); ++j) {
-      const double d = flipped[j].quality - base[flips[j].base].quality;
+    for (size_t j = 0; j < flips_.size(); ++j) {
+      const double d = flipped_[j].quality - base_[flips_[j].base].quality;
       helped += d > 0, hurt += d < 0;
     }
-    const double n = static_cast<double>(std::max<size_t>(1, warm.size()));
-    nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm.size()}, {"cost", o.cost},
-                        {"episodes", base.size() + flips.size() + decode_flipped.size() + drafted.size()},
+    const double n = static_cast<double>(std::max<size_t>(1, warm_.size()));
+    nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm_.size()}, {"cost", o.cost},
+                        {"episodes", base_.size() + flips_.size() + decode_flipped_.size() + drafted_.size()},
                         {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
-    if (!drafted.empty()) {
+    if (!drafted_.empty()) {
       nlohmann::json by_length = nlohmann::json::array();
       for (size_t k = 0; k < n_lengths; ++k) {
         double cost = 0, quality = 0, dr = 0, ac = 0, m = 0;
-        for (size_t j = k; j < drafted.size(); j += n_lengths) {
-          cost += drafted[j].cost, quality += drafted[j].quality, dr += drafted[j].drafted, ac += drafted[j].accepted, m += 1;
+        for (size_t j = k; j < drafted_.size(); j += n_lengths) {
+          cost += drafted_[j].cost, quality += drafted_[j].quality, dr += drafted_[j].drafted, ac += drafted_[j].accepted, m += 1;
         }
         by_length.push_back({{"draft_length", o.draft_lengths[k]}, {"cost", cost / m}, {"quality", quality / m},
                              {"acceptance", dr > 0 ? ac / dr : 0.0}});
       }
       r["prefill_linear_by_draft_length"] = by_length;
     }
-    record(r);
+    Record(r);
     std::cerr << "train-router: counterfactual " << JsonText(r) << "\n";
   }
   // Feature normalisation from the base and draft episodes' decisions.
   std::vector<const Step*> all_steps;
-  for (const auto* episodes : {&base, &drafted}) {
+  for (const auto* episodes : {&base_, &drafted_}) {
     for (const Episode& e : *episodes) {
       for (const auto& [key, s] : e.steps) all_steps.push_back(&s);
     }
@@ -674,198 +720,208 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   Stack(all_steps, &warm_x, &warm_a);
   // A feature (nearly) constant over the warm-start decisions keeps scale 1: dividing by its tiny spread
   // would blow up whatever variation later episodes bring.
-  const torch::Tensor mean = warm_x.mean(0), spread = warm_x.std(0, /*unbiased=*/false);
-  const torch::Tensor inv_std = torch::where(spread > 1e-2, 1.0 / spread, torch::ones_like(spread));
+  mean_ = warm_x.mean(0);
+  const torch::Tensor spread = warm_x.std(0, /*unbiased=*/false);
+  inv_std_ = torch::where(spread > 1e-2, 1.0 / spread, torch::ones_like(spread));
+  return absl::OkStatus();
+}
 
-  // 2. Per lambda: labels, warm start, REINFORCE. The state file's cursor says where a resumed run goes
-  //    on: (lambda index, iteration), iteration -1 when that lambda's warm start has not run.
-  int64_t start_lambda = 0, start_iteration = -1;
-  if (o.resume && std::filesystem::exists(StatePath(o))) {
-    ORYX_RETURN_IF_ERROR(ReadCursor(o, &start_lambda, &start_iteration));
-    std::cerr << "train-router: resuming at lambda index " << start_lambda << ", iteration " << start_iteration << "\n";
+absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
+  const TrainRouterOptions& o = o_;
+  Net net(o.hidden, static_cast<int64_t>(o.draft_lengths.size()));
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(o.learning_rate));
+  int64_t first_iteration = 0;
+  if (resume_iteration >= 0) {
+    ORYX_RETURN_IF_ERROR(LoadState(o, net, opt));
+    first_iteration = resume_iteration;
+  } else {
+    {
+      torch::NoGradGuard no_grad;
+      net->mean.copy_(mean_);
+      net->inv_std.copy_(inv_std_);
+    }
+    WarmStart(o.lambdas[li], net, opt);
+    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0));
   }
-  for (size_t li = static_cast<size_t>(start_lambda); li < o.lambdas.size(); ++li) {
-    const double lambda = o.lambdas[li];
-    Net net(o.hidden, static_cast<int64_t>(n_lengths));
-    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(o.learning_rate));
-    int64_t first_iteration = 0;
-    if (static_cast<int64_t>(li) == start_lambda && start_iteration >= 0) {
-      ORYX_RETURN_IF_ERROR(LoadState(o, net, opt));
-      first_iteration = start_iteration;
-    } else {
-      {
-        torch::NoGradGuard no_grad;
-        net->mean.copy_(mean);
-        net->inv_std.copy_(inv_std);
-      }
-      // Mode head, cost-sensitive labels: attention where attention beats linear by more than lambda times
-      // what it costs, each decision weighted by how much the choice matters, |gain - lambda * cost|. A
-      // decision that helps one example in five by a third of its answer then outweighs the four where it
-      // changes nothing (whose weight is only its small cost), so the classifier follows the expected gain
-      // rather than the majority of examples.
-      std::vector<const Step*> steps;
-      std::vector<int64_t> labels;
-      std::vector<float> weights;
-      for (size_t j = 0; j < flips.size(); ++j) {
-        const Episode& b = base[flips[j].base];
-        const Step& s = b.steps.at(flips[j].key);
-        const Episode& with_attention = s.mode == Mode::kAttention ? b : flipped[j];
-        const Episode& with_linear = s.mode == Mode::kAttention ? flipped[j] : b;
-        const double margin = with_attention.Reward(lambda) - with_linear.Reward(lambda);
-        steps.push_back(&s);
-        labels.push_back(margin > 0 ? 1 : 0);
-        weights.push_back(static_cast<float>(std::abs(margin)));
-      }
-      // The decode phase as one segment: prefill-linear's decode decisions labelled by whether attention
-      // decoding beats linear decoding on that example, the margin shared among them.
-      for (size_t j = 0; j < decode_flip_of.size(); ++j) {
-        const Episode& b = base[decode_flip_of[j]];  // the prefill-linear base of that example
-        const double margin = b.Reward(lambda) - decode_flipped[j].Reward(lambda);
-        int64_t n_decode = 0;
-        for (const auto& [key, s] : b.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
-        for (const auto& [key, s] : b.steps) {
-          if (key.first != static_cast<int>(router::Phase::kDecode)) continue;
+  nlohmann::json last;
+  ORYX_RETURN_IF_ERROR(Reinforce(li, net, opt, first_iteration, &last));
+  PolicyNetwork out = Export(net, o.segment_len, o.draft_lengths);
+  out.training = {{"lambda", o.lambdas[li]}, {"cost", o.cost}, {"iterations", o.iterations}, {"batch", o.batch},
+                  {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
+                  {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
+  const std::string path = PolicyPathFor(o, li);
+  ORYX_RETURN_IF_ERROR(WritePolicyFile(path, out));
+  std::cerr << "train-router: wrote " << path << "\n";
+  ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li) + 1, -1));
+  return absl::OkStatus();
+}
+
+void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) {
+  const TrainRouterOptions& o = o_;
+  const size_t n_lengths = o.draft_lengths.size();
+  // Mode head, cost-sensitive labels: attention where attention beats linear by more than lambda times
+  // what it costs, each decision weighted by how much the choice matters, |gain - lambda * cost|. A
+  // decision that helps one example in five by a third of its answer then outweighs the four where it
+  // changes nothing (whose weight is only its small cost), so the classifier follows the expected gain
+  // rather than the majority of examples.
+  std::vector<const Step*> steps;
+  std::vector<int64_t> labels;
+  std::vector<float> weights;
+  for (size_t j = 0; j < flips_.size(); ++j) {
+    const Episode& b = base_[flips_[j].base];
+    const Step& s = b.steps.at(flips_[j].key);
+    const Episode& with_attention = s.mode == Mode::kAttention ? b : flipped_[j];
+    const Episode& with_linear = s.mode == Mode::kAttention ? flipped_[j] : b;
+    const double margin = with_attention.Reward(lambda) - with_linear.Reward(lambda);
+    steps.push_back(&s);
+    labels.push_back(margin > 0 ? 1 : 0);
+    weights.push_back(static_cast<float>(std::abs(margin)));
+  }
+  // The decode phase as one segment: prefill-linear's decode decisions labelled by whether attention
+  // decoding beats linear decoding on that example, the margin shared among them.
+  for (size_t j = 0; j < decode_flip_of_.size(); ++j) {
+    const Episode& b = base_[decode_flip_of_[j]];  // the prefill-linear base of that example
+    const double margin = b.Reward(lambda) - decode_flipped_[j].Reward(lambda);
+    int64_t n_decode = 0;
+    for (const auto& [key, s] : b.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
+    for (const auto& [key, s] : b.steps) {
+      if (key.first != static_cast<int>(router::Phase::kDecode)) continue;
+      steps.push_back(&s);
+      labels.push_back(margin > 0 ? 1 : 0);
+      weights.push_back(static_cast<float>(std::abs(margin) / static_cast<double>(n_decode)));
+    }
+  }
+  // Draft head: each example's decode decisions under its best draft length, labelled with it and
+  // weighted by its reward over the mean of all lengths.
+  std::vector<const Step*> draft_steps;
+  std::vector<int64_t> draft_labels;
+  std::vector<float> draft_weights;
+  for (size_t g = 0; n_lengths > 0 && g + n_lengths <= drafted_.size(); g += n_lengths) {
+    size_t best = g;
+    double mean_reward = 0;
+    for (size_t j = g; j < g + n_lengths; ++j) {
+      mean_reward += drafted_[j].Reward(lambda) / static_cast<double>(n_lengths);
+      if (drafted_[j].Reward(lambda) > drafted_[best].Reward(lambda)) best = j;
+    }
+    for (const auto& [key, s] : drafted_[best].steps) {
+      if (s.draft_index < 0) continue;
+      draft_steps.push_back(&s);
+      draft_labels.push_back(s.draft_index);
+      draft_weights.push_back(static_cast<float>(drafted_[best].Reward(lambda) - mean_reward));
+    }
+  }
+  auto normalised = [](const std::vector<float>& w) {
+    torch::Tensor t = torch::tensor(w);
+    return t / t.sum().clamp_min(1e-12);
+  };
+  torch::Tensor x, dx, unused;
+  Stack(steps, &x, &unused);
+  const torch::Tensor y = torch::tensor(labels, torch::kInt64), w = normalised(weights);
+  const bool train_draft = net->draft && !draft_steps.empty();
+  torch::Tensor dy, dw;
+  if (train_draft) {
+    Stack(draft_steps, &dx, &unused);
+    dy = torch::tensor(draft_labels, torch::kInt64), dw = normalised(draft_weights);
+  }
+  double loss_value = 0;
+  for (int64_t step = 0; step < o.warm_steps; ++step) {
+    opt.zero_grad();
+    torch::Tensor loss = WeightedCrossEntropy(net->forward(x).first, y, w);
+    if (train_draft) loss = loss + WeightedCrossEntropy(net->forward(dx).second, dy, dw);
+    loss.backward();
+    opt.step();
+    loss_value = loss.item<double>();
+  }
+  nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
+                      {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()}, {"loss", loss_value}};
+  if (train_draft) {
+    std::vector<int64_t> counts(n_lengths, 0);
+    for (int64_t l : draft_labels) ++counts[l];
+    r["draft_labels_by_length"] = counts;
+  }
+  Record(r);
+  std::cerr << "train-router: warm start " << JsonText(r) << "\n";
+}
+
+absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration,
+                                      nlohmann::json* last_record) {
+  const TrainRouterOptions& o = o_;
+  const double lambda = o.lambdas[li];
+  nlohmann::json& last = *last_record;
+  for (int64_t it = first_iteration; it < o.iterations; ++it) {
+    auto ti = Clock::now();
+    ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot,
+                          LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
+    auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
+    ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch, Examples(1 + li, it * o.batch, o.batch));
+    std::vector<const Example*> ptrs;
+    for (int64_t g = 0; g < o.samples; ++g) {
+      for (const auto& e : batch) ptrs.push_back(&e);
+    }
+    ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, [&](size_t i, LearnedRouter::Trace trace) {
+      const uint64_t sample_seed = MixSeed({o.seed, li, static_cast<uint64_t>(it), i / batch.size()});
+      return std::make_unique<LearnedRouter>(policy, sample_seed, std::move(trace), o.exploration);
+    }));
+    // Leave-one-out advantages; every decision of an episode is weighted by its episode's advantage.
+    const int64_t B = o.batch, G = o.samples;
+    std::vector<const Step*> steps;
+    std::vector<float> weights;
+    EvalTotal sum;
+    double reward_sum = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      double total = 0;
+      for (int64_t g = 0; g < G; ++g) total += episodes[g * B + b].Reward(lambda);
+      for (int64_t g = 0; g < G; ++g) {
+        const Episode& e = episodes[g * B + b];
+        const double advantage = e.Reward(lambda) - (total - e.Reward(lambda)) / static_cast<double>(G - 1);
+        for (const auto& [key, s] : e.steps) {
           steps.push_back(&s);
-          labels.push_back(margin > 0 ? 1 : 0);
-          weights.push_back(static_cast<float>(std::abs(margin) / static_cast<double>(n_decode)));
+          weights.push_back(static_cast<float>(advantage / static_cast<double>(B * G)));
         }
+        reward_sum += e.Reward(lambda);
+        sum.Add(e);
       }
-      // Draft head: each example's decode decisions under its best draft length, labelled with it and
-      // weighted by its reward over the mean of all lengths.
-      std::vector<const Step*> draft_steps;
-      std::vector<int64_t> draft_labels;
-      std::vector<float> draft_weights;
-      for (size_t g = 0; n_lengths > 0 && g + n_lengths <= drafted.size(); g += n_lengths) {
-        size_t best = g;
-        double mean_reward = 0;
-        for (size_t j = g; j < g + n_lengths; ++j) {
-          mean_reward += drafted[j].Reward(lambda) / static_cast<double>(n_lengths);
-          if (drafted[j].Reward(lambda) > drafted[best].Reward(lambda)) best = j;
-        }
-        for (const auto& [key, s] : drafted[best].steps) {
-          if (s.draft_index < 0) continue;
-          draft_steps.push_back(&s);
-          draft_labels.push_back(s.draft_index);
-          draft_weights.push_back(static_cast<float>(drafted[best].Reward(lambda) - mean_reward));
-        }
-      }
-      auto normalised = [](const std::vector<float>& w) {
-        torch::Tensor t = torch::tensor(w);
-        return t / t.sum().clamp_min(1e-12);
-      };
-      torch::Tensor x, dx, unused;
-      Stack(steps, &x, &unused);
-      const torch::Tensor y = torch::tensor(labels, torch::kInt64), w = normalised(weights);
-      const bool train_draft = net->draft && !draft_steps.empty();
-      torch::Tensor dy, dw;
-      if (train_draft) {
-        Stack(draft_steps, &dx, &unused);
-        dy = torch::tensor(draft_labels, torch::kInt64), dw = normalised(draft_weights);
-      }
-      double loss_value = 0;
-      for (int64_t step = 0; step < o.warm_steps; ++step) {
-        opt.zero_grad();
-        torch::Tensor loss = WeightedCrossEntropy(net->forward(x).first, y, w);
-        if (train_draft) loss = loss + WeightedCrossEntropy(net->forward(dx).second, dy, dw);
-        loss.backward();
-        opt.step();
-        loss_value = loss.item<double>();
-      }
-      nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
-                          {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()}, {"loss", loss_value}};
-      if (train_draft) {
-        std::vector<int64_t> counts(n_lengths, 0);
-        for (int64_t l : draft_labels) ++counts[l];
-        r["draft_labels_by_length"] = counts;
-      }
-      record(r);
-      std::cerr << "train-router: warm start " << JsonText(r) << "\n";
-      ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0));
     }
-
-    nlohmann::json last;
-    for (int64_t it = first_iteration; it < o.iterations; ++it) {
-      auto ti = Clock::now();
-      ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot,
-                            LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
-      auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
-      ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch, examples(1 + li, it * o.batch, o.batch));
-      std::vector<const Example*> ptrs;
-      for (int64_t g = 0; g < o.samples; ++g) {
-        for (const auto& e : batch) ptrs.push_back(&e);
-      }
-      ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner.Run(ptrs, [&](size_t i, LearnedRouter::Trace trace) {
-        const uint64_t sample_seed = MixSeed({o.seed, li, static_cast<uint64_t>(it), i / batch.size()});
-        return std::make_unique<LearnedRouter>(policy, sample_seed, std::move(trace), o.exploration);
-      }));
-      // Leave-one-out advantages; every decision of an episode is weighted by its episode's advantage.
-      const int64_t B = o.batch, G = o.samples;
-      std::vector<const Step*> steps;
-      std::vector<float> weights;
-      EvalTotal sum;
-      double reward_sum = 0;
-      for (int64_t b = 0; b < B; ++b) {
-        double total = 0;
-        for (int64_t g = 0; g < G; ++g) total += episodes[g * B + b].Reward(lambda);
-        for (int64_t g = 0; g < G; ++g) {
-          const Episode& e = episodes[g * B + b];
-          const double advantage = e.Reward(lambda) - (total - e.Reward(lambda)) / static_cast<double>(G - 1);
-          for (const auto& [key, s] : e.steps) {
-            steps.push_back(&s);
-            weights.push_back(static_cast<float>(advantage / static_cast<double>(B * G)));
-          }
-          reward_sum += e.Reward(lambda);
-          sum.Add(e);
-        }
-      }
-      torch::Tensor x, a, k;
-      Stack(steps, &x, &a, &k);
-      const torch::Tensor w = torch::tensor(weights);
-      opt.zero_grad();
-      const auto [mode_logits, draft_logits] = net->forward(x);
-      const torch::Tensor logp = torch::log_softmax(mode_logits, 1);
-      // The modes were sampled from the exploring mixture e/2 + (1 - e) p: its log-probabilities.
-      const torch::Tensor sampled = (o.exploration / 2 + (1 - o.exploration) * logp.exp()).log();
-      torch::Tensor chosen = sampled.gather(1, a.unsqueeze(1)).squeeze(1);
-      torch::Tensor entropy = -(logp.exp() * logp).sum(1).mean();
-      if (net->draft) {
-        // Draft lengths were sampled from the head itself, where it was asked.
-        const torch::Tensor logq = torch::log_softmax(draft_logits, 1);
-        const torch::Tensor asked = (k >= 0).to(torch::kFloat32);
-        chosen = chosen + asked * logq.gather(1, k.clamp_min(0).unsqueeze(1)).squeeze(1);
-        entropy = entropy + (asked * -(logq.exp() * logq).sum(1)).sum() / asked.sum().clamp_min(1);
-      }
-      const torch::Tensor loss = -(w * chosen).sum() - o.entropy_bonus * entropy;
-      loss.backward();
-      opt.step();
-      const double n = static_cast<double>(B * G);
-      last = {{"phase", "reinforce"}, {"lambda", lambda}, {"iteration", it + 1}, {"iterations", o.iterations},
-              {"reward", reward_sum / n}, {"accuracy", sum.correct / n}, {"quality", sum.quality / n},
-              {"attention_fraction", sum.attention / n}, {"cost", sum.cost / n},
-              {"acceptance", sum.drafted > 0 ? sum.accepted / sum.drafted : 0.0}, {"drafted", sum.drafted},
-              {"entropy", entropy.item<double>()}, {"decisions", steps.size()}, {"seconds", Seconds(ti)}};
-      record(last);
-      std::fprintf(stderr, "train-router: lambda %g  iter %lld/%lld  reward %.3f  quality %.3f  attention %.3f  cost %.3f  entropy %.3f  %.1f s\n",
-                   lambda, static_cast<long long>(it + 1), static_cast<long long>(o.iterations), reward_sum / n,
-                   sum.quality / n, sum.attention / n, sum.cost / n, entropy.item<double>(), Seconds(ti));
-      ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), it + 1));
+    torch::Tensor x, a, k;
+    Stack(steps, &x, &a, &k);
+    const torch::Tensor w = torch::tensor(weights);
+    opt.zero_grad();
+    const auto [mode_logits, draft_logits] = net->forward(x);
+    const torch::Tensor logp = torch::log_softmax(mode_logits, 1);
+    // The modes were sampled from the exploring mixture e/2 + (1 - e) p: its log-probabilities.
+    const torch::Tensor sampled = (o.exploration / 2 + (1 - o.exploration) * logp.exp()).log();
+    torch::Tensor chosen = sampled.gather(1, a.unsqueeze(1)).squeeze(1);
+    torch::Tensor entropy = -(logp.exp() * logp).sum(1).mean();
+    if (net->draft) {
+      // Draft lengths were sampled from the head itself, where it was asked.
+      const torch::Tensor logq = torch::log_softmax(draft_logits, 1);
+      const torch::Tensor asked = (k >= 0).to(torch::kFloat32);
+      chosen = chosen + asked * logq.gather(1, k.clamp_min(0).unsqueeze(1)).squeeze(1);
+      entropy = entropy + (asked * -(logq.exp() * logq).sum(1)).sum() / asked.sum().clamp_min(1);
     }
-    PolicyNetwork out = Export(net, o.segment_len, o.draft_lengths);
-    out.training = {{"lambda", lambda}, {"cost", o.cost}, {"iterations", o.iterations}, {"batch", o.batch},
-                    {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
-                    {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
-    const std::string path = PolicyPathFor(o, li);
-    ORYX_RETURN_IF_ERROR(WritePolicyFile(path, out));
-    std::cerr << "train-router: wrote " << path << "\n";
-    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li) + 1, -1));
+    const torch::Tensor loss = -(w * chosen).sum() - o.entropy_bonus * entropy;
+    loss.backward();
+    opt.step();
+    const double n = static_cast<double>(B * G);
+    last = {{"phase", "reinforce"}, {"lambda", lambda}, {"iteration", it + 1}, {"iterations", o.iterations},
+            {"reward", reward_sum / n}, {"accuracy", sum.correct / n}, {"quality", sum.quality / n},
+            {"attention_fraction", sum.attention / n}, {"cost", sum.cost / n},
+            {"acceptance", sum.drafted > 0 ? sum.accepted / sum.drafted : 0.0}, {"drafted", sum.drafted},
+            {"entropy", entropy.item<double>()}, {"decisions", steps.size()}, {"seconds", Seconds(ti)}};
+    Record(last);
+    std::fprintf(stderr, "train-router: lambda %g  iter %lld/%lld  reward %.3f  quality %.3f  attention %.3f  cost %.3f  entropy %.3f  %.1f s\n",
+                 lambda, static_cast<long long>(it + 1), static_cast<long long>(o.iterations), reward_sum / n,
+                 sum.quality / n, sum.attention / n, sum.cost / n, entropy.item<double>(), Seconds(ti));
+    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), it + 1));
   }
-  if (o.eval_examples == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
 
-  // 3. Held-out evaluation: every task's examples from a stream no training step drew from, run with the
-  //    rule baselines and each trained policy (greedy).
+absl::Status RouterTrainer::Evaluate() {
+  const TrainRouterOptions& o = o_;
   std::vector<std::pair<std::string, EpisodeRunner::MakeRouter>> policies;
   auto add_rule = [&](std::string name, std::function<router::Decision(const router::RouterContext&)> fn) {
-    policies.push_back({std::move(name), [&rule, fn](size_t, LearnedRouter::Trace trace) { return rule(fn, std::move(trace)); }});
+    policies.push_back({std::move(name), [this, fn](size_t, LearnedRouter::Trace trace) { return Rule(fn, std::move(trace)); }});
   };
   add_rule("attention", [](const router::RouterContext&) { return router::Decision{Mode::kAttention}; });
   add_rule("linear", [](const router::RouterContext&) { return router::Decision{Mode::kLinear}; });
@@ -889,15 +945,15 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   std::fprintf(stderr, "\n%-16s %-22s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
                "cost", "acceptance");
   for (size_t t = 0; t < o.tasks.size(); ++t) {
-    ORYX_ASSIGN_OR_RETURN(std::vector<Example> held_out, examples(0x65766131, 0, o.eval_examples, t));
+    ORYX_ASSIGN_OR_RETURN(std::vector<Example> held_out, Examples(0x65766131, 0, o.eval_examples, t));
     std::vector<const Example*> ptrs;
     for (const Example& e : held_out) ptrs.push_back(&e);
     for (const auto& [name, make] : policies) {
-      ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner.Run(ptrs, make));
+      ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, make));
       EvalTotal sum;
       for (const Episode& e : episodes) sum.Add(e);
       const double acceptance = sum.drafted > 0 ? sum.accepted / sum.drafted : -1;
-      record({{"phase", "eval"}, {"task", o.tasks[t]}, {"policy", name}, {"examples", sum.n}, {"cost_kind", o.cost},
+      Record({{"phase", "eval"}, {"task", o.tasks[t]}, {"policy", name}, {"examples", sum.n}, {"cost_kind", o.cost},
               {"quality", sum.quality / sum.n}, {"accuracy", sum.correct / sum.n},
               {"attention_fraction", sum.attention / sum.n}, {"cost", sum.cost / sum.n},
               {"acceptance", sum.drafted > 0 ? nlohmann::json(acceptance) : nlohmann::json(nullptr)}});
@@ -907,6 +963,29 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TrainRouter(const TrainRouterOptions& o) {
+  ORYX_RETURN_IF_ERROR(ValidateOptions(o));
+  if (o.threads > 0) torch::set_num_threads(o.threads);
+  torch::manual_seed(o.seed);
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<RouterTrainer> trainer, RouterTrainer::Create(o));
+  ORYX_RETURN_IF_ERROR(trainer->CollectCounterfactuals());
+  // The state file's cursor says where a resumed run goes on: (lambda index, iteration), iteration -1 when
+  // that lambda's warm start has not run.
+  int64_t start_lambda = 0, start_iteration = -1;
+  if (o.resume && std::filesystem::exists(StatePath(o))) {
+    ORYX_RETURN_IF_ERROR(ReadCursor(o, &start_lambda, &start_iteration));
+    std::cerr << "train-router: resuming at lambda index " << start_lambda << ", iteration " << start_iteration << "\n";
+  }
+  for (size_t li = static_cast<size_t>(start_lambda); li < o.lambdas.size(); ++li) {
+    ORYX_RETURN_IF_ERROR(
+        trainer->TrainLambda(li, static_cast<int64_t>(li) == start_lambda ? start_iteration : int64_t{-1}));
+  }
+  if (o.eval_examples == 0) return absl::OkStatus();
+  return trainer->Evaluate();
 }
 
 }  // namespace oryx::policies
