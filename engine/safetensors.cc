@@ -193,7 +193,6 @@ absl::Status CheckLayout(std::string_view file, std::vector<TensorInfo>& tensors
   return absl::OkStatus();
 }
 
-std::string ErrnoText() { return std::strerror(errno); }
 
 bool IsPlainShardName(std::string_view name) {
   constexpr std::string_view kSuffix = ".safetensors";
@@ -431,56 +430,13 @@ void DropTensorPages(const TensorView& tensor) {
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(Cat(path, ": no such file"));
-    return absl::PermissionDeniedError(Cat(path, ": cannot open: ", ErrnoText()));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Invalid(path, "not a regular file");
-  }
   SafetensorsFile file;
-  file.path_ = path;
-  file.map_size_ = static_cast<size_t>(st.st_size);
-  if (file.map_size_ > 0) {
-    void* map = ::mmap(nullptr, file.map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      ::close(fd);
-      return absl::InternalError(Cat(path, ": mmap failed: ", ErrnoText()));
-    }
-    file.map_ = map;
-  }
-  ::close(fd);  // the mapping stays valid
-  std::string_view bytes(static_cast<const char*>(file.map_), file.map_size_);
-  ORYX_ASSIGN_OR_RETURN(file.header_, ParseSafetensorsHeader(bytes, file.map_size_, path));
+  ORYX_ASSIGN_OR_RETURN(file.map_, MappedFile::Open(path));
+  ORYX_ASSIGN_OR_RETURN(file.header_, ParseSafetensorsHeader(file.map_.bytes(), file.map_.size(), path));
   for (size_t i = 0; i < file.header_.tensors.size(); ++i) {
     file.by_name_.emplace(file.header_.tensors[i].name, i);
   }
   return file;
-}
-
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept { *this = std::move(other); }
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
-  if (this != &other) {
-    Unmap();
-    path_ = std::move(other.path_);
-    map_ = std::exchange(other.map_, nullptr);
-    map_size_ = std::exchange(other.map_size_, 0);
-    header_ = std::move(other.header_);
-    by_name_ = std::move(other.by_name_);
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() { Unmap(); }
-
-void SafetensorsFile::Unmap() {
-  if (map_ != nullptr) ::munmap(map_, map_size_);
-  map_ = nullptr;
-  map_size_ = 0;
 }
 
 const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
@@ -489,7 +445,7 @@ const TensorInfo* SafetensorsFile::Find(std::string_view name) const {
 }
 
 TensorView SafetensorsFile::View(const TensorInfo& info) const {
-  const std::byte* data = static_cast<const std::byte*>(map_) + header_.data_start + info.begin;
+  const std::byte* data = map_.data() + header_.data_start + info.begin;
   return TensorView{info.name, info.dtype, info.shape, {data, info.end - info.begin}};
 }
 

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/mapped_file.h"
 
 namespace oryx {
 
@@ -119,11 +120,8 @@ absl::StatusOr<std::string> EncodeSafetensors(std::span<const TensorView> tensor
 class SafetensorsFile {
  public:
   static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
-  SafetensorsFile(SafetensorsFile&& other) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
-  ~SafetensorsFile();
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return map_.path(); }
   const SafetensorsHeader& header() const { return header_; }
   // nullptr if the file has no tensor of that name.
   const TensorInfo* Find(std::string_view name) const;
@@ -131,11 +129,8 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void Unmap();
 
-  std::string path_;
-  void* map_ = nullptr;  // nullptr for an empty file
-  size_t map_size_ = 0;
+  MappedFile map_;
   SafetensorsHeader header_;
   std::map<std::string, size_t, std::less<>> by_name_;  // name -> index into header_.tensors
 };

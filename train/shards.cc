@@ -88,9 +88,6 @@ absl::StatusOr<CorpusSplitInfo> ParseSplit(const ManifestFields& f, const json& 
   return split;
 }
 
-absl::Status ErrnoError(const std::string& path, const std::string& what) {
-  return absl::DataLossError(absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
-}
 
 }  // namespace
 
@@ -145,62 +142,21 @@ absl::StatusOr<CorpusReader> CorpusReader::Open(const std::string& corpus_dir, c
   }
   for (const CorpusShardInfo& info : it->second.shards) {
     const std::string path = corpus_dir + "/" + info.file;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoError(path, "cannot open shard");
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      return ErrnoError(path, "cannot stat shard");
-    }
-    if (st.st_size != info.tokens * 2) {
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat(path, ": shard is ", st.st_size, " bytes, the manifest says ",
+    MappedShard shard;
+    ORYX_ASSIGN_OR_RETURN(shard.file, MappedFile::Open(path));
+    if (static_cast<int64_t>(shard.file.size()) != info.tokens * 2) {
+      return absl::DataLossError(absl::StrCat(path, ": shard is ", shard.file.size(), " bytes, the manifest says ",
                                               info.tokens, " tokens (", info.tokens * 2, " bytes)"));
     }
-    MappedShard shard;
+    shard.file.AdviseRandomAccess();
+    shard.data = reinterpret_cast<const uint16_t*>(shard.file.data());
     shard.tokens = info.tokens;
     shard.first_token = r.total_tokens_;
-    if (info.tokens > 0) {
-      void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        return ErrnoError(path, "cannot map shard");
-      }
-      ::madvise(p, static_cast<size_t>(st.st_size), MADV_RANDOM);
-      shard.data = static_cast<const uint16_t*>(p);
-      shard.map_bytes = static_cast<size_t>(st.st_size);
-    }
-    ::close(fd);
     r.total_tokens_ += info.tokens;
-    r.shards_.push_back(shard);
+    r.shards_.push_back(std::move(shard));
   }
   if (verify_checksums) ORYX_RETURN_IF_ERROR(r.VerifyChecksums());
   return r;
-}
-
-CorpusReader::CorpusReader(CorpusReader&& other) noexcept { *this = std::move(other); }
-
-CorpusReader& CorpusReader::operator=(CorpusReader&& other) noexcept {
-  if (this != &other) {
-    Unmap();
-    dir_ = std::move(other.dir_);
-    split_ = std::move(other.split_);
-    manifest_ = std::move(other.manifest_);
-    shards_ = std::move(other.shards_);
-    total_tokens_ = other.total_tokens_;
-    other.shards_.clear();
-    other.total_tokens_ = 0;
-  }
-  return *this;
-}
-
-CorpusReader::~CorpusReader() { Unmap(); }
-
-void CorpusReader::Unmap() {
-  for (MappedShard& s : shards_) {
-    if (s.data != nullptr) ::munmap(const_cast<uint16_t*>(s.data), s.map_bytes);
-  }
-  shards_.clear();
 }
 
 int64_t CorpusReader::NumSequences(int64_t seq_len) const {

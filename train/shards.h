@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/mapped_file.h"
 #include "nlohmann/json.hpp"
 
 namespace oryx {
@@ -46,9 +47,8 @@ class CorpusReader {
  public:
   static absl::StatusOr<CorpusReader> Open(const std::string& corpus_dir, const std::string& split,
                                            bool verify_checksums = false);
-  CorpusReader(CorpusReader&& other) noexcept;
-  CorpusReader& operator=(CorpusReader&& other) noexcept;
-  ~CorpusReader();
+  CorpusReader(CorpusReader&&) noexcept = default;
+  CorpusReader& operator=(CorpusReader&&) noexcept = default;
 
   int64_t num_tokens() const { return total_tokens_; }
   int32_t vocab_size() const { return manifest_.vocab_size; }
@@ -68,13 +68,12 @@ class CorpusReader {
 
  private:
   struct MappedShard {
-    const uint16_t* data = nullptr;  // [tokens], little-endian on disk
+    MappedFile file;
+    const uint16_t* data = nullptr;  // [tokens] in `file`, little-endian on disk
     int64_t tokens = 0;
     int64_t first_token = 0;  // index of data[0] in the split
-    size_t map_bytes = 0;
   };
   CorpusReader() = default;
-  void Unmap();
 
   std::string dir_;
   std::string split_;
