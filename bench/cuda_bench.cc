@@ -343,10 +343,10 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   if (o.model_dir.empty()) {
     const std::string preset = o.preset.empty() ? "130m" : o.preset;
     ORYX_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset, o.mixer, max_context + growth + 8));
-    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::CreateRandom(config, 1));
+    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::CreateRandom(config, 1, CudaSwitches::FromEnvironment()));
     model = Cat("random-", preset, "-", o.mixer == LinearMixer::kGdn ? "gdn" : "mamba2");
   } else {
-    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::Load(o.model_dir));
+    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::Load(o.model_dir, CudaSwitches::FromEnvironment()));
   }
   const ModelConfig& c = backend->config();
   if (max_context + growth > c.max_position) {

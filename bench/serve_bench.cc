@@ -52,14 +52,14 @@ struct Sample {
 absl::StatusOr<Engine> MakeEngine(const ServeBenchOptions& o, std::string* model) {
   if (!o.model_dir.empty()) {
     *model = o.model_dir;
-    return Engine::Load(o.model_dir, {o.device, o.threads});
+    return Engine::Load(o.model_dir, {.device = o.device, .threads = o.threads, .cuda = CudaSwitches::FromEnvironment()});
   }
 #ifdef ORYX_HAVE_CUDA
   if (o.device == "cuda") {
     const std::string preset = o.preset.empty() ? "130m" : o.preset;
     ORYX_ASSIGN_OR_RETURN(ModelConfig config,
                           PresetConfig(preset, LinearMixer::kMamba2, o.prompt_tokens + o.max_tokens + 64));
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::CreateRandom(config, 1));
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::CreateRandom(config, 1, CudaSwitches::FromEnvironment()));
     *model = Cat("random-", preset, "-mamba2");
     return Engine(std::move(backend), std::nullopt);
   }

@@ -56,7 +56,7 @@ int RunServe(const Args& args) {
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {device, static_cast<int>(threads)}));
+    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {.device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()}));
     policies::RegisterAllPolicies(engine.policies());
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;

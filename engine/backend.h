@@ -166,12 +166,31 @@ inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
   return k + (accepted < k ? accepted + 2 : k + 1);
 }
 
+// Paths of the CUDA backend that can be turned off, each on by default: for measuring what a path brings.
+// The command line sets them from ORYX_CUDA_* environment variables (FromEnvironment; "0" turns a path off,
+// ORYX_CUDA_PROFILE=1 and ORYX_CUDA_GEMV_ROWS=N set the last two).
+struct CudaSwitches {
+  bool fused_gemv = true;           // FUSED: forwards of at most 8 rows fuse each norm into the product after it
+  bool decode_mixer = true;         // DECODE_MIXER: a decode step's conv, window and recurrence as one kernel
+  bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
+  bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks
+  bool tiled_attention = true;      // TILED_ATTENTION: prefill attention on tensor cores
+  bool group_mma = true;            // GROUP_MMA: verify spans of more than 4 rows attend on tensor cores
+  bool wide_gemv = true;            // GEMV_WIDE: the wide single-row product where its grid fits
+  bool early_loads = true;          // EARLY_LOADS: loads of constants before the wait for the previous kernel
+  bool programmatic_launch = true;  // PDL: programmatic dependent launch (a Hopper or later)
+  int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
+  bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
+  static CudaSwitches FromEnvironment();
+};
+
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
   // A backend that can run whole speculative rounds (Backend::runs_rounds) does, when asked; off: the
   // decoder runs them forward by forward.
   bool device_rounds = true;
+  CudaSwitches cuda = {};  // the CUDA backend's
 };
 
 // A loaded model that runs batched forwards. Immutable weights; Forward may be called from several threads

@@ -438,7 +438,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(rope_freq_);
 }
 
-absl::Status CudaBackend::Init(const ModelConfig& c) {
+absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switches) {
   if (kc::DeviceCount() == 0) return absl::FailedPreconditionError("device 'cuda': no CUDA device is visible");
   config_ = c;
   const int64_t H = c.n_heads, HD = c.qk_dim(), G = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
@@ -476,17 +476,17 @@ absl::Status CudaBackend::Init(const ModelConfig& c) {
     ORYX_CUDA_CHECK(cudaMemcpy(rope_freq_, freq.data(), freq.size() * sizeof(double), cudaMemcpyHostToDevice));
   }
   // Paths that can be turned off, to measure them.
-  auto off = [](const char* name) {
-    const char* env = std::getenv(name);
-    return env != nullptr && env[0] == '0';
-  };
-  fused_gemv_ = !off("ORYX_CUDA_FUSED");
-  decode_mixer_ = !off("ORYX_CUDA_DECODE_MIXER");
-  skip_q_linear_ = !off("ORYX_CUDA_SKIP_Q_LINEAR");
-  chunked_scan_ = !off("ORYX_CUDA_CHUNKED_SCAN");
-  tiled_attention_ = !off("ORYX_CUDA_TILED_ATTENTION");
-  if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) gemv_rows_per_warp_ = std::atoi(env);
-  if (const char* env = std::getenv("ORYX_CUDA_PROFILE"); env != nullptr && env[0] == '1') {
+  fused_gemv_ = switches.fused_gemv;
+  decode_mixer_ = switches.decode_mixer;
+  skip_q_linear_ = switches.skip_q_linear;
+  chunked_scan_ = switches.chunked_scan;
+  tiled_attention_ = switches.tiled_attention;
+  gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
+  kc::SetKernelSwitches({.early_loads = switches.early_loads,
+                         .programmatic_launch = switches.programmatic_launch,
+                         .wide_gemv = switches.wide_gemv,
+                         .group_mma = switches.group_mma});
+  if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;
   }
@@ -506,10 +506,10 @@ void UploadBf16(const std::vector<float>& host, bf16** dst) {
 }
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string& dir, const CudaSwitches& switches) {
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
-  ORYX_RETURN_IF_ERROR(b->Init(ckpt.config()));
+  ORYX_RETURN_IF_ERROR(b->Init(ckpt.config(), switches));
   const ModelConfig& c = b->config_;
   std::vector<float> host, part;
   auto get = [&](std::string_view name, std::vector<float>& out) -> absl::Status {
@@ -575,10 +575,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string
   return b;
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const ModelConfig& config, uint32_t seed) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const ModelConfig& config, uint32_t seed,
+                                                                      const CudaSwitches& switches) {
   ORYX_RETURN_IF_ERROR(ValidateModelConfig(config, "random model"));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
-  ORYX_RETURN_IF_ERROR(b->Init(config));
+  ORYX_RETURN_IF_ERROR(b->Init(config, switches));
   const ModelConfig& c = b->config_;
   const int64_t D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden, V = c.vocab_size;
   const int64_t P = b->proj_width_;

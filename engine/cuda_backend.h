@@ -18,10 +18,11 @@ class CudaBackend final : public Backend {
  public:
   // Loads a checkpoint onto the current CUDA device (weights converted to bf16). FailedPrecondition when
   // there is no CUDA device.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& dir, const CudaSwitches& switches = {});
   // Random weights of `config` made on the device (uniform, small; for benchmarks at sizes whose
   // checkpoints would be slow to write and read).
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateRandom(const ModelConfig& config, uint32_t seed);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateRandom(const ModelConfig& config, uint32_t seed,
+                                                                   const CudaSwitches& switches = {});
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -81,7 +82,7 @@ class CudaBackend final : public Backend {
   struct Scratch;
   struct Profiler;
   CudaBackend();
-  absl::Status Init(const ModelConfig& config);
+  absl::Status Init(const ModelConfig& config, const CudaSwitches& switches);
   struct Plan;
   // A forward in steps: its plan (the sequences' capacity made), the scratch for it, its metadata written
   // at `base` as the plan lays it out (positions shifted by pos_shift), the device views of it, the launches,

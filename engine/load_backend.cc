@@ -1,4 +1,6 @@
 // LoadBackend (engine/backend.h): a checkpoint onto the device the options name.
+#include <cstdlib>
+
 #include "base/status_macros.h"
 #include "base/str_cat.h"
 #include "engine/backend.h"
@@ -9,6 +11,27 @@
 
 namespace oryx {
 
+CudaSwitches CudaSwitches::FromEnvironment() {
+  auto on = [](const char* name) {
+    const char* env = std::getenv(name);
+    return env == nullptr || env[0] != '0';
+  };
+  CudaSwitches s;
+  s.fused_gemv = on("ORYX_CUDA_FUSED");
+  s.decode_mixer = on("ORYX_CUDA_DECODE_MIXER");
+  s.skip_q_linear = on("ORYX_CUDA_SKIP_Q_LINEAR");
+  s.chunked_scan = on("ORYX_CUDA_CHUNKED_SCAN");
+  s.tiled_attention = on("ORYX_CUDA_TILED_ATTENTION");
+  s.group_mma = on("ORYX_CUDA_GROUP_MMA");
+  s.wide_gemv = on("ORYX_CUDA_GEMV_WIDE");
+  s.early_loads = on("ORYX_CUDA_EARLY_LOADS");
+  s.programmatic_launch = on("ORYX_CUDA_PDL");
+  if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) s.gemv_rows_per_warp = std::atoi(env);
+  const char* profile = std::getenv("ORYX_CUDA_PROFILE");
+  s.profile = profile != nullptr && profile[0] == '1';
+  return s;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
   if (options.device == "cpu") {
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads));
@@ -16,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
   }
   if (options.device == "cuda") {
 #ifdef ORYX_HAVE_CUDA
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir));
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir, options.cuda));
     cuda->set_runs_rounds(options.device_rounds);
     return std::unique_ptr<Backend>(std::move(cuda));
 #else

@@ -91,7 +91,7 @@ struct SpeculativeOptions {
   int64_t max_k = 8;
   // Empty: AcceptLossless, which a backend may also run on the device (whole rounds). Tests substitute
   // wrong rules to show that the tests catch them; rounds then always run on the host.
-  AcceptRule accept;
+  AcceptRule accept = {};
 };
 
 // Chooses the draft length of each batched round: from the acceptance rate measured at each draft position

@@ -531,7 +531,7 @@ class RouterTrainer {
 };
 
 absl::StatusOr<std::unique_ptr<RouterTrainer>> RouterTrainer::Create(const TrainRouterOptions& o) {
-  ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {o.device, o.threads}));
+  ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {.device = o.device, .threads = o.threads, .cuda = CudaSwitches::FromEnvironment()}));
   if (!engine.tokenizer()) return absl::InvalidArgumentError("train-router: the model has no tokenizer");
   std::unique_ptr<RouterTrainer> t(new RouterTrainer(o, std::move(engine)));
   const Tokenizer& tokenizer = *t->engine_.tokenizer();

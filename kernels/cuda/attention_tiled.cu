@@ -398,11 +398,7 @@ bool TiledAttentionApplies(const ModelDims& dims) {
 }
 
 bool GroupAttentionMmaApplies(const ModelDims& dims) {
-  static const bool on = [] {
-    const char* env = std::getenv("ORYX_CUDA_GROUP_MMA");
-    return env == nullptr || env[0] != '0';
-  }();
-  return on && TiledAttentionApplies(dims);
+  return GetKernelSwitches().group_mma && TiledAttentionApplies(dims);
 }
 
 void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream) {

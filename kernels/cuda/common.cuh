@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops_cuda.h"
 
 namespace oryx::kernels::cuda {
 
@@ -204,14 +205,8 @@ __device__ __forceinline__ void AfterPrevious() {
 // kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On
 // the H200 it took 1.4b's steps at 32K from 1.353 to 1.257 ms (linear) and from 3.137 to 3.031 ms
 // (attention), and 130m's linear step at 1K from 0.523 to 0.463 ms (each pair in one call;
-// results/2026-11-30-h200-rounds). ORYX_CUDA_EARLY_LOADS=0 loads everything after the wait.
-inline bool EarlyLoads() {
-  static const bool on = [] {
-    const char* env = std::getenv("ORYX_CUDA_EARLY_LOADS");
-    return env == nullptr || env[0] != '0';
-  }();
-  return on;
-}
+// results/2026-11-30-h200-rounds). KernelSwitches::early_loads off loads everything after the wait.
+inline bool EarlyLoads() { return GetKernelSwitches().early_loads; }
 
 // An attribute of the current device (0 when there is none to ask).
 inline int CurrentDeviceAttribute(cudaDeviceAttr attribute) {
@@ -236,14 +231,8 @@ inline int MultiprocessorCount() {
   return sms;
 }
 
-// Whether launches use programmatic dependent launch: a Hopper or later, and ORYX_CUDA_PDL not "0".
-inline bool ProgrammaticLaunch() {
-  static const bool on = [] {
-    const char* env = std::getenv("ORYX_CUDA_PDL");
-    return (env == nullptr || env[0] != '0') && HopperOrLater();
-  }();
-  return on;
-}
+// Whether launches use programmatic dependent launch: a Hopper or later, and KernelSwitches::programmatic_launch.
+inline bool ProgrammaticLaunch() { return GetKernelSwitches().programmatic_launch && HopperOrLater(); }
 
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start during the previous kernel's tail (the
 // kernel must call AfterPrevious()).

@@ -89,4 +89,11 @@ void FloatToBf16(const float* x, bf16* y, int64_t n, cudaStream_t stream) {
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+KernelSwitches g_switches;
+}  // namespace
+
+void SetKernelSwitches(const KernelSwitches& switches) { g_switches = switches; }
+const KernelSwitches& GetKernelSwitches() { return g_switches; }
+
 }  // namespace oryx::kernels::cuda

@@ -28,14 +28,8 @@ __host__ __device__ constexpr bool GemvStagesX(int64_t k) { return k * 2 <= 48 *
 constexpr int kMaxNormPieces = 2;  // the RMSNorm holds x in registers for K <= 4 * 256 * 2 (LoadRowPieces)
 
 // Whether a product of 4 rows per warp whose grid fits 3 blocks per SM runs the wide kernel (LaunchFusedGemvAs);
-// ORYX_CUDA_GEMV_WIDE=0: not.
-bool WideGemv() {
-  static const bool on = [] {
-    const char* env = std::getenv("ORYX_CUDA_GEMV_WIDE");
-    return env == nullptr || env[0] != '0';
-  }();
-  return on;
-}
+// KernelSwitches::wide_gemv off: not.
+bool WideGemv() { return GetKernelSwitches().wide_gemv; }
 
 // Pieces of each weight row a lane loads at once: 8 loads in flight (16 would not fit in 64 registers).
 constexpr int BatchFor(int rows) { return rows >= 8 ? 1 : 8 / rows; }

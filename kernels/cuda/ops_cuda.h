@@ -370,6 +370,17 @@ struct AcceptLosslessParams {
 };
 void AcceptLossless(const AcceptLosslessParams& p, cudaStream_t stream);
 
+// Process-wide switches of kernel variants, each on by default. The backend sets them from its options
+// (BackendOptions::cuda, which the CLI fills from ORYX_CUDA_* variables); for measuring what a variant brings.
+struct KernelSwitches {
+  bool early_loads = true;          // loads of constants before the wait for the previous kernel (common.cuh)
+  bool programmatic_launch = true;  // programmatic dependent launch, on a Hopper or later
+  bool wide_gemv = true;            // the wide single-row product where its grid fits (matmul.cu)
+  bool group_mma = true;            // verify spans of more than 4 rows attend on tensor cores
+};
+void SetKernelSwitches(const KernelSwitches& switches);
+const KernelSwitches& GetKernelSwitches();
+
 // Converts fp32 to bf16 (round to nearest even), n elements.
 void FloatToBf16(const float* x, bf16* y, int64_t n, cudaStream_t stream);
 
