@@ -665,7 +665,7 @@ double CudaBackend::MeasureCopyBandwidth() const {
   float best_ms = 1e30f;
   for (int i = 0; i < 11; ++i) {
     ORYX_CUDA_CHECK(cudaEventRecord(start, ctx_->stream));
-    kc::StreamCopy({n, x, y, nullptr}, ctx_->stream);
+    kc::StreamCopy({.n = n, .x_ptr = x, .y_ptr = y, .sum_ptr = nullptr}, ctx_->stream);
     ORYX_CUDA_CHECK(cudaEventRecord(stop, ctx_->stream));
     ORYX_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -697,35 +697,46 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
   if (plan.fused) {
-    kc::FusedGemvParams in{N, P_used, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, P, sc.x, nullptr,
-                           w.attn_norm, w.in_proj, sc.proj, false};
+    kc::FusedGemvParams in{.m = N, .n = P_used, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
+        .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = P, .in_ptr = sc.x, .gate_ptr = nullptr,
+        .weight_ptr = w.attn_norm, .w_ptr = w.in_proj, .y_ptr = sc.proj, .accumulate = false};
     if (plan.skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
     in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
   } else {
     // u = RMSNorm(x) was written by the previous step.
-    kc::Gemm({N, P_used, D, D, P, sc.u, w.in_proj, sc.proj}, ctx.cublas);
+    kc::Gemm({.m = N, .n = P_used, .k = D, .x_row_stride = D, .y_row_stride = P, .x_ptr = sc.u, .w_ptr = w.in_proj,
+              .y_ptr = sc.proj}, ctx.cublas);
     mark("in_proj");
   }
   if (plan.decode_mixer) {
-    kc::DecodeMixer({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, w.conv_weight, w.conv_bias, w.dt_bias, w.a_log,
-                     w.d_skip, sc.qa, sc.o, rope_freq_}, s);
+    kc::DecodeMixer({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .row_mode_ptr = sc.row_mode,
+                     .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight, .conv_bias_ptr = w.conv_bias,
+                     .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log, .maybe_d_skip_ptr = w.d_skip, .qa_ptr = sc.qa,
+                     .out_ptr = sc.o, .maybe_rope_freq_ptr = rope_freq_}, s);
     mark("conv+recurrent");
   } else {
-    kc::ConvRopeAppend({dims, layer, N, sc.row_seq, sc.row_mode, sc.seqs, sc.proj, w.conv_weight, w.conv_bias, sc.kv,
-                        sc.qa, rope_freq_}, s);
+    kc::ConvRopeAppend({.dims = dims, .layer = layer, .rows = N, .row_seq_ptr = sc.row_seq, .row_mode_ptr = sc.row_mode,
+                        .seqs_ptr = sc.seqs, .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight,
+                        .conv_bias_ptr = w.conv_bias, .kv_ptr = sc.kv, .qa_ptr = sc.qa,
+                        .maybe_rope_freq_ptr = rope_freq_}, s);
     mark("conv_rope_append");
-    kc::ConvWindowUpdate({dims, layer, B, sc.seqs, sc.proj}, s);
+    kc::ConvWindowUpdate({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .proj_ptr = sc.proj}, s);
     mark("conv_window");
     // The chunked scan's scratch shares the attention partials' buffer: the scan is done with it before the
     // attention below starts.
-    kc::Recurrent({dims, layer, B, sc.seqs, sc.row_mode, sc.proj, sc.kv, w.dt_bias, w.a_log, w.d_skip, sc.o,
-                   plan.scan_chunks > 0 ? kc::kChunkedScanMinLen : 0, plan.scan_chunks, sc.partial}, s);
+    kc::Recurrent({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .row_mode_ptr = sc.row_mode,
+                   .proj_ptr = sc.proj, .kv_ptr = sc.kv, .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log,
+                   .maybe_d_skip_ptr = w.d_skip, .out_ptr = sc.o,
+                   .chunked_min_len = plan.scan_chunks > 0 ? kc::kChunkedScanMinLen : 0,
+                   .scan_chunks = plan.scan_chunks, .scan_scratch = sc.partial}, s);
     mark("recurrent");
   }
-  const kc::AttentionParams attention{dims,  layer,      NA,   plan.chunk, plan.max_chunks, sc.attn_rows,   sc.row_seq,
-                                      sc.seqs, sc.qa, sc.partial, sc.o, sc.num_groups, sc.attn_groups, sc.group_rows};
+  const kc::AttentionParams attention{.dims = dims, .layer = layer, .attn_rows = NA, .chunk = plan.chunk,
+      .max_chunks = plan.max_chunks, .attn_rows_ptr = sc.attn_rows, .row_seq_ptr = sc.row_seq, .seqs_ptr = sc.seqs,
+      .qa_ptr = sc.qa, .partial_ptr = sc.partial, .out_ptr = sc.o, .attn_groups = sc.num_groups,
+      .groups_ptr = sc.attn_groups, .group_rows = sc.group_rows};
   if (plan.tiled_attention) {
     kc::TiledAttention(attention, s);
   } else {
@@ -738,8 +749,9 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   // longer spans run them apart, the MLP's residual add fused into the next norm (the next layer's, or the
   // final norm of the logit rows in Forward).
   if (plan.fused) {
-    kc::FusedGemvParams o_proj{N, D, HD, kc::GemvInput::kGatedNorm, dims.norm_eps, c.head_dim, HD, P, D, sc.o,
-                               sc.proj + 3 * HD, w.gate_norm, w.o_proj, sc.x, true};
+    kc::FusedGemvParams o_proj{.m = N, .n = D, .k = HD, .input = kc::GemvInput::kGatedNorm, .eps = dims.norm_eps,
+        .head_dim = c.head_dim, .in_row_stride = HD, .gate_row_stride = P, .y_row_stride = D, .in_ptr = sc.o,
+        .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x, .accumulate = true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
     o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
     o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between
@@ -747,32 +759,40 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mark("o_proj (gated norm fused)");
     // SwiGLU in the up projection's epilogue (each warp takes a gate row and its up row); the down
     // product adds into the residual.
-    kc::FusedGemvParams mlp_in{N, 2 * F, D, kc::GemvInput::kRmsNorm, dims.norm_eps, 0, D, 0, F, sc.x, nullptr,
-                               w.mlp_norm, w.mlp_in, nullptr, false};
+    kc::FusedGemvParams mlp_in{.m = N, .n = 2 * F, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
+        .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = F, .in_ptr = sc.x, .gate_ptr = nullptr,
+        .weight_ptr = w.mlp_norm, .w_ptr = w.mlp_in, .y_ptr = nullptr, .accumulate = false};
     mlp_in.maybe_swiglu_ptr = sc.act;
     mlp_in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(mlp_in, s);
     mark("mlp_in+swiglu (norm fused)");
-    kc::GemmParams down{N, D, F, F, D, sc.act, w.mlp_down, sc.x, /*accumulate=*/true};
+    kc::GemmParams down{.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
+        .w_ptr = w.mlp_down, .y_ptr = sc.x, .accumulate = true};
     down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
     kc::Gemm(down, ctx.cublas);
     mark("mlp_down (residual fused)");
     return;
   }
-  kc::GatedNorm({N, c.n_heads, c.head_dim, dims.norm_eps, P, sc.o, sc.proj + 3 * HD, w.gate_norm, sc.y}, s);
+  kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
+                 .o_ptr = sc.o, .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
   mark("gated_norm");
-  kc::Gemm({N, D, HD, HD, D, sc.y, w.o_proj, sc.tmp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj,
+            .y_ptr = sc.tmp}, ctx.cublas);
   mark("o_proj");
-  kc::AddRmsNorm({N, D, dims.norm_eps, sc.x, sc.tmp, w.mlp_norm, nullptr, sc.u}, s);
+  kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
+                  .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
   mark("add_rmsnorm");
-  kc::Gemm({N, 2 * F, D, D, 2 * F, sc.u, w.mlp_in, sc.mlp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = 2 * F, .k = D, .x_row_stride = D, .y_row_stride = 2 * F, .x_ptr = sc.u, .w_ptr = w.mlp_in,
+            .y_ptr = sc.mlp}, ctx.cublas);
   mark("mlp_in");
-  kc::SwiGlu({N, F, sc.mlp, sc.act}, s);
+  kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
   mark("swiglu");
-  kc::Gemm({N, D, F, F, D, sc.act, w.mlp_down, sc.tmp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act, .w_ptr = w.mlp_down,
+            .y_ptr = sc.tmp}, ctx.cublas);
   mark("mlp_down");
   if (il + 1 < c.n_layers) {
-    kc::AddRmsNorm({N, D, dims.norm_eps, sc.x, sc.tmp, layers_[il + 1].attn_norm, nullptr, sc.u}, s);
+    kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
+                    .weight_ptr = layers_[il + 1].attn_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
     mark("add_rmsnorm");
   }
 }
@@ -1066,15 +1086,20 @@ void CudaBackend::RunModel(const Plan& plan) {
   const int64_t D = c.d_model, V = c.vocab_size;
   const float eps = ctx.dims.norm_eps;
   if (profiler_) profiler_->Mark("start", ctx.stream);
-  kc::Embed({plan.N, D, sc.tokens, static_cast<const bf16*>(embed_), sc.x, sc.tokens_stride}, ctx.stream);
-  if (!plan.fused) kc::AddRmsNorm({plan.N, D, eps, sc.x, nullptr, layers_[0].attn_norm, nullptr, sc.u}, ctx.stream);
+  kc::Embed({.rows = plan.N, .d = D, .tokens_ptr = sc.tokens, .table_ptr = static_cast<const bf16*>(embed_),
+             .x_ptr = sc.x, .tokens_stride = sc.tokens_stride}, ctx.stream);
+  if (!plan.fused) kc::AddRmsNorm({.rows = plan.N, .d = D, .eps = eps, .x_ptr = sc.x, .maybe_delta_ptr = nullptr,
+                                   .weight_ptr = layers_[0].attn_norm, .maybe_rows_ptr = nullptr,
+                                   .y_ptr = sc.u}, ctx.stream);
   if (profiler_) profiler_->Mark("embed", ctx.stream);
   for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
   if (plan.NL > 0) {
     // The unfused path still owes the last MLP's residual (in tmp).
-    kc::AddRmsNorm({plan.NL, D, eps, sc.x, plan.fused ? nullptr : sc.tmp, final_norm_, sc.logit_rows, sc.head},
-                   ctx.stream);
-    kc::GemmParams head{plan.NL, V, D, D, V, sc.head, static_cast<const bf16*>(lm_head_), sc.logits};
+    kc::AddRmsNorm({.rows = plan.NL, .d = D, .eps = eps, .x_ptr = sc.x,
+                    .maybe_delta_ptr = plan.fused ? nullptr : sc.tmp, .weight_ptr = final_norm_,
+                    .maybe_rows_ptr = sc.logit_rows, .y_ptr = sc.head}, ctx.stream);
+    kc::GemmParams head{.m = plan.NL, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = sc.head,
+        .w_ptr = static_cast<const bf16*>(lm_head_), .y_ptr = sc.logits};
     head.maybe_argmax_key = sc.argmax_key;
     kc::Gemm(head, ctx.cublas);
     if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
@@ -1124,7 +1149,8 @@ CudaBackend::DrawLayout CudaBackend::LayOutDraws(const Plan& plan, int64_t meta_
   d.sampled = plan.temperature > 0.f;
   // (The scratch's buffers are whole device allocations, so the LM head's input and output are aligned.)
   d.key = !d.sampled && plan.NL == 1 &&
-          kc::GemvApplies({1, V, D, D, V, nullptr, static_cast<const bf16*>(lm_head_), nullptr});
+          kc::GemvApplies({.m = 1, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = nullptr,
+                           .w_ptr = static_cast<const bf16*>(lm_head_), .y_ptr = nullptr});
   d.tokens = meta_bytes;
   d.uniforms = d.tokens + AlignMeta(plan.NL * 4);  // (room for the key too)
   d.meta_bytes = d.uniforms + (d.sampled ? AlignMeta(plan.NL * 8) : 0);
@@ -1135,11 +1161,12 @@ void CudaBackend::Draw(const Plan& plan, const DrawLayout& d) {
   if (!d.on || d.key) return;  // (the key: drawn by the LM head, in RunModel)
   Scratch& sc = *scratch_;
   auto* tokens = reinterpret_cast<int32_t*>(sc.meta + d.tokens);
-  if (!d.sampled) return kc::Argmax({plan.NL, config_.vocab_size, sc.logits, tokens}, ctx_->stream);
+  if (!d.sampled) return kc::Argmax({.rows = plan.NL, .vocab = config_.vocab_size, .logits_ptr = sc.logits,
+                                     .tokens_ptr = tokens}, ctx_->stream);
   const kc::SamplingDims dims{config_.vocab_size, plan.temperature, plan.top_k, plan.top_p};
-  kc::SampleRows({plan.NL, dims, sc.logits, reinterpret_cast<const double*>(sc.meta + d.uniforms), tokens,
-                  sc.sample_workspace},
-                 ctx_->stream);
+  kc::SampleRows({.rows = plan.NL, .dims = dims, .logits_ptr = sc.logits,
+                  .uniforms_ptr = reinterpret_cast<const double*>(sc.meta + d.uniforms), .tokens_ptr = tokens,
+                  .workspace_ptr = sc.sample_workspace}, ctx_->stream);
 }
 
 namespace {
@@ -1326,20 +1353,23 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       sc.tokens_stride = S;
       RunModel(draft_plan);
       if (sampled) {  // the draft and its distribution q_j, rows [b, j] of round_q
-        kc::SampleRows({B, dims, sc.logits, uniforms + j * B, span_tokens + j + 1, sc.sample_workspace, S,
-                        sc.round_q + j * V, k * V},
-                       ctx.stream);
+        kc::SampleRows({.rows = B, .dims = dims, .logits_ptr = sc.logits, .uniforms_ptr = uniforms + j * B,
+                        .tokens_ptr = span_tokens + j + 1, .workspace_ptr = sc.sample_workspace, .tokens_stride = S,
+                        .maybe_probs_ptr = sc.round_q + j * V, .probs_row_stride = k * V}, ctx.stream);
       } else {
-        kc::Argmax({B, V, sc.logits, span_tokens + j + 1, S}, ctx.stream);
+        kc::Argmax({.rows = B, .vocab = V, .logits_ptr = sc.logits, .tokens_ptr = span_tokens + j + 1,
+                    .tokens_stride = S}, ctx.stream);
       }
     }
     SetViews(verify_plan, sc.meta + verify_base);
     RunModel(verify_plan);
-    if (!sampled) return kc::Argmax({B * S, V, sc.logits, results}, ctx.stream);
+    if (!sampled) return kc::Argmax({.rows = B * S, .vocab = V, .logits_ptr = sc.logits,
+                                     .tokens_ptr = results}, ctx.stream);
     for (int64_t b = 0; b < B; ++b) {
-      kc::AcceptLossless({k, dims, sc.logits + b * S * V, span_tokens + b * S + 1, sc.round_q + b * k * V,
-                          uniforms + k * B + b * S, results + 2 * b, sc.sample_workspace},
-                         ctx.stream);
+      kc::AcceptLossless({.drafts = k, .dims = dims, .logits_ptr = sc.logits + b * S * V,
+                          .drafts_ptr = span_tokens + b * S + 1, .maybe_q_ptr = sc.round_q + b * k * V,
+                          .uniforms_ptr = uniforms + k * B + b * S, .result_ptr = results + 2 * b,
+                          .workspace_ptr = sc.sample_workspace}, ctx.stream);
     }
   };
   if (graph) {
