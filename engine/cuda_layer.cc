@@ -1,0 +1,191 @@
+// The CUDA backend's model forward: one layer's kernels, the whole model over a plan, the draws of the
+// next tokens on the device, and the host's share after the forward.
+#include "engine/cuda_backend_internal.h"
+
+namespace oryx {
+
+using namespace cuda_internal;  // NOLINT: the backend's own internals
+
+void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[il];
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  cudaStream_t s = ctx.stream;
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  const kc::ModelDims& dims = ctx.dims;
+  const int32_t layer = static_cast<int32_t>(il);
+  const int64_t N = plan.N, B = plan.B, NA = plan.NA;
+  const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
+  auto mark = [&](const char* name) {
+    if (profiler_) profiler_->Mark(name, s);
+  };
+
+  // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
+  // update, the recurrence and attention.
+  if (plan.fused) {
+    kc::FusedGemvParams in{.m = N, .n = P_used, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
+        .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = P, .in_ptr = sc.x, .gate_ptr = nullptr,
+        .weight_ptr = w.attn_norm, .w_ptr = w.in_proj, .y_ptr = sc.proj, .accumulate = false};
+    if (plan.skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
+    in.rows_per_warp = gemv_rows_per_warp_;
+    kc::FusedGemv(in, s);
+    mark("in_proj (norm fused)");
+  } else {
+    // u = RMSNorm(x) was written by the previous step.
+    kc::Gemm({.m = N, .n = P_used, .k = D, .x_row_stride = D, .y_row_stride = P, .x_ptr = sc.u, .w_ptr = w.in_proj,
+              .y_ptr = sc.proj}, ctx.cublas);
+    mark("in_proj");
+  }
+  if (plan.decode_mixer) {
+    kc::DecodeMixer({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .row_mode_ptr = sc.row_mode,
+                     .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight, .conv_bias_ptr = w.conv_bias,
+                     .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log, .maybe_d_skip_ptr = w.d_skip, .qa_ptr = sc.qa,
+                     .out_ptr = sc.o, .maybe_rope_freq_ptr = rope_freq_}, s);
+    mark("conv+recurrent");
+  } else {
+    kc::ConvRopeAppend({.dims = dims, .layer = layer, .rows = N, .row_seq_ptr = sc.row_seq, .row_mode_ptr = sc.row_mode,
+                        .seqs_ptr = sc.seqs, .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight,
+                        .conv_bias_ptr = w.conv_bias, .kv_ptr = sc.kv, .qa_ptr = sc.qa,
+                        .maybe_rope_freq_ptr = rope_freq_}, s);
+    mark("conv_rope_append");
+    kc::ConvWindowUpdate({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .proj_ptr = sc.proj}, s);
+    mark("conv_window");
+    // The chunked scan's scratch shares the attention partials' buffer: the scan is done with it before the
+    // attention below starts.
+    kc::Recurrent({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .row_mode_ptr = sc.row_mode,
+                   .proj_ptr = sc.proj, .kv_ptr = sc.kv, .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log,
+                   .maybe_d_skip_ptr = w.d_skip, .out_ptr = sc.o,
+                   .chunked_min_len = plan.scan_chunks > 0 ? kc::kChunkedScanMinLen : 0,
+                   .scan_chunks = plan.scan_chunks, .scan_scratch = sc.partial}, s);
+    mark("recurrent");
+  }
+  const kc::AttentionParams attention{.dims = dims, .layer = layer, .attn_rows = NA, .chunk = plan.chunk,
+      .max_chunks = plan.max_chunks, .attn_rows_ptr = sc.attn_rows, .row_seq_ptr = sc.row_seq, .seqs_ptr = sc.seqs,
+      .qa_ptr = sc.qa, .partial_ptr = sc.partial, .out_ptr = sc.o, .attn_groups = sc.num_groups,
+      .groups_ptr = sc.attn_groups, .group_rows = sc.group_rows};
+  if (plan.tiled_attention) {
+    kc::TiledAttention(attention, s);
+  } else {
+    kc::Attention(attention, s);
+  }
+  if (NA > 0) mark("attention");
+
+  // Gated norm, output projection and residual; MLP norm, SwiGLU MLP and residual. Single rows fuse each
+  // norm / gate into the product after it, the SwiGLU and the residual adds into epilogues (3 kernels);
+  // longer spans run them apart, the MLP's residual add fused into the next norm (the next layer's, or the
+  // final norm of the logit rows in Forward).
+  if (plan.fused) {
+    kc::FusedGemvParams o_proj{.m = N, .n = D, .k = HD, .input = kc::GemvInput::kGatedNorm, .eps = dims.norm_eps,
+        .head_dim = c.head_dim, .in_row_stride = HD, .gate_row_stride = P, .y_row_stride = D, .in_ptr = sc.o,
+        .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x, .accumulate = true};
+    o_proj.rows_per_warp = gemv_rows_per_warp_;
+    o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
+    o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between
+    kc::FusedGemv(o_proj, s);
+    mark("o_proj (gated norm fused)");
+    // SwiGLU in the up projection's epilogue (each warp takes a gate row and its up row); the down
+    // product adds into the residual.
+    kc::FusedGemvParams mlp_in{.m = N, .n = 2 * F, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
+        .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = F, .in_ptr = sc.x, .gate_ptr = nullptr,
+        .weight_ptr = w.mlp_norm, .w_ptr = w.mlp_in, .y_ptr = nullptr, .accumulate = false};
+    mlp_in.maybe_swiglu_ptr = sc.act;
+    mlp_in.rows_per_warp = gemv_rows_per_warp_;
+    kc::FusedGemv(mlp_in, s);
+    mark("mlp_in+swiglu (norm fused)");
+    kc::GemmParams down{.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
+        .w_ptr = w.mlp_down, .y_ptr = sc.x, .accumulate = true};
+    down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
+    kc::Gemm(down, ctx.cublas);
+    mark("mlp_down (residual fused)");
+    return;
+  }
+  kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
+                 .o_ptr = sc.o, .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
+  mark("gated_norm");
+  kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj,
+            .y_ptr = sc.tmp}, ctx.cublas);
+  mark("o_proj");
+  kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
+                  .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
+  mark("add_rmsnorm");
+  kc::Gemm({.m = N, .n = 2 * F, .k = D, .x_row_stride = D, .y_row_stride = 2 * F, .x_ptr = sc.u, .w_ptr = w.mlp_in,
+            .y_ptr = sc.mlp}, ctx.cublas);
+  mark("mlp_in");
+  kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
+  mark("swiglu");
+  kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act, .w_ptr = w.mlp_down,
+            .y_ptr = sc.tmp}, ctx.cublas);
+  mark("mlp_down");
+  if (il + 1 < c.n_layers) {
+    kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
+                    .weight_ptr = layers_[il + 1].attn_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
+    mark("add_rmsnorm");
+  }
+}
+
+void CudaBackend::RunModel(const Plan& plan) {
+  const ModelConfig& c = config_;
+  Scratch& sc = *scratch_;
+  Context& ctx = *ctx_;
+  const int64_t D = c.d_model, V = c.vocab_size;
+  const float eps = ctx.dims.norm_eps;
+  if (profiler_) profiler_->Mark("start", ctx.stream);
+  kc::Embed({.rows = plan.N, .d = D, .tokens_ptr = sc.tokens, .table_ptr = static_cast<const bf16*>(embed_),
+             .x_ptr = sc.x, .tokens_stride = sc.tokens_stride}, ctx.stream);
+  if (!plan.fused) kc::AddRmsNorm({.rows = plan.N, .d = D, .eps = eps, .x_ptr = sc.x, .maybe_delta_ptr = nullptr,
+                                   .weight_ptr = layers_[0].attn_norm, .maybe_rows_ptr = nullptr,
+                                   .y_ptr = sc.u}, ctx.stream);
+  if (profiler_) profiler_->Mark("embed", ctx.stream);
+  for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
+  if (plan.NL > 0) {
+    // The unfused path still owes the last MLP's residual (in tmp).
+    kc::AddRmsNorm({.rows = plan.NL, .d = D, .eps = eps, .x_ptr = sc.x,
+                    .maybe_delta_ptr = plan.fused ? nullptr : sc.tmp, .weight_ptr = final_norm_,
+                    .maybe_rows_ptr = sc.logit_rows, .y_ptr = sc.head}, ctx.stream);
+    kc::GemmParams head{.m = plan.NL, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = sc.head,
+        .w_ptr = static_cast<const bf16*>(lm_head_), .y_ptr = sc.logits};
+    head.maybe_argmax_key = sc.argmax_key;
+    kc::Gemm(head, ctx.cublas);
+    if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);
+  }
+}
+
+void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host,
+                                const int32_t* draws_host) {
+  const int64_t V = config_.vocab_size;
+  int64_t lr = 0;
+  for (const ForwardItem& it : batch) {
+    SequenceState& seq = *it.seq;
+    const int64_t T = static_cast<int64_t>(it.tokens.size());
+    seq.span_start_ = it.keep_states ? seq.position_ : -1;
+    seq.span_len_ = it.keep_states ? T : 0;
+    seq.position_ += T;
+    const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
+    if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
+      it.logits_out->resize(rows * V);
+      std::memcpy(it.logits_out->data(), logits_host + lr * V, rows * V * sizeof(float));
+    }
+    if (it.sampler != nullptr && draws_host != nullptr) {
+      *it.next_token = draws_host[lr];
+      if (!it.sampler->params().greedy()) it.sampler->SkipUniforms(1);  // the one the device's draw used
+    } else if (it.sampler != nullptr) {
+      *it.next_token = it.sampler->Next(std::span(logits_host + lr * V, V));
+    }
+    lr += rows;
+  }
+}
+
+void CudaBackend::Draw(const Plan& plan, const DrawLayout& d) {
+  if (!d.on || d.key) return;  // (the key: drawn by the LM head, in RunModel)
+  Scratch& sc = *scratch_;
+  auto* tokens = reinterpret_cast<int32_t*>(sc.meta + d.tokens);
+  if (!d.sampled) return kc::Argmax({.rows = plan.NL, .vocab = config_.vocab_size, .logits_ptr = sc.logits,
+                                     .tokens_ptr = tokens}, ctx_->stream);
+  const kc::SamplingDims dims{config_.vocab_size, plan.temperature, plan.top_k, plan.top_p};
+  kc::SampleRows({.rows = plan.NL, .dims = dims, .logits_ptr = sc.logits,
+                  .uniforms_ptr = reinterpret_cast<const double*>(sc.meta + d.uniforms), .tokens_ptr = tokens,
+                  .workspace_ptr = sc.sample_workspace}, ctx_->stream);
+}
+
+}  // namespace oryx
