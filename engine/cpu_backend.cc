@@ -59,9 +59,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->config_ = ckpt.config();
   const ModelConfig& c = b->config_;
-  const int64_t H = c.n_heads, HD = c.qk_dim();
-  b->gate_width_ = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
-  b->proj_width_ = 4 * HD + b->gate_width_ + HD;
+  b->in_proj_ = InProjLayout::For(c);
   // Each tensor is converted straight into its place, and its file pages are dropped as soon as it is
   // (DropTensorPages): loading then peaks at the fp32 weights plus one tensor, not plus the whole file.
   // With `at`, the tensor goes to out[*at ...] of a matrix fused from several (sized by the caller) and *at
@@ -93,18 +91,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
                                  {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down}}) {
       ORYX_RETURN_IF_ERROR(layer(suffix, *field));
     }
-    std::vector<std::string_view> fused = {kKProj, kVProj, kQLinear, kGProj};
-    if (c.linear_mixer == LinearMixer::kMamba2) {
-      fused.push_back(kDtProj);
-      ORYX_RETURN_IF_ERROR(layer(kDSkip, l.d_skip));
-    } else {
-      fused.push_back(kBetaProj);
-      fused.push_back(kAlphaProj);
-    }
-    fused.push_back(kQAttn);
-    l.in_proj.resize(b->proj_width_ * c.d_model);
+    if (c.linear_mixer == LinearMixer::kMamba2) ORYX_RETURN_IF_ERROR(layer(kDSkip, l.d_skip));
+    l.in_proj.resize(b->in_proj_.width * c.d_model);
     int64_t at = 0;
-    for (std::string_view suffix : fused) ORYX_RETURN_IF_ERROR(layer(suffix, l.in_proj, &at));
+    for (std::string_view suffix : b->in_proj_.tensors) ORYX_RETURN_IF_ERROR(layer(suffix, l.in_proj, &at));
     l.mlp_in.resize(2 * c.mlp_hidden * c.d_model);
     at = 0;
     for (std::string_view suffix : {kMlpGate, kMlpUp}) ORYX_RETURN_IF_ERROR(layer(suffix, l.mlp_in, &at));
@@ -138,7 +128,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   const Layer& w = layers_[il];
   Scratch& sc = *scratch_;
   const int64_t D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden;
-  const int64_t P = proj_width_, B = static_cast<int64_t>(batch.size()), W = c.conv_width - 1;
+  const int64_t P = in_proj_.width, B = static_cast<int64_t>(batch.size()), W = c.conv_width - 1;
   const float eps = static_cast<float>(c.norm_eps);
   const bool mamba2 = c.linear_mixer == LinearMixer::kMamba2;
   bool any_attention = false;
@@ -156,7 +146,8 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   // 1. The fused input projections over every row of the batch (q_attn only when some token attends).
   k::cpu::RmsNorm({N, D, eps, D, D, x, w.attn_norm.data(), u});
   MatMul(u, N, D, w.in_proj, any_attention ? P : P - HD, proj, D, P);
-  const int64_t col_k = 0, col_q = 2 * HD, col_g = 3 * HD, col_gates = 4 * HD, col_qa = 4 * HD + gate_width_;
+  const int64_t col_k = in_proj_.k, col_q = in_proj_.q_linear, col_g = in_proj_.g, col_gates = in_proj_.gates,
+                col_qa = in_proj_.q_attn;
 
   // 2. Mixer gates, transposed to [H, N] so that a head's gates over a span are contiguous.
   for (int64_t r = 0; r < N; ++r) {

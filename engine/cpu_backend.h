@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/tensor_names.h"
 #include "kernels/aligned_vector.h"
 
 namespace oryx {
@@ -53,7 +54,7 @@ class CpuBackend final : public Backend {
               int64_t x_stride, int64_t y_stride);
 
   ModelConfig config_;
-  int64_t proj_width_ = 0, gate_width_ = 0;  // P and G above
+  InProjLayout in_proj_;  // the fused input projection's rows: P = in_proj_.width
   Floats embed_, final_norm_, lm_head_;  // [V, D], [D], [V, D] (empty when tied)
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;

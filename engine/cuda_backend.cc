@@ -61,8 +61,8 @@ CudaBackend::~CudaBackend() {
 absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switches) {
   if (kc::DeviceCount() == 0) return absl::FailedPreconditionError("device 'cuda': no CUDA device is visible");
   config_ = c;
-  const int64_t H = c.n_heads, HD = c.qk_dim(), G = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
-  proj_width_ = 4 * HD + G + HD;
+  in_proj_ = InProjLayout::For(c);
+  const int64_t H = c.n_heads, HD = c.qk_dim();
   ctx_ = std::make_shared<Context>();
   ORYX_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_->stream, cudaStreamNonBlocking));
   ORYX_CUBLAS_CHECK(cublasCreate(&ctx_->cublas));
@@ -77,7 +77,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   d.conv_width = static_cast<int32_t>(c.conv_width);
   d.mlp_hidden = static_cast<int32_t>(c.mlp_hidden);
   d.vocab = static_cast<int32_t>(c.vocab_size);
-  d.proj_width = static_cast<int32_t>(proj_width_);
+  d.proj_width = static_cast<int32_t>(in_proj_.width);
   d.gdn = c.linear_mixer == LinearMixer::kGdn;
   d.conv_silu = c.conv_activation == ConvActivation::kSilu;
   d.norm_eps = static_cast<float>(c.norm_eps);
@@ -164,18 +164,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string
       ORYX_RETURN_IF_ERROR(layer(suffix, host));
       Upload(host, field);
     }
-    std::vector<std::string_view> fused = {kKProj, kVProj, kQLinear, kGProj};
     if (c.linear_mixer == LinearMixer::kMamba2) {
-      fused.push_back(kDtProj);
       ORYX_RETURN_IF_ERROR(layer(kDSkip, host));
       Upload(host, &l.d_skip);
-    } else {
-      fused.push_back(kBetaProj);
-      fused.push_back(kAlphaProj);
     }
-    fused.push_back(kQAttn);
     host.clear();
-    for (std::string_view suffix : fused) {
+    for (std::string_view suffix : b->in_proj_.tensors) {
       ORYX_RETURN_IF_ERROR(layer(suffix, part));
       host.insert(host.end(), part.begin(), part.end());
     }
@@ -202,7 +196,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const Mod
   ORYX_RETURN_IF_ERROR(b->Init(config, switches));
   const ModelConfig& c = b->config_;
   const int64_t D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden, V = c.vocab_size;
-  const int64_t P = b->proj_width_;
+  const int64_t P = b->in_proj_.width;
   cudaStream_t s = b->ctx_->stream;
   uint32_t next = seed * 1000003u;
   int64_t bf16_elements = 0;

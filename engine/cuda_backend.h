@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/tensor_names.h"
 
 namespace oryx {
 
@@ -105,7 +106,7 @@ class CudaBackend final : public Backend {
   void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host);
 
   ModelConfig config_;
-  int64_t proj_width_ = 0;  // P: rows k, v, q_linear, g, gates, q_attn of the fused input projection
+  InProjLayout in_proj_;  // the fused input projection's rows: P = in_proj_.width
   int64_t weight_bytes_ = 0;
   std::shared_ptr<Context> ctx_;
   std::vector<Layer> layers_;

@@ -12,7 +12,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   cudaStream_t s = ctx.stream;
-  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = in_proj_.width;
   const kc::ModelDims& dims = ctx.dims;
   const int32_t layer = static_cast<int32_t>(il);
   const int64_t N = plan.N, B = plan.B, NA = plan.NA;
@@ -27,7 +27,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::FusedGemvParams in{.m = N, .n = P_used, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
         .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = P, .in_ptr = sc.x, .gate_ptr = nullptr,
         .weight_ptr = w.attn_norm, .w_ptr = w.in_proj, .y_ptr = sc.proj, .accumulate = false};
-    if (plan.skip_q_linear) in.n -= HD, in.skip_begin = 2 * HD, in.skip_rows = HD;
+    if (plan.skip_q_linear) in.n -= HD, in.skip_begin = in_proj_.q_linear, in.skip_rows = HD;
     in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
@@ -78,7 +78,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   if (plan.fused) {
     kc::FusedGemvParams o_proj{.m = N, .n = D, .k = HD, .input = kc::GemvInput::kGatedNorm, .eps = dims.norm_eps,
         .head_dim = c.head_dim, .in_row_stride = HD, .gate_row_stride = P, .y_row_stride = D, .in_ptr = sc.o,
-        .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x, .accumulate = true};
+        .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x, .accumulate = true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
     o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
     o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between
@@ -101,7 +101,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     return;
   }
   kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
-                 .o_ptr = sc.o, .gate_ptr = sc.proj + 3 * HD, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
+                 .o_ptr = sc.o, .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
   mark("gated_norm");
   kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj,
             .y_ptr = sc.tmp}, ctx.cublas);

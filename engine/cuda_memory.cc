@@ -46,7 +46,7 @@ BufferField Field(T*& p, int64_t bytes) {
 absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, int64_t meta_bytes, int64_t round_q,
                                         int64_t workspace_bytes) {
   const ModelConfig& c = config_;
-  const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = proj_width_;
+  const int64_t D = c.d_model, V = c.vocab_size, HD = c.qk_dim(), F = c.mlp_hidden, P = in_proj_.width;
   Scratch& sc = *scratch_;
   // Replaces the device buffers `fields` (and the pinned host buffer `pinned`, when given) by new ones, all or
   // none: when there is no room, the old buffers stay and the status says so.

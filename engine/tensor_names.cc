@@ -59,4 +59,21 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& config) {
   return specs;
 }
 
+InProjLayout InProjLayout::For(const ModelConfig& c) {
+  const int64_t H = c.n_heads, HD = c.qk_dim();
+  InProjLayout l;
+  l.gate_width = c.linear_mixer == LinearMixer::kMamba2 ? H : 2 * H;
+  l.v = HD, l.q_linear = 2 * HD, l.g = 3 * HD, l.gates = 4 * HD, l.q_attn = 4 * HD + l.gate_width;
+  l.width = l.q_attn + HD;
+  l.tensors = {kKProj, kVProj, kQLinear, kGProj};
+  if (c.linear_mixer == LinearMixer::kMamba2) {
+    l.tensors.push_back(kDtProj);
+  } else {
+    l.tensors.push_back(kBetaProj);
+    l.tensors.push_back(kAlphaProj);
+  }
+  l.tensors.push_back(kQAttn);
+  return l;
+}
+
 }  // namespace oryx

@@ -41,6 +41,17 @@ inline constexpr std::string_view kMlpDown = "mlp.down.weight";            // [D
 // "layers.{il}.{suffix}".
 std::string LayerTensorName(int64_t il, std::string_view suffix);
 
+// The fused input projection both backends load as one [P, D] matrix: its rows (the columns of its output,
+// per token) are k, v, q_linear, g [HD each], the mixer's gates (mamba2: dt [H]; gdn: beta, alpha [H each]),
+// then q_attn [HD]. The kernels read the same offsets (kernels/cuda/ops_cuda.h, ModelDims::proj_width).
+struct InProjLayout {
+  int64_t k = 0, v = 0, q_linear = 0, g = 0, gates = 0, q_attn = 0;  // first row of each
+  int64_t gate_width = 0;                                          // G
+  int64_t width = 0;                                               // P = 4HD + G + HD
+  std::vector<std::string_view> tensors;  // the per-layer tensors stacked in that order (LayerTensorName)
+  static InProjLayout For(const ModelConfig& config);
+};
+
 // One expected tensor: its name, its shape for the config, and that shape in config terms
 // (e.g. "[vocab_size, d_model]") for error messages.
 struct TensorSpec {

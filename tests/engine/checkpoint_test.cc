@@ -469,5 +469,31 @@ TEST(WriteCheckpointTest, FailsWhenTheParentDoesNotExist) {
   EXPECT_HAS_SUBSTR(s.message(), "a/b/ckpt.tmp.");
 }
 
+// The fused input projection's rows, as both backends load them: k, v, q_linear, g, the mixer's gates, q_attn.
+TEST(InProjLayout, RowsFollowTheMixersGates) {
+  for (LinearMixer mixer : {LinearMixer::kMamba2, LinearMixer::kGdn}) {
+    const ModelConfig c = testutil::TinyConfig(mixer);
+    const InProjLayout l = InProjLayout::For(c);
+    const int64_t HD = c.qk_dim(), G = mixer == LinearMixer::kMamba2 ? c.n_heads : 2 * c.n_heads;
+    EXPECT_EQ(l.gate_width, G);
+    EXPECT_EQ(std::vector<int64_t>({l.k, l.v, l.q_linear, l.g, l.gates, l.q_attn, l.width}),
+              std::vector<int64_t>({0, HD, 2 * HD, 3 * HD, 4 * HD, 4 * HD + G, 5 * HD + G}));
+    std::vector<std::string_view> want = {kKProj, kVProj, kQLinear, kGProj};
+    if (mixer == LinearMixer::kMamba2) {
+      want.push_back(kDtProj);
+    } else {
+      want.insert(want.end(), {kBetaProj, kAlphaProj});
+    }
+    want.push_back(kQAttn);
+    EXPECT_EQ(l.tensors, want);
+    // The stacked tensors fill exactly the width: each one's rows from the checkpoint's table.
+    int64_t rows = 0;
+    for (const TensorSpec& t : ExpectedTensors(c)) {
+      for (std::string_view suffix : l.tensors) rows += t.name == LayerTensorName(0, suffix) ? t.shape[0] : 0;
+    }
+    EXPECT_EQ(rows, l.width);
+  }
+}
+
 }  // namespace
 }  // namespace oryx
