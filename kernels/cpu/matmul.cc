@@ -11,8 +11,7 @@ namespace oryx::kernels::cpu {
 
 // Up to this many rows (decode steps of a small batch, speculative verify spans) the product reads each
 // weight block once for all rows with dot products instead of Eigen's GEMM, which packs (copies) the weight
-// matrix first. Measured on the 2-core Xeon (`oryx bench decode`, 19M model, context 256, ms per step for
-// 1 / 2 / 4 / 8 rows): GEMM 2.2 / 7.0 / 7.3 / 8.8, this path 2.2 / 3.4 / 5.2 / 9.2; GEMM wins from about 8.
+// matrix first. GEMM wins from about 8 rows (docs/RESULTS.md, the CPU decode measurements).
 constexpr int64_t kSmallM = 6;
 
 void MatMul(const MatMulParams& p) {

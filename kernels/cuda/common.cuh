@@ -202,10 +202,9 @@ __device__ __forceinline__ void AfterPrevious() {
 // state and conv window (written only by the same layer's mixer a step earlier), and what the caller marks
 // as written two or more kernels back (y_written_earlier, gate_written_earlier). That is safe because a
 // kernel is scheduled only once its predecessor has passed its own AfterPrevious(), that is, once every
-// kernel before the predecessor has finished. The loads then stream during the previous kernel's tail. On
-// the H200 it took 1.4b's steps at 32K from 1.353 to 1.257 ms (linear) and from 3.137 to 3.031 ms
-// (attention), and 130m's linear step at 1K from 0.523 to 0.463 ms (each pair in one call;
-// results/2026-11-30-h200-rounds). KernelSwitches::early_loads off loads everything after the wait.
+// kernel before the predecessor has finished. The loads then stream during the previous kernel's tail
+// (what that saves is measured in docs/CUDA.md, "Early loads"). KernelSwitches::early_loads off loads
+// everything after the wait.
 inline bool EarlyLoads() { return GetKernelSwitches().early_loads; }
 
 // An attribute of the current device (0 when there is none to ask).

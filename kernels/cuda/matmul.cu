@@ -1,9 +1,7 @@
 // Projections: y = x W^T with bf16 operands, fp32 accumulation and fp32 output (the residual stream and the
 // mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
 // matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
-// column-major y^T = W x^T, hence (T, N) below). cuBLAS won from 2 rows on: on the H200, 1.4b at 32K, a
-// verify span of 4 rows took 4.63 against 5.34 ms with the GEMV kernel at 4 rows, and a linear decode step
-// of 4 sequences 1.76 against 2.40 ms (results/2026-11-30-h200-verify-mma).
+// column-major y^T = W x^T, hence (T, N) below). cuBLAS is faster from 2 rows on (measured in docs/CUDA.md).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -392,9 +390,8 @@ size_t StageBytes(const FusedGemvParams& p, int64_t m) {
 }
 
 // kWide: a grid of at most 3 blocks per SM, whose blocks may then take 85 registers a thread: 1.5x the weight
-// pieces in flight per lane, so 1.5x the bytes requested before the wait (4 rows per warp only: the up
-// projection of 1.4b, 340 blocks, took its linear step at 32K from 1.099-1.111 to 1.064-1.079 ms on the H200,
-// three alternating reps in one call).
+// pieces in flight per lane, so 1.5x the bytes requested before the wait (4 rows per warp only; measured in
+// docs/CUDA.md).
 template <int kM, int kRows, bool kSwiGluOut, bool kWide = false>
 void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   // (Several input rows, only in tests, hold their accumulators too: two pieces per row at once.)
