@@ -417,8 +417,15 @@ absl::Status GenerationBatch::Step() {
     if (!slots.empty()) stepping_.emplace_back(decoder.get(), std::move(slots));
   }
   for (const auto& [decoder, slots] : stepping_) last_step_decoded_ += static_cast<int64_t>(slots.size());
-  if (prefilling_.empty() && stepping_.size() == 1) {
+  if (stepping_.size() == 1 && (prefilling_.empty() || stepping_[0].first->RunsAlone(backend))) {
     auto& [decoder, slots] = stepping_[0];
+    if (!prefilling_.empty()) {  // the prompts' spans first, by themselves
+      items_.clear();
+      PlanPrefill();
+      ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+      FinishPrefill();
+      prefilling_.clear();
+    }
     ORYX_ASSIGN_OR_RETURN(const bool ran, decoder->RunAlone(backend, slots));
     if (ran) {
       EmitStep(slots);

@@ -131,6 +131,13 @@ class Decoder {
     (void)backend, (void)slots;
     return false;
   }
+  // Whether RunAlone may run a step. A step whose only decoding requests are this decoder's then forwards
+  // its prefill spans by themselves first, so that the decoder can still run alone (for a speculative round
+  // on the device that pays more than sharing the prefill's forward: measured in results/2026-12-02-h200-one-forward).
+  virtual bool RunsAlone(const Backend& backend) const {
+    (void)backend;
+    return false;
+  }
   // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
   // batch, such as a server's, sees ever new ids).
   virtual void Release(int64_t slot_id) { (void)slot_id; }

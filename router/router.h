@@ -89,6 +89,7 @@ class RouterDecoder final : public StepwiseDecoder {
   absl::Status Finish(std::span<DecodeSlot* const> slots) override;
   // When every slot's decision speculates with one draft length, the backend may run the rounds whole.
   absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override;
+  bool RunsAlone(const Backend& backend) const override { return spec_ != nullptr && backend.runs_rounds(); }
   void Release(int64_t slot_id) override;
 
  protected:

@@ -152,6 +152,9 @@ class SpeculativeDecoder final : public Decoder {
   absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override {
     return RunWhole(backend, slots, {});
   }
+  bool RunsAlone(const Backend& backend) const override {
+    return backend.runs_rounds() && proposer_->drafts_in_linear_mode() && !options_.accept;
+  }
   void Release(int64_t slot_id) override;
 
   // Plan with the draft length of each slot that starts a round given (want[i] <= max_k; 0: a plain attention

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 
+#include "base/status_macros.h"
 #include "engine/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
@@ -513,6 +514,107 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
       ASSERT_TRUE(got[i].stats.spec.has_value()) << qs[i].policy;
       EXPECT_GT(got[i].stats.spec->drafted, 0) << qs[i].policy;
     }
+  }
+}
+
+// A backend that says it runs whole speculative rounds and runs them from its inner backend's forwards
+// (greedy only): the decoder's RunWhole, Commit and AcceptGreedy and the engine's steps around them (a
+// prompt's spans forwarded apart, then the round) exercised on the CPU, as the CUDA backend drives them.
+class HostRoundsBackend final : public Backend {
+ public:
+  explicit HostRoundsBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  SequenceState NewSequence() const override { return inner_->NewSequence(); }
+  absl::Status Forward(std::span<const ForwardItem> batch) override {
+    ++forwards;
+    return inner_->Forward(batch);
+  }
+  bool runs_rounds() const override { return true; }
+  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override {
+    ++rounds;
+    const int64_t V = config().vocab_size;
+    std::vector<float> logits;
+    for (const RoundItem& it : items) {
+      if (!it.sampler->params().greedy()) return absl::UnimplementedError("greedy rounds only");
+      RoundResult& r = *it.result;
+      r.drafts.clear();
+      int32_t x = it.pending;
+      for (int64_t j = 0; j < k; ++j) {
+        const Mode linear = Mode::kLinear;
+        ORYX_RETURN_IF_ERROR(inner_->Forward(*it.draft, std::span(&x, 1), std::span(&linear, 1), false, &logits));
+        x = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        r.drafts.push_back(x);
+      }
+      std::vector<int32_t> span = {it.pending};
+      span.insert(span.end(), r.drafts.begin(), r.drafts.end());
+      const std::vector<Mode> modes(span.size(), Mode::kAttention);
+      const ForwardItem verify{it.seq, span, modes, LogitsRows::kAll, &logits, /*keep_states=*/true};
+      ORYX_RETURN_IF_ERROR(inner_->Forward(std::span(&verify, 1)));
+      r.targets.clear();
+      for (int64_t row = 0; row <= k; ++row) {
+        const auto first = logits.begin() + row * V;
+        r.targets.push_back(static_cast<int32_t>(std::max_element(first, first + V) - first));
+      }
+    }
+    return absl::OkStatus();
+  }
+  int64_t forwards = 0, rounds = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// Greedy speculative requests joining a running batch on a backend that runs whole rounds: each request gets
+// attention mode's tokens, the rounds run on the backend (prompts' spans are forwarded apart from them), and
+// every drafted token is counted.
+TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
+  testutil::ScratchDir scratch;
+  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
+  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto rounds = std::make_unique<HostRoundsBackend>(std::move(*inner));
+  HostRoundsBackend& backend = *rounds;
+  Engine engine(std::move(rounds), std::nullopt);
+  RegisterPolicies(engine.policies());
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::mt19937 rng(21);
+  for (const char* policy : {"speculative:3", "speculative"}) {
+    SCOPED_TRACE(policy);
+    GenerationBatch batch(engine);
+    std::vector<GenerateRequest> qs;
+    for (int i = 0; i < 4; ++i) {
+      GenerateRequest q;
+      q.prompt_tokens = RandomPrompt(rng, 3 + rng() % 9, V);
+      q.max_tokens = 14 + rng() % 6;
+      q.stop_at_eos = false;
+      q.policy = policy;
+      qs.push_back(q);
+    }
+    std::vector<GenerateResult> got(qs.size());
+    const int64_t rounds_before = backend.rounds;
+    for (size_t next = 0, step = 0; batch.active() > 0 || next < qs.size(); ++step) {
+      if (next < qs.size() && step % 2 == 0) {
+        ASSERT_TRUE(batch.Add(qs[next++]).ok());
+      }
+      ASSERT_TRUE(batch.Step().ok());
+      for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
+    }
+    EXPECT_GT(backend.rounds, rounds_before);
+    int64_t on_backend = 0;
+    for (size_t i = 0; i < qs.size(); ++i) {
+      GenerateRequest attention = qs[i];
+      attention.policy = "attention";
+      auto want = alone.Generate(attention);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+      ASSERT_TRUE(got[i].stats.spec.has_value());
+      const SpecStats& st = *got[i].stats.spec;
+      on_backend += st.backend_rounds;
+      EXPECT_LE(st.accepted, st.drafted);
+      EXPECT_EQ(std::accumulate(st.drafted_at.begin(), st.drafted_at.end(), int64_t{0}), st.drafted);
+    }
+    EXPECT_GT(on_backend, 0);
   }
 }
 
