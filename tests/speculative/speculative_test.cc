@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -26,6 +27,34 @@ std::vector<int32_t> RandomPrompt(std::mt19937& rng, int64_t n, int32_t vocab) {
   std::vector<int32_t> p;
   for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>(4 + rng() % (vocab - 4)));  // no BOS/EOS ids
   return p;
+}
+
+// A request of a random prompt (3 to 12 tokens) generating 14 to 21 tokens under `policy`, EOS ignored.
+GenerateRequest RandomRequest(std::mt19937& rng, int32_t vocab, std::string policy) {
+  GenerateRequest q;
+  q.prompt_tokens = RandomPrompt(rng, 3 + rng() % 10, vocab);
+  q.max_tokens = 14 + rng() % 8;
+  q.stop_at_eos = false;
+  q.policy = std::move(policy);
+  return q;
+}
+
+// Runs `batch` to its end, adding the requests one every `every` steps while the earlier ones decode, and
+// calling after_step after each step; the results in the requests' order (empty after a failed step).
+std::vector<GenerateResult> RunJoining(GenerationBatch& batch, const std::vector<GenerateRequest>& qs, size_t every,
+                                       const std::function<void(size_t step)>& after_step) {
+  std::vector<GenerateResult> got(qs.size());
+  for (size_t next = 0, step = 0; batch.active() > 0 || next < qs.size(); ++step) {
+    if (next < qs.size() && step % every == 0) {
+      EXPECT_TRUE(batch.Add(qs[next++]).ok());
+    }
+    const absl::Status status = batch.Step();
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) return {};
+    after_step(step);
+    for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
+  }
+  return got;
 }
 
 // Attention-mode logits of every position of `tokens` (one forward from a fresh sequence).
@@ -488,24 +517,14 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
   std::vector<GenerateRequest> qs;
   for (const char* policy : {"attention", "speculative:3", "linear", "speculative", "speculative:ngram:2",
                              "speculative:5", "prefill-linear"}) {
-    GenerateRequest q;
-    q.prompt_tokens = RandomPrompt(rng, 3 + rng() % 10, V);
-    q.max_tokens = 16 + rng() % 8;
-    q.stop_at_eos = false;
-    q.policy = policy;
-    qs.push_back(q);
+    qs.push_back(RandomRequest(rng, V, policy));
   }
-  std::vector<GenerateResult> got(qs.size());
-  int64_t steps = 0;
-  for (size_t next = 0; batch.active() > 0 || next < qs.size(); ++steps) {
-    if (next < qs.size() && steps % 3 == 0) {  // joining as the others decode
-      ASSERT_TRUE(batch.Add(qs[next++]).ok());
-    }
-    const int64_t before = counted.forwards;
-    ASSERT_TRUE(batch.Step().ok());
-    EXPECT_EQ(counted.forwards - before, 1) << "step " << steps;
-    for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
-  }
+  int64_t before = 0;
+  const std::vector<GenerateResult> got = RunJoining(batch, qs, 3, [&](size_t step) {
+    EXPECT_EQ(counted.forwards - before, 1) << "step " << step;
+    before = counted.forwards;
+  });
+  ASSERT_EQ(got.size(), qs.size());
   for (size_t i = 0; i < qs.size(); ++i) {
     auto want = alone.Generate(qs[i]);
     ASSERT_TRUE(want.ok()) << want.status();
@@ -583,23 +602,10 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
     SCOPED_TRACE(policy);
     GenerationBatch batch(engine);
     std::vector<GenerateRequest> qs;
-    for (int i = 0; i < 4; ++i) {
-      GenerateRequest q;
-      q.prompt_tokens = RandomPrompt(rng, 3 + rng() % 9, V);
-      q.max_tokens = 14 + rng() % 6;
-      q.stop_at_eos = false;
-      q.policy = policy;
-      qs.push_back(q);
-    }
-    std::vector<GenerateResult> got(qs.size());
+    for (int i = 0; i < 4; ++i) qs.push_back(RandomRequest(rng, V, policy));
     const int64_t rounds_before = backend.rounds;
-    for (size_t next = 0, step = 0; batch.active() > 0 || next < qs.size(); ++step) {
-      if (next < qs.size() && step % 2 == 0) {
-        ASSERT_TRUE(batch.Add(qs[next++]).ok());
-      }
-      ASSERT_TRUE(batch.Step().ok());
-      for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
-    }
+    const std::vector<GenerateResult> got = RunJoining(batch, qs, 2, [](size_t) {});
+    ASSERT_EQ(got.size(), qs.size());
     EXPECT_GT(backend.rounds, rounds_before);
     int64_t on_backend = 0;
     for (size_t i = 0; i < qs.size(); ++i) {
