@@ -93,7 +93,9 @@ int RunGenerate(const Args& args) {
     request.stop_at_eos = !ignore_eos;
     request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
-    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {.device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()}));
+    const BackendOptions backend{
+        .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
+    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     policies::RegisterAllPolicies(engine.policies());
     if (!json) {
       request.on_token = [](const TokenEvent& e) {

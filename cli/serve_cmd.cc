@@ -56,7 +56,9 @@ int RunServe(const Args& args) {
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, {.device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()}));
+    const BackendOptions backend{
+        .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
+    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     policies::RegisterAllPolicies(engine.policies());
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;

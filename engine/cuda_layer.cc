@@ -78,7 +78,8 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   if (plan.fused) {
     kc::FusedGemvParams o_proj{.m = N, .n = D, .k = HD, .input = kc::GemvInput::kGatedNorm, .eps = dims.norm_eps,
         .head_dim = c.head_dim, .in_row_stride = HD, .gate_row_stride = P, .y_row_stride = D, .in_ptr = sc.o,
-        .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x, .accumulate = true};
+        .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x,
+        .accumulate = true};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
     o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
     o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between

@@ -124,16 +124,16 @@ class Decoder {
   // After the step's forward: every slot's emitted tokens, >= 0 in order (none while a slot is inside a step
   // of several forwards, such as a speculative round that is drafting). The last becomes `pending`.
   virtual absl::Status Finish(std::span<DecodeSlot* const> slots) = 0;
-  // When its slots are the step's only work, a decoder may run their step itself with as many forwards as it
-  // needs and no return to the engine between them (a speculative round run whole by the backend). Returns
-  // false when it did not, and nothing ran: the engine then calls Plan and Finish.
+  // When its slots are the step's only decode work, a decoder may run their step itself with as many
+  // forwards as it needs and no return to the engine between them (a speculative round run whole by the
+  // backend). Returns false when it did not, and nothing ran: the engine then calls Plan and Finish.
   virtual absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) {
     (void)backend, (void)slots;
     return false;
   }
   // Whether RunAlone may run a step. A step whose only decoding requests are this decoder's then forwards
-  // its prefill spans by themselves first, so that the decoder can still run alone (for a speculative round
-  // on the device that pays more than sharing the prefill's forward: measured in results/2026-12-02-h200-one-forward).
+  // its prefill spans by themselves first, so that the decoder can still run alone: a whole round on the
+  // device gave more than one draft step inside the prefill's forward (results/2026-12-02-h200-one-forward).
   virtual bool RunsAlone(const Backend& backend) const {
     (void)backend;
     return false;
