@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "base/status_macros.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu_backend.h"
 #include "base/file_util.h"
@@ -184,6 +185,53 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
   if (!params.greedy()) {
     EXPECT_GT(not_argmax, 0) << "sampling drew only argmaxes: nothing was compared";
   }
+}
+
+absl::Status HostRoundsBackend::SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
+  ++rounds;
+  const int64_t V = config().vocab_size;
+  std::vector<float> logits;
+  for (const RoundItem& it : items) {
+    if (!it.sampler->params().greedy()) return absl::UnimplementedError("greedy rounds only");
+    RoundResult& r = *it.result;
+    r.drafts.clear();
+    int32_t x = it.pending;
+    for (int64_t j = 0; j < k; ++j) {
+      const Mode linear = Mode::kLinear;
+      ORYX_RETURN_IF_ERROR(inner_->Forward(*it.draft, std::span(&x, 1), std::span(&linear, 1), false, &logits));
+      x = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      r.drafts.push_back(x);
+    }
+    std::vector<int32_t> span = {it.pending};
+    span.insert(span.end(), r.drafts.begin(), r.drafts.end());
+    const std::vector<Mode> modes(span.size(), Mode::kAttention);
+    const ForwardItem verify{it.seq, span, modes, LogitsRows::kAll, &logits, /*keep_states=*/true};
+    ORYX_RETURN_IF_ERROR(inner_->Forward(std::span(&verify, 1)));
+    r.targets.clear();
+    for (int64_t row = 0; row <= k; ++row) {
+      const auto first = logits.begin() + row * V;
+      r.targets.push_back(static_cast<int32_t>(std::max_element(first, first + V) - first));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs `batch` to its end, adding the requests one every `every` steps while the earlier ones decode, and
+// calling after_step after each step; the results in the requests' order (empty after a failed step).
+std::vector<GenerateResult> RunJoining(GenerationBatch& batch, const std::vector<GenerateRequest>& qs, size_t every,
+                                       const std::function<void(size_t step)>& after_step) {
+  std::vector<GenerateResult> got(qs.size());
+  for (size_t next = 0, step = 0; batch.active() > 0 || next < qs.size(); ++step) {
+    if (next < qs.size() && step % every == 0) {
+      EXPECT_TRUE(batch.Add(qs[next++]).ok());
+    }
+    const absl::Status status = batch.Step();
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) return {};
+    after_step(step);
+    for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
+  }
+  return got;
 }
 
 }  // namespace oryx::testutil

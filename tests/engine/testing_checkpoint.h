@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -119,6 +120,32 @@ class CountingBackend final : public Backend {
  private:
   std::unique_ptr<Backend> inner_;
 };
+
+// A backend that says it runs whole speculative rounds and runs them from its inner backend's forwards
+// (greedy only): the decoder's RunWhole, Commit and AcceptGreedy and the engine's steps around them (a
+// prompt's spans forwarded apart, then the round) exercised on the CPU, as the CUDA backend drives them.
+class HostRoundsBackend final : public Backend {
+ public:
+  explicit HostRoundsBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  const ModelConfig& config() const override { return inner_->config(); }
+  SequenceState NewSequence() const override { return inner_->NewSequence(); }
+  absl::Status Forward(std::span<const ForwardItem> batch) override {
+    ++forwards;
+    return inner_->Forward(batch);
+  }
+  bool runs_rounds() const override { return true; }
+  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
+  int64_t forwards = 0, rounds = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+// Runs `batch` to its end, adding the requests one every `every` steps while the earlier ones decode, and
+// calling after_step after each step; the results in the requests' order (empty after a failed step).
+std::vector<GenerateResult> RunJoining(GenerationBatch& batch, const std::vector<GenerateRequest>& qs, size_t every,
+                                       const std::function<void(size_t step)>& after_step);
 
 // Reads the file, applies `edit` to its tensors, writes it back with WriteSafetensors (no config
 // checks), so that tests can make a checkpoint whose weights disagree with its config.

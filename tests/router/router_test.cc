@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "engine/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "policies/rule_policies.h"
 #include "router/earlier_match.h"
@@ -230,6 +231,21 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   }
 }
 
+// Requests of prompts of the given lengths (a fixed pattern of ids), each generating max_tokens under `policy`.
+std::vector<GenerateRequest> PatternRequests(std::initializer_list<int64_t> lengths, int64_t step, int64_t max_tokens,
+                                             const std::string& policy) {
+  std::vector<GenerateRequest> requests;
+  for (int64_t len : lengths) {
+    GenerateRequest q;
+    for (int64_t i = 0; i < len; ++i) q.prompt_tokens.push_back(static_cast<int32_t>(5 + (i * step + len) % 23));
+    q.max_tokens = max_tokens;
+    q.stop_at_eos = false;
+    q.policy = policy;
+    requests.push_back(q);
+  }
+  return requests;
+}
+
 // Prefill in attention mode; then speculative rounds of 3 drafts for prompts of even length, plain attention
 // steps for the others: one batch holds both kinds of request.
 class HalfSpeculatingRouter final : public Router {
@@ -247,15 +263,7 @@ TEST(RouterDecoder, PlainAndSpeculatingRequestsInOneBatchKeepAttentionModesToken
   engine.policies().Register("half", "half", [](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
     return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<HalfSpeculatingRouter>(), RouterOptions{}));
   });
-  std::vector<GenerateRequest> requests;
-  for (int64_t len : {6, 7, 10, 13}) {
-    GenerateRequest q;
-    for (int64_t i = 0; i < len; ++i) q.prompt_tokens.push_back(static_cast<int32_t>(5 + (i * 7 + len) % 23));
-    q.max_tokens = 20;
-    q.stop_at_eos = false;
-    q.policy = "half";
-    requests.push_back(q);
-  }
+  std::vector<GenerateRequest> requests = PatternRequests({6, 7, 10, 13}, 7, 20, "half");
   auto mixed = engine.Generate(requests);
   ASSERT_TRUE(mixed.ok()) << mixed.status();
   for (GenerateRequest& q : requests) q.policy = "attention";
@@ -269,6 +277,44 @@ TEST(RouterDecoder, PlainAndSpeculatingRequestsInOneBatchKeepAttentionModesToken
     if (!speculates) {
       EXPECT_EQ((*mixed)[i].stats.linear_tokens, 0) << "request " << i;
     }
+  }
+}
+
+// Every decode decision speculates with 2 drafts, on a backend that runs whole rounds: requests joining a
+// running batch get attention mode's tokens, and the router's rounds run on the backend (RunAlone) between
+// the joining prompts' spans.
+class AlwaysSpeculatingRouter final : public Router {
+ public:
+  Decision Decide(const RouterContext& c) const override {
+    return {Mode::kAttention, c.phase == Phase::kDecode ? 2 : 0};
+  }
+  int64_t max_draft_length() const override { return 2; }
+};
+
+TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
+  testutil::ScratchDir scratch;
+  Engine alone = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 7);
+  auto inner = CpuBackend::Load(scratch.Join("m7"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+  testutil::HostRoundsBackend& backend = *rounds;
+  Engine engine(std::move(rounds), std::nullopt);
+  engine.policies().Register("always", "always", [](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<AlwaysSpeculatingRouter>(), RouterOptions{}));
+  });
+  GenerationBatch batch(engine);
+  const std::vector<GenerateRequest> requests = PatternRequests({5, 9, 12}, 5, 16, "always");
+  const std::vector<GenerateResult> got = testutil::RunJoining(batch, requests, 2, [](size_t) {});
+  ASSERT_EQ(got.size(), requests.size());
+  EXPECT_GT(backend.rounds, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerateRequest q = requests[i];
+    q.policy = "attention";
+    auto want = alone.Generate(q);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+    ASSERT_TRUE(got[i].stats.spec.has_value()) << "request " << i;
+    EXPECT_GT(got[i].stats.spec->backend_rounds, 0) << "request " << i;
   }
 }
 

@@ -39,24 +39,6 @@ GenerateRequest RandomRequest(std::mt19937& rng, int32_t vocab, std::string poli
   return q;
 }
 
-// Runs `batch` to its end, adding the requests one every `every` steps while the earlier ones decode, and
-// calling after_step after each step; the results in the requests' order (empty after a failed step).
-std::vector<GenerateResult> RunJoining(GenerationBatch& batch, const std::vector<GenerateRequest>& qs, size_t every,
-                                       const std::function<void(size_t step)>& after_step) {
-  std::vector<GenerateResult> got(qs.size());
-  for (size_t next = 0, step = 0; batch.active() > 0 || next < qs.size(); ++step) {
-    if (next < qs.size() && step % every == 0) {
-      EXPECT_TRUE(batch.Add(qs[next++]).ok());
-    }
-    const absl::Status status = batch.Step();
-    EXPECT_TRUE(status.ok()) << status;
-    if (!status.ok()) return {};
-    after_step(step);
-    for (auto& [id, r] : batch.TakeFinished()) got[id] = std::move(r);
-  }
-  return got;
-}
-
 // Attention-mode logits of every position of `tokens` (one forward from a fresh sequence).
 std::vector<float> AttentionLogits(Backend& backend, const std::vector<int32_t>& tokens) {
   SequenceState seq = backend.NewSequence();
@@ -520,7 +502,7 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
     qs.push_back(RandomRequest(rng, V, policy));
   }
   int64_t before = 0;
-  const std::vector<GenerateResult> got = RunJoining(batch, qs, 3, [&](size_t step) {
+  const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 3, [&](size_t step) {
     EXPECT_EQ(counted.forwards - before, 1) << "step " << step;
     before = counted.forwards;
   });
@@ -536,54 +518,6 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
   }
 }
 
-// A backend that says it runs whole speculative rounds and runs them from its inner backend's forwards
-// (greedy only): the decoder's RunWhole, Commit and AcceptGreedy and the engine's steps around them (a
-// prompt's spans forwarded apart, then the round) exercised on the CPU, as the CUDA backend drives them.
-class HostRoundsBackend final : public Backend {
- public:
-  explicit HostRoundsBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  const ModelConfig& config() const override { return inner_->config(); }
-  SequenceState NewSequence() const override { return inner_->NewSequence(); }
-  absl::Status Forward(std::span<const ForwardItem> batch) override {
-    ++forwards;
-    return inner_->Forward(batch);
-  }
-  bool runs_rounds() const override { return true; }
-  absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override {
-    ++rounds;
-    const int64_t V = config().vocab_size;
-    std::vector<float> logits;
-    for (const RoundItem& it : items) {
-      if (!it.sampler->params().greedy()) return absl::UnimplementedError("greedy rounds only");
-      RoundResult& r = *it.result;
-      r.drafts.clear();
-      int32_t x = it.pending;
-      for (int64_t j = 0; j < k; ++j) {
-        const Mode linear = Mode::kLinear;
-        ORYX_RETURN_IF_ERROR(inner_->Forward(*it.draft, std::span(&x, 1), std::span(&linear, 1), false, &logits));
-        x = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        r.drafts.push_back(x);
-      }
-      std::vector<int32_t> span = {it.pending};
-      span.insert(span.end(), r.drafts.begin(), r.drafts.end());
-      const std::vector<Mode> modes(span.size(), Mode::kAttention);
-      const ForwardItem verify{it.seq, span, modes, LogitsRows::kAll, &logits, /*keep_states=*/true};
-      ORYX_RETURN_IF_ERROR(inner_->Forward(std::span(&verify, 1)));
-      r.targets.clear();
-      for (int64_t row = 0; row <= k; ++row) {
-        const auto first = logits.begin() + row * V;
-        r.targets.push_back(static_cast<int32_t>(std::max_element(first, first + V) - first));
-      }
-    }
-    return absl::OkStatus();
-  }
-  int64_t forwards = 0, rounds = 0;
-
- private:
-  std::unique_ptr<Backend> inner_;
-};
-
 // Greedy speculative requests joining a running batch on a backend that runs whole rounds: each request gets
 // attention mode's tokens, the rounds run on the backend (prompts' spans are forwarded apart from them), and
 // every drafted token is counted.
@@ -592,8 +526,8 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
   Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
   auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
   ASSERT_TRUE(inner.ok()) << inner.status();
-  auto rounds = std::make_unique<HostRoundsBackend>(std::move(*inner));
-  HostRoundsBackend& backend = *rounds;
+  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+  testutil::HostRoundsBackend& backend = *rounds;
   Engine engine(std::move(rounds), std::nullopt);
   RegisterPolicies(engine.policies());
   const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
@@ -604,7 +538,7 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
     std::vector<GenerateRequest> qs;
     for (int i = 0; i < 4; ++i) qs.push_back(RandomRequest(rng, V, policy));
     const int64_t rounds_before = backend.rounds;
-    const std::vector<GenerateResult> got = RunJoining(batch, qs, 2, [](size_t) {});
+    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 2, [](size_t) {});
     ASSERT_EQ(got.size(), qs.size());
     EXPECT_GT(backend.rounds, rounds_before);
     int64_t on_backend = 0;
