@@ -235,6 +235,17 @@ void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepte
   r.last_accepted = accepted;
 }
 
+absl::StatusOr<SequenceState*> SpeculativeDecoder::FreshDraft(const DecodeSlot& s) {
+  SlotRound& r = RoundOf(s.id);
+  if (!r.draft_seq) {
+    ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
+    r.draft_seq.emplace(std::move(draft));
+  } else {
+    r.draft_seq->CopyRecurrentFrom(*s.seq);
+  }
+  return &*r.draft_seq;
+}
+
 absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted,
                                         int32_t next) {
   const int64_t drafted = static_cast<int64_t>(drafts.size());
@@ -268,14 +279,8 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
   round_results_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
-    SlotRound& r = RoundOf(s.id);
-    if (!r.draft_seq) {
-      ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
-      r.draft_seq.emplace(std::move(draft));
-    } else {
-      r.draft_seq->CopyRecurrentFrom(*s.seq);
-    }
-    round_items_[i] = {s.seq, &*r.draft_seq, s.pending, s.sampler, &round_results_[i]};
+    ORYX_ASSIGN_OR_RETURN(SequenceState* draft, FreshDraft(s));
+    round_items_[i] = {s.seq, draft, s.pending, s.sampler, &round_results_[i]};
   }
   lengths_chosen_ = false;
   const auto t0 = Clock::now();
@@ -322,12 +327,7 @@ absl::Status SpeculativeDecoder::PlanRounds(const Backend& backend, std::span<De
         r.k = static_cast<int64_t>(r.draft.tokens.size());
       }
       if (r.k > 0 && linear) {
-        if (!r.draft_seq) {
-          ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
-          r.draft_seq.emplace(std::move(draft));
-        } else {
-          r.draft_seq->CopyRecurrentFrom(*s.seq);
-        }
+        ORYX_RETURN_IF_ERROR(FreshDraft(s).status());
         r.phase = Phase::kDrafting;
       } else {
         r.phase = r.k > 0 ? Phase::kVerifying : Phase::kPlain;
