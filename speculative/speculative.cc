@@ -87,16 +87,13 @@ DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
 double DraftLengthController::RoundSeconds(double k) const {
   if (w_ <= 0) return -1;
   const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
-  if (var < 1e-9) return std::abs(k - mx) < 0.5 ? my : -1;  // one draft length only: no slope yet
+  if (var < 1e-9) return -1;  // one draft length only: no slope yet
   const double slope = std::max(0.0, (wxy_ / w_ - mx * my) / var);
   return std::max(1e-9, my + slope * (k - mx));
 }
 
 int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
-  // Measure a long round, a short one and a plain step first.
-  if (w_ == 0) return max_k_;
-  if (RoundSeconds(1) < 0) return 1;  // (with max_k 1, one length is the whole fit)
-  if (plain_s_ < 0) return 0;
+  if (RoundSeconds(0) < 0) return w_ == 0 ? max_k_ : 1;  // measure a long round and a short one first
   // Expected tokens per round for draft length k, summed over the slots: each slot's accepted prefix plus
   // its recovered / bonus token.
   std::vector<double> expected(max_k_ + 1, 0.0);
@@ -110,18 +107,16 @@ int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
       expected[k] += tokens;
     }
   }
-  double best_rate = expected[0] / plain_s_;
+  double best_rate = expected[0] / RoundSeconds(0);
   int64_t best_k = 0;
   for (int64_t k = 1; k <= max_k_; ++k) {
-    const double rate = expected[k] / RoundSeconds(static_cast<double>(k));
+    const double rate = expected[k] / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
   // Every 16th round drafts one more than the best length (two when not drafting), so that the estimate just
-  // past it keeps being measured: a few unlucky rounds would otherwise leave it low for good. While drafting,
-  // every fourth probe is a plain step instead, whose time moves with the batch and the context as well.
+  // past it keeps being measured: a few unlucky rounds would otherwise leave it low for good.
   if (++since_probe_ >= 16) {
     since_probe_ = 0;
-    if (best_k > 0 && ++probes_ % 4 == 0) return 0;
     return std::min<int64_t>(best_k == 0 ? 2 : best_k + 1, max_k_);
   }
   return best_k;
@@ -137,10 +132,6 @@ void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_
 }
 
 void DraftLengthController::RecordCost(int64_t k, double round_s) {
-  if (k == 0) {
-    plain_s_ = plain_s_ < 0 ? round_s : 0.8 * plain_s_ + 0.2 * round_s;
-    return;
-  }
   constexpr double kDecay = 0.95;
   const double x = static_cast<double>(k), y = round_s;
   w_ = kDecay * w_ + 1;

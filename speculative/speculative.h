@@ -98,13 +98,11 @@ struct SpeculativeOptions {
 // of each slot (exponential averages) and the measured round times, the one k that maximises the batch's
 // expected tokens per second, k = 0 (plain attention decoding) included. One k for the whole batch, so that
 // the round can run whole on the backend (Backend::SpeculativeRound takes one draft length) and a slot that
-// joins a running batch (a server's) does not split it. A round of draft length k >= 1 costs k draft steps
-// and a verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
+// joins a running batch (a server's) does not split it. A round of draft length k costs k draft steps and a
+// verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
 // squares over recent rounds (whether the backend ran the round whole or the decoder ran it forward by
-// forward); a plain step (k = 0) is timed apart, since it has no draft sequence to refresh and no verify span
-// and costs less than the fit's base. The first rounds measure k = max_k, k = 1 and k = 0, so that every
-// estimate exists. Every 16th round probes: one more draft than the best length (two when not drafting), and
-// every fourth probe while drafting is a plain step, so that the estimates can recover when the load changes.
+// forward); the first two rounds use k = max_k and k = 1 so that the fit has two lengths. When k = 0 wins it
+// still probes with a short draft every few rounds so that the estimates can recover.
 class DraftLengthController {
  public:
   explicit DraftLengthController(int64_t max_k);
@@ -118,14 +116,13 @@ class DraftLengthController {
   struct Slot {
     std::vector<double> accept;  // P(d_{i+1} accepted | d_1..d_i accepted), per position
   };
-  // The fitted time of a round of draft length k >= 1, or a negative number before there is a fit.
+  // The fitted time of a round of draft length k, or a negative number before there is a fit.
   double RoundSeconds(double k) const;
   Slot& SlotFor(int64_t slot_id);
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
-  int64_t since_probe_ = 0, probes_ = 0;
-  double plain_s_ = -1;  // exponential average of a plain step's time; negative before the first
-  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds), k >= 1
+  int64_t since_probe_ = 0;
+  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds)
 };
 
 // The speculative decoder: rounds of propose / verify / accept / commit, each slot its own round and its own
