@@ -46,6 +46,8 @@ struct Sample {
   std::vector<double> gaps_s;  // between consecutive token chunks, as the client received them
   int64_t tokens = 0;
   int64_t drafted = 0, accepted = 0;  // speculative policies
+  std::vector<int64_t> rounds_by_length;  // and their rounds by draft length, with the rounds' wall time
+  std::vector<double> round_s_by_length;
   std::string error;  // empty when the request succeeded
 };
 
@@ -117,6 +119,8 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
       if (last["oryx"]["stats"].contains("spec")) {
         s.drafted = last["oryx"]["stats"]["spec"]["drafted"].get<int64_t>();
         s.accepted = last["oryx"]["stats"]["spec"]["accepted"].get<int64_t>();
+        s.rounds_by_length = last["oryx"]["stats"]["spec"].value("rounds_by_length", std::vector<int64_t>{});
+        s.round_s_by_length = last["oryx"]["stats"]["spec"].value("round_s_by_length", std::vector<double>{});
       }
     }
   }
@@ -258,9 +262,17 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between, gaps;
     int64_t tokens = 0, drafted = 0, accepted = 0;
+    std::vector<int64_t> rounds_by_length;
+    std::vector<double> round_s_by_length;
     for (const Sample& s : samples) {
       drafted += s.drafted;
       accepted += s.accepted;
+      rounds_by_length.resize(std::max(rounds_by_length.size(), s.rounds_by_length.size()));
+      round_s_by_length.resize(rounds_by_length.size());
+      for (size_t k = 0; k < s.rounds_by_length.size() && k < s.round_s_by_length.size(); ++k) {
+        rounds_by_length[k] += s.rounds_by_length[k];
+        round_s_by_length[k] += s.round_s_by_length[k];
+      }
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a request failed: ", s.error));
       ttft.push_back(1e3 * s.ttft_s);
       latency.push_back(1e3 * s.latency_s);
@@ -320,6 +332,14 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       row["drafted"] = drafted;
       row["accepted"] = accepted;
       row["acceptance_rate"] = static_cast<double>(accepted) / static_cast<double>(drafted);
+    }
+    if (!rounds_by_length.empty()) {  // what the draft lengths were, and what a round of each cost
+      std::vector<double> mean_ms(rounds_by_length.size(), 0.0);
+      for (size_t k = 0; k < mean_ms.size(); ++k) {
+        if (rounds_by_length[k] > 0) mean_ms[k] = 1e3 * round_s_by_length[k] / static_cast<double>(rounds_by_length[k]);
+      }
+      row["rounds_by_length"] = rounds_by_length;
+      row["round_ms_by_length"] = mean_ms;
     }
     row.update(Provenance());
     emit(row);

@@ -129,6 +129,8 @@ nlohmann::json ToJson(const GenerateResult& r) {
         {"backend_rounds", sp.backend_rounds},
         {"backend_round_s", sp.backend_round_s},
         {"verify_forwards", sp.verify_forwards},
+        {"rounds_by_length", sp.rounds_by_length},
+        {"round_s_by_length", sp.round_s_by_length},
     };
   }
   return {{"text", r.text},

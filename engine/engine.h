@@ -43,6 +43,10 @@ struct SpecStats {
   // not timed apart there, so these rounds add to neither draft_s nor verify_s.
   int64_t backend_rounds = 0;
   double backend_round_s = 0;
+  // Rounds by draft length (index 0: plain attention steps) and their wall time, summed: what an adaptive
+  // policy chose and what each length cost (a batched round's time, counted once per slot in it).
+  std::vector<int64_t> rounds_by_length;
+  std::vector<double> round_s_by_length;
 };
 
 struct GenerateStats {

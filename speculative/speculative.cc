@@ -215,7 +215,7 @@ void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlo
   for (size_t i = 0; i < slots.size(); ++i) k_[i] = DraftLength(c, *slots[i], want.empty() ? k : want[i]);
 }
 
-void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted) {
+void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted, double round_s) {
   s.stats->attention_tokens += drafted + 1;
   if (!s.stats->spec) s.stats->spec.emplace();
   SpecStats& st = *s.stats->spec;
@@ -229,6 +229,10 @@ void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepte
     ++st.drafted_at[j];
     if (j < accepted) ++st.accepted_at[j];
   }
+  st.rounds_by_length.resize(positions + 1);
+  st.round_s_by_length.resize(positions + 1);
+  ++st.rounds_by_length[drafted];
+  st.round_s_by_length[drafted] += round_s;
   controller_.RecordRound(s.id, drafted, accepted);
   SlotRound& r = RoundOf(s.id);
   r.last_drafted = drafted;
@@ -247,14 +251,14 @@ absl::StatusOr<SequenceState*> SpeculativeDecoder::FreshDraft(const DecodeSlot& 
 }
 
 absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted,
-                                        int32_t next) {
+                                        int32_t next, double round_s) {
   const int64_t drafted = static_cast<int64_t>(drafts.size());
   if (drafted > 0) {  // the sequence is after [x, d_1..d_k]: back to after x and the accepted drafts
     ORYX_RETURN_IF_ERROR(s.seq->Truncate(s.seq->position() - drafted + accepted));
   }
   s.emitted.assign(drafts.begin(), drafts.begin() + accepted);
   s.emitted.push_back(next);
-  Account(s, drafted, accepted);
+  Account(s, drafted, accepted, round_s);
   return absl::OkStatus();
 }
 
@@ -297,7 +301,7 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
       s.sampler->SkipUniforms(UniformsOfSampledRound(k, accepted));
     }
     s.stats->linear_tokens += k;
-    ORYX_RETURN_IF_ERROR(Commit(s, res.drafts, accepted, next));
+    ORYX_RETURN_IF_ERROR(Commit(s, res.drafts, accepted, next, round_s));
     s.stats->spec->backend_round_s += round_s;
     ++s.stats->spec->backend_rounds;
   }
@@ -371,6 +375,7 @@ absl::Status SpeculativeDecoder::Finish(std::span<DecodeSlot* const> slots) {
     s.emitted.clear();
     if (!s.stats->spec) s.stats->spec.emplace();
     SpecStats& st = *s.stats->spec;
+    const double round_s = std::chrono::duration<double>(now - r.start).count();  // if the round ends here
     switch (r.phase) {
       case Phase::kDrafting: {
         ++s.stats->linear_tokens;
@@ -390,12 +395,12 @@ absl::Status SpeculativeDecoder::Finish(std::span<DecodeSlot* const> slots) {
       case Phase::kVerifying: {  // 3. Accept and 4. commit, each sequence its own count
         int32_t next = 0;
         const int64_t accepted = accept_(*s.sampler, r.logits, r.draft, vocab_, &next);
-        ORYX_RETURN_IF_ERROR(Commit(s, r.draft.tokens, accepted, next));
+        ORYX_RETURN_IF_ERROR(Commit(s, r.draft.tokens, accepted, next, round_s));
         break;
       }
       case Phase::kPlain:
         s.emitted.assign(1, r.drawn);
-        Account(s, 0, 0);
+        Account(s, 0, 0, round_s);
         break;
       case Phase::kIdle:
         continue;
@@ -403,7 +408,6 @@ absl::Status SpeculativeDecoder::Finish(std::span<DecodeSlot* const> slots) {
     st.verify_s += step_s;
     ++st.verify_forwards;
     r.phase = Phase::kIdle;
-    const double round_s = std::chrono::duration<double>(now - r.start).count();
     auto it = std::find_if(ended_.begin(), ended_.end(), [&](const auto& e) { return e.first == r.k; });
     if (it == ended_.end()) {
       ended_.emplace_back(r.k, round_s);

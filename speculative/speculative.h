@@ -184,9 +184,10 @@ class SpeculativeDecoder final : public Decoder {
   absl::StatusOr<SequenceState*> FreshDraft(const DecodeSlot& s);
   // The round's end, however it ran: cuts the sequence back to after x and the accepted drafts, emits them
   // and the next token, and counts the round.
-  absl::Status Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next);
-  // Counts a slot's round (its drafts and how many were accepted) in its stats and the controller.
-  void Account(DecodeSlot& s, int64_t drafted, int64_t accepted);
+  absl::Status Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next,
+                      double round_s);
+  // Counts a slot's round (its drafts, how many were accepted, its wall time) in its stats and the controller.
+  void Account(DecodeSlot& s, int64_t drafted, int64_t accepted, double round_s);
   std::unique_ptr<Proposer> proposer_;
   SpeculativeOptions options_;
   AcceptRule accept_;  // options_.accept, or AcceptLossless

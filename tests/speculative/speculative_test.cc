@@ -97,8 +97,18 @@ TEST_P(SpeculativeTest, GreedyOutputEqualsAttentionModeTokenForToken) {
           if (policy.starts_with("speculative:") && policy != "speculative:ngram:3") {
             for (const GenerateResult& r : *got) {
               ASSERT_TRUE(r.stats.spec.has_value());
-              EXPECT_GT(r.stats.spec->rounds, 0);
-              EXPECT_LE(r.stats.spec->accepted, r.stats.spec->drafted);
+              const SpecStats& sp = *r.stats.spec;
+              EXPECT_GT(sp.rounds, 0);
+              EXPECT_LE(sp.accepted, sp.drafted);
+              // The rounds by draft length account for every round and every draft, each with its time.
+              int64_t rounds = 0, drafted = 0;
+              for (size_t k = 0; k < sp.rounds_by_length.size(); ++k) {
+                rounds += sp.rounds_by_length[k];
+                drafted += static_cast<int64_t>(k) * sp.rounds_by_length[k];
+                EXPECT_EQ(sp.rounds_by_length[k] > 0, sp.round_s_by_length[k] > 0) << policy << " k " << k;
+              }
+              EXPECT_EQ(rounds, sp.rounds) << policy;
+              EXPECT_EQ(drafted, sp.drafted) << policy;
             }
           }
         }
@@ -225,6 +235,7 @@ TEST_P(SpeculativeTest, RoundsWithoutDraftsAreAttentionSteps) {
   EXPECT_EQ(p.seq.position(), static_cast<int64_t>(prompt.size()) + 3);
   EXPECT_EQ(p.stats.spec->rounds, 3);
   EXPECT_EQ(p.stats.spec->drafted, 0);
+  EXPECT_EQ(p.stats.spec->rounds_by_length.at(0), 3);  // three plain steps
   EXPECT_EQ(p.stats.attention_tokens, 3);
   EXPECT_EQ(p.stats.linear_tokens, 0);
 }
