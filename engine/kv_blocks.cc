@@ -1,0 +1,123 @@
+#include "engine/kv_blocks.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "base/str_cat.h"
+
+namespace oryx {
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t ChainHash(uint64_t parent, std::span<const int32_t> tokens, std::span<const Mode> modes) {
+  assert(tokens.size() == modes.size());
+  uint64_t h = SplitMix(parent ^ 0x6f7279784b56ULL);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const uint64_t position = (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) << 1) |
+                              static_cast<uint64_t>(modes[i] == Mode::kAttention);
+    h = SplitMix(h ^ position);
+  }
+  return h;
+}
+
+BlockPool::BlockPool(int64_t capacity, int64_t block_tokens)
+    : block_tokens_(block_tokens), refs_(static_cast<size_t>(capacity), 0) {
+  assert(capacity >= 1 && block_tokens >= 1);
+  free_.reserve(refs_.size());
+  for (int64_t b = capacity - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));  // block 0 first
+}
+
+absl::StatusOr<int32_t> BlockPool::Allocate() {
+  int32_t block;
+  if (!free_.empty()) {
+    block = free_.back();
+    free_.pop_back();
+  } else if (!lru_.empty()) {
+    block = lru_.front();
+    Evict(block);
+  } else {
+    return absl::ResourceExhaustedError(Cat("all ", capacity(), " KV blocks (", capacity() * block_tokens_,
+                                            " positions) are in use"));
+  }
+  refs_[block] = 1;
+  return block;
+}
+
+void BlockPool::Evict(int32_t block) {
+  auto it = cached_.find(block);
+  assert(it != cached_.end() && refs_[block] == 0);
+  lru_.erase(it->second.lru);
+  by_hash_.erase(it->second.hash);
+  cached_.erase(it);
+  ++evictions_;
+}
+
+void BlockPool::Ref(int32_t block) {
+  if (refs_[block] == 0) {  // a released cached block taken up again
+    auto it = cached_.find(block);
+    assert(it != cached_.end());
+    lru_.erase(it->second.lru);
+  }
+  ++refs_[block];
+}
+
+void BlockPool::Unref(int32_t block) {
+  assert(refs_[block] > 0);
+  if (--refs_[block] > 0) return;
+  auto it = cached_.find(block);
+  if (it == cached_.end()) {
+    free_.push_back(block);
+  } else {
+    it->second.lru = lru_.insert(lru_.end(), block);
+  }
+}
+
+BlockPool::Published BlockPool::Publish(int32_t block, uint64_t parent, std::span<const int32_t> tokens,
+                                       std::span<const Mode> modes) {
+  assert(refs_[block] > 0 && static_cast<int64_t>(tokens.size()) == block_tokens_ && tokens.size() == modes.size());
+  const uint64_t hash = ChainHash(parent, tokens, modes);
+  if (auto it = by_hash_.find(hash); it != by_hash_.end()) return {it->second, hash};
+  if (auto it = cached_.find(block); it != cached_.end()) return {block, it->second.hash};  // published before
+  Cached& c = cached_[block];
+  c.hash = hash;
+  c.parent = parent;
+  c.tokens.assign(tokens.begin(), tokens.end());
+  c.modes.assign(modes.begin(), modes.end());
+  by_hash_[hash] = block;
+  return {block, hash};
+}
+
+std::vector<int32_t> BlockPool::MatchPrefix(std::span<const int32_t> tokens, std::span<const Mode> modes) {
+  assert(tokens.size() == modes.size());
+  std::vector<int32_t> blocks;
+  const size_t b = static_cast<size_t>(block_tokens_);
+  uint64_t parent = 0;
+  for (size_t start = 0; start + b <= tokens.size(); start += b) {
+    const auto t = tokens.subspan(start, b);
+    const auto m = modes.subspan(start, b);
+    const uint64_t hash = ChainHash(parent, t, m);
+    auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) break;
+    const Cached& c = cached_.at(it->second);
+    if (c.parent != parent || !std::equal(t.begin(), t.end(), c.tokens.begin()) ||
+        !std::equal(m.begin(), m.end(), c.modes.begin())) {
+      break;  // a hash collision: not the same prefix
+    }
+    blocks.push_back(it->second);
+    parent = hash;
+  }
+  for (int32_t block : blocks) Ref(block);
+  lookup_tokens_ += static_cast<int64_t>(tokens.size());
+  hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_tokens_;
+  return blocks;
+}
+
+}  // namespace oryx

@@ -1,0 +1,82 @@
+// The bookkeeping of a paged KV cache and its prefix cache, apart from where the blocks' bytes live.
+//
+// A sequence's KV cache is a table of fixed-size blocks of `block_tokens` positions each. BlockPool hands out
+// block ids, counts who holds each block, and remembers which full blocks hold a known prefix: a block is
+// named by a hash chained over the tokens *and the modes* of every position up to its end, because a later
+// layer's keys and values (and the recurrent state) depend on the modes earlier tokens ran in, so a prefix is
+// reusable only under the same mode schedule. Unreferenced blocks that hold a prefix stay cached and are
+// evicted least recently released first, when nothing else is free. Backends own the storage (block id i at
+// offset i * block bytes of their pool); this class never touches it.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+
+namespace oryx {
+
+// The name of a full block: parent is the chain hash of the block before it (0 for the first).
+uint64_t ChainHash(uint64_t parent, std::span<const int32_t> tokens, std::span<const Mode> modes);
+
+class BlockPool {
+ public:
+  // capacity blocks of block_tokens positions each (both >= 1).
+  BlockPool(int64_t capacity, int64_t block_tokens);
+
+  int64_t capacity() const { return static_cast<int64_t>(refs_.size()); }
+  int64_t block_tokens() const { return block_tokens_; }
+  // Blocks that Allocate can hand out: never used, or released (cached ones included, which it evicts).
+  int64_t available() const { return static_cast<int64_t>(free_.size() + lru_.size()); }
+  int64_t referenced() const { return capacity() - available(); }
+  int64_t cached() const { return static_cast<int64_t>(by_hash_.size()); }
+  int64_t evictions() const { return evictions_; }
+  int32_t refs(int32_t block) const { return refs_[block]; }
+
+  // A block for new contents, referenced once: a free one, else the least recently released cached one
+  // (evicted from the prefix cache); ResourceExhausted when every block is referenced.
+  absl::StatusOr<int32_t> Allocate();
+  // Another holder of a referenced block (a clone of a sequence shares its full blocks).
+  void Ref(int32_t block);
+  // A holder lets go. At zero references a cached block waits in the eviction order; any other is free.
+  void Unref(int32_t block);
+
+  // The block, referenced, now holds the full block_tokens positions (tokens, modes) that follow the prefix
+  // named `parent` (0: none). Returns the prefix's name through this block, and the block that holds it: if
+  // another block already does, nothing changes and that one is returned; otherwise `block` itself.
+  struct Published {
+    int32_t block;
+    uint64_t hash;
+  };
+  Published Publish(int32_t block, uint64_t parent, std::span<const int32_t> tokens, std::span<const Mode> modes);
+  // The cached blocks that hold the longest prefix of (tokens, modes) in whole blocks, each referenced once
+  // more for the caller (unreferenced ones leave the eviction order), in order. Also counts the lookup.
+  std::vector<int32_t> MatchPrefix(std::span<const int32_t> tokens, std::span<const Mode> modes);
+
+  // Tokens looked up by MatchPrefix and those found, over the pool's life.
+  int64_t lookup_tokens() const { return lookup_tokens_; }
+  int64_t hit_tokens() const { return hit_tokens_; }
+
+ private:
+  struct Cached {
+    uint64_t hash = 0, parent = 0;  // lookups check the parent too, so a match is a match of the whole chain
+    std::vector<int32_t> tokens;
+    std::vector<Mode> modes;
+    std::list<int32_t>::iterator lru;  // valid while unreferenced
+  };
+  void Evict(int32_t block);
+  int64_t block_tokens_;
+  std::vector<int32_t> refs_;
+  std::vector<int32_t> free_;  // never used or released uncached, taken from the back
+  std::list<int32_t> lru_;     // released cached blocks, least recently released first
+  std::unordered_map<int32_t, Cached> cached_;    // by block
+  std::unordered_map<uint64_t, int32_t> by_hash_;  // chain hash -> block
+  int64_t evictions_ = 0, lookup_tokens_ = 0, hit_tokens_ = 0;
+};
+
+}  // namespace oryx
