@@ -87,6 +87,12 @@ struct AttentionParams {
   const float* v_ptr;  // [Tk, H, dh]
   float* out_ptr;      // [Tq, H, dh]
   float* scratch_ptr;  // [Tq, Tk] working space for the scores (the caller owns it, so calls allocate nothing)
+  // A paged KV cache when kv_block_tokens > 0: key s of head h is at k_blocks[s / kv_block_tokens] + kv_col +
+  // h * dh + (s % kv_block_tokens) * kv_token_stride, and likewise its value; k_ptr and v_ptr are unused.
+  int64_t kv_block_tokens = 0;
+  const float* const* k_blocks = nullptr;
+  const float* const* v_blocks = nullptr;
+  int64_t kv_col = 0;
 };
 
 // Recurrent state S [H, dh, dh] fp32, S[h][i][j] pairs key feature i with value feature j; Read = S^T q.

@@ -211,6 +211,41 @@ TEST(AttentionCpu, MatchesReference) {
   }
 }
 
+// A paged KV cache: the same keys and values copied into blocks (rows of a wider layout, at a column offset,
+// the last block partly filled) give the contiguous cache's result, within the kernel tolerance, and the
+// reference over the blocks equals the reference over the contiguous cache exactly.
+TEST(AttentionCpu, PagedCacheMatchesContiguous) {
+  struct Shape { int64_t tq, tk, block; };
+  for (Shape s : {Shape{1, 1, 4}, Shape{1, 9, 4}, Shape{3, 10, 4}, Shape{16, 40, 16}, Shape{1, 300, 64},
+                  Shape{33, 64, 64}, Shape{5, 130, 64}}) {
+    const int64_t heads = 2, dh = 8, width = heads * dh, q_stride = 3 * width;
+    const int64_t row = 3 * width, col = width;  // a block row holds [pad | k or v | pad]
+    std::vector<float> q = RandomVector(s.tq * q_stride, 40, -2.f, 2.f);
+    std::vector<float> k = RandomVector(s.tk * width, 41, -2.f, 2.f), v = RandomVector(s.tk * width, 42);
+    const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
+    std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(s.block * row, 99.f)), vb = kb;
+    std::vector<const float*> kp, vp;
+    for (int64_t j = 0; j < n_blocks; ++j) {
+      for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
+        std::copy_n(k.data() + (j * s.block + r) * width, width, kb[j].data() + r * row + col);
+        std::copy_n(v.data() + (j * s.block + r) * width, width, vb[j].data() + r * row + col);
+      }
+      kp.push_back(kb[j].data());
+      vp.push_back(vb[j].data());
+    }
+    std::vector<float> out(s.tq * width), paged_ref(s.tq * width), contiguous_ref(s.tq * width), scratch(s.tq * s.tk);
+    AttentionParams paged{s.tq, s.tk, heads, dh, q_stride, row, width, q.data(), nullptr, nullptr, out.data(),
+                               scratch.data(), s.block, kp.data(), vp.data(), col};
+    cpu::Attention(paged);
+    paged.out_ptr = paged_ref.data();
+    cpu::AttentionReference(paged);
+    cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(),
+                             contiguous_ref.data(), nullptr});
+    EXPECT_EQ(paged_ref, contiguous_ref) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
+    EXPECT_LE(RelErr(out, contiguous_ref), kTol) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
+  }
+}
+
 TEST(AttentionCpu, OneKeyReturnsItsValue) {
   std::vector<float> q = RandomVector(16, 22), k = RandomVector(16, 23), v = RandomVector(16, 24), out(16);
   std::vector<float> scratch(1);
