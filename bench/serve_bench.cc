@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "engine/engine.h"
+#include "engine/json_text.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
@@ -22,7 +23,6 @@
 #ifdef ORYX_HAVE_CUDA
 #include "bench/cuda_bench.h"
 #include "engine/cuda_backend.h"
-#include "engine/json_text.h"
 #endif
 
 namespace oryx::bench {
