@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config.h"
+#include "engine/kv_blocks.h"
 
 namespace oryx {
 
@@ -55,8 +56,9 @@ class SequenceState {
   explicit SequenceState(const ModelConfig& config);
   // A sequence whose KV cache and recurrent state live in `device` (made by a device backend).
   SequenceState(const ModelConfig& config, std::unique_ptr<DeviceSequence> device);
-  SequenceState(SequenceState&&) = default;
-  SequenceState& operator=(SequenceState&&) = default;
+  SequenceState(SequenceState&& other) noexcept;
+  SequenceState& operator=(SequenceState&& other) noexcept;
+  ~SequenceState();
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
 
@@ -74,12 +76,14 @@ class SequenceState {
   // and allocation happens only the first time). For refreshing a draft sequence each round.
   void CopyRecurrentFrom(const SequenceState& other);
 
-  // Makes room for `tokens` positions in all, so forwards up to there allocate nothing. The KV cache then
-  // holds exactly tokens * 2 * HD floats per layer. ResourceExhausted, the sequence unchanged, when the
-  // memory (host or device) is not there.
+  // Makes room for `tokens` positions in all, so forwards up to there allocate nothing (on the host: the KV
+  // blocks that cover them, unless a clone shares the one being written). ResourceExhausted, the sequence
+  // unchanged, when the memory (host or device) is not there.
   absl::Status Reserve(int64_t tokens);
-  // Bytes held by the KV cache (allocated capacity, all layers).
+  // Bytes held by the KV cache (allocated capacity, all layers; on the host, the blocks held, shared or not).
   int64_t kv_bytes() const;
+  // Positions per KV block: the granularity of Reserve and kv_bytes (1 where the cache is contiguous).
+  int64_t kv_block_tokens() const { return kv_ ? kv_->block_tokens() : 1; }
 
   // Goes back to `position` (<= position()). The KV cache is cut there. The recurrent state and conv window
   // can be brought back only to a position inside the last span forwarded with keep_states (its start
@@ -94,11 +98,24 @@ class SequenceState {
   friend absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardItem> batch,
                                            const void* device_owner);
   SequenceState(const SequenceState& other, int);  // copies the scalars only
+  // Host KV cache: blocks of kv_->block_tokens() positions, each holding every layer's rotated keys and
+  // values; blocks_[j] covers positions [j * block_tokens, (j + 1) * block_tokens), and blocks past the
+  // position are reserved room. A clone shares the blocks (reference counts); a block shared or published
+  // to the prefix cache is copied before it is written (PrepareKv).
+  float* KeyRow(int64_t layer, int64_t position) {
+    const int64_t b = kv_->block_tokens();
+    return kv_->keys(blocks_[position / b], layer) + (position % b) * heads_ * head_dim_;
+  }
+  float* ValueRow(int64_t layer, int64_t position) {
+    const int64_t b = kv_->block_tokens();
+    return kv_->values(blocks_[position / b], layer) + (position % b) * heads_ * head_dim_;
+  }
+  // Blocks for positions [0, end), those from the position on writable by this sequence alone.
+  absl::Status PrepareKv(int64_t end);
+  void ReleaseKv();
   // 64-byte aligned (kernels/aligned_vector.h): a forward's bits must not depend on where these lie.
   using Floats = kernels::AlignedVector<float>;
   struct Layer {
-    Floats k;     // [position, HD]  rotated keys of every token so far
-    Floats v;     // [position, HD]
     Floats s;     // [H, dh, dh]     recurrent state
     Floats conv;  // [w-1, 2*HD]     the last w-1 conv inputs, oldest first
     // keep_states history of the last span of T tokens:
@@ -106,6 +123,8 @@ class SequenceState {
     Floats span_inputs;  // [w-1+T, 2*HD]:    the conv window before the span, then its inputs
   };
   std::vector<Layer> layers_;
+  std::shared_ptr<HostKvPool> kv_;  // host sequences: the pool their KV blocks come from
+  std::vector<int32_t> blocks_;
   int64_t position_ = 0;
   bool has_kv_ = true;
   int64_t span_start_ = -1, span_len_ = 0;  // the keep_states span (span_start_ < 0: none)

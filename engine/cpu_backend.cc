@@ -47,6 +47,7 @@ struct CpuBackend::Span {
 struct CpuBackend::Scratch {
   Floats x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
   std::vector<Floats> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
+  std::vector<std::vector<const float*>> key_blocks, value_blocks;  // per item: its KV blocks in this layer
   std::vector<Span> spans;
 };
 
@@ -183,16 +184,18 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
         const float* q = proj + (s.row + t) * P + col_q;
         std::copy(q, q + HD, out + t * 3 * HD);
       }
-      if (batch[b].seq->has_kv_) {
-        const int64_t old = static_cast<int64_t>(st.k.size()) / HD;
-        st.k.resize((old + T) * HD);
-        st.v.resize((old + T) * HD);
+      SequenceState& seq = *batch[b].seq;
+      if (seq.has_kv_) {  // the blocks are there (PrepareKv)
         for (int64_t t = 0; t < T; ++t) {
           const float* kv = out + t * 3 * HD + HD;
-          std::copy(kv, kv + HD, st.k.data() + (old + t) * HD);
-          std::copy(kv + HD, kv + 2 * HD, st.v.data() + (old + t) * HD);
+          std::copy(kv, kv + HD, seq.KeyRow(il, pos + t));
+          std::copy(kv + HD, kv + 2 * HD, seq.ValueRow(il, pos + t));
         }
-        if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, st.k.data() + old * HD});
+        const int64_t bt = seq.kv_->block_tokens();
+        for (int64_t t = 0, run = 0; c.rope_theta > 0 && t < T; t += run) {  // a run of rows per block
+          run = std::min(T - t, bt - (pos + t) % bt);
+          k::cpu::Rope({run, H, dh, pos + t, c.rope_theta, HD, seq.KeyRow(il, pos + t)});
+        }
         if (s.any_attention && c.rope_theta > 0) {
           k::cpu::Rope({T, H, dh, pos, c.rope_theta, P, proj + s.row * P + col_qa});
         }
@@ -204,11 +207,23 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   //    tokens (computed for the whole span; each token then takes its own mode's output). Each thread's
   //    score buffer is sized here, for the KV cache's capacity, so that a reserved sequence's decode
   //    steps never grow it.
+  //    The pointers to each sequence's KV blocks of this layer are gathered here too.
   int64_t scores = 0;
+  if (static_cast<int64_t>(sc.key_blocks.size()) < B) {
+    sc.key_blocks.resize(B);
+    sc.value_blocks.resize(B);
+  }
   for (int64_t b = 0; b < B; ++b) {
     if (!spans[b].any_attention) continue;
-    const SequenceState::Layer& st = batch[b].seq->layers_[il];
-    scores = std::max<int64_t>(scores, spans[b].len * static_cast<int64_t>(st.k.capacity()) / HD);
+    SequenceState& seq = *batch[b].seq;
+    const int64_t blocks = static_cast<int64_t>(seq.blocks_.size());
+    scores = std::max<int64_t>(scores, spans[b].len * blocks * seq.kv_->block_tokens());
+    sc.key_blocks[b].resize(blocks);
+    sc.value_blocks[b].resize(blocks);
+    for (int64_t j = 0; j < blocks; ++j) {
+      sc.key_blocks[b][j] = seq.kv_->keys(seq.blocks_[j], il);
+      sc.value_blocks[b][j] = seq.kv_->values(seq.blocks_[j], il);
+    }
   }
   sc.attention.resize(pool_->num_threads());
   for (Floats& buffer : sc.attention) AtLeast(buffer, scores);
@@ -236,10 +251,14 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                      state, saved, o});
       }
       if (s.any_attention) {
-        const int64_t kv_len = static_cast<int64_t>(st.k.size()) / HD;
+        const int64_t kv_len = seq.position_ + T;
         float* oa = o_attn + s.row * HD + h * dh;
-        k::cpu::Attention({T, kv_len, 1, dh, P, HD, HD, proj + s.row * P + col_qa + h * dh, st.k.data() + h * dh,
-                           st.v.data() + h * dh, oa, sc.attention[k::cpu::ThreadPool::ThreadIndex()].data()});
+        k::cpu::Attention({.q_tokens = T, .kv_tokens = kv_len, .heads = 1, .head_dim = dh, .q_token_stride = P,
+                           .kv_token_stride = HD, .out_token_stride = HD, .q_ptr = proj + s.row * P + col_qa + h * dh,
+                           .k_ptr = nullptr, .v_ptr = nullptr, .out_ptr = oa,
+                           .scratch_ptr = sc.attention[k::cpu::ThreadPool::ThreadIndex()].data(),
+                           .kv_block_tokens = seq.kv_->block_tokens(), .k_blocks = sc.key_blocks[b].data(),
+                           .v_blocks = sc.value_blocks[b].data(), .kv_col = h * dh});
         for (int64_t t = 0; t < T; ++t) {
           if (batch[b].modes[t] == Mode::kAttention) std::copy(oa + t * HD, oa + t * HD + dh, o + t * HD);
         }
@@ -264,6 +283,9 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
 absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
   ORYX_RETURN_IF_ERROR(Validate(batch));
   std::lock_guard<std::mutex> lock(forward_mu_);
+  for (const ForwardItem& it : batch) {  // KV blocks for the spans, before anything changes
+    if (it.seq->has_kv_) ORYX_RETURN_IF_ERROR(it.seq->PrepareKv(it.seq->position_ + static_cast<int64_t>(it.tokens.size())));
+  }
   const ModelConfig& c = config_;
   const int64_t D = c.d_model, V = c.vocab_size, H = c.n_heads, dd = c.head_dim * c.head_dim;
   const int64_t B = static_cast<int64_t>(batch.size());

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cassert>
+#include <new>
 
+#include "base/status_macros.h"
 #include "base/str_cat.h"
+#include "engine/backend.h"
 
 namespace oryx {
 namespace {
@@ -118,6 +121,26 @@ std::vector<int32_t> BlockPool::MatchPrefix(std::span<const int32_t> tokens, std
   lookup_tokens_ += static_cast<int64_t>(tokens.size());
   hit_tokens_ += static_cast<int64_t>(blocks.size()) * block_tokens_;
   return blocks;
+}
+
+HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats)
+    : blocks_(capacity, block_tokens),
+      layer_floats_(block_tokens * row_floats),
+      block_floats_(layers * 2 * block_tokens * row_floats),
+      storage_(static_cast<size_t>(capacity)) {}
+
+absl::StatusOr<int32_t> HostKvPool::Allocate() {
+  ORYX_ASSIGN_OR_RETURN(const int32_t block, blocks_.Allocate());
+  kernels::AlignedVector<float>& memory = storage_[block];
+  if (memory.empty()) {
+    try {
+      memory.resize(static_cast<size_t>(block_floats_));
+    } catch (const std::bad_alloc&) {
+      blocks_.Unref(block);
+      return absl::ResourceExhaustedError(Cat("out of host memory for a KV block of ", block_bytes(), " bytes"));
+    }
+  }
+  return block;
 }
 
 }  // namespace oryx

@@ -9,6 +9,7 @@
 // offset i * block bytes of their pool); this class never touches it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <optional>
@@ -17,9 +18,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/backend.h"
+#include "kernels/aligned_vector.h"
 
 namespace oryx {
+
+enum class Mode : uint8_t;
 
 // The name of a full block: parent is the chain hash of the block before it (0 for the first).
 uint64_t ChainHash(uint64_t parent, std::span<const int32_t> tokens, std::span<const Mode> modes);
@@ -37,6 +40,7 @@ class BlockPool {
   int64_t cached() const { return static_cast<int64_t>(by_hash_.size()); }
   int64_t evictions() const { return evictions_; }
   int32_t refs(int32_t block) const { return refs_[block]; }
+  bool is_cached(int32_t block) const { return cached_.contains(block); }
 
   // A block for new contents, referenced once: a free one, else the least recently released cached one
   // (evicted from the prefix cache); ResourceExhausted when every block is referenced.
@@ -77,6 +81,29 @@ class BlockPool {
   std::unordered_map<int32_t, Cached> cached_;    // by block
   std::unordered_map<uint64_t, int32_t> by_hash_;  // chain hash -> block
   int64_t evictions_ = 0, lookup_tokens_ = 0, hit_tokens_ = 0;
+};
+
+// Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
+// block_tokens rows of values, row_floats floats each ([layers][2][block_tokens][row_floats]); its memory is
+// allocated the first time the block is handed out and kept for reuse.
+class HostKvPool {
+ public:
+  HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats);
+  BlockPool& blocks() { return blocks_; }
+  const BlockPool& blocks() const { return blocks_; }
+  int64_t block_tokens() const { return blocks_.block_tokens(); }
+  int64_t block_bytes() const { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
+  // BlockPool::Allocate, with the block's memory; ResourceExhausted when the pool or the host has no room.
+  absl::StatusOr<int32_t> Allocate();
+  float* keys(int32_t block, int64_t layer) { return storage_[block].data() + layer * 2 * layer_floats_; }
+  // Copies every layer's keys and values of block `from` into block `to`.
+  void CopyBlock(int32_t from, int32_t to) { std::copy(storage_[from].begin(), storage_[from].end(), storage_[to].begin()); }
+  float* values(int32_t block, int64_t layer) { return keys(block, layer) + layer_floats_; }
+
+ private:
+  BlockPool blocks_;
+  int64_t layer_floats_, block_floats_;  // block_tokens * row_floats; all layers' keys and values
+  std::vector<kernels::AlignedVector<float>> storage_;  // by block, empty until first handed out
 };
 
 }  // namespace oryx

@@ -10,6 +10,12 @@
 #include "engine/backend.h"
 
 namespace oryx {
+namespace {
+
+// Positions per host KV block: attention runs a GEMM per block, and a clone copies at most one block.
+constexpr int64_t kHostKvBlockTokens = 64;
+
+}  // namespace
 
 SequenceState::SequenceState(const ModelConfig& c)
     : layers_(c.n_layers), heads_(c.n_heads), head_dim_(c.head_dim), conv_rows_(c.conv_width - 1) {
@@ -17,6 +23,71 @@ SequenceState::SequenceState(const ModelConfig& c)
     l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
     l.conv.assign(conv_rows_ * 2 * c.qk_dim(), 0.f);
   }
+  // A pool of its own, shared with its clones: room for the whole context several times over (its blocks'
+  // memory is allocated only when handed out).
+  const int64_t per_sequence = (c.max_position + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
+  kv_ = std::make_shared<HostKvPool>(4 * per_sequence + 16, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim);
+}
+
+SequenceState::SequenceState(SequenceState&& o) noexcept
+    : layers_(std::move(o.layers_)),
+      kv_(std::move(o.kv_)),
+      blocks_(std::move(o.blocks_)),
+      position_(o.position_),
+      has_kv_(o.has_kv_),
+      span_start_(o.span_start_),
+      span_len_(o.span_len_),
+      heads_(o.heads_),
+      head_dim_(o.head_dim_),
+      conv_rows_(o.conv_rows_),
+      device_(std::move(o.device_)) {
+  o.blocks_.clear();
+}
+
+SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
+  if (this == &o) return *this;
+  ReleaseKv();
+  layers_ = std::move(o.layers_);
+  kv_ = std::move(o.kv_);
+  blocks_ = std::move(o.blocks_);
+  o.blocks_.clear();
+  position_ = o.position_;
+  has_kv_ = o.has_kv_;
+  span_start_ = o.span_start_;
+  span_len_ = o.span_len_;
+  heads_ = o.heads_;
+  head_dim_ = o.head_dim_;
+  conv_rows_ = o.conv_rows_;
+  device_ = std::move(o.device_);
+  return *this;
+}
+
+SequenceState::~SequenceState() { ReleaseKv(); }
+
+void SequenceState::ReleaseKv() {
+  if (kv_) {
+    for (int32_t b : blocks_) kv_->blocks().Unref(b);
+  }
+  blocks_.clear();
+}
+
+absl::Status SequenceState::PrepareKv(int64_t end) {
+  const int64_t bt = kv_->block_tokens();
+  BlockPool& pool = kv_->blocks();
+  // The blocks this forward writes into that others hold too (a clone, the prefix cache): copied first.
+  for (int64_t j = position_ / bt; j < static_cast<int64_t>(blocks_.size()) && j * bt < end; ++j) {
+    const int32_t old = blocks_[j];
+    if (pool.refs(old) == 1 && !pool.is_cached(old)) continue;
+    ORYX_ASSIGN_OR_RETURN(const int32_t fresh, kv_->Allocate());
+    kv_->CopyBlock(old, fresh);
+    pool.Unref(old);
+    blocks_[j] = fresh;
+  }
+  while (static_cast<int64_t>(blocks_.size()) * bt < end) {
+    ORYX_ASSIGN_OR_RETURN(const int32_t fresh, kv_->Allocate());
+    blocks_.push_back(fresh);
+  }
+  return absl::OkStatus();
 }
 
 SequenceState::SequenceState(const ModelConfig& c, std::unique_ptr<DeviceSequence> device)
@@ -47,6 +118,12 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
     return copy;
   }
   copy.layers_ = layers_;
+  copy.kv_ = kv_;
+  if (has_kv_) {  // the blocks that hold positions, shared; the reserved ones stay this sequence's
+    const int64_t bt = kv_->block_tokens();
+    copy.blocks_.assign(blocks_.begin(), blocks_.begin() + (position_ + bt - 1) / bt);
+    for (int32_t b : copy.blocks_) kv_->blocks().Ref(b);
+  }
   return copy;
 }
 
@@ -73,6 +150,7 @@ absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
     draft.layers_[i].s = layers_[i].s;
     draft.layers_[i].conv = layers_[i].conv;
   }
+  draft.kv_ = kv_;
   return draft;
 }
 
@@ -93,27 +171,32 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
 absl::Status SequenceState::Reserve(int64_t tokens) {
   if (!has_kv_) return absl::OkStatus();
   if (device_) return device_->Reserve(tokens, position_);
-  const int64_t hd = heads_ * head_dim_;
+  const int64_t bt = kv_->block_tokens();
+  const size_t had = blocks_.size(), want = static_cast<size_t>((tokens + bt - 1) / bt);
+  if (want <= had) return absl::OkStatus();
   try {
-    for (Layer& l : layers_) {
-      l.k.reserve(tokens * hd);
-      l.v.reserve(tokens * hd);
-    }
+    blocks_.reserve(want);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions needs ",
-                                            static_cast<double>(tokens * hd) * 8.0 * layers_.size() / (1 << 30),
-                                            " GiB"));
-  } catch (const std::length_error&) {
-    return absl::ResourceExhaustedError(Cat("out of memory: a KV cache of ", tokens, " positions is too large"));
+    return absl::ResourceExhaustedError("out of memory for a KV block table");
+  }
+  while (blocks_.size() < want) {
+    absl::StatusOr<int32_t> block = kv_->Allocate();
+    if (!block.ok()) {
+      while (blocks_.size() > had) {
+        kv_->blocks().Unref(blocks_.back());
+        blocks_.pop_back();
+      }
+      return absl::ResourceExhaustedError(Cat("a KV cache of ", tokens, " positions (", want, " blocks of ",
+                                              kv_->block_bytes(), " bytes): ", block.status().message()));
+    }
+    blocks_.push_back(*block);
   }
   return absl::OkStatus();
 }
 
 int64_t SequenceState::kv_bytes() const {
   if (device_) return device_->kv_bytes();
-  int64_t bytes = 0;
-  for (const Layer& l : layers_) bytes += static_cast<int64_t>((l.k.capacity() + l.v.capacity()) * sizeof(float));
-  return bytes;
+  return kv_ ? static_cast<int64_t>(blocks_.size()) * kv_->block_bytes() : 0;
 }
 
 absl::Status SequenceState::Truncate(int64_t position) {
@@ -142,12 +225,9 @@ absl::Status SequenceState::Truncate(int64_t position) {
     // The window before token j of the span: rows j .. j + w - 2 of (window before the span, span inputs).
     const float* rows = l.span_inputs.data() + j * 2 * hd;
     std::copy(rows, rows + conv_rows_ * 2 * hd, l.conv.data());
-    if (has_kv_) {
-      l.k.resize(position * hd);
-      l.v.resize(position * hd);
-    }
   }
-  // The span's history stays valid up to the new position; the per-head layout keeps its stride.
+  // The span's history stays valid up to the new position; the per-head layout keeps its stride. The KV
+  // blocks stay: rows past the position are rewritten before they are read.
   position_ = position;
   return absl::OkStatus();
 }

@@ -31,7 +31,12 @@ void Attention(const AttentionParams& p) {
     for (int64_t j = 0, start = 0; start < tk; ++j, start += piece) {
       const int64_t rows = std::min(piece, tk - start);
       ConstMatrixMap k(keys(j, h), rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
-      scores.middleCols(start, rows).noalias() = (q * k.transpose()) * scale;
+      if (tq == 1) {  // a decode step: a matrix-vector product over the block's key rows
+        Eigen::Map<const Eigen::VectorXf> qv(p.q_ptr + h * dh, dh);
+        Eigen::Map<Eigen::VectorXf>(p.scratch_ptr + start, rows).noalias() = (k * qv) * scale;
+      } else {
+        scores.middleCols(start, rows).noalias() = (q * k.transpose()) * scale;
+      }
     }
     for (int64_t i = 0; i < tq; ++i) {
       const int64_t visible = offset + i + 1;  // keys 0 .. offset + i

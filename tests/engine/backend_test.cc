@@ -164,6 +164,76 @@ TEST_P(BackendTest, CloneIsASnapshotThatRestoresExactly) {
   EXPECT_EQ(Logits(seq, more), first);  // the same computation on the same state: bit-identical
 }
 
+// The host KV cache is paged (blocks of SequenceState::kv_block_tokens positions). On a model with a longer
+// context: spans that cross block boundaries, clones that share blocks and then write into the shared one
+// (copy on write), and a rollback into a block a clone holds, each give the logits of a fresh sequence fed
+// the same tokens in one span.
+class PagedKvTest : public BackendTest {
+ protected:
+  void SetUp() override {
+    ModelConfig config = testutil::TinyConfig(GetParam());
+    config.max_position = 512;
+    testutil::WriteTinyCheckpoint(scratch_.Join("long"), config, testutil::RandomTensors(config, DType::kF32, 9));
+    auto b = CpuBackend::Load(scratch_.Join("long"), /*threads=*/2);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+  static Tokens Cat(const Tokens& a, const Tokens& b) {
+    Tokens r = a;
+    r.tokens.insert(r.tokens.end(), b.tokens.begin(), b.tokens.end());
+    r.modes.insert(r.modes.end(), b.modes.begin(), b.modes.end());
+    return r;
+  }
+  // The logits of `probe` after `history`, on a fresh sequence that forwarded the history in one span.
+  std::vector<float> Fresh(const Tokens& history, const Tokens& probe) {
+    SequenceState seq = backend_->NewSequence();
+    Logits(seq, history);
+    return Logits(seq, probe);
+  }
+};
+
+TEST_P(PagedKvTest, SpansAcrossBlocksClonesAndRollbackIntoSharedBlocks) {
+  std::mt19937 rng(23);
+  SequenceState probe_seq = backend_->NewSequence();
+  const int64_t bt = probe_seq.kv_block_tokens();
+  ASSERT_LE(3 * bt, 512) << "the test wants three blocks inside the context";
+  const Tokens a = RandomTokens(rng, bt + bt / 2), b = RandomTokens(rng, bt / 2 + 3), c = RandomTokens(rng, 7);
+  const Tokens probe = RandomTokens(rng, 3);
+
+  // Spans of 37 tokens across the block boundary against one span.
+  SequenceState pieces = backend_->NewSequence();
+  for (size_t i = 0; i < a.tokens.size(); i += 37) {
+    const size_t n = std::min<size_t>(37, a.tokens.size() - i);
+    Logits(pieces, Tokens{{a.tokens.begin() + i, a.tokens.begin() + i + n}, {a.modes.begin() + i, a.modes.begin() + i + n}});
+  }
+  SequenceState whole = backend_->NewSequence();
+  Logits(whole, a);
+  ExpectNear(Logits(pieces, probe), Logits(whole, probe), 1e-5f, "pieces against one span");
+
+  // A clone shares the partly filled second block; both then write into it.
+  SequenceState seq = backend_->NewSequence();
+  Logits(seq, a);
+  SequenceState clone = seq.Clone();
+  Logits(seq, b);
+  Logits(clone, c);
+  ExpectNear(Logits(seq, probe), Fresh(Cat(a, b), probe), 1e-5f, "original after the clone");
+  ExpectNear(Logits(clone, probe), Fresh(Cat(a, c), probe), 1e-5f, "clone after the original wrote");
+
+  // A rollback into a block the clone holds, then new tokens there: the clone's cache is untouched.
+  SequenceState base = backend_->NewSequence();
+  Logits(base, a);
+  Logits(base, b, /*keep_states=*/true);
+  SequenceState kept = base.Clone();
+  const int64_t keep = 2;
+  ASSERT_TRUE(base.Truncate(static_cast<int64_t>(a.tokens.size()) + keep).ok());
+  Logits(base, c);
+  const Tokens b_head{{b.tokens.begin(), b.tokens.begin() + keep}, {b.modes.begin(), b.modes.begin() + keep}};
+  ExpectNear(Logits(base, probe), Fresh(Cat(Cat(a, b_head), c), probe), 1e-5f, "rolled back and rewritten");
+  ExpectNear(Logits(kept, probe), Fresh(Cat(a, b), probe), 1e-5f, "the clone of the rolled-back sequence");
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixers, PagedKvTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn));
+
 // The same batch on the same states gives the same bits however the states' buffers happen to lie in
 // memory: a sequence rebuilt after other allocations moved the heap, forwarded again, matches exactly.
 TEST_P(BackendTest, SameBatchOnTheSameStatesGivesTheSameBitsWhereverTheBuffersLie) {
@@ -269,12 +339,13 @@ TEST_P(BackendTest, DraftSequenceRunsLinearModeLikeTheFullSequenceAndRefusesAtte
   ExpectNear(Logits(draft, lin), Logits(seq, lin), 1e-6f, "after CopyRecurrentFrom");
 }
 
-TEST_P(BackendTest, ReservedDecodeLoopAllocatesNothingAndKvHoldsExactlyItsBytes) {
+TEST_P(BackendTest, ReservedDecodeLoopAllocatesNothingAndKvHoldsItsReservedBlocks) {
   const ModelConfig& c = backend_->config();
   SequenceState seq = backend_->NewSequence();
-  const int64_t total = 40;
+  const int64_t total = 40, bt = seq.kv_block_tokens();
+  const int64_t reserved = (total + bt - 1) / bt * bt;  // whole blocks
   ASSERT_TRUE(seq.Reserve(total).ok());
-  EXPECT_EQ(seq.kv_bytes(), total * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(seq.kv_bytes(), reserved * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
   std::vector<float> logits;
   std::vector<int32_t> prompt(8, 3);
   std::vector<Mode> modes(8, Mode::kAttention);
@@ -292,7 +363,7 @@ TEST_P(BackendTest, ReservedDecodeLoopAllocatesNothingAndKvHoldsExactlyItsBytes)
   g_count_allocations = false;
   ASSERT_TRUE(ok);
   EXPECT_EQ(g_allocations.load(), 0);
-  EXPECT_EQ(seq.kv_bytes(), total * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(seq.kv_bytes(), reserved * 2 * c.qk_dim() * c.n_layers * static_cast<int64_t>(sizeof(float)));
 }
 
 TEST_P(BackendTest, BadBatchesAreErrorsThatTouchNoSequence) {

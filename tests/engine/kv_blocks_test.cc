@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/backend.h"
+
 namespace oryx {
 namespace {
 
