@@ -158,8 +158,9 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
       const double prefill_s = Seconds(t0);
       for (int64_t batch : o.batches) {
         std::vector<SequenceState> seqs;
-        for (int64_t b = 0; b < batch; ++b) {
-          seqs.push_back(first.Clone());
+        for (int64_t b = 0; b < batch; ++b) {  // each with a KV cache of its own, as served sequences have
+          ORYX_ASSIGN_OR_RETURN(SequenceState copy, first.TryCopy());
+          seqs.push_back(std::move(copy));
           ORYX_RETURN_IF_ERROR(seqs.back().Reserve(context + o.steps + 1));
         }
         std::vector<int32_t> tokens(batch, 5);

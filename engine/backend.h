@@ -71,6 +71,9 @@ class SequenceState {
   // The same, ResourceExhausted when the device has no room for the copy (Clone and MakeDraft abort then,
   // naming the shortage: for tests and tools that hold few sequences).
   absl::StatusOr<SequenceState> TryClone() const;
+  // A clone whose KV cache is its own copy, shared with nobody, as a sequence prefilled apart would have (a
+  // host Clone shares the blocks): for benchmarks, where sequences that share memory would read less of it.
+  absl::StatusOr<SequenceState> TryCopy() const;
   absl::StatusOr<SequenceState> TryMakeDraft() const;
   // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
   // and allocation happens only the first time). For refreshing a draft sequence each round.
@@ -82,6 +85,8 @@ class SequenceState {
   absl::Status Reserve(int64_t tokens);
   // Bytes held by the KV cache (allocated capacity, all layers; on the host, the blocks held, shared or not).
   int64_t kv_bytes() const;
+  // KV blocks this sequence holds that others hold too (clones, the prefix cache); 0 where not paged.
+  int64_t kv_shared_blocks() const;
   // Positions per KV block: the granularity of Reserve and kv_bytes (1 where the cache is contiguous).
   int64_t kv_block_tokens() const { return kv_ ? kv_->block_tokens() : 1; }
 

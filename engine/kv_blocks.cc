@@ -63,6 +63,12 @@ void BlockPool::Evict(int32_t block) {
   ++evictions_;
 }
 
+void BlockPool::Grow(int64_t more) {
+  const int64_t from = capacity();
+  refs_.resize(static_cast<size_t>(from + more), 0);
+  for (int64_t b = from + more - 1; b >= from; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
 void BlockPool::Ref(int32_t block) {
   if (refs_[block] == 0) {  // a released cached block taken up again
     auto it = cached_.find(block);
@@ -123,13 +129,20 @@ std::vector<int32_t> BlockPool::MatchPrefix(std::span<const int32_t> tokens, std
   return blocks;
 }
 
-HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats)
+HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats,
+                       int64_t max_capacity)
     : blocks_(capacity, block_tokens),
       layer_floats_(block_tokens * row_floats),
       block_floats_(layers * 2 * block_tokens * row_floats),
+      max_capacity_(max_capacity),
       storage_(static_cast<size_t>(capacity)) {}
 
 absl::StatusOr<int32_t> HostKvPool::Allocate() {
+  const int64_t room = max_capacity_ == 0 ? blocks_.capacity() : max_capacity_ - blocks_.capacity();
+  if (blocks_.available() == 0 && room > 0) {  // storage_ moves, but each block's memory stays put
+    blocks_.Grow(std::min(blocks_.capacity(), room));
+    storage_.resize(static_cast<size_t>(blocks_.capacity()));
+  }
   ORYX_ASSIGN_OR_RETURN(const int32_t block, blocks_.Allocate());
   kernels::AlignedVector<float>& memory = storage_[block];
   if (memory.empty()) {

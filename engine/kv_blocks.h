@@ -47,6 +47,8 @@ class BlockPool {
   absl::StatusOr<int32_t> Allocate();
   // Another holder of a referenced block (a clone of a sequence shares its full blocks).
   void Ref(int32_t block);
+  // More blocks, free: ids capacity() .. capacity() + more - 1.
+  void Grow(int64_t more);
   // A holder lets go. At zero references a cached block waits in the eviction order; any other is free.
   void Unref(int32_t block);
 
@@ -85,10 +87,12 @@ class BlockPool {
 
 // Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
 // block_tokens rows of values, row_floats floats each ([layers][2][block_tokens][row_floats]); its memory is
-// allocated the first time the block is handed out and kept for reuse.
+// allocated the first time the block is handed out and kept for reuse. With max_capacity 0 the pool doubles
+// when every block is held (a sequence's own pool, bounded by the host's memory only); otherwise it stops
+// at max_capacity blocks.
 class HostKvPool {
  public:
-  HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats);
+  HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats, int64_t max_capacity = 0);
   BlockPool& blocks() { return blocks_; }
   const BlockPool& blocks() const { return blocks_; }
   int64_t block_tokens() const { return blocks_.block_tokens(); }
@@ -103,6 +107,7 @@ class HostKvPool {
  private:
   BlockPool blocks_;
   int64_t layer_floats_, block_floats_;  // block_tokens * row_floats; all layers' keys and values
+  int64_t max_capacity_;
   std::vector<kernels::AlignedVector<float>> storage_;  // by block, empty until first handed out
 };
 

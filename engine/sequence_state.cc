@@ -23,10 +23,10 @@ SequenceState::SequenceState(const ModelConfig& c)
     l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
     l.conv.assign(conv_rows_ * 2 * c.qk_dim(), 0.f);
   }
-  // A pool of its own, shared with its clones: room for the whole context several times over (its blocks'
-  // memory is allocated only when handed out).
+  // A pool of its own, shared with its clones, that grows as they need (its blocks' memory is allocated only
+  // when handed out).
   const int64_t per_sequence = (c.max_position + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
-  kv_ = std::make_shared<HostKvPool>(4 * per_sequence + 16, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim);
+  kv_ = std::make_shared<HostKvPool>(per_sequence + 1, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim);
 }
 
 SequenceState::SequenceState(SequenceState&& o) noexcept
@@ -127,6 +127,18 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
   return copy;
 }
 
+absl::StatusOr<SequenceState> SequenceState::TryCopy() const {
+  ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());
+  if (!copy.kv_) return copy;  // a device clone copies already
+  for (int32_t& block : copy.blocks_) {
+    ORYX_ASSIGN_OR_RETURN(const int32_t own, kv_->Allocate());
+    kv_->CopyBlock(block, own);
+    kv_->blocks().Unref(block);
+    block = own;
+  }
+  return copy;
+}
+
 SequenceState::SequenceState(const SequenceState& other, int)
     : position_(other.position_),
       has_kv_(other.has_kv_),
@@ -197,6 +209,11 @@ absl::Status SequenceState::Reserve(int64_t tokens) {
 int64_t SequenceState::kv_bytes() const {
   if (device_) return device_->kv_bytes();
   return kv_ ? static_cast<int64_t>(blocks_.size()) * kv_->block_bytes() : 0;
+}
+
+int64_t SequenceState::kv_shared_blocks() const {
+  if (!kv_) return 0;
+  return std::count_if(blocks_.begin(), blocks_.end(), [&](int32_t b) { return kv_->blocks().refs(b) > 1; });
 }
 
 absl::Status SequenceState::Truncate(int64_t position) {

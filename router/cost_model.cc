@@ -164,7 +164,7 @@ absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::spa
       std::vector<SequenceState> seqs;
       std::vector<ForwardItem> items;
       for (int64_t b = 0; b < s.batch; ++b) {
-        ORYX_ASSIGN_OR_RETURN(SequenceState copy, it->second.TryClone());
+        ORYX_ASSIGN_OR_RETURN(SequenceState copy, it->second.TryCopy());  // KV of its own, as served
         seqs.push_back(std::move(copy));
         ORYX_RETURN_IF_ERROR(seqs.back().Reserve(s.context + s.tokens));
       }

@@ -49,7 +49,15 @@ void Attention(const AttentionParams& p) {
     for (int64_t j = 0, start = 0; start < tk; ++j, start += piece) {
       const int64_t rows = std::min(piece, tk - start);
       ConstMatrixMap v(values(j, h), rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
-      if (start == 0) {
+      if (tq == 1) {  // a decode step: the block's value rows weighted by the probabilities
+        Eigen::Map<Eigen::VectorXf> o(p.out_ptr + h * dh, dh);
+        Eigen::Map<const Eigen::VectorXf> w(p.scratch_ptr + start, rows);
+        if (start == 0) {
+          o.noalias() = v.transpose() * w;
+        } else {
+          o.noalias() += v.transpose() * w;
+        }
+      } else if (start == 0) {
         out.noalias() = scores.middleCols(0, rows) * v;
       } else {
         out.noalias() += scores.middleCols(start, rows) * v;

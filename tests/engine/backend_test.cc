@@ -210,14 +210,21 @@ TEST_P(PagedKvTest, SpansAcrossBlocksClonesAndRollbackIntoSharedBlocks) {
   Logits(whole, a);
   ExpectNear(Logits(pieces, probe), Logits(whole, probe), 1e-5f, "pieces against one span");
 
-  // A clone shares the partly filled second block; both then write into it.
+  // A clone shares the blocks (the full first and the partly filled second); a copy shares none.
   SequenceState seq = backend_->NewSequence();
   Logits(seq, a);
   SequenceState clone = seq.Clone();
+  EXPECT_EQ(seq.kv_shared_blocks(), 2);
+  absl::StatusOr<SequenceState> copy = seq.TryCopy();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->kv_shared_blocks(), 0);
+  ExpectNear(Logits(*copy, probe), Fresh(a, probe), 1e-5f, "a copy");
+  // Both then write into the shared second block.
   Logits(seq, b);
   Logits(clone, c);
   ExpectNear(Logits(seq, probe), Fresh(Cat(a, b), probe), 1e-5f, "original after the clone");
   ExpectNear(Logits(clone, probe), Fresh(Cat(a, c), probe), 1e-5f, "clone after the original wrote");
+  EXPECT_EQ(seq.kv_shared_blocks(), 1);  // the first block; each wrote its own copy of the second
 
   // A rollback into a block the clone holds, then new tokens there: the clone's cache is untouched.
   SequenceState base = backend_->NewSequence();

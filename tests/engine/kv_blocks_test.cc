@@ -148,5 +148,27 @@ TEST(BlockPool, EvictsReleasedCachedBlocksLeastRecentlyReleasedFirst) {
   EXPECT_EQ(pool.cached(), 1);
 }
 
+// A sequence's own pool doubles when full, and the blocks handed out keep their memory; a pool with a
+// maximum stops there.
+TEST(HostKvPool, GrowsUpToItsMaximumAndKeepsBlocksInPlace) {
+  HostKvPool own(2, 4, /*layers=*/2, /*row_floats=*/3);
+  const int32_t first = *own.Allocate();
+  float* keys = own.keys(first, 1);
+  keys[0] = 42.f;
+  std::vector<int32_t> got = {first};
+  for (int i = 0; i < 9; ++i) got.push_back(*own.Allocate());
+  EXPECT_EQ(own.blocks().capacity(), 16);  // 2 -> 4 -> 8 -> 16
+  EXPECT_EQ(own.keys(first, 1), keys);
+  EXPECT_EQ(keys[0], 42.f);
+  EXPECT_EQ(own.block_bytes(), 2 * 2 * 4 * 3 * 4);
+
+  HostKvPool capped(2, 4, 2, 3, /*max_capacity=*/3);
+  EXPECT_TRUE(capped.Allocate().ok());
+  EXPECT_TRUE(capped.Allocate().ok());
+  EXPECT_TRUE(capped.Allocate().ok());
+  EXPECT_EQ(capped.Allocate().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(capped.blocks().capacity(), 3);
+}
+
 }  // namespace
 }  // namespace oryx
