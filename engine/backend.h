@@ -56,9 +56,8 @@ class SequenceState {
   explicit SequenceState(const ModelConfig& config);
   // A sequence whose KV cache and recurrent state live in `device` (made by a device backend).
   SequenceState(const ModelConfig& config, std::unique_ptr<DeviceSequence> device);
-  SequenceState(SequenceState&& other) noexcept;
-  SequenceState& operator=(SequenceState&& other) noexcept;
-  ~SequenceState();
+  SequenceState(SequenceState&&) = default;
+  SequenceState& operator=(SequenceState&&) = default;
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
 
@@ -88,7 +87,7 @@ class SequenceState {
   // KV blocks this sequence holds that others hold too (clones, the prefix cache); 0 where not paged.
   int64_t kv_shared_blocks() const;
   // Positions per KV block: the granularity of Reserve and kv_bytes (1 where the cache is contiguous).
-  int64_t kv_block_tokens() const { return kv_ ? kv_->block_tokens() : 1; }
+  int64_t kv_block_tokens() const { return kv_.pool() ? kv_.pool()->block_tokens() : 1; }
 
   // Goes back to `position` (<= position()). The KV cache is cut there. The recurrent state and conv window
   // can be brought back only to a position inside the last span forwarded with keep_states (its start
@@ -103,21 +102,19 @@ class SequenceState {
   friend absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const ForwardItem> batch,
                                            const void* device_owner);
   SequenceState(const SequenceState& other, int);  // copies the scalars only
-  // Host KV cache: blocks of kv_->block_tokens() positions, each holding every layer's rotated keys and
-  // values; blocks_[j] covers positions [j * block_tokens, (j + 1) * block_tokens), and blocks past the
-  // position are reserved room. A clone shares the blocks (reference counts); a block shared or published
-  // to the prefix cache is copied before it is written (PrepareKv).
+  // Host KV cache: blocks of kv_block_tokens() positions, each holding every layer's rotated keys and
+  // values (kv_); blocks past the position are reserved room. A clone shares the blocks (reference
+  // counts); a block shared or published to the prefix cache is copied before it is written (PrepareKv).
   float* KeyRow(int64_t layer, int64_t position) {
-    const int64_t b = kv_->block_tokens();
-    return kv_->keys(blocks_[position / b], layer) + (position % b) * heads_ * head_dim_;
+    const int64_t b = kv_.pool()->block_tokens();
+    return kv_.pool()->keys(kv_[position / b], layer) + (position % b) * heads_ * head_dim_;
   }
   float* ValueRow(int64_t layer, int64_t position) {
-    const int64_t b = kv_->block_tokens();
-    return kv_->values(blocks_[position / b], layer) + (position % b) * heads_ * head_dim_;
+    const int64_t b = kv_.pool()->block_tokens();
+    return kv_.pool()->values(kv_[position / b], layer) + (position % b) * heads_ * head_dim_;
   }
   // Blocks for positions [0, end), those from the position on writable by this sequence alone.
   absl::Status PrepareKv(int64_t end);
-  void ReleaseKv();
   // 64-byte aligned (kernels/aligned_vector.h): a forward's bits must not depend on where these lie.
   using Floats = kernels::AlignedVector<float>;
   struct Layer {
@@ -128,8 +125,7 @@ class SequenceState {
     Floats span_inputs;  // [w-1+T, 2*HD]:    the conv window before the span, then its inputs
   };
   std::vector<Layer> layers_;
-  std::shared_ptr<HostKvPool> kv_;  // host sequences: the pool their KV blocks come from
-  std::vector<int32_t> blocks_;
+  HostKvTable kv_;  // host sequences: their KV blocks (no pool: a device sequence)
   int64_t position_ = 0;
   bool has_kv_ = true;
   int64_t span_start_ = -1, span_len_ = 0;  // the keep_states span (span_start_ < 0: none)

@@ -47,7 +47,8 @@ struct CpuBackend::Span {
 struct CpuBackend::Scratch {
   Floats x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
   std::vector<Floats> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
-  std::vector<std::vector<const float*>> key_blocks, value_blocks;  // per item: its KV blocks in this layer
+  // Per item: its KV blocks, where layer 0's keys and values start (a layer adds layer_stride()).
+  std::vector<std::vector<const float*>> key_blocks, value_blocks;
   std::vector<Span> spans;
 };
 
@@ -191,7 +192,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
           std::copy(kv, kv + HD, seq.KeyRow(il, pos + t));
           std::copy(kv + HD, kv + 2 * HD, seq.ValueRow(il, pos + t));
         }
-        const int64_t bt = seq.kv_->block_tokens();
+        const int64_t bt = seq.kv_block_tokens();
         for (int64_t t = 0, run = 0; c.rope_theta > 0 && t < T; t += run) {  // a run of rows per block
           run = std::min(T - t, bt - (pos + t) % bt);
           k::cpu::Rope({run, H, dh, pos + t, c.rope_theta, HD, seq.KeyRow(il, pos + t)});
@@ -204,29 +205,8 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   });
 
   // 4. Per (sequence, head): the recurrence for every token, and attention where the span has attention
-  //    tokens (computed for the whole span; each token then takes its own mode's output). Each thread's
-  //    score buffer is sized here, for the KV cache's capacity, so that a reserved sequence's decode
-  //    steps never grow it.
-  //    The pointers to each sequence's KV blocks of this layer are gathered here too.
-  int64_t scores = 0;
-  if (static_cast<int64_t>(sc.key_blocks.size()) < B) {
-    sc.key_blocks.resize(B);
-    sc.value_blocks.resize(B);
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    if (!spans[b].any_attention) continue;
-    SequenceState& seq = *batch[b].seq;
-    const int64_t blocks = static_cast<int64_t>(seq.blocks_.size());
-    scores = std::max<int64_t>(scores, spans[b].len * blocks * seq.kv_->block_tokens());
-    sc.key_blocks[b].resize(blocks);
-    sc.value_blocks[b].resize(blocks);
-    for (int64_t j = 0; j < blocks; ++j) {
-      sc.key_blocks[b][j] = seq.kv_->keys(seq.blocks_[j], il);
-      sc.value_blocks[b][j] = seq.kv_->values(seq.blocks_[j], il);
-    }
-  }
-  sc.attention.resize(pool_->num_threads());
-  for (Floats& buffer : sc.attention) AtLeast(buffer, scores);
+  //    tokens (computed for the whole span; each token then takes its own mode's output). The score
+  //    buffers and each sequence's KV block pointers come from Forward.
   pool_->ParallelFor(B * H, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, h = i % H;
@@ -257,8 +237,9 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                            .kv_token_stride = HD, .out_token_stride = HD, .q_ptr = proj + s.row * P + col_qa + h * dh,
                            .k_ptr = nullptr, .v_ptr = nullptr, .out_ptr = oa,
                            .scratch_ptr = sc.attention[k::cpu::ThreadPool::ThreadIndex()].data(),
-                           .kv_block_tokens = seq.kv_->block_tokens(), .k_blocks = sc.key_blocks[b].data(),
-                           .v_blocks = sc.value_blocks[b].data(), .kv_col = h * dh});
+                           .kv_block_tokens = seq.kv_block_tokens(), .k_blocks = sc.key_blocks[b].data(),
+                           .v_blocks = sc.value_blocks[b].data(),
+                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * dh});
         for (int64_t t = 0; t < T; ++t) {
           if (batch[b].modes[t] == Mode::kAttention) std::copy(oa + t * HD, oa + t * HD + dh, o + t * HD);
         }
@@ -278,6 +259,33 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   k::cpu::SwiGlu({N, F, 2 * F, 2 * F, 2 * F, mlp, mlp + F, mlp});
   MatMul(mlp, N, F, w.mlp_down, D, tmp, 2 * F, D);
   for (int64_t i = 0; i < N * D; ++i) x[i] += tmp[i];
+}
+
+void CpuBackend::GatherKvBlocks(std::span<const ForwardItem> batch) {
+  // The pointers to the KV blocks of every sequence with attention tokens, and each thread's score buffer,
+  // sized for the KV cache's capacity so that a reserved sequence's decode steps never grow it.
+  Scratch& sc = *scratch_;
+  const int64_t B = static_cast<int64_t>(batch.size());
+  if (static_cast<int64_t>(sc.key_blocks.size()) < B) {
+    sc.key_blocks.resize(B);
+    sc.value_blocks.resize(B);
+  }
+  int64_t scores = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!sc.spans[b].any_attention) continue;
+    SequenceState& seq = *batch[b].seq;
+    HostKvPool& pool = *seq.kv_.pool();
+    const int64_t blocks = seq.kv_.size();
+    scores = std::max<int64_t>(scores, sc.spans[b].len * blocks * pool.block_tokens());
+    sc.key_blocks[b].resize(blocks);
+    sc.value_blocks[b].resize(blocks);
+    for (int64_t j = 0; j < blocks; ++j) {
+      sc.key_blocks[b][j] = pool.keys(seq.kv_[j], 0);
+      sc.value_blocks[b][j] = pool.values(seq.kv_[j], 0);
+    }
+  }
+  sc.attention.resize(pool_->num_threads());
+  for (Floats& buffer : sc.attention) AtLeast(buffer, scores);
 }
 
 absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
@@ -303,6 +311,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
       for (SequenceState::Layer& l : it.seq->layers_) AtLeast(l.span_states, H * (spans[b].len + 1) * dd);
     }
   }
+  GatherKvBlocks(batch);
   float* x = AtLeast(sc.x, N * D);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < spans[b].len; ++t) {

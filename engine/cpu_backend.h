@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
   CpuBackend() = default;
   absl::Status Validate(std::span<const ForwardItem> batch) const;
   void LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans, int64_t rows);
+  void GatherKvBlocks(std::span<const ForwardItem> batch);  // after the spans are planned
   void MatMul(const float* x, int64_t m, int64_t k, const Floats& w, int64_t n, float* y,
               int64_t x_stride, int64_t y_stride);
 

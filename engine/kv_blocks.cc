@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <new>
+#include <utility>
 
 #include "base/status_macros.h"
 #include "base/str_cat.h"
@@ -154,6 +155,74 @@ absl::StatusOr<int32_t> HostKvPool::Allocate() {
     }
   }
   return block;
+}
+
+absl::StatusOr<int32_t> HostKvPool::CopyOf(int32_t block) {
+  ORYX_ASSIGN_OR_RETURN(const int32_t copy, Allocate());
+  std::copy(storage_[block].begin(), storage_[block].end(), storage_[copy].begin());
+  blocks_.Unref(block);
+  return copy;
+}
+
+HostKvTable::HostKvTable(HostKvTable&& other) noexcept
+    : pool_(std::move(other.pool_)), ids_(std::exchange(other.ids_, {})) {}
+
+HostKvTable& HostKvTable::operator=(HostKvTable&& other) noexcept {
+  if (this != &other) {
+    Clear();
+    pool_ = std::move(other.pool_);
+    ids_ = std::exchange(other.ids_, {});
+  }
+  return *this;
+}
+
+void HostKvTable::Clear() {
+  if (pool_) {
+    for (int32_t b : ids_) pool_->blocks().Unref(b);
+  }
+  ids_.clear();
+}
+
+HostKvTable HostKvTable::Share(int64_t n) const {
+  HostKvTable copy(pool_);
+  copy.ids_.assign(ids_.begin(), ids_.begin() + n);
+  for (int32_t b : copy.ids_) pool_->blocks().Ref(b);
+  return copy;
+}
+
+absl::Status HostKvTable::Grow(int64_t n) {
+  const int64_t had = size();
+  if (n <= had) return absl::OkStatus();
+  try {
+    ids_.reserve(static_cast<size_t>(n));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory for a KV block table");
+  }
+  while (size() < n) {
+    absl::StatusOr<int32_t> block = pool_->Allocate();
+    if (!block.ok()) {
+      while (size() > had) {
+        pool_->blocks().Unref(ids_.back());
+        ids_.pop_back();
+      }
+      return absl::ResourceExhaustedError(Cat(n, " KV blocks of ", pool_->block_bytes(),
+                                              " bytes: ", block.status().message()));
+    }
+    ids_.push_back(*block);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostKvTable::Own(int64_t j) {
+  const BlockPool& blocks = pool_->blocks();
+  if (blocks.refs(ids_[j]) == 1 && !blocks.is_cached(ids_[j])) return absl::OkStatus();
+  ORYX_ASSIGN_OR_RETURN(ids_[j], pool_->CopyOf(ids_[j]));
+  return absl::OkStatus();
+}
+
+int64_t HostKvTable::shared() const {
+  if (!pool_) return 0;
+  return std::count_if(ids_.begin(), ids_.end(), [&](int32_t b) { return pool_->blocks().refs(b) > 1; });
 }
 
 }  // namespace oryx

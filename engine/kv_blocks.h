@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -99,16 +100,45 @@ class HostKvPool {
   int64_t block_bytes() const { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
   // BlockPool::Allocate, with the block's memory; ResourceExhausted when the pool or the host has no room.
   absl::StatusOr<int32_t> Allocate();
-  float* keys(int32_t block, int64_t layer) { return storage_[block].data() + layer * 2 * layer_floats_; }
-  // Copies every layer's keys and values of block `from` into block `to`.
-  void CopyBlock(int32_t from, int32_t to) { std::copy(storage_[from].begin(), storage_[from].end(), storage_[to].begin()); }
+  float* keys(int32_t block, int64_t layer) { return storage_[block].data() + layer * layer_stride(); }
   float* values(int32_t block, int64_t layer) { return keys(block, layer) + layer_floats_; }
+  // Floats from one layer's keys in a block to the next layer's.
+  int64_t layer_stride() const { return 2 * layer_floats_; }
+  // A block with `block`'s contents that only the caller holds, in place of the caller's reference to it.
+  absl::StatusOr<int32_t> CopyOf(int32_t block);
 
  private:
   BlockPool blocks_;
   int64_t layer_floats_, block_floats_;  // block_tokens * row_floats; all layers' keys and values
   int64_t max_capacity_;
   std::vector<kernels::AlignedVector<float>> storage_;  // by block, empty until first handed out
+};
+
+// A sequence's KV blocks from a host pool, in position order: block j holds positions [j * block_tokens,
+// (j + 1) * block_tokens). It holds one reference to each and lets them go when it goes (move-only).
+class HostKvTable {
+ public:
+  HostKvTable() = default;
+  explicit HostKvTable(std::shared_ptr<HostKvPool> pool) : pool_(std::move(pool)) {}
+  HostKvTable(HostKvTable&& other) noexcept;
+  HostKvTable& operator=(HostKvTable&& other) noexcept;
+  ~HostKvTable() { Clear(); }
+
+  HostKvPool* pool() const { return pool_.get(); }  // null: no host cache (a device sequence)
+  int64_t size() const { return static_cast<int64_t>(ids_.size()); }
+  int32_t operator[](int64_t j) const { return ids_[j]; }
+  // A table on the same pool that holds the first n blocks too.
+  HostKvTable Share(int64_t n) const;
+  // At least n blocks; ResourceExhausted, the table as it was, when the pool has no room.
+  absl::Status Grow(int64_t n);
+  // Block j made this table's alone: copied first when another table or the prefix cache holds it.
+  absl::Status Own(int64_t j);
+  int64_t shared() const;  // blocks another holder holds too
+  void Clear();
+
+ private:
+  std::shared_ptr<HostKvPool> pool_;
+  std::vector<int32_t> ids_;
 };
 
 }  // namespace oryx

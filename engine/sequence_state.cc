@@ -26,68 +26,15 @@ SequenceState::SequenceState(const ModelConfig& c)
   // A pool of its own, shared with its clones, that grows as they need (its blocks' memory is allocated only
   // when handed out).
   const int64_t per_sequence = (c.max_position + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
-  kv_ = std::make_shared<HostKvPool>(per_sequence + 1, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim);
-}
-
-SequenceState::SequenceState(SequenceState&& o) noexcept
-    : layers_(std::move(o.layers_)),
-      kv_(std::move(o.kv_)),
-      blocks_(std::move(o.blocks_)),
-      position_(o.position_),
-      has_kv_(o.has_kv_),
-      span_start_(o.span_start_),
-      span_len_(o.span_len_),
-      heads_(o.heads_),
-      head_dim_(o.head_dim_),
-      conv_rows_(o.conv_rows_),
-      device_(std::move(o.device_)) {
-  o.blocks_.clear();
-}
-
-SequenceState& SequenceState::operator=(SequenceState&& o) noexcept {
-  if (this == &o) return *this;
-  ReleaseKv();
-  layers_ = std::move(o.layers_);
-  kv_ = std::move(o.kv_);
-  blocks_ = std::move(o.blocks_);
-  o.blocks_.clear();
-  position_ = o.position_;
-  has_kv_ = o.has_kv_;
-  span_start_ = o.span_start_;
-  span_len_ = o.span_len_;
-  heads_ = o.heads_;
-  head_dim_ = o.head_dim_;
-  conv_rows_ = o.conv_rows_;
-  device_ = std::move(o.device_);
-  return *this;
-}
-
-SequenceState::~SequenceState() { ReleaseKv(); }
-
-void SequenceState::ReleaseKv() {
-  if (kv_) {
-    for (int32_t b : blocks_) kv_->blocks().Unref(b);
-  }
-  blocks_.clear();
+  kv_ = HostKvTable(
+      std::make_shared<HostKvPool>(per_sequence + 1, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim));
 }
 
 absl::Status SequenceState::PrepareKv(int64_t end) {
-  const int64_t bt = kv_->block_tokens();
-  BlockPool& pool = kv_->blocks();
+  const int64_t bt = kv_.pool()->block_tokens();
   // The blocks this forward writes into that others hold too (a clone, the prefix cache): copied first.
-  for (int64_t j = position_ / bt; j < static_cast<int64_t>(blocks_.size()) && j * bt < end; ++j) {
-    const int32_t old = blocks_[j];
-    if (pool.refs(old) == 1 && !pool.is_cached(old)) continue;
-    ORYX_ASSIGN_OR_RETURN(const int32_t fresh, kv_->Allocate());
-    kv_->CopyBlock(old, fresh);
-    pool.Unref(old);
-    blocks_[j] = fresh;
-  }
-  while (static_cast<int64_t>(blocks_.size()) * bt < end) {
-    ORYX_ASSIGN_OR_RETURN(const int32_t fresh, kv_->Allocate());
-    blocks_.push_back(fresh);
-  }
-  return absl::OkStatus();
+  for (int64_t j = position_ / bt; j < kv_.size() && j * bt < end; ++j) ORYX_RETURN_IF_ERROR(kv_.Own(j));
+  return kv_.Grow((end + bt - 1) / bt);
 }
 
 SequenceState::SequenceState(const ModelConfig& c, std::unique_ptr<DeviceSequence> device)
@@ -118,24 +65,15 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
     return copy;
   }
   copy.layers_ = layers_;
-  copy.kv_ = kv_;
-  if (has_kv_) {  // the blocks that hold positions, shared; the reserved ones stay this sequence's
-    const int64_t bt = kv_->block_tokens();
-    copy.blocks_.assign(blocks_.begin(), blocks_.begin() + (position_ + bt - 1) / bt);
-    for (int32_t b : copy.blocks_) kv_->blocks().Ref(b);
-  }
+  // The blocks that hold positions, shared; the reserved ones stay this sequence's.
+  const int64_t bt = kv_block_tokens();
+  copy.kv_ = kv_.Share(has_kv_ ? (position_ + bt - 1) / bt : 0);
   return copy;
 }
 
 absl::StatusOr<SequenceState> SequenceState::TryCopy() const {
-  ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());
-  if (!copy.kv_) return copy;  // a device clone copies already
-  for (int32_t& block : copy.blocks_) {
-    ORYX_ASSIGN_OR_RETURN(const int32_t own, kv_->Allocate());
-    kv_->CopyBlock(block, own);
-    kv_->blocks().Unref(block);
-    block = own;
-  }
+  ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());  // a device clone copies already
+  for (int64_t j = 0; j < copy.kv_.size(); ++j) ORYX_RETURN_IF_ERROR(copy.kv_.Own(j));
   return copy;
 }
 
@@ -162,7 +100,7 @@ absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
     draft.layers_[i].s = layers_[i].s;
     draft.layers_[i].conv = layers_[i].conv;
   }
-  draft.kv_ = kv_;
+  draft.kv_ = kv_.Share(0);
   return draft;
 }
 
@@ -183,38 +121,18 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
 absl::Status SequenceState::Reserve(int64_t tokens) {
   if (!has_kv_) return absl::OkStatus();
   if (device_) return device_->Reserve(tokens, position_);
-  const int64_t bt = kv_->block_tokens();
-  const size_t had = blocks_.size(), want = static_cast<size_t>((tokens + bt - 1) / bt);
-  if (want <= had) return absl::OkStatus();
-  try {
-    blocks_.reserve(want);
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of memory for a KV block table");
-  }
-  while (blocks_.size() < want) {
-    absl::StatusOr<int32_t> block = kv_->Allocate();
-    if (!block.ok()) {
-      while (blocks_.size() > had) {
-        kv_->blocks().Unref(blocks_.back());
-        blocks_.pop_back();
-      }
-      return absl::ResourceExhaustedError(Cat("a KV cache of ", tokens, " positions (", want, " blocks of ",
-                                              kv_->block_bytes(), " bytes): ", block.status().message()));
-    }
-    blocks_.push_back(*block);
-  }
+  const int64_t bt = kv_.pool()->block_tokens();
+  absl::Status grown = kv_.Grow((tokens + bt - 1) / bt);
+  if (!grown.ok()) return absl::ResourceExhaustedError(Cat("a KV cache of ", tokens, " positions: ", grown.message()));
   return absl::OkStatus();
 }
 
 int64_t SequenceState::kv_bytes() const {
   if (device_) return device_->kv_bytes();
-  return kv_ ? static_cast<int64_t>(blocks_.size()) * kv_->block_bytes() : 0;
+  return kv_.pool() ? kv_.size() * kv_.pool()->block_bytes() : 0;
 }
 
-int64_t SequenceState::kv_shared_blocks() const {
-  if (!kv_) return 0;
-  return std::count_if(blocks_.begin(), blocks_.end(), [&](int32_t b) { return kv_->blocks().refs(b) > 1; });
-}
+int64_t SequenceState::kv_shared_blocks() const { return kv_.shared(); }
 
 absl::Status SequenceState::Truncate(int64_t position) {
   if (position > position_ || position < 0) {
