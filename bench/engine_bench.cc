@@ -206,6 +206,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
 
 absl::Status RunSpecBench(const SpecBenchOptions& o, const Emit& emit) {
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
+  engine.set_prefix_cache(std::nullopt);  // every run computes its prompts: the runs compare decoding alone
   speculative::RegisterPolicies(engine.policies());
   const ModelConfig& c = engine.backend().config();
   ORYX_ASSIGN_OR_RETURN(CorpusReader val, CorpusReader::Open(o.data_dir, "val"));

@@ -122,6 +122,7 @@ absl::StatusOr<Total> ScoreByTeacherForcing(Engine& engine, const std::vector<ta
 
 absl::Status RunRouterBench(const RouterBenchOptions& o, const Emit& emit) {
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, {"cpu", o.threads}));
+  engine.set_prefix_cache(std::nullopt);  // policies are compared on the compute of whole prompts
   policies::RegisterAllPolicies(engine.policies());
   if (!engine.tokenizer()) return absl::InvalidArgumentError("bench router: the model has no tokenizer");
   const ModelConfig& c = engine.backend().config();

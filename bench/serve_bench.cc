@@ -45,6 +45,7 @@ struct Sample {
   double ttft_s = 0, latency_s = 0;
   std::vector<double> gaps_s;  // between consecutive token chunks, as the client received them
   int64_t tokens = 0;
+  int64_t cached_tokens = 0;          // prompt tokens restored from the prefix cache
   int64_t drafted = 0, accepted = 0;  // speculative policies
   std::vector<int64_t> rounds_by_length;  // and their rounds by draft length, with the rounds' wall time
   std::vector<double> round_s_by_length;
@@ -116,6 +117,7 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
       s.error = "no usage at the end of the stream: " + body.substr(body.size() > 300 ? body.size() - 300 : 0);
     } else {
       s.tokens = last["usage"]["completion_tokens"].get<int64_t>();
+      s.cached_tokens = last["oryx"]["stats"].value("cached_tokens", int64_t{0});
       if (last["oryx"]["stats"].contains("spec")) {
         s.drafted = last["oryx"]["stats"]["spec"]["drafted"].get<int64_t>();
         s.accepted = last["oryx"]["stats"]["spec"]["accepted"].get<int64_t>();
@@ -128,7 +130,7 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
 }
 
 // The prompts of `count` requests: corpus windows spread over the validation split (a different part per
-// `seed`), or random token ids after a BOS.
+// `seed`), or random token ids after a BOS; the first shared_prefix_tokens of every one those of the first.
 absl::StatusOr<std::vector<std::vector<int32_t>>> Prompts(const ServeBenchOptions& o, const CorpusReader* corpus,
                                                           int64_t vocab, int64_t count, uint64_t seed) {
   std::vector<std::vector<int32_t>> prompts(count, std::vector<int32_t>(o.prompt_tokens + 1));
@@ -144,6 +146,9 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> Prompts(const ServeBenchOption
       for (size_t t = 1; t < p.size(); ++t) p[t] = static_cast<int32_t>(rng.UniformRange(4, vocab - 1));
     }
     p.pop_back();
+    // A corpus window's suffix follows its own text, not the shared prefix: the suffixes still differ, which
+    // is what the workload needs.
+    if (i > 0) std::copy_n(prompts[0].begin(), o.shared_prefix_tokens, p.begin());
   }
   return prompts;
 }
@@ -201,6 +206,10 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   if (o.prompt_tokens < 1 || o.max_tokens < 1) {
     return absl::InvalidArgumentError("bench serve: --prompt-tokens and --max-tokens must be >= 1");
   }
+  if (o.shared_prefix_tokens < 0 || o.shared_prefix_tokens > o.prompt_tokens) {
+    return absl::InvalidArgumentError(Cat("bench serve: --shared-prefix ", o.shared_prefix_tokens,
+                                          " must be in [0, --prompt-tokens ", o.prompt_tokens, "]"));
+  }
   std::string model;
   ORYX_ASSIGN_OR_RETURN(Engine engine, MakeEngine(o, &model));
   policies::RegisterAllPolicies(engine.policies());
@@ -233,6 +242,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   so.log_requests = false;
   so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
   so.scheduler.max_prefill_tokens = o.max_prefill_tokens;
+  if (!o.prefix_cache) engine.set_prefix_cache(std::nullopt);
   so.scheduler.max_queue = open_loop ? 4096 : std::max<int64_t>(top, 16);
   so.http_threads = open_loop ? 512 : static_cast<int>(top + 8);
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
@@ -261,7 +271,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const double wall = Since(start);
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between, gaps;
-    int64_t tokens = 0, drafted = 0, accepted = 0;
+    int64_t tokens = 0, drafted = 0, accepted = 0, cached_tokens = 0;
     std::vector<int64_t> rounds_by_length;
     std::vector<double> round_s_by_length;
     for (const Sample& s : samples) {
@@ -279,6 +289,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       if (s.tokens > 1) between.push_back(1e3 * (s.latency_s - s.ttft_s) / static_cast<double>(s.tokens - 1));
       for (double g : s.gaps_s) gaps.push_back(1e3 * g);
       tokens += s.tokens;
+      cached_tokens += s.cached_tokens;
     }
     const int64_t steps = after.steps - before.steps;
     json row = {{"bench", "serve"},
@@ -289,13 +300,17 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"concurrency", clients},  // 0: open loop
                 {"requests", count},
                 {"prompt_tokens", o.prompt_tokens},
+                {"shared_prefix_tokens", o.shared_prefix_tokens},
+                {"prefix_cache", o.prefix_cache},
+                // Prompt tokens restored from the prefix cache, of all the level's prompt tokens.
+                {"prefix_hit_rate", static_cast<double>(cached_tokens) / static_cast<double>(count * o.prompt_tokens)},
                 {"max_tokens", o.max_tokens},
                 {"max_batch", so.scheduler.max_batch},
                 {"max_prefill_tokens", o.max_prefill_tokens},
                 {"wall_s", wall},
                 {"requests_per_s", static_cast<double>(count) / wall},
                 {"generated_tokens_per_s", static_cast<double>(tokens) / wall},
-                {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}}},
+                {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}, {"p99", Percentile(ttft, 0.99)}}},
                 {"latency_ms", {{"p50", Percentile(latency, 0.5)}, {"p90", Percentile(latency, 0.9)}}},
                 {"inter_token_ms_p50", Percentile(between, 0.5)},
                 // Every gap between two token chunks of a request, all requests pooled: the tail shows the

@@ -5,7 +5,7 @@
 // of a corpus's validation split) and generates exactly max_tokens tokens (EOS ignored). One JSON line per
 // level: requests/s, generated tokens/s, time to first token and end-to-end latency (p50, p90), the time
 // between tokens (each request's mean, and the distribution of every gap), and the server's mean decode
-// batch over the level.
+// batch over the level, and the prompt tokens the prefix cache restored.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,10 @@ struct ServeBenchOptions {
   std::vector<double> rates;
   int64_t requests = 0;      // per level; 0: 4 x the level (clients or requests/s), at least 8
   int64_t prompt_tokens = 128;
+  // The first this many tokens of every prompt of a level are the same (a system prompt; a new one per
+  // level, and another for the warm-up), the rest differ. 0: prompts share nothing.
+  int64_t shared_prefix_tokens = 0;
+  bool prefix_cache = true;  // the engine's prefix cache (Engine::prefix_cache); off: every prompt is computed
   int64_t max_tokens = 64;
   std::string policy = "attention";
   // A corpus (`oryx data prepare`): prompts are evenly spread windows of its validation split, so that a

@@ -336,6 +336,7 @@ int BenchServe(const Args& rest) {
   bench::ServeBenchOptions o;
   std::vector<std::string> levels, rates;
   int64_t requests = 0, seed = 1;
+  bool no_prefix_cache = false;
   FlagSet f("oryx bench serve --model DIR [--concurrency 1,4,16 | --rates 5,20] [--prompt-tokens N] [--max-tokens N]",
             "Starts `oryx serve` in this process on a free port and loads it: at each concurrency level, that\n"
             "many clients send streaming completions back to back over HTTP (prompts of --prompt-tokens:\n"
@@ -350,6 +351,9 @@ int BenchServe(const Args& rest) {
   f.StringList("rates", &rates, "open loop instead: request arrival rates per second (Poisson), one level each");
   f.Int("requests", &requests, "requests per level (0: 4 x the level, at least 8)", 0, 1 << 20);
   f.Int("prompt-tokens", &o.prompt_tokens, "prompt length in tokens", 1, 1 << 24);
+  f.Int("shared-prefix", &o.shared_prefix_tokens,
+        "the first N tokens of a level's prompts are the same (a system prompt), the rest differ", 0, 1 << 24);
+  f.Bool("no-prefix-cache", &no_prefix_cache, "every prompt computed in full (the prefix cache off)");
   f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
   f.String("policy", &o.policy, "mode policy of every request; several, comma-separated: request i takes the (i mod n)-th");
   f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");
@@ -376,6 +380,7 @@ int BenchServe(const Args& rest) {
     }
     if (o.device != "cpu" && o.device != "cuda") return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
     o.requests = requests;
+    o.prefix_cache = !no_prefix_cache;
     o.seed = static_cast<uint64_t>(seed);
     o.threads = static_cast<int>(c.threads);
     c.out.row = [header = true](const nlohmann::json& j) mutable {
@@ -395,6 +400,10 @@ int BenchServe(const Args& rest) {
                   j["mean_decode_batch"].get<double>(),
                   static_cast<long long>(j["server_steps"].get<int64_t>()));
       if (j.contains("acceptance_rate")) std::printf("        drafts accepted: %.1f%%\n", 100 * j["acceptance_rate"].get<double>());
+      if (j["prefix_hit_rate"].get<double>() > 0) {
+        std::printf("        prompt tokens from the prefix cache: %.1f%%, TTFT p99 %.1f ms\n",
+                    100 * j["prefix_hit_rate"].get<double>(), j["ttft_ms"]["p99"].get<double>());
+      }
       std::fflush(stdout);
     };
     ORYX_RETURN_IF_ERROR(bench::RunServeBench(o, [&](const nlohmann::json& j) { c.out.Emit(j); }));

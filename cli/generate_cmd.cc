@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "cli/prefix_cache_flags.h"
 #include "base/flags.h"
 #include "engine/engine.h"
 #include "base/file_util.h"
@@ -74,6 +75,8 @@ int RunGenerate(const Args& args) {
   f.Bool("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token");
   f.String("device", &device, "cpu | cuda");
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+  PrefixCacheFlags prefix_cache;
+  prefix_cache.Add(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     if (f.was_set("prompt") && prompt.empty() && prompt_file.empty()) {
@@ -96,6 +99,7 @@ int RunGenerate(const Args& args) {
     const BackendOptions backend{
         .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
+    ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());
     if (!json) {
       request.on_token = [](const TokenEvent& e) {

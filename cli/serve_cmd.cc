@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/prefix_cache_flags.h"
 #include "base/flags.h"
 #include "engine/engine.h"
 #include "base/status_macros.h"
@@ -46,6 +47,8 @@ int RunServe(const Args& args) {
         1, 4096);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
+  PrefixCacheFlags prefix_cache;
+  prefix_cache.Add(f);
   f.Bool("quiet", &quiet, "no line per request on stderr");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     // Block the stop signals in every thread (the engine's and the server's inherit this mask); this
@@ -59,6 +62,7 @@ int RunServe(const Args& args) {
     const BackendOptions backend{
         .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
+    ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;

@@ -29,9 +29,11 @@ class DeviceSequence {
  public:
   virtual ~DeviceSequence() = default;
   virtual const void* owner() const = 0;  // the backend that made it
-  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state;
-  // ResourceExhausted when the device has no room for it.
-  virtual absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position) const = 0;
+  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state, with room
+  // for as many positions as this one (compact: for `position` only); ResourceExhausted when the device has
+  // no room for it.
+  virtual absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
+                                                                bool compact) const = 0;
   virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
   // ResourceExhausted, the state unchanged, when the device has no room for it.
   virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
@@ -73,6 +75,9 @@ class SequenceState {
   // A clone whose KV cache is its own copy, shared with nobody, as a sequence prefilled apart would have (a
   // host Clone shares the blocks): for benchmarks, where sequences that share memory would read less of it.
   absl::StatusOr<SequenceState> TryCopy() const;
+  // A clone that holds no room past its position (a device clone allocates a cache of the position alone): what
+  // the prefix cache keeps.
+  absl::StatusOr<SequenceState> TrySnapshot() const;
   absl::StatusOr<SequenceState> TryMakeDraft() const;
   // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
   // and allocation happens only the first time). For refreshing a draft sequence each round.
@@ -84,6 +89,8 @@ class SequenceState {
   absl::Status Reserve(int64_t tokens);
   // Bytes held by the KV cache (allocated capacity, all layers; on the host, the blocks held, shared or not).
   int64_t kv_bytes() const;
+  // Bytes of the recurrent state and conv window (all layers).
+  int64_t recurrent_bytes() const;
   // KV blocks this sequence holds that others hold too (clones, the prefix cache); 0 where not paged.
   int64_t kv_shared_blocks() const;
   // Positions per KV block: the granularity of Reserve and kv_bytes (1 where the cache is contiguous).

@@ -145,14 +145,16 @@ class CudaSequence final : public DeviceSequence {
 
   const void* owner() const override { return owner_; }
 
-  absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position) const override {
+  absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
+                                                        bool compact) const override {
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> copy, Create(ctx_, owner_));
     copy->CopyRecurrentFrom(*this);
-    if (with_kv && cap_ > 0) {
-      copy->kv_ = copy->TryAlloc<bf16>(kv_elements(cap_));
-      if (copy->kv_ == nullptr) return OutOfMemory("a copy of a KV cache of", cap_, kv_elements(cap_) * 2);
-      copy->cap_ = cap_;
-      CopyRows(kv_, cap_, copy->kv_, cap_, position);
+    const int64_t cap = compact ? position : cap_;
+    if (with_kv && cap > 0) {
+      copy->kv_ = copy->TryAlloc<bf16>(kv_elements(cap));
+      if (copy->kv_ == nullptr) return OutOfMemory("a copy of a KV cache of", cap, kv_elements(cap) * 2);
+      copy->cap_ = cap;
+      CopyRows(kv_, cap_, copy->kv_, cap, position);
     }
     return std::unique_ptr<DeviceSequence>(std::move(copy));
   }

@@ -104,6 +104,7 @@ nlohmann::json ToJson(const GenerateResult& r) {
   const GenerateStats& s = r.stats;
   nlohmann::json stats = {
       {"prompt_tokens", s.prompt_tokens},
+      {"cached_tokens", s.cached_tokens},
       {"generated_tokens", s.generated_tokens},
       {"attention_tokens", s.attention_tokens},
       {"linear_tokens", s.linear_tokens},
@@ -140,6 +141,12 @@ nlohmann::json ToJson(const GenerateResult& r) {
           {"stats", stats}};
 }
 
+nlohmann::json ToJson(const PrefixCacheStats& s) {
+  return {{"lookups", s.lookups},     {"lookup_tokens", s.lookup_tokens}, {"hit_tokens", s.hit_tokens},
+          {"hit_rate", s.hit_rate()}, {"snapshots", s.snapshots},         {"bytes", s.bytes},
+          {"inserted", s.inserted},   {"evicted", s.evicted}};
+}
+
 PolicyRegistry::PolicyRegistry() {
   auto schedule = [](std::string_view name) -> absl::StatusOr<std::unique_ptr<Decoder>> {
     ORYX_ASSIGN_OR_RETURN(ModePolicy policy, ModePolicy::Parse(name));
@@ -174,9 +181,13 @@ absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view p
 }
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::optional<Tokenizer> tokenizer)
-    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)) {}
+    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), prefix_cache_(std::make_unique<PrefixCache>()) {}
 Engine::Engine(Engine&&) noexcept = default;
 Engine::~Engine() = default;
+
+void Engine::set_prefix_cache(std::optional<PrefixCacheOptions> options) {
+  prefix_cache_ = options ? std::make_unique<PrefixCache>(*options) : nullptr;
+}
 
 absl::StatusOr<Engine> Engine::Load(const std::string& model_dir, const BackendOptions& options) {
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, LoadBackend(model_dir, options));
@@ -221,12 +232,24 @@ struct GenerationBatch::Request {
   DecodeSlot slot;
   GenerateResult result;
   size_t longest_stop = 0;
-  int64_t prefilled = 0;  // prompt tokens forwarded so far
-  std::vector<Mode> modes;
+  int64_t prefilled = 0;  // prompt tokens forwarded (or restored from the prefix cache) so far
+  bool started = false;   // its prefill has begun (StartPrefill)
+  std::vector<Mode> modes;  // the prompt's, from its decoder
+  std::vector<int64_t> snapshot_at;  // positions still to snapshot for the prefix cache, ascending
   int32_t first = 0;  // the first generated token, drawn by the backend with the prompt's last span
   Clock::time_point prefill_start, decode_start;
   bool decoding() const { return prefilled == static_cast<int64_t>(prompt.size()); }
 };
+
+absl::Status GenerationBatch::ReserveFor(const Request& r, SequenceState& seq) const {
+  // Room for the prompt and the first generated tokens up front; a long generation grows the sequence as it
+  // goes (geometrically), so a request that asks for many tokens does not hold their memory from the start
+  // (a server's capacity is the memory its requests use, not what they may use).
+  constexpr int64_t kReservedAhead = 1024;
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  return seq.Reserve(std::min(engine_.backend_->config().max_position,
+                              n + std::min(r.request.max_tokens, kReservedAhead) + r.decoder->Lookahead()));
+}
 
 GenerationBatch::GenerationBatch(Engine& engine, int64_t max_prefill_tokens)
     : engine_(engine), max_prefill_tokens_(max_prefill_tokens) {}
@@ -278,12 +301,7 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
   r->decoder = it->second.get();
   ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
   r->seq.emplace(std::move(seq));
-  // Room for the prompt and the first generated tokens up front; a long generation grows the sequence as
-  // it goes (geometrically), so a request that asks for many tokens does not hold their memory from the
-  // start (a server's capacity is the memory its requests use, not what they may use).
-  constexpr int64_t kReservedAhead = 1024;
-  ORYX_RETURN_IF_ERROR(r->seq->Reserve(
-      std::min(c.max_position, n + std::min(q.max_tokens, kReservedAhead) + r->decoder->Lookahead())));
+  ORYX_RETURN_IF_ERROR(ReserveFor(*r, *r->seq));
   r->sampler.emplace(q.sampling);
   r->result.policy = q.policy;
   r->result.stats.prompt_tokens = n;
@@ -362,16 +380,62 @@ void GenerationBatch::DecodingSlots(const Decoder* decoder, std::vector<DecodeSl
   }
 }
 
+bool GenerationBatch::StartPrefill(Request& r) {
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  r.modes.resize(n);
+  r.decoder->PrefillModes(r.prompt, 0, r.modes);
+  PrefixCache* cache = engine_.prefix_cache_.get();
+  if (cache != nullptr) {
+    const int64_t b = cache->options().block_tokens;
+    // At least one prompt token is forwarded: its logits give the first generated token.
+    const int64_t cached = cache->Longest(r.prompt, r.modes, n - 1);
+    // An earlier prompt still being prefilled that shares a longer beginning: wait for its snapshot there.
+    for (auto& [id, other] : active_) {
+      Request& o = *other;
+      if (&o == &r) break;  // only earlier ones, which never wait for this one
+      if (!o.started || o.decoding()) continue;
+      const int64_t limit = std::min<int64_t>(n - 1, static_cast<int64_t>(o.prompt.size()));
+      int64_t shared = 0;
+      while (shared < limit && r.prompt[shared] == o.prompt[shared] && r.modes[shared] == o.modes[shared]) ++shared;
+      const int64_t point = shared / b * b;
+      if (point > cached && point > o.prefilled) {
+        if (!std::ranges::binary_search(o.snapshot_at, point)) {
+          o.snapshot_at.insert(std::ranges::upper_bound(o.snapshot_at, point), point);
+        }
+        return false;
+      }
+    }
+    PrefixCache::Hit hit = cache->Lookup(r.prompt, r.modes, n - 1);
+    // The restored sequence takes the place of the one made at Add once it has the same room.
+    if (hit.state && ReserveFor(r, *hit.state).ok()) {
+      *r.seq = std::move(*hit.state);
+      r.prefilled = hit.tokens;
+      r.result.stats.cached_tokens = hit.tokens;
+      CountModes(std::span(r.modes).first(hit.tokens), r.result.stats);
+    }
+    const int64_t every = cache->options().snapshot_every;
+    for (int64_t p = (r.prefilled / every + 1) * every; p <= n; p += every) r.snapshot_at.push_back(p);
+    if (const int64_t last = n / b * b; last > r.prefilled && !std::ranges::binary_search(r.snapshot_at, last)) {
+      r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, last), last);
+    }
+  }
+  r.started = true;
+  r.prefill_start = Clock::now();
+  return true;
+}
+
 void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
   prefilling_.clear();
   for (auto& [id, r] : active_) {
-    if (!r->decoding()) prefilling_.push_back(r.get());
+    if (!r->decoding() && (r->started || StartPrefill(*r))) prefilling_.push_back(r.get());
   }
   // With a token budget, the prompts added first take it; the rest wait for a later step.
   const int64_t span = prefilling_.empty() ? 0 : backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
   prefill_lengths_.clear();
   for (int64_t left = max_prefill_tokens_ > 0 ? max_prefill_tokens_ : INT64_MAX; Request* r : prefilling_) {
-    const int64_t len = std::min({span, static_cast<int64_t>(r->prompt.size()) - r->prefilled, left});
+    // A span ends at the next snapshot point, if any.
+    const int64_t end = r->snapshot_at.empty() ? static_cast<int64_t>(r->prompt.size()) : r->snapshot_at.front();
+    const int64_t len = std::min({span, end - r->prefilled, left});
     if (len == 0) break;
     prefill_lengths_.push_back(len);
     left -= len;
@@ -382,13 +446,11 @@ void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
 void GenerationBatch::PlanPrefill() {
   for (size_t i = 0; i < prefilling_.size(); ++i) {
     Request& r = *prefilling_[i];
-    if (r.prefilled == 0) r.prefill_start = Clock::now();
     const int64_t len = prefill_lengths_[i];
-    r.modes.resize(len);
-    r.decoder->PrefillModes(r.prompt, r.prefilled, r.modes);
-    CountModes(r.modes, r.result.stats);
+    const std::span<const Mode> modes = std::span(r.modes).subspan(r.prefilled, len);
+    CountModes(modes, r.result.stats);
     const bool last = r.prefilled + len == static_cast<int64_t>(r.prompt.size());
-    items_.push_back({&*r.seq, std::span(r.prompt).subspan(r.prefilled, len), r.modes,
+    items_.push_back({&*r.seq, std::span(r.prompt).subspan(r.prefilled, len), modes,
                       last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r.sampler : nullptr,
                       &r.first});
   }
@@ -399,6 +461,11 @@ void GenerationBatch::FinishPrefill() {
   for (size_t i = 0; i < prefilling_.size(); ++i) {
     Request& r = *prefilling_[i];
     r.prefilled += prefill_lengths_[i];
+    if (!r.snapshot_at.empty() && r.snapshot_at.front() == r.prefilled) {
+      r.snapshot_at.erase(r.snapshot_at.begin());
+      engine_.prefix_cache_->Insert(std::span(r.prompt).first(r.prefilled), std::span(r.modes).first(r.prefilled),
+                                    *r.seq);
+    }
     if (!r.decoding()) continue;
     r.result.stats.prefill_s = Seconds(r.prefill_start);
     r.decode_start = Clock::now();

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -51,9 +52,12 @@ struct SpecStats {
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt's tokens, restored from the prefix cache instead of forwarded
   int64_t generated_tokens = 0;
-  int64_t attention_tokens = 0;  // forwarded in attention mode: prompt and generated, verification included
-  int64_t linear_tokens = 0;     // forwarded in linear mode, drafts included
+  // Tokens run in attention mode: prompt (cached ones included: they ran in their modes) and generated,
+  // verification included. What routers read as the sequence's mode history.
+  int64_t attention_tokens = 0;
+  int64_t linear_tokens = 0;     // run in linear mode, drafts included
   double prefill_s = 0, decode_s = 0;
   std::optional<SpecStats> spec;  // set by speculative decoders
   double attention_fraction() const;
@@ -68,6 +72,8 @@ struct GenerateResult {
 };
 // The object `oryx generate --json` prints (DESIGN.md §9).
 nlohmann::json ToJson(const GenerateResult& result);
+// The prefix cache's counters and its hit rate (tokens), as /stats shows them.
+nlohmann::json ToJson(const PrefixCacheStats& stats);
 
 struct TokenEvent {
   int64_t request = 0;    // index of the request in the Generate call
@@ -204,6 +210,11 @@ class Engine {
   Backend& backend() { return *backend_; }
   const std::optional<Tokenizer>& tokenizer() const { return tokenizer_; }
   PolicyRegistry& policies() { return policies_; }
+  // The prefix cache its batches share (engine/prefix_cache.h), null when off; on by default. A prompt then
+  // resumes from the longest snapshot of its beginning run in the same modes, and is snapshotted as it is
+  // prefilled. set_prefix_cache(std::nullopt) turns it off (dropping its snapshots).
+  PrefixCache* prefix_cache() { return prefix_cache_.get(); }
+  void set_prefix_cache(std::optional<PrefixCacheOptions> options);
 
   // Runs the requests together. Every request is checked first: InvalidArgument (naming the request when
   // there are several) for an empty prompt, a prompt past max_position - 1 tokens, max_tokens < 1, bad
@@ -216,6 +227,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   std::optional<Tokenizer> tokenizer_;
   PolicyRegistry policies_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // holds sequences of backend_: declared after it, dropped first
 };
 
 // Continuous batching: requests join between steps and leave as they finish, so that a server keeps the
@@ -227,6 +239,11 @@ class Engine {
 // draws the first token of each prompt it finishes. What a request generates does not
 // depend on what else shares its batch (on a device, up to the rounding of its kernels, which may differ
 // with the batch's shape).
+//
+// With the engine's prefix cache, a prompt looks up its longest cached beginning when its prefill starts and
+// resumes there; its spans end at its snapshot points (every snapshot_every tokens and its last block
+// boundary), where it is snapshotted. A prompt whose beginning an earlier prompt is still prefilling waits
+// for that one's snapshot at the end of what they share instead of computing it too.
 //
 // Statistics are the request's own: prefill_s from its first prefill forward to its first token (other
 // requests' steps in between included: the time to its first token), decode_s from there to its end.
@@ -265,6 +282,11 @@ class GenerationBatch {
   void DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots);
   // The prompts this step prefills (prefilling_) and the span of each (prefill_lengths_).
   void ChoosePrefillSpans(const Backend& backend);
+  // Makes room in `seq` for the request's prompt and first generated tokens.
+  absl::Status ReserveFor(const Request& r, SequenceState& seq) const;
+  // A prompt's first prefill step: its modes, its prefix-cache lookup and snapshot points. False when it
+  // waits instead for an earlier prompt's snapshot.
+  bool StartPrefill(Request& r);
   // Appends those spans' forward items.
   void PlanPrefill();
   // After the forward: counts the spans, draws the first tokens of the prompts they finished.

@@ -61,13 +61,21 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
   SequenceState copy(*this, 0);
   if (device_) {
     copy.layers_.resize(layers_.size());
-    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_));
+    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, /*compact=*/false));
     return copy;
   }
   copy.layers_ = layers_;
   // The blocks that hold positions, shared; the reserved ones stay this sequence's.
   const int64_t bt = kv_block_tokens();
   copy.kv_ = kv_.Share(has_kv_ ? (position_ + bt - 1) / bt : 0);
+  return copy;
+}
+
+absl::StatusOr<SequenceState> SequenceState::TrySnapshot() const {
+  if (!device_) return TryClone();  // shares the blocks of its positions and no more
+  SequenceState copy(*this, 0);
+  copy.layers_.resize(layers_.size());
+  ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, /*compact=*/true));
   return copy;
 }
 
@@ -93,7 +101,7 @@ absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
   draft.span_len_ = 0;
   draft.layers_.resize(layers_.size());
   if (device_) {
-    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_));
+    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_, /*compact=*/false));
     return draft;
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -130,6 +138,12 @@ absl::Status SequenceState::Reserve(int64_t tokens) {
 int64_t SequenceState::kv_bytes() const {
   if (device_) return device_->kv_bytes();
   return kv_.pool() ? kv_.size() * kv_.pool()->block_bytes() : 0;
+}
+
+int64_t SequenceState::recurrent_bytes() const {
+  const int64_t hd = heads_ * head_dim_;
+  return static_cast<int64_t>(layers_.size()) * (hd * head_dim_ + conv_rows_ * 2 * hd) *
+         static_cast<int64_t>(sizeof(float));
 }
 
 int64_t SequenceState::kv_shared_blocks() const { return kv_.shared(); }

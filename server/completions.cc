@@ -74,6 +74,7 @@ std::string_view OpenAiFinishReason(FinishReason reason) {
 
 json Usage(const GenerateResult& r) {
   return {{"prompt_tokens", r.stats.prompt_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", r.stats.cached_tokens}}},
           {"completion_tokens", r.stats.generated_tokens},
           {"total_tokens", r.stats.prompt_tokens + r.stats.generated_tokens}};
 }

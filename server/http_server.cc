@@ -109,7 +109,7 @@ struct EventStream {
 }  // namespace
 
 struct HttpServer::Impl {
-  Impl(Engine& engine, ServerOptions o) : options(std::move(o)), scheduler(engine, options.scheduler) {}
+  Impl(Engine& engine, ServerOptions o) : engine(engine), options(std::move(o)), scheduler(engine, options.scheduler) {}
 
   void Routes();
   void Completion(const std::string& body, httplib::Response& res);
@@ -117,6 +117,7 @@ struct HttpServer::Impl {
   void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
            Clock::time_point arrival) const;
 
+  Engine& engine;
   ServerOptions options;
   Scheduler scheduler;
   httplib::Server http;
@@ -141,8 +142,10 @@ void HttpServer::Impl::Routes() {
                                   {"owned_by", "oryx"}}})}});
   });
   http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+    const PrefixCache* cache = engine.prefix_cache();
     Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
-                     {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()}});
+                     {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()},
+                     {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
   });
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.

@@ -21,6 +21,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"decode_rows", decode_rows},
           {"shared_rows", shared_rows},
           {"prompt_tokens", prompt_tokens},
+          {"cached_tokens", cached_tokens},
           {"generated_tokens", generated_tokens}};
 }
 
@@ -139,6 +140,7 @@ void Scheduler::Loop() {
       for (const auto& [id, result] : finished) {
         ++stats_.completed;
         stats_.prompt_tokens += result.stats.prompt_tokens;
+        stats_.cached_tokens += result.stats.cached_tokens;
         stats_.generated_tokens += result.stats.generated_tokens;
       }
     }

@@ -33,6 +33,7 @@ struct SchedulerStats {
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
   int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
+  int64_t cached_tokens = 0;  // of their prompt tokens, those restored from the prefix cache
   nlohmann::json ToJson() const;
 };
 

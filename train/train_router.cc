@@ -533,6 +533,7 @@ class RouterTrainer {
 absl::StatusOr<std::unique_ptr<RouterTrainer>> RouterTrainer::Create(const TrainRouterOptions& o) {
   const BackendOptions backend{.device = o.device, .threads = o.threads, .cuda = CudaSwitches::FromEnvironment()};
   ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(o.model_dir, backend));
+  engine.set_prefix_cache(std::nullopt);  // an episode's cost is that of its whole prompt
   if (!engine.tokenizer()) return absl::InvalidArgumentError("train-router: the model has no tokenizer");
   std::unique_ptr<RouterTrainer> t(new RouterTrainer(o, std::move(engine)));
   const Tokenizer& tokenizer = *t->engine_.tokenizer();

@@ -414,6 +414,43 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
   }
 }
 
+// The prefix cache on the device: a prompt that resumes from a snapshot (a compact copy of a device sequence)
+// generates, under attention mode and speculation with rounds on the device, the tokens it generates when it
+// computes the same spans itself (the snapshot points cut its spans alike, so the forwards are the same).
+TEST_P(CudaParityTest, PrefixCacheHitsGiveTheTokensOfTheSameSpansComputed) {
+  const ModelConfig config = HeadDim64Config(GetParam());
+  auto gpu = LoadScaled(config, 5);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Engine engine(std::move(*gpu), std::nullopt);
+  speculative::RegisterPolicies(engine.policies());
+  std::mt19937 rng(8);
+  std::vector<int32_t> shared = Tokens(rng, 300, config.vocab_size);
+  for (auto& t : shared) t = 4 + t % (config.vocab_size - 4);
+  for (const std::string policy : {"attention", "speculative:4"}) {
+    SCOPED_TRACE(policy);
+    GenerateRequest first, second;
+    first.prompt_tokens = shared;
+    second.prompt_tokens.assign(shared.begin(), shared.begin() + 280);
+    for (int i = 0; i < 37; ++i) second.prompt_tokens.push_back(4 + static_cast<int32_t>(rng() % 80));
+    for (GenerateRequest* q : {&first, &second}) {
+      q->max_tokens = 40;
+      q->stop_at_eos = false;
+      q->policy = policy;
+    }
+    engine.set_prefix_cache(PrefixCacheOptions{64, 128, int64_t{1} << 30});
+    auto computed = engine.Generate(second);  // an empty cache: spans [0, 128), [128, 256), [256, 317)
+    ASSERT_TRUE(computed.ok()) << computed.status();
+    EXPECT_EQ(computed->stats.cached_tokens, 0);
+    engine.set_prefix_cache(PrefixCacheOptions{64, 128, int64_t{1} << 30});
+    ASSERT_TRUE(engine.Generate(first).ok());  // snapshots at 128 and 256
+    auto resumed = engine.Generate(second);    // resumes at 256: span [256, 317)
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_EQ(resumed->stats.cached_tokens, 256);
+    EXPECT_EQ(resumed->tokens, computed->tokens);
+    EXPECT_EQ(engine.prefix_cache()->stats().snapshots, 2);  // the first's; the second added none past 256
+  }
+}
+
 TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
   auto gpu = LoadScaled(HeadDim64Config(GetParam()), 3);
   ASSERT_TRUE(gpu.ok()) << gpu.status();

@@ -1,0 +1,109 @@
+#include "engine/prefix_cache.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace oryx {
+
+PrefixCache::PrefixCache(PrefixCacheOptions options) : options_(options) {
+  assert(options_.block_tokens >= 1 && options_.snapshot_every >= options_.block_tokens &&
+         options_.snapshot_every % options_.block_tokens == 0);
+}
+
+const PrefixCache::Entry* PrefixCache::Find(uint64_t hash, std::span<const int32_t> tokens,
+                                            std::span<const Mode> modes) const {
+  auto it = entries_.find(hash);
+  if (it == entries_.end()) return nullptr;
+  const Entry& e = it->second;
+  if (!std::ranges::equal(e.tokens, tokens) || !std::ranges::equal(e.modes, modes)) return nullptr;
+  return &e;
+}
+
+std::pair<int64_t, uint64_t> PrefixCache::LongestLocked(std::span<const int32_t> tokens, std::span<const Mode> modes,
+                                                        int64_t max_tokens) const {
+  const int64_t b = options_.block_tokens;
+  const int64_t blocks = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) / b;
+  std::pair<int64_t, uint64_t> best{0, 0};
+  // Snapshots are sparse along a prefix (every snapshot_every tokens and where prompts ended), so every block
+  // boundary is tried.
+  uint64_t hash = 0;
+  for (int64_t j = 0; j < blocks && !entries_.empty(); ++j) {
+    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
+    const int64_t end = (j + 1) * b;
+    if (Find(hash, tokens.first(end), modes.first(end)) != nullptr) best = {end, hash};
+  }
+  return best;
+}
+
+int64_t PrefixCache::Longest(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return LongestLocked(tokens, modes, max_tokens).first;
+}
+
+PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes,
+                                     int64_t max_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.lookups;
+  stats_.lookup_tokens += static_cast<int64_t>(tokens.size());
+  const auto [length, hash] = LongestLocked(tokens, modes, max_tokens);
+  if (length == 0) return {};
+  Entry& e = entries_.at(hash);
+  absl::StatusOr<SequenceState> copy = e.state.TryClone();
+  if (!copy.ok()) return {};
+  lru_.splice(lru_.end(), lru_, e.lru);
+  stats_.hit_tokens += length;
+  return {length, std::move(*copy)};
+}
+
+bool PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const Mode> modes, const SequenceState& seq) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), b = options_.block_tokens;
+  assert(n == static_cast<int64_t>(modes.size()) && n == seq.position() && n > 0 && n % b == 0);
+  (void)b;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t hash = 0;
+  for (int64_t j = 0; j < n / options_.block_tokens; ++j) {
+    const int64_t at = j * options_.block_tokens;
+    hash = ChainHash(hash, tokens.subspan(at, options_.block_tokens), modes.subspan(at, options_.block_tokens));
+  }
+  if (auto it = entries_.find(hash); it != entries_.end()) {
+    // Held already (or, with odds of 2^-64, another prefix of the same name: that one stays).
+    lru_.splice(lru_.end(), lru_, it->second.lru);
+    return false;
+  }
+  absl::StatusOr<SequenceState> snapshot = seq.TrySnapshot();
+  if (!snapshot.ok()) return false;
+  const int64_t bytes = snapshot->kv_bytes() + snapshot->recurrent_bytes();
+  if (bytes > options_.max_bytes) return false;
+  EvictTo(options_.max_bytes - bytes);
+  lru_.push_back(hash);
+  entries_.emplace(hash, Entry{std::vector<int32_t>(tokens.begin(), tokens.end()),
+                               std::vector<Mode>(modes.begin(), modes.end()), std::move(*snapshot), bytes,
+                               std::prev(lru_.end())});
+  ++stats_.inserted;
+  ++stats_.snapshots;
+  stats_.bytes += bytes;
+  return true;
+}
+
+void PrefixCache::EvictTo(int64_t max_bytes) {
+  while (stats_.bytes > max_bytes && !lru_.empty()) {
+    auto it = entries_.find(lru_.front());
+    stats_.bytes -= it->second.bytes;
+    --stats_.snapshots;
+    ++stats_.evicted;
+    entries_.erase(it);
+    lru_.pop_front();
+  }
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void PrefixCache::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EvictTo(0);
+}
+
+}  // namespace oryx

@@ -1,0 +1,88 @@
+// The prefix cache for the hybrid state (DESIGN.md §5): snapshots of sequences taken at block boundaries
+// while their prompts are prefilled, so that a later prompt with the same beginning resumes from the longest
+// one instead of recomputing it.
+//
+// A snapshot is a whole SequenceState (the KV cache of its positions, the recurrent state and the conv
+// window), so a hit resumes exactly where the snapshot was taken, in every layer and either mode. It is named
+// by a hash chained over its blocks' tokens *and the mode of every token* (ChainHash): a later layer's keys,
+// values and recurrent state depend on the modes earlier tokens ran in, so a prefix is reusable only under
+// the same mode schedule. On the host a snapshot shares the sequence's full KV blocks by reference count (a
+// writer copies a shared block first); on a device it is a copy of the cache up to its position. Snapshots are
+// evicted least recently used first when their bytes pass the budget.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace oryx {
+
+struct PrefixCacheOptions {
+  int64_t block_tokens = 64;       // snapshots sit at multiples of this many positions
+  int64_t snapshot_every = 2048;   // a prompt is snapshotted every this many tokens (a multiple of block_tokens)
+  int64_t max_bytes = int64_t{4} << 30;  // snapshots held at most (a host snapshot counts the blocks it shares)
+};
+
+struct PrefixCacheStats {
+  int64_t lookups = 0;        // prompts looked up
+  int64_t lookup_tokens = 0;  // their tokens
+  int64_t hit_tokens = 0;     // of those, restored from a snapshot instead of forwarded
+  int64_t snapshots = 0;      // held now
+  int64_t bytes = 0;          // held now
+  int64_t inserted = 0, evicted = 0;
+  double hit_rate() const {
+    return lookup_tokens > 0 ? static_cast<double>(hit_tokens) / static_cast<double>(lookup_tokens) : 0.0;
+  }
+};
+
+// Thread-safe.
+class PrefixCache {
+ public:
+  explicit PrefixCache(PrefixCacheOptions options = {});
+  const PrefixCacheOptions& options() const { return options_; }
+
+  // The length of the longest prefix of (tokens, modes), of at most max_tokens tokens, that has a snapshot
+  // (0: none). Counts nothing.
+  int64_t Longest(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
+  // The same, and a copy of that snapshot (at position `tokens`): a lookup of tokens.size() tokens in the
+  // statistics. A copy the memory has no room for is a miss.
+  struct Hit {
+    int64_t tokens = 0;
+    std::optional<SequenceState> state;
+  };
+  Hit Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens);
+  // Keeps a snapshot of `seq`, which ran exactly (tokens, modes): a whole number of blocks, at least one.
+  // Returns whether it was kept (not: held already, larger than the budget, or no memory for the copy).
+  bool Insert(std::span<const int32_t> tokens, std::span<const Mode> modes, const SequenceState& seq);
+  PrefixCacheStats stats() const;
+  void Clear();
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;  // the prefix, checked on every match (the hash names it, the tokens prove it)
+    std::vector<Mode> modes;
+    SequenceState state;
+    int64_t bytes = 0;
+    std::list<uint64_t>::iterator lru;
+  };
+  // The entry named `hash` if it holds exactly this prefix.
+  const Entry* Find(uint64_t hash, std::span<const int32_t> tokens, std::span<const Mode> modes) const;
+  // The length of the longest snapshotted prefix and its name.
+  std::pair<int64_t, uint64_t> LongestLocked(std::span<const int32_t> tokens, std::span<const Mode> modes,
+                                             int64_t max_tokens) const;
+  void EvictTo(int64_t max_bytes);
+
+  const PrefixCacheOptions options_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_;  // by chain hash of the prefix
+  std::list<uint64_t> lru_;                      // least recently used first
+  PrefixCacheStats stats_;
+};
+
+}  // namespace oryx

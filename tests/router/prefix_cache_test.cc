@@ -1,0 +1,234 @@
+// The prefix cache (engine/prefix_cache.h) on its own and in generation: snapshots found by tokens and modes,
+// eviction, shared blocks let go, and greedy outputs equal to a run without the cache under every policy,
+// for prefixes that end inside a block, on a block boundary, that diverge in mode only, and prompts that wait
+// for an earlier one's snapshot.
+#include "engine/prefix_cache.h"
+
+#include <random>
+
+#include "base/str_cat.h"
+#include "engine/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "policies/rule_policies.h"
+#include "tests/engine/testing_checkpoint.h"
+
+namespace oryx {
+namespace {
+
+constexpr int64_t kBlock = 8, kEvery = 16;
+
+PrefixCacheOptions SmallBlocks(int64_t max_bytes = int64_t{1} << 30) { return {kBlock, kEvery, max_bytes}; }
+
+std::unique_ptr<Backend> TinyBackend(const testutil::ScratchDir& scratch, uint32_t seed) {
+  ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
+  c.max_position = 256;
+  const std::string dir = scratch.Join(Cat("m", seed));
+  testutil::WriteTinyCheckpoint(dir, c, testutil::RandomTensors(c, DType::kF32, seed));
+  auto backend = CpuBackend::Load(dir, /*threads=*/1);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return std::move(*backend);
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937& rng, size_t n) {
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = 4 + static_cast<int32_t>(rng() % 28);
+  return t;
+}
+
+std::vector<float> LastLogits(Backend& backend, SequenceState& seq, std::span<const int32_t> tokens,
+                              std::span<const Mode> modes) {
+  std::vector<float> logits;
+  const absl::Status s = backend.Forward(seq, tokens, modes, /*all_logits=*/false, &logits);
+  EXPECT_TRUE(s.ok()) << s;
+  return logits;
+}
+
+TEST(PrefixCache, FindsTheLongestSnapshotRunInTheSameModes) {
+  testutil::ScratchDir scratch;
+  std::unique_ptr<Backend> backend = TinyBackend(scratch, 1);
+  std::mt19937 rng(1);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 40);
+  std::vector<Mode> modes(40, Mode::kAttention);
+  for (int i = 0; i < 40; i += 3) modes[i] = Mode::kLinear;
+  PrefixCache cache(SmallBlocks());
+  SequenceState seq = backend->NewSequence();
+  for (int64_t end : {16, 32}) {
+    const int64_t begin = seq.position();
+    LastLogits(*backend, seq, std::span(tokens).subspan(begin, end - begin), std::span(modes).subspan(begin, end - begin));
+    EXPECT_TRUE(cache.Insert(std::span(tokens).first(end), std::span(modes).first(end), seq));
+  }
+  EXPECT_FALSE(cache.Insert(std::span(tokens).first(32), std::span(modes).first(32), seq));  // held already
+  const std::vector<float> want = LastLogits(*backend, seq, std::span(tokens).subspan(32), std::span(modes).subspan(32));
+
+  EXPECT_EQ(cache.Longest(tokens, modes, 40), 32);
+  EXPECT_EQ(cache.Longest(tokens, modes, 31), 16);  // at most max_tokens
+  EXPECT_EQ(cache.Longest(std::span(tokens).first(15), std::span(modes).first(15), 15), 0);
+  std::vector<int32_t> other = tokens;
+  other[20] = other[20] == 5 ? 6 : 5;  // diverges inside the third block
+  EXPECT_EQ(cache.Longest(other, modes, 40), 16);
+  std::vector<Mode> flipped = modes;
+  flipped[3] = Mode::kLinear == flipped[3] ? Mode::kAttention : Mode::kLinear;  // the same tokens, one mode differs
+  EXPECT_EQ(cache.Longest(tokens, flipped, 40), 0);
+
+  PrefixCache::Hit hit = cache.Lookup(tokens, modes, 39);
+  ASSERT_EQ(hit.tokens, 32);
+  ASSERT_TRUE(hit.state.has_value());
+  EXPECT_EQ(hit.state->position(), 32);
+  // Resuming from the snapshot gives the bits of the sequence that ran on.
+  EXPECT_EQ(LastLogits(*backend, *hit.state, std::span(tokens).subspan(32), std::span(modes).subspan(32)), want);
+  EXPECT_EQ(cache.Lookup(other, flipped, 40).tokens, 0);
+  const PrefixCacheStats st = cache.stats();
+  EXPECT_EQ(st.lookups, 2);
+  EXPECT_EQ(st.lookup_tokens, 80);
+  EXPECT_EQ(st.hit_tokens, 32);
+  EXPECT_EQ(st.snapshots, 2);
+  EXPECT_EQ(st.inserted, 2);
+}
+
+TEST(PrefixCache, SnapshotsShareFullBlocksAndLetThemGo) {
+  testutil::ScratchDir scratch;
+  std::unique_ptr<Backend> backend = TinyBackend(scratch, 2);
+  std::mt19937 rng(2);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 128);
+  const std::vector<Mode> modes(128, Mode::kAttention);
+  PrefixCache cache({64, 64, int64_t{1} << 30});  // the host's 64-position blocks
+  std::optional<SequenceState> seq = backend->NewSequence();
+  LastLogits(*backend, *seq, tokens, modes);
+  ASSERT_TRUE(cache.Insert(tokens, modes, *seq));
+  EXPECT_EQ(seq->kv_shared_blocks(), 2);  // both full blocks held by the snapshot too
+  seq.reset();
+  PrefixCache::Hit hit = cache.Lookup(tokens, modes, 128);
+  ASSERT_EQ(hit.tokens, 128);
+  EXPECT_EQ(hit.state->kv_shared_blocks(), 2);
+  cache.Clear();
+  EXPECT_EQ(hit.state->kv_shared_blocks(), 0);  // the last holder
+  EXPECT_EQ(cache.stats().snapshots, 0);
+  EXPECT_EQ(cache.stats().bytes, 0);
+}
+
+TEST(PrefixCache, EvictsTheLeastRecentlyUsedPastItsBudget) {
+  testutil::ScratchDir scratch;
+  std::unique_ptr<Backend> backend = TinyBackend(scratch, 3);
+  std::mt19937 rng(3);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceState> seqs;
+  const std::vector<Mode> modes(kBlock, Mode::kAttention);
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(RandomTokens(rng, kBlock));
+    seqs.push_back(backend->NewSequence());
+    LastLogits(*backend, seqs.back(), prompts.back(), modes);
+  }
+  const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
+  PrefixCache cache(SmallBlocks(2 * each));
+  ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));
+  ASSERT_TRUE(cache.Insert(prompts[1], modes, seqs[1]));
+  EXPECT_EQ(cache.Lookup(prompts[0], modes, kBlock).tokens, kBlock);  // 0 is now the most recently used
+  ASSERT_TRUE(cache.Insert(prompts[2], modes, seqs[2]));
+  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(prompts[1], modes, kBlock), 0);
+  EXPECT_EQ(cache.Longest(prompts[2], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.stats().evicted, 1);
+  EXPECT_EQ(cache.stats().bytes, 2 * each);
+}
+
+// A shared system prompt of 43 tokens, then prompts that share 43 tokens (a prefix ending inside a block),
+// 48 (on a block boundary), all of it, and one that is the same text run in other modes.
+std::vector<GenerateRequest> SharingRequests(std::string policy) {
+  std::mt19937 rng(7);
+  const std::vector<int32_t> base = RandomTokens(rng, 50);
+  std::vector<GenerateRequest> qs;
+  auto add = [&](size_t shared, size_t extra) {
+    GenerateRequest q;
+    q.prompt_tokens.assign(base.begin(), base.begin() + shared);
+    for (int32_t t : RandomTokens(rng, extra)) q.prompt_tokens.push_back(t);
+    q.max_tokens = 12;
+    q.stop_at_eos = false;
+    q.policy = policy;
+    qs.push_back(std::move(q));
+  };
+  add(50, 0);
+  add(43, 9);
+  add(48, 5);
+  add(50, 4);
+  add(43, 0);
+  return qs;
+}
+
+class PrefixCacheGeneration : public ::testing::TestWithParam<const char*> {};
+
+// Requests one after the other, then all at once: the tokens are those of an engine without the cache.
+TEST_P(PrefixCacheGeneration, GreedyOutputsEqualThoseWithoutIt) {
+  testutil::ScratchDir scratch;
+  Engine cached(TinyBackend(scratch, 4), std::nullopt), plain(TinyBackend(scratch, 4), std::nullopt);
+  for (Engine* e : {&cached, &plain}) policies::RegisterAllPolicies(e->policies());
+  cached.set_prefix_cache(SmallBlocks());
+  plain.set_prefix_cache(std::nullopt);
+  const std::vector<GenerateRequest> qs = SharingRequests(GetParam());
+  std::vector<std::vector<int32_t>> want;
+  for (const GenerateRequest& q : qs) {
+    auto r = plain.Generate(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    want.push_back(r->tokens);
+  }
+  int64_t cached_tokens = 0;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    auto r = cached.Generate(qs[i]);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tokens, want[i]) << "request " << i;
+    cached_tokens += r->stats.cached_tokens;
+  }
+  // Run again all at once against a fresh cache: the later prompts wait for the first one's snapshots.
+  cached.set_prefix_cache(SmallBlocks());
+  auto together = cached.Generate(qs);
+  ASSERT_TRUE(together.ok()) << together.status();
+  for (size_t i = 0; i < qs.size(); ++i) EXPECT_EQ((*together)[i].tokens, want[i]) << "together, request " << i;
+  EXPECT_GT(cached_tokens, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PrefixCacheGeneration,
+                         ::testing::Values("attention", "linear", "prefill-linear", "periodic:3", "speculative:3",
+                                           "speculative", "speculative:ngram:2", "budget:0.5", "entropy:2",
+                                           "match:4", "random:0.5"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) {
+                             if (ch == ':' || ch == '.' || ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
+// Where each prompt resumes, one after the other: the first prompt is snapshotted every 16 tokens and at its
+// last block boundary (48); a prompt sharing 43 tokens resumes at 32, one sharing 48 at 48, a longer one
+// at 48, the first 43 tokens alone at 32, and the same text in other modes nowhere. All at once, a prompt sharing 43 tokens with the one being
+// prefilled waits for its snapshot at 40.
+TEST(PrefixCacheGeneration, ResumesAtTheLastSnapshotOfWhatIsShared) {
+  testutil::ScratchDir scratch;
+  Engine engine(TinyBackend(scratch, 5), std::nullopt);
+  engine.set_prefix_cache(SmallBlocks());
+  std::vector<GenerateRequest> qs = SharingRequests("attention");
+  std::vector<int64_t> got;
+  for (const GenerateRequest& q : qs) {
+    auto r = engine.Generate(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    got.push_back(r->stats.cached_tokens);
+  }
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 32, 48, 48, 32}));
+  GenerateRequest other_modes = qs[3];
+  other_modes.policy = "prefill-linear";
+  auto r = engine.Generate(other_modes);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stats.cached_tokens, 0);
+
+  engine.set_prefix_cache(SmallBlocks());
+  auto together = engine.Generate(std::span(qs).first(3));
+  ASSERT_TRUE(together.ok()) << together.status();
+  EXPECT_EQ((*together)[0].stats.cached_tokens, 0);
+  EXPECT_EQ((*together)[1].stats.cached_tokens, 40);
+  EXPECT_EQ((*together)[2].stats.cached_tokens, 48);
+  const PrefixCacheStats st = engine.prefix_cache()->stats();
+  EXPECT_EQ(st.lookups, 3);
+  EXPECT_EQ(st.hit_tokens, 88);
+}
+
+}  // namespace
+}  // namespace oryx
