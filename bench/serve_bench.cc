@@ -242,7 +242,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   so.log_requests = false;
   so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
   so.scheduler.max_prefill_tokens = o.max_prefill_tokens;
-  if (!o.prefix_cache) engine.set_prefix_cache(std::nullopt);
+  if (!o.prefix_cache) {
+    engine.set_prefix_cache(std::nullopt);
+  } else if (o.prefix_snapshot_every > 0) {
+    engine.set_prefix_cache(PrefixCacheOptions{.snapshot_every = o.prefix_snapshot_every});
+  }
   so.scheduler.max_queue = open_loop ? 4096 : std::max<int64_t>(top, 16);
   so.http_threads = open_loop ? 512 : static_cast<int>(top + 8);
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
@@ -327,6 +331,12 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                                : 0.0},
                 {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
+    if (const PrefixCache* cache = engine.prefix_cache(); cache != nullptr) {
+      const PrefixCacheStats st = cache->stats();  // at the level's end, every level before it included
+      row["prefix_cache_snapshots"] = st.snapshots;
+      row["prefix_cache_mib"] = static_cast<double>(st.bytes) / (1 << 20);
+      row["prefix_snapshot_every"] = cache->options().snapshot_every;
+    }
     if (PolicyList(o).size() > 1) {  // mixed policies: how each one's requests fared
       for (const std::string& p : PolicyList(o)) {
         std::vector<double> p_latency, p_ttft, p_rate;

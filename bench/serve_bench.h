@@ -32,6 +32,7 @@ struct ServeBenchOptions {
   // level, and another for the warm-up), the rest differ. 0: prompts share nothing.
   int64_t shared_prefix_tokens = 0;
   bool prefix_cache = true;  // the engine's prefix cache (Engine::prefix_cache); off: every prompt is computed
+  int64_t prefix_snapshot_every = 0;  // its PrefixCacheOptions::snapshot_every; 0: the default
   int64_t max_tokens = 64;
   std::string policy = "attention";
   // A corpus (`oryx data prepare`): prompts are evenly spread windows of its validation split, so that a

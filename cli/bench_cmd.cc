@@ -354,6 +354,8 @@ int BenchServe(const Args& rest) {
   f.Int("shared-prefix", &o.shared_prefix_tokens,
         "the first N tokens of a level's prompts are the same (a system prompt), the rest differ", 0, 1 << 24);
   f.Bool("no-prefix-cache", &no_prefix_cache, "every prompt computed in full (the prefix cache off)");
+  f.Int("prefix-snapshot-every", &o.prefix_snapshot_every,
+        "the prefix cache snapshots prompts every N tokens (a multiple of 64; 0: its default)", 0, 1 << 30);
   f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
   f.String("policy", &o.policy, "mode policy of every request; several, comma-separated: request i takes the (i mod n)-th");
   f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");
@@ -381,6 +383,9 @@ int BenchServe(const Args& rest) {
     if (o.device != "cpu" && o.device != "cuda") return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
     o.requests = requests;
     o.prefix_cache = !no_prefix_cache;
+    if (o.prefix_snapshot_every % 64 != 0) {
+      return absl::InvalidArgumentError(Cat("--prefix-snapshot-every ", o.prefix_snapshot_every, " is not a multiple of 64"));
+    }
     o.seed = static_cast<uint64_t>(seed);
     o.threads = static_cast<int>(c.threads);
     c.out.row = [header = true](const nlohmann::json& j) mutable {

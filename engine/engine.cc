@@ -413,11 +413,17 @@ bool GenerationBatch::StartPrefill(Request& r) {
       r.result.stats.cached_tokens = hit.tokens;
       CountModes(std::span(r.modes).first(hit.tokens), r.result.stats);
     }
+    // Snapshot points: every snapshot_every tokens, the prompt's last block boundary (a later turn of a
+    // conversation extends the prompt), and where it leaves the blocks of an earlier prompt (a third prompt
+    // with that beginning resumes there).
     const int64_t every = cache->options().snapshot_every;
     for (int64_t p = (r.prefilled / every + 1) * every; p <= n; p += every) r.snapshot_at.push_back(p);
-    if (const int64_t last = n / b * b; last > r.prefilled && !std::ranges::binary_search(r.snapshot_at, last)) {
-      r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, last), last);
+    for (const int64_t p : {n / b * b, cache->Seen(r.prompt, r.modes, n)}) {
+      if (p > r.prefilled && !std::ranges::binary_search(r.snapshot_at, p)) {
+        r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, p), p);
+      }
     }
+    cache->Remember(r.prompt, r.modes);
   }
   r.started = true;
   r.prefill_start = Clock::now();

@@ -241,8 +241,8 @@ class Engine {
 // with the batch's shape).
 //
 // With the engine's prefix cache, a prompt looks up its longest cached beginning when its prefill starts and
-// resumes there; its spans end at its snapshot points (every snapshot_every tokens and its last block
-// boundary), where it is snapshotted. A prompt whose beginning an earlier prompt is still prefilling waits
+// resumes there; its spans end at its snapshot points (every snapshot_every tokens, its last block boundary,
+// and where it leaves the blocks of the prompts before it), where it is snapshotted. A prompt whose beginning an earlier prompt is still prefilling waits
 // for that one's snapshot at the end of what they share instead of computing it too.
 //
 // Statistics are the request's own: prefill_s from its first prefill forward to its first token (other

@@ -40,6 +40,31 @@ int64_t PrefixCache::Longest(std::span<const int32_t> tokens, std::span<const Mo
   return LongestLocked(tokens, modes, max_tokens).first;
 }
 
+int64_t PrefixCache::Seen(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const {
+  const int64_t b = options_.block_tokens;
+  const int64_t blocks = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) / b;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t hash = 0;
+  int64_t j = 0;
+  for (; j < blocks; ++j) {
+    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
+    if (!seen_.contains(hash)) break;
+  }
+  return j * b;
+}
+
+void PrefixCache::Remember(std::span<const int32_t> tokens, std::span<const Mode> modes) {
+  constexpr size_t kMaxSeen = size_t{1} << 20;
+  const int64_t b = options_.block_tokens, blocks = static_cast<int64_t>(tokens.size()) / b;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seen_.size() + static_cast<size_t>(blocks) > kMaxSeen) seen_.clear();
+  uint64_t hash = 0;
+  for (int64_t j = 0; j < blocks; ++j) {
+    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
+    seen_.insert(hash);
+  }
+}
+
 PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes,
                                      int64_t max_tokens) {
   std::lock_guard<std::mutex> lock(mu_);

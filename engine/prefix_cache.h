@@ -3,7 +3,10 @@
 // one instead of recomputing it.
 //
 // A snapshot is a whole SequenceState (the KV cache of its positions, the recurrent state and the conv
-// window), so a hit resumes exactly where the snapshot was taken, in every layer and either mode. It is named
+// window), so a hit resumes exactly where the snapshot was taken, in every layer and either mode. Where to take
+// them: the cache also remembers the names of every full block of the prompts it was told of (Remember), so
+// that a prompt can be snapshotted where it stops sharing an earlier prompt's blocks (Seen), the point a third
+// prompt with the same beginning will need. It is named
 // by a hash chained over its blocks' tokens *and the mode of every token* (ChainHash): a later layer's keys,
 // values and recurrent state depend on the modes earlier tokens ran in, so a prefix is reusable only under
 // the same mode schedule. On the host a snapshot shares the sequence's full KV blocks by reference count (a
@@ -17,6 +20,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/backend.h"
@@ -50,6 +54,11 @@ class PrefixCache {
   // The length of the longest prefix of (tokens, modes), of at most max_tokens tokens, that has a snapshot
   // (0: none). Counts nothing.
   int64_t Longest(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
+  // The length of the longest prefix of (tokens, modes), of at most max_tokens tokens, whose blocks an
+  // earlier prompt had (Remember), snapshotted or not. Counts nothing.
+  int64_t Seen(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
+  // Remembers the names of the full blocks of a prompt (forgetting all of them past a million blocks).
+  void Remember(std::span<const int32_t> tokens, std::span<const Mode> modes);
   // The same, and a copy of that snapshot (at position `tokens`): a lookup of tokens.size() tokens in the
   // statistics. A copy the memory has no room for is a miss.
   struct Hit {
@@ -82,6 +91,7 @@ class PrefixCache {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;  // by chain hash of the prefix
   std::list<uint64_t> lru_;                      // least recently used first
+  std::unordered_set<uint64_t> seen_;            // chain hashes of the remembered prompts' full blocks
   PrefixCacheStats stats_;
 };
 

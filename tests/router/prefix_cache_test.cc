@@ -70,6 +70,13 @@ TEST(PrefixCache, FindsTheLongestSnapshotRunInTheSameModes) {
   flipped[3] = Mode::kLinear == flipped[3] ? Mode::kAttention : Mode::kLinear;  // the same tokens, one mode differs
   EXPECT_EQ(cache.Longest(tokens, flipped, 40), 0);
 
+  // Blocks seen, snapshotted or not: only once remembered, and up to where a prompt leaves them.
+  EXPECT_EQ(cache.Seen(tokens, modes, 40), 0);
+  cache.Remember(tokens, modes);
+  EXPECT_EQ(cache.Seen(tokens, modes, 40), 40);
+  EXPECT_EQ(cache.Seen(other, modes, 40), 16);
+  EXPECT_EQ(cache.Seen(tokens, flipped, 40), 0);
+
   PrefixCache::Hit hit = cache.Lookup(tokens, modes, 39);
   ASSERT_EQ(hit.tokens, 32);
   ASSERT_TRUE(hit.state.has_value());
@@ -198,8 +205,9 @@ INSTANTIATE_TEST_SUITE_P(Policies, PrefixCacheGeneration,
                          });
 
 // Where each prompt resumes, one after the other: the first prompt is snapshotted every 16 tokens and at its
-// last block boundary (48); a prompt sharing 43 tokens resumes at 32, one sharing 48 at 48, a longer one
-// at 48, the first 43 tokens alone at 32, and the same text in other modes nowhere. All at once, a prompt sharing 43 tokens with the one being
+// last block boundary (48); a prompt sharing 43 tokens resumes at 32 and is snapshotted where it leaves the
+// first one's blocks (40); one sharing 48 resumes at 48, a longer one at 48, the first 43 tokens alone at 40,
+// and the same text in other modes nowhere. All at once, a prompt sharing 43 tokens with the one being
 // prefilled waits for its snapshot at 40.
 TEST(PrefixCacheGeneration, ResumesAtTheLastSnapshotOfWhatIsShared) {
   testutil::ScratchDir scratch;
@@ -212,7 +220,7 @@ TEST(PrefixCacheGeneration, ResumesAtTheLastSnapshotOfWhatIsShared) {
     ASSERT_TRUE(r.ok()) << r.status();
     got.push_back(r->stats.cached_tokens);
   }
-  EXPECT_EQ(got, (std::vector<int64_t>{0, 32, 48, 48, 32}));
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 32, 48, 48, 40}));
   GenerateRequest other_modes = qs[3];
   other_modes.policy = "prefill-linear";
   auto r = engine.Generate(other_modes);
