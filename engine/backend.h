@@ -30,10 +30,10 @@ class DeviceSequence {
   virtual ~DeviceSequence() = default;
   virtual const void* owner() const = 0;  // the backend that made it
   // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state, with room
-  // for as many positions as this one (compact: for `position` only); ResourceExhausted when the device has
-  // no room for it.
+  // for `capacity` positions (< 0: as many as this one has; never fewer than `position`); ResourceExhausted
+  // when the device has no room for it.
   virtual absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
-                                                                bool compact) const = 0;
+                                                                int64_t capacity) const = 0;
   virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
   // ResourceExhausted, the state unchanged, when the device has no room for it.
   virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
@@ -75,9 +75,10 @@ class SequenceState {
   // A clone whose KV cache is its own copy, shared with nobody, as a sequence prefilled apart would have (a
   // host Clone shares the blocks): for benchmarks, where sequences that share memory would read less of it.
   absl::StatusOr<SequenceState> TryCopy() const;
-  // A clone that holds no room past its position (a device clone allocates a cache of the position alone): what
-  // the prefix cache keeps.
-  absl::StatusOr<SequenceState> TrySnapshot() const;
+  // A clone with room for `tokens` positions in all and no more (a device clone allocates exactly that, a host
+  // clone reserves the blocks past the shared ones): the prefix cache keeps clones with no room past their
+  // position, and gives back ones with the room their requests reserve.
+  absl::StatusOr<SequenceState> TryCloneWithRoom(int64_t tokens) const;
   absl::StatusOr<SequenceState> TryMakeDraft() const;
   // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
   // and allocation happens only the first time). For refreshing a draft sequence each round.

@@ -146,10 +146,10 @@ class CudaSequence final : public DeviceSequence {
   const void* owner() const override { return owner_; }
 
   absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
-                                                        bool compact) const override {
+                                                        int64_t capacity) const override {
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> copy, Create(ctx_, owner_));
     copy->CopyRecurrentFrom(*this);
-    const int64_t cap = compact ? position : cap_;
+    const int64_t cap = capacity < 0 ? cap_ : std::max(capacity, position);
     if (with_kv && cap > 0) {
       copy->kv_ = copy->TryAlloc<bf16>(kv_elements(cap));
       if (copy->kv_ == nullptr) return OutOfMemory("a copy of a KV cache of", cap, kv_elements(cap) * 2);

@@ -241,14 +241,14 @@ struct GenerationBatch::Request {
   bool decoding() const { return prefilled == static_cast<int64_t>(prompt.size()); }
 };
 
-absl::Status GenerationBatch::ReserveFor(const Request& r, SequenceState& seq) const {
+int64_t GenerationBatch::RoomFor(const Request& r) const {
   // Room for the prompt and the first generated tokens up front; a long generation grows the sequence as it
   // goes (geometrically), so a request that asks for many tokens does not hold their memory from the start
   // (a server's capacity is the memory its requests use, not what they may use).
   constexpr int64_t kReservedAhead = 1024;
   const int64_t n = static_cast<int64_t>(r.prompt.size());
-  return seq.Reserve(std::min(engine_.backend_->config().max_position,
-                              n + std::min(r.request.max_tokens, kReservedAhead) + r.decoder->Lookahead()));
+  return std::min(engine_.backend_->config().max_position,
+                  n + std::min(r.request.max_tokens, kReservedAhead) + r.decoder->Lookahead());
 }
 
 GenerationBatch::GenerationBatch(Engine& engine, int64_t max_prefill_tokens)
@@ -301,7 +301,7 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
   r->decoder = it->second.get();
   ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
   r->seq.emplace(std::move(seq));
-  ORYX_RETURN_IF_ERROR(ReserveFor(*r, *r->seq));
+  ORYX_RETURN_IF_ERROR(r->seq->Reserve(RoomFor(*r)));
   r->sampler.emplace(q.sampling);
   r->result.policy = q.policy;
   r->result.stats.prompt_tokens = n;
@@ -405,9 +405,9 @@ bool GenerationBatch::StartPrefill(Request& r) {
         return false;
       }
     }
-    PrefixCache::Hit hit = cache->Lookup(r.prompt, r.modes, n - 1);
-    // The restored sequence takes the place of the one made at Add once it has the same room.
-    if (hit.state && ReserveFor(r, *hit.state).ok()) {
+    // The restored sequence, with the room of the one made at Add, takes its place.
+    PrefixCache::Hit hit = cache->Lookup(r.prompt, r.modes, n - 1, RoomFor(r));
+    if (hit.state) {
       *r.seq = std::move(*hit.state);
       r.prefilled = hit.tokens;
       r.result.stats.cached_tokens = hit.tokens;

@@ -282,8 +282,8 @@ class GenerationBatch {
   void DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots);
   // The prompts this step prefills (prefilling_) and the span of each (prefill_lengths_).
   void ChoosePrefillSpans(const Backend& backend);
-  // Makes room in `seq` for the request's prompt and first generated tokens.
-  absl::Status ReserveFor(const Request& r, SequenceState& seq) const;
+  // The positions a request's sequence reserves: its prompt and first generated tokens.
+  int64_t RoomFor(const Request& r) const;
   // A prompt's first prefill step: its modes, its prefix-cache lookup and snapshot points. False when it
   // waits instead for an earlier prompt's snapshot.
   bool StartPrefill(Request& r);

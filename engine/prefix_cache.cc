@@ -66,14 +66,14 @@ void PrefixCache::Remember(std::span<const int32_t> tokens, std::span<const Mode
 }
 
 PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes,
-                                     int64_t max_tokens) {
+                                     int64_t max_tokens, int64_t room) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.lookups;
   stats_.lookup_tokens += static_cast<int64_t>(tokens.size());
   const auto [length, hash] = LongestLocked(tokens, modes, max_tokens);
   if (length == 0) return {};
   Entry& e = entries_.at(hash);
-  absl::StatusOr<SequenceState> copy = e.state.TryClone();
+  absl::StatusOr<SequenceState> copy = e.state.TryCloneWithRoom(std::max(room, length));
   if (!copy.ok()) return {};
   lru_.splice(lru_.end(), lru_, e.lru);
   stats_.hit_tokens += length;
@@ -95,7 +95,7 @@ bool PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const Mode> 
     lru_.splice(lru_.end(), lru_, it->second.lru);
     return false;
   }
-  absl::StatusOr<SequenceState> snapshot = seq.TrySnapshot();
+  absl::StatusOr<SequenceState> snapshot = seq.TryCloneWithRoom(n);
   if (!snapshot.ok()) return false;
   const int64_t bytes = snapshot->kv_bytes() + snapshot->recurrent_bytes();
   if (bytes > options_.max_bytes) return false;

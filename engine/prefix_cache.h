@@ -59,13 +59,13 @@ class PrefixCache {
   int64_t Seen(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
   // Remembers the names of the full blocks of a prompt (forgetting all of them past a million blocks).
   void Remember(std::span<const int32_t> tokens, std::span<const Mode> modes);
-  // The same, and a copy of that snapshot (at position `tokens`): a lookup of tokens.size() tokens in the
-  // statistics. A copy the memory has no room for is a miss.
+  // The same, and a copy of that snapshot (at position `tokens`) with room for `room` positions: a lookup of
+  // tokens.size() tokens in the statistics. A copy the memory has no room for is a miss.
   struct Hit {
     int64_t tokens = 0;
     std::optional<SequenceState> state;
   };
-  Hit Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens);
+  Hit Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens, int64_t room = 0);
   // Keeps a snapshot of `seq`, which ran exactly (tokens, modes): a whole number of blocks, at least one.
   // Returns whether it was kept (not: held already, larger than the budget, or no memory for the copy).
   bool Insert(std::span<const int32_t> tokens, std::span<const Mode> modes, const SequenceState& seq);

@@ -61,7 +61,7 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
   SequenceState copy(*this, 0);
   if (device_) {
     copy.layers_.resize(layers_.size());
-    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, /*compact=*/false));
+    ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, /*capacity=*/-1));
     return copy;
   }
   copy.layers_ = layers_;
@@ -71,11 +71,15 @@ absl::StatusOr<SequenceState> SequenceState::TryClone() const {
   return copy;
 }
 
-absl::StatusOr<SequenceState> SequenceState::TrySnapshot() const {
-  if (!device_) return TryClone();  // shares the blocks of its positions and no more
+absl::StatusOr<SequenceState> SequenceState::TryCloneWithRoom(int64_t tokens) const {
+  if (!device_) {
+    ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());  // shares the blocks of its positions and no more
+    ORYX_RETURN_IF_ERROR(copy.Reserve(tokens));
+    return copy;
+  }
   SequenceState copy(*this, 0);
   copy.layers_.resize(layers_.size());
-  ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, /*compact=*/true));
+  ORYX_ASSIGN_OR_RETURN(copy.device_, device_->Clone(has_kv_, position_, has_kv_ ? tokens : 0));
   return copy;
 }
 
@@ -101,7 +105,7 @@ absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
   draft.span_len_ = 0;
   draft.layers_.resize(layers_.size());
   if (device_) {
-    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_, /*compact=*/false));
+    ORYX_ASSIGN_OR_RETURN(draft.device_, device_->Clone(false, position_, /*capacity=*/0));
     return draft;
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
