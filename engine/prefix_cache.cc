@@ -75,7 +75,7 @@ PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<
   Entry& e = entries_.at(hash);
   absl::StatusOr<SequenceState> copy = e.state.TryCloneWithRoom(std::max(room, length));
   if (!copy.ok()) return {};
-  lru_.splice(lru_.end(), lru_, e.lru);
+  Touch(e);
   stats_.hit_tokens += length;
   return {length, std::move(*copy)};
 }
@@ -91,33 +91,46 @@ bool PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const Mode> 
     hash = ChainHash(hash, tokens.subspan(at, options_.block_tokens), modes.subspan(at, options_.block_tokens));
   }
   if (auto it = entries_.find(hash); it != entries_.end()) {
-    // Held already (or, with odds of 2^-64, another prefix of the same name: that one stays).
-    lru_.splice(lru_.end(), lru_, it->second.lru);
-    return false;
+    return false;  // held already (or, with odds of 2^-64, another prefix of the same name: that one stays)
   }
   absl::StatusOr<SequenceState> snapshot = seq.TryCloneWithRoom(n);
   if (!snapshot.ok()) return false;
   const int64_t bytes = snapshot->kv_bytes() + snapshot->recurrent_bytes();
   if (bytes > options_.max_bytes) return false;
   EvictTo(options_.max_bytes - bytes);
-  lru_.push_back(hash);
+  unhit_.push_back(hash);
   entries_.emplace(hash, Entry{std::vector<int32_t>(tokens.begin(), tokens.end()),
                                std::vector<Mode>(modes.begin(), modes.end()), std::move(*snapshot), bytes,
-                               std::prev(lru_.end())});
+                               /*hit=*/false, std::prev(unhit_.end())});
   ++stats_.inserted;
   ++stats_.snapshots;
   stats_.bytes += bytes;
   return true;
 }
 
+void PrefixCache::Touch(Entry& e) {
+  if (!e.hit) {
+    hit_.splice(hit_.end(), unhit_, e.lru);
+    e.hit = true;
+    hit_bytes_ += e.bytes;
+  } else {
+    hit_.splice(hit_.end(), hit_, e.lru);
+  }
+}
+
 void PrefixCache::EvictTo(int64_t max_bytes) {
-  while (stats_.bytes > max_bytes && !lru_.empty()) {
-    auto it = entries_.find(lru_.front());
+  while (stats_.bytes > max_bytes) {
+    // The hit snapshots' least recent when they hold more than half the budget or nothing else is left.
+    const bool from_hit = !hit_.empty() && (unhit_.empty() || hit_bytes_ > options_.max_bytes / 2);
+    std::list<uint64_t>& order = from_hit ? hit_ : unhit_;
+    if (order.empty()) break;
+    auto it = entries_.find(order.front());
     stats_.bytes -= it->second.bytes;
+    if (from_hit) hit_bytes_ -= it->second.bytes;
     --stats_.snapshots;
     ++stats_.evicted;
     entries_.erase(it);
-    lru_.pop_front();
+    order.pop_front();
   }
 }
 

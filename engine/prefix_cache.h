@@ -10,8 +10,12 @@
 // by a hash chained over its blocks' tokens *and the mode of every token* (ChainHash): a later layer's keys,
 // values and recurrent state depend on the modes earlier tokens ran in, so a prefix is reusable only under
 // the same mode schedule. On the host a snapshot shares the sequence's full KV blocks by reference count (a
-// writer copies a shared block first); on a device it is a copy of the cache up to its position. Snapshots are
-// evicted least recently used first when their bytes pass the budget.
+// writer copies a shared block first); on a device it is a copy of the cache up to its position.
+//
+// Eviction, when the snapshots' bytes pass the budget, is a segmented LRU: snapshots never hit go first (least
+// recently inserted first), then those hit at least once (least recently hit first), and the hit ones keep at
+// most half the budget. So the snapshot of a system prompt that every request hits outlives the end-of-prompt
+// snapshots that requests with distinct suffixes leave behind, however many of them arrive between two hits.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +82,7 @@ class PrefixCache {
     std::vector<Mode> modes;
     SequenceState state;
     int64_t bytes = 0;
+    bool hit = false;  // in `hit_` (hit at least once), else in `unhit_`
     std::list<uint64_t>::iterator lru;
   };
   // The entry named `hash` if it holds exactly this prefix.
@@ -86,11 +91,13 @@ class PrefixCache {
   std::pair<int64_t, uint64_t> LongestLocked(std::span<const int32_t> tokens, std::span<const Mode> modes,
                                              int64_t max_tokens) const;
   void EvictTo(int64_t max_bytes);
+  void Touch(Entry& e);  // a hit: the most recent of hit_
 
   const PrefixCacheOptions options_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;  // by chain hash of the prefix
-  std::list<uint64_t> lru_;                      // least recently used first
+  std::list<uint64_t> unhit_, hit_;              // by recency, least recent first
+  int64_t hit_bytes_ = 0;                        // of the snapshots in hit_
   std::unordered_set<uint64_t> seen_;            // chain hashes of the remembered prompts' full blocks
   PrefixCacheStats stats_;
 };

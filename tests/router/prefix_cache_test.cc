@@ -113,6 +113,38 @@ TEST(PrefixCache, SnapshotsShareFullBlocksAndLetThemGo) {
   EXPECT_EQ(cache.stats().bytes, 0);
 }
 
+TEST(PrefixCache, EvictsSnapshotsNeverHitFirst) {
+  testutil::ScratchDir scratch;
+  std::unique_ptr<Backend> backend = TinyBackend(scratch, 6);
+  std::mt19937 rng(6);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceState> seqs;
+  const std::vector<Mode> modes(kBlock, Mode::kAttention);
+  for (int i = 0; i < 7; ++i) {
+    prompts.push_back(RandomTokens(rng, kBlock));
+    seqs.push_back(backend->NewSequence());
+    LastLogits(*backend, seqs.back(), prompts.back(), modes);
+  }
+  const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
+  PrefixCache cache(SmallBlocks(4 * each));
+  ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));  // a system prompt, hit by every request
+  EXPECT_EQ(cache.Lookup(prompts[0], modes, kBlock).tokens, kBlock);
+  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(cache.Insert(prompts[i], modes, seqs[i]));  // ends never hit
+  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), kBlock);  // outlived them, though the least recent
+  EXPECT_EQ(cache.Longest(prompts[1], modes, kBlock), 0);
+  EXPECT_EQ(cache.Longest(prompts[2], modes, kBlock), 0);
+  EXPECT_EQ(cache.Longest(prompts[5], modes, kBlock), kBlock);
+  // Snapshots hit keep at most half the budget: a third one hit pushes out the least recently hit.
+  EXPECT_EQ(cache.Lookup(prompts[3], modes, kBlock).tokens, kBlock);
+  EXPECT_EQ(cache.Lookup(prompts[4], modes, kBlock).tokens, kBlock);
+  ASSERT_TRUE(cache.Insert(prompts[6], modes, seqs[6]));
+  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), 0);
+  EXPECT_EQ(cache.Longest(prompts[3], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(prompts[4], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(prompts[5], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(prompts[6], modes, kBlock), kBlock);
+}
+
 TEST(PrefixCache, EvictsTheLeastRecentlyUsedPastItsBudget) {
   testutil::ScratchDir scratch;
   std::unique_ptr<Backend> backend = TinyBackend(scratch, 3);
