@@ -242,6 +242,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   so.log_requests = false;
   so.scheduler.max_batch = o.max_batch > 0 ? o.max_batch : top;
   so.scheduler.max_prefill_tokens = o.max_prefill_tokens;
+  so.scheduler.kv_memory = o.kv_memory;
   if (!o.prefix_cache) {
     engine.set_prefix_cache(std::nullopt);
   } else if (o.prefix_snapshot_every > 0) {
@@ -325,6 +326,8 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 {"token_gap_ms", {{"p50", Percentile(gaps, 0.5)}, {"p90", Percentile(gaps, 0.9)},
                                   {"p99", Percentile(gaps, 0.99)}, {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
                 {"server_steps", steps},
+                {"preemptions", after.preemptions - before.preemptions},
+                {"kv_memory_mib", static_cast<double>(o.kv_memory) / (1 << 20)},
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 // The share of decode rows that ran in a prefill's forward (GenerationBatch).
                 {"shared_decode_fraction", after.decode_rows > before.decode_rows

@@ -40,6 +40,7 @@ struct ServeBenchOptions {
   std::string data_dir;
   int64_t max_batch = 0;     // the server's; 0: the largest level
   int64_t max_prefill_tokens = 0;  // the server's prompt tokens per step at most; 0: no bound
+  int64_t kv_memory = 0;           // the server's KV memory in bytes; 0: the device's
   uint64_t seed = 1;
 };
 

@@ -362,11 +362,14 @@ int BenchServe(const Args& rest) {
   f.Int("max-batch", &o.max_batch, "the server's batch bound (0: the largest level)", 0, 4096);
   f.Int("max-prefill-tokens", &o.max_prefill_tokens, "the server's prompt tokens per step at most (0: no bound)", 0,
         1 << 30);
+  int64_t kv_memory_mib = 0;
+  f.Int("kv-memory", &kv_memory_mib, "the server's KV memory in MiB (0: the device's)", 0, int64_t{1} << 30);
   f.Int("seed", &seed, "prompt seed", 0);
   f.Int("threads", &c.threads, "CPU threads (0: one per hardware thread)", 0, 1024);
   f.Bool("json", &c.out.json, "print JSON lines instead of a table");
   f.String("out", &c.out.out_file, "also write the JSON lines to this file (atomically)");
   return RunWithFlags(f, rest, [&]() -> absl::Status {
+    o.kv_memory = kv_memory_mib << 20;
     if (!levels.empty()) {
       ORYX_ASSIGN_OR_RETURN(o.concurrency, ParsePositiveInts(levels, "concurrency"));
     }

@@ -22,7 +22,7 @@ int RunServe(const Args& args) {
   std::string model_dir, device = "cpu", name;
   server::ServerOptions o;
   int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
-  int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0;
+  int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0, kv_memory_mib = 0;
   bool quiet = false;
   FlagSet f("oryx serve --model DIR [--device cpu|cuda] [--host H] [--port P] [--max-batch N] [--max-queue N]",
             "Serves the model over HTTP until interrupted (Ctrl-C, SIGTERM):\n"
@@ -43,6 +43,10 @@ int RunServe(const Args& args) {
   f.Int("max-prefill-tokens", &max_prefill_tokens,
         "prompt tokens prefilled per step at most (0: no bound); smaller: the running requests' next tokens\n"
         "                          wait less for a joining prompt, whose first token comes later", 0, 1 << 30);
+  f.Int("kv-memory", &kv_memory_mib,
+        "MiB of KV cache the running requests may hold (0: as much as the device has); requests wait for\n"
+        "                          memory, the latest admitted are preempted and recomputed when others need room,\n"
+        "                          and one that could never fit gets a 400", 0, int64_t{1} << 30);
   f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
         1, 4096);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
@@ -68,6 +72,7 @@ int RunServe(const Args& args) {
     o.scheduler.max_batch = max_batch;
     o.scheduler.max_queue = max_queue;
     o.scheduler.max_prefill_tokens = max_prefill_tokens;
+    o.scheduler.kv_memory = kv_memory_mib << 20;
     o.http_threads = static_cast<int>(http_threads);
     o.log_requests = !quiet;
     o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();

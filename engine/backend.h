@@ -22,6 +22,9 @@ namespace oryx {
 
 enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 
+// Positions per host KV block: attention runs a GEMM per block, and a clone copies at most one block.
+inline constexpr int64_t kHostKvBlockTokens = 64;
+
 // A sequence's state held by a device backend (the CUDA one), opaque here so that no device types appear in
 // this header. SequenceState forwards its copies, reservations and rollback to it; the backend that made
 // it is the only one that reads it.
@@ -38,6 +41,7 @@ class DeviceSequence {
   // ResourceExhausted, the state unchanged, when the device has no room for it.
   virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
   virtual int64_t kv_bytes() const = 0;
+  virtual int64_t kv_capacity() const = 0;  // positions the KV cache has room for
   // Brings the recurrent state and conv window back to after `keep` tokens of the last keep_states span.
   virtual void RestoreSpan(int64_t keep) = 0;
 };
@@ -65,6 +69,9 @@ class SequenceState {
 
   int64_t position() const { return position_; }  // tokens processed so far
   bool has_kv() const { return has_kv_; }
+  // The mode each position ran in (with a KV cache; a draft keeps none): what recomputing the sequence from its
+  // tokens needs to come back to the same state.
+  std::span<const Mode> modes() const { return modes_; }
 
   SequenceState Clone() const;  // a snapshot: restore it by move-assigning it back
   // A draft sequence with this one's recurrent state, conv window and position and no KV cache.
@@ -90,6 +97,8 @@ class SequenceState {
   absl::Status Reserve(int64_t tokens);
   // Bytes held by the KV cache (allocated capacity, all layers; on the host, the blocks held, shared or not).
   int64_t kv_bytes() const;
+  // Positions the KV cache has room for before it grows (0 for a draft).
+  int64_t kv_capacity() const;
   // Bytes of the recurrent state and conv window (all layers).
   int64_t recurrent_bytes() const;
   // KV blocks this sequence holds that others hold too (clones, the prefix cache); 0 where not paged.
@@ -123,6 +132,8 @@ class SequenceState {
   }
   // Blocks for positions [0, end), those from the position on writable by this sequence alone.
   absl::Status PrepareKv(int64_t end);
+  // After a backend ran a span in `modes` on this sequence: the position, the mode log and the keep_states span.
+  void Advance(std::span<const Mode> modes, bool keep_states);
   // 64-byte aligned (kernels/aligned_vector.h): a forward's bits must not depend on where these lie.
   using Floats = kernels::AlignedVector<float>;
   struct Layer {
@@ -134,6 +145,7 @@ class SequenceState {
   };
   std::vector<Layer> layers_;
   HostKvTable kv_;  // host sequences: their KV blocks (no pool: a device sequence)
+  std::vector<Mode> modes_;  // of every position, when has_kv_
   int64_t position_ = 0;
   bool has_kv_ = true;
   int64_t span_start_ = -1, span_len_ = 0;  // the keep_states span (span_start_ < 0: none)
@@ -231,6 +243,12 @@ class Backend {
   virtual SequenceState NewSequence() const { return SequenceState(config()); }
   // NewSequence, or ResourceExhausted when the device has no room for one (NewSequence aborts then).
   virtual absl::StatusOr<SequenceState> TryNewSequence() const { return NewSequence(); }
+  // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
+  // admission against a memory budget; 0 where unknown.
+  virtual int64_t KvBytes(int64_t positions) const {
+    (void)positions;
+    return 0;
+  }
 
   // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
   // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id

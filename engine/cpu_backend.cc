@@ -336,14 +336,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
   for (int64_t b = 0; b < B; ++b) {
     const ForwardItem& it = batch[b];
     SequenceState& seq = *it.seq;
-    if (it.keep_states) {
-      seq.span_start_ = seq.position_;
-      seq.span_len_ = spans[b].len;
-    } else {
-      seq.span_start_ = -1;
-      seq.span_len_ = 0;
-    }
-    seq.position_ += spans[b].len;
+    seq.Advance(it.modes, it.keep_states);
     const int64_t rows = it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast;
     if (rows > 0 && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);

@@ -24,6 +24,11 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   const ModelConfig& config() const override { return config_; }
+  int64_t KvBytes(int64_t positions) const override {
+    const int64_t blocks = (positions + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
+    return blocks * kHostKvBlockTokens * 2 * config_.n_layers * config_.n_heads * config_.head_dim *
+           static_cast<int64_t>(sizeof(float));
+  }
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
 

@@ -173,6 +173,7 @@ class CudaSequence final : public DeviceSequence {
   }
 
   int64_t kv_bytes() const override { return kv_elements(cap_) * static_cast<int64_t>(sizeof(bf16)); }
+  int64_t kv_capacity() const override { return cap_; }
 
   void RestoreSpan(int64_t keep) override {
     const Context& c = *ctx_;

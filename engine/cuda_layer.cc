@@ -159,9 +159,7 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
   for (const ForwardItem& it : batch) {
     SequenceState& seq = *it.seq;
     const int64_t T = static_cast<int64_t>(it.tokens.size());
-    seq.span_start_ = it.keep_states ? seq.position_ : -1;
-    seq.span_len_ = it.keep_states ? T : 0;
-    seq.position_ += T;
+    seq.Advance(it.modes, it.keep_states);
     const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
     if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);

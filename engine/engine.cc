@@ -8,6 +8,7 @@
 #include "engine/mode_policy.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace oryx {
 
@@ -15,6 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+std::string MiB(int64_t bytes) { return absl::StrFormat("%.2f", static_cast<double>(bytes) / (1 << 20)); }
 
 void CountModes(std::span<const Mode> modes, GenerateStats& stats) {
   for (Mode m : modes) ++(m == Mode::kAttention ? stats.attention_tokens : stats.linear_tokens);
@@ -105,6 +107,7 @@ nlohmann::json ToJson(const GenerateResult& r) {
   nlohmann::json stats = {
       {"prompt_tokens", s.prompt_tokens},
       {"cached_tokens", s.cached_tokens},
+      {"preemptions", s.preemptions},
       {"generated_tokens", s.generated_tokens},
       {"attention_tokens", s.attention_tokens},
       {"linear_tokens", s.linear_tokens},
@@ -214,7 +217,12 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
       return absl::Status(id.status().code(), Cat("request ", i, ": ", id.status().message()));
     }
   }
-  while (batch.active() > 0) ORYX_RETURN_IF_ERROR(batch.Step());
+  while (batch.active() > 0) {
+    ORYX_RETURN_IF_ERROR(batch.Step());
+    for (auto& [id, status] : batch.TakeFailed()) {
+      return R == 1 ? status : absl::Status(status.code(), Cat("request ", id, ": ", status.message()));
+    }
+  }
   std::vector<GenerateResult> results(R);
   for (auto& [id, result] : batch.TakeFinished()) results[id] = std::move(result);
   return results;
@@ -227,28 +235,162 @@ struct GenerationBatch::Request {
   GenerateRequest request;
   std::vector<int32_t> prompt;
   Decoder* decoder = nullptr;
-  std::optional<SequenceState> seq;
+  std::optional<SequenceState> seq;  // set while admitted (it holds KV memory)
   std::optional<Sampler> sampler;
   DecodeSlot slot;
   GenerateResult result;
   size_t longest_stop = 0;
-  int64_t prefilled = 0;  // prompt tokens forwarded (or restored from the prefix cache) so far
+  int64_t prefilled = 0;  // context() tokens forwarded (or restored from the prefix cache) so far
   bool started = false;   // its prefill has begun (StartPrefill)
-  std::vector<Mode> modes;  // the prompt's, from its decoder
+  std::vector<Mode> modes;  // of context(): the prompt's from its decoder, or those a preempted sequence ran
   std::vector<int64_t> snapshot_at;  // positions still to snapshot for the prefix cache, ascending
+  int64_t admitted_at = 0;  // admission order: preemption takes the latest
+  // After a preemption: the tokens to recompute (the prompt and the generated ones but the pending last),
+  // in `modes`; decoding goes on from `slot.pending` once they are forwarded.
+  std::vector<int32_t> replay;
   int32_t first = 0;  // the first generated token, drawn by the backend with the prompt's last span
   Clock::time_point prefill_start, decode_start;
-  bool decoding() const { return prefilled == static_cast<int64_t>(prompt.size()); }
+  bool admitted() const { return seq.has_value(); }
+  const std::vector<int32_t>& context() const { return replay.empty() ? prompt : replay; }
+  bool decoding() const { return admitted() && replay.empty() && prefilled == static_cast<int64_t>(prompt.size()); }
 };
 
 int64_t GenerationBatch::RoomFor(const Request& r) const {
-  // Room for the prompt and the first generated tokens up front; a long generation grows the sequence as it
-  // goes (geometrically), so a request that asks for many tokens does not hold their memory from the start
-  // (a server's capacity is the memory its requests use, not what they may use).
+  // Room for the context and the next generated tokens up front; a long generation grows the sequence as it
+  // goes, so a request that asks for many tokens does not hold their memory from the start (a server's
+  // capacity is the memory its requests use, not what they may use).
   constexpr int64_t kReservedAhead = 1024;
-  const int64_t n = static_cast<int64_t>(r.prompt.size());
-  return std::min(engine_.backend_->config().max_position,
-                  n + std::min(r.request.max_tokens, kReservedAhead) + r.decoder->Lookahead());
+  const int64_t n = static_cast<int64_t>(r.context().size());
+  const int64_t left = r.request.max_tokens - r.result.stats.generated_tokens;
+  return std::min(engine_.backend_->config().max_position, n + std::min(left, kReservedAhead) + r.decoder->Lookahead());
+}
+
+int64_t GenerationBatch::kv_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [id, r] : active_) bytes += r->admitted() ? r->seq->kv_bytes() : 0;
+  return bytes;
+}
+
+int64_t GenerationBatch::waiting() const {
+  int64_t n = 0;
+  for (const auto& [id, r] : active_) n += !r->admitted();
+  return n;
+}
+
+absl::Status GenerationBatch::AdmitOne(Request& r, int64_t& used) {
+  const Backend& backend = *engine_.backend_;
+  const int64_t need = std::min(backend.config().max_position,
+                                static_cast<int64_t>(r.context().size()) + 1 + r.decoder->Lookahead());
+  int64_t room = std::max(need, RoomFor(r));
+  if (kv_memory_ > 0) {
+    if (used + backend.KvBytes(need) > kv_memory_) {
+      return absl::ResourceExhaustedError(Cat("KV memory: ", MiB(used), " MiB in use and ", MiB(backend.KvBytes(need)),
+                                              " MiB more needed, of ", MiB(kv_memory_), " MiB"));
+    }
+    while (room > need && used + backend.KvBytes(room) > kv_memory_) room = std::max(need, room / 2);
+  }
+  ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend.TryNewSequence());
+  if (absl::Status s = seq.Reserve(room); !s.ok()) ORYX_RETURN_IF_ERROR(seq.Reserve(need));
+  r.seq.emplace(std::move(seq));
+  r.slot.seq = &*r.seq;
+  r.admitted_at = next_admission_++;
+  used += r.seq->kv_bytes();
+  return absl::OkStatus();
+}
+
+void GenerationBatch::Admit() {
+  int64_t used = kv_bytes();
+  done_.clear();
+  for (auto& [id, r] : active_) {
+    if (r->admitted()) continue;
+    // In the order of arrival, none skipped (a large request is not starved by small ones after it); a
+    // preempted request comes before every later one.
+    const absl::Status s = AdmitOne(*r, used);
+    if (s.ok()) continue;
+    // Nothing else holds memory that finishing would give back: it will never fit.
+    bool others = false;
+    for (const auto& [other_id, other] : active_) others |= other->admitted();
+    if (!others) {
+      failed_.emplace_back(id, absl::ResourceExhaustedError(Cat("the request does not fit in memory alone: ", s.message())));
+      done_.push_back(id);
+    }
+    break;
+  }
+  for (int64_t id : done_) Drop(id);
+}
+
+void GenerationBatch::Preempt(Request& r) {
+  // Recomputed later from its tokens, in the modes they ran in: the prompt and every generated token but the
+  // pending one, which the decoder runs next as before.
+  const std::span<const Mode> ran = r.seq->modes();
+  if (r.decoding() || !r.replay.empty()) {
+    if (r.replay.empty()) {
+      r.replay = r.prompt;
+      r.replay.insert(r.replay.end(), r.result.tokens.begin(), r.result.tokens.end() - 1);
+    }
+    r.modes.assign(ran.begin(), ran.end());
+    r.modes.resize(r.replay.size());  // a replay preempted part way: the rest of its recorded modes
+  }
+  r.decoder->Release(r.slot.id);
+  r.seq.reset();
+  r.slot.seq = nullptr;
+  r.prefilled = 0;
+  r.started = false;
+  r.snapshot_at.clear();
+  ++r.result.stats.preemptions;
+  ++preemptions_;
+}
+
+GenerationBatch::Request* GenerationBatch::LatestAdmitted() {
+  Request* latest = nullptr;
+  for (auto& [id, r] : active_) {
+    if (r->admitted() && (latest == nullptr || r->admitted_at > latest->admitted_at)) latest = r.get();
+  }
+  return latest;
+}
+
+void GenerationBatch::EnsureRoom() {
+  const Backend& backend = *engine_.backend_;
+  const int64_t max_position = backend.config().max_position;
+  std::vector<Request*> growing;
+  for (auto& [id, r] : active_) {
+    if (r->decoding()) growing.push_back(r.get());
+  }
+  // The earliest admitted first: they are the last to be preempted.
+  std::ranges::sort(growing, {}, &Request::admitted_at);
+  done_.clear();
+  for (Request* r : growing) {
+    if (!r->admitted()) continue;  // preempted for an earlier one
+    SequenceState& seq = *r->seq;
+    const int64_t need = std::min(max_position, seq.position() + 1 + r->decoder->Lookahead());
+    if (seq.kv_capacity() >= need) continue;
+    // Grow by half again (at least 256 positions), or as far as the budget lets, or preempt the latest
+    // admitted request until it fits; alone and still without room, the request fails.
+    const int64_t want = std::min(max_position, std::max(need, seq.kv_capacity() + std::max<int64_t>(256, seq.kv_capacity() / 2)));
+    while (r->admitted()) {
+      int64_t target = want;
+      absl::Status s;
+      if (kv_memory_ > 0) {
+        const int64_t others = kv_bytes() - seq.kv_bytes();
+        while (target > need && others + backend.KvBytes(target) > kv_memory_) target = std::max(need, (target + need) / 2);
+        if (others + backend.KvBytes(target) > kv_memory_) {
+          s = absl::ResourceExhaustedError(Cat("KV memory: a sequence of ", need, " positions needs ",
+                                               MiB(backend.KvBytes(need)), " MiB; the budget is ", MiB(kv_memory_), " MiB"));
+        }
+      }
+      if (s.ok()) s = seq.Reserve(target);
+      if (s.ok()) break;
+      bool others = false;
+      for (const auto& [id, o] : active_) others |= o.get() != r && o->admitted();
+      if (!others) {
+        failed_.emplace_back(r->slot.id, absl::ResourceExhaustedError(Cat("the request does not fit in memory alone: ", s.message())));
+        done_.push_back(r->slot.id);
+        break;
+      }
+      Preempt(*LatestAdmitted());  // perhaps this one: then it waits to be recomputed
+    }
+  }
+  for (int64_t id : done_) Drop(id);
 }
 
 GenerationBatch::GenerationBatch(Engine& engine, int64_t max_prefill_tokens)
@@ -299,14 +441,19 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
     it = decoders_.emplace(q.policy, std::move(made)).first;
   }
   r->decoder = it->second.get();
-  ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
-  r->seq.emplace(std::move(seq));
-  ORYX_RETURN_IF_ERROR(r->seq->Reserve(RoomFor(*r)));
+  if (kv_memory_ > 0) {  // a request that could never finish, even alone
+    const int64_t most = std::min(c.max_position, n + q.max_tokens + r->decoder->Lookahead());
+    if (const int64_t need = engine_.backend_->KvBytes(most); need > kv_memory_) {
+      return absl::InvalidArgumentError(Cat("the prompt of ", n, " tokens and max_tokens ", q.max_tokens, " need ",
+                                            MiB(need), " MiB of KV cache; the server's KV memory is ", MiB(kv_memory_),
+                                            " MiB"));
+    }
+  }
   r->sampler.emplace(q.sampling);
   r->result.policy = q.policy;
   r->result.stats.prompt_tokens = n;
   const int64_t id = next_id_++;
-  r->slot = {id, &*r->seq, 0, n, &r->prompt, &r->result.tokens, q.max_tokens, &*r->sampler, &r->result.stats, {}};
+  r->slot = {id, nullptr, 0, n, &r->prompt, &r->result.tokens, q.max_tokens, &*r->sampler, &r->result.stats, {}};
   active_.emplace(id, std::move(r));
   return id;
 }
@@ -350,6 +497,12 @@ bool GenerationBatch::Emit(Request& r, int32_t token) {
   return true;
 }
 
+void GenerationBatch::Drop(int64_t id) {
+  auto it = active_.find(id);
+  it->second->decoder->Release(id);
+  active_.erase(it);
+}
+
 void GenerationBatch::Finish(int64_t id) {
   auto it = active_.find(id);
   Request& r = *it->second;
@@ -381,22 +534,26 @@ void GenerationBatch::DecodingSlots(const Decoder* decoder, std::vector<DecodeSl
 }
 
 bool GenerationBatch::StartPrefill(Request& r) {
-  const int64_t n = static_cast<int64_t>(r.prompt.size());
-  r.modes.resize(n);
-  r.decoder->PrefillModes(r.prompt, 0, r.modes);
+  const std::vector<int32_t>& context = r.context();
+  const int64_t n = static_cast<int64_t>(context.size());
+  if (r.replay.empty()) {
+    r.modes.resize(n);
+    r.decoder->PrefillModes(r.prompt, 0, r.modes);
+  }
   PrefixCache* cache = engine_.prefix_cache_.get();
   if (cache != nullptr) {
     const int64_t b = cache->options().block_tokens;
     // At least one prompt token is forwarded: its logits give the first generated token.
-    const int64_t cached = cache->Longest(r.prompt, r.modes, n - 1);
+    const int64_t cached = cache->Longest(context, r.modes, n - 1);
     // An earlier prompt still being prefilled that shares a longer beginning: wait for its snapshot there.
     for (auto& [id, other] : active_) {
       Request& o = *other;
       if (&o == &r) break;  // only earlier ones, which never wait for this one
-      if (!o.started || o.decoding()) continue;
-      const int64_t limit = std::min<int64_t>(n - 1, static_cast<int64_t>(o.prompt.size()));
+      if (!o.admitted() || !o.started || o.decoding()) continue;
+      const std::vector<int32_t>& theirs = o.context();
+      const int64_t limit = std::min<int64_t>(n - 1, static_cast<int64_t>(theirs.size()));
       int64_t shared = 0;
-      while (shared < limit && r.prompt[shared] == o.prompt[shared] && r.modes[shared] == o.modes[shared]) ++shared;
+      while (shared < limit && context[shared] == theirs[shared] && r.modes[shared] == o.modes[shared]) ++shared;
       const int64_t point = shared / b * b;
       if (point > cached && point > o.prefilled) {
         if (!std::ranges::binary_search(o.snapshot_at, point)) {
@@ -406,41 +563,40 @@ bool GenerationBatch::StartPrefill(Request& r) {
       }
     }
     // The restored sequence, with the room of the one made at Add, takes its place.
-    PrefixCache::Hit hit = cache->Lookup(r.prompt, r.modes, n - 1, RoomFor(r));
+    PrefixCache::Hit hit = cache->Lookup(context, r.modes, n - 1, std::max(RoomFor(r), r.seq->kv_capacity()));
     if (hit.state) {
       *r.seq = std::move(*hit.state);
       r.prefilled = hit.tokens;
-      r.result.stats.cached_tokens = hit.tokens;
-      CountModes(std::span(r.modes).first(hit.tokens), r.result.stats);
+      if (r.replay.empty()) r.result.stats.cached_tokens = hit.tokens;
     }
     // Snapshot points: every snapshot_every tokens, the prompt's last block boundary (a later turn of a
     // conversation extends the prompt), and where it leaves the blocks of an earlier prompt (a third prompt
     // with that beginning resumes there).
     const int64_t every = cache->options().snapshot_every;
     for (int64_t p = (r.prefilled / every + 1) * every; p <= n; p += every) r.snapshot_at.push_back(p);
-    for (const int64_t p : {n / b * b, cache->Seen(r.prompt, r.modes, n)}) {
+    for (const int64_t p : {n / b * b, cache->Seen(context, r.modes, n)}) {
       if (p > r.prefilled && !std::ranges::binary_search(r.snapshot_at, p)) {
         r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, p), p);
       }
     }
-    cache->Remember(r.prompt, r.modes);
+    cache->Remember(context, r.modes);
   }
   r.started = true;
-  r.prefill_start = Clock::now();
+  if (r.prefill_start == Clock::time_point{}) r.prefill_start = Clock::now();  // kept through a preemption
   return true;
 }
 
 void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
   prefilling_.clear();
   for (auto& [id, r] : active_) {
-    if (!r->decoding() && (r->started || StartPrefill(*r))) prefilling_.push_back(r.get());
+    if (r->admitted() && !r->decoding() && (r->started || StartPrefill(*r))) prefilling_.push_back(r.get());
   }
   // With a token budget, the prompts added first take it; the rest wait for a later step.
   const int64_t span = prefilling_.empty() ? 0 : backend.PrefillSpan(static_cast<int64_t>(prefilling_.size()));
   prefill_lengths_.clear();
   for (int64_t left = max_prefill_tokens_ > 0 ? max_prefill_tokens_ : INT64_MAX; Request* r : prefilling_) {
     // A span ends at the next snapshot point, if any.
-    const int64_t end = r->snapshot_at.empty() ? static_cast<int64_t>(r->prompt.size()) : r->snapshot_at.front();
+    const int64_t end = r->snapshot_at.empty() ? static_cast<int64_t>(r->context().size()) : r->snapshot_at.front();
     const int64_t len = std::min({span, end - r->prefilled, left});
     if (len == 0) break;
     prefill_lengths_.push_back(len);
@@ -454,9 +610,10 @@ void GenerationBatch::PlanPrefill() {
     Request& r = *prefilling_[i];
     const int64_t len = prefill_lengths_[i];
     const std::span<const Mode> modes = std::span(r.modes).subspan(r.prefilled, len);
-    CountModes(modes, r.result.stats);
-    const bool last = r.prefilled + len == static_cast<int64_t>(r.prompt.size());
-    items_.push_back({&*r.seq, std::span(r.prompt).subspan(r.prefilled, len), modes,
+    const bool replay = !r.replay.empty();
+    // The prompt's last span draws the first token; a recomputation's ends before the pending token.
+    const bool last = !replay && r.prefilled + len == static_cast<int64_t>(r.prompt.size());
+    items_.push_back({&*r.seq, std::span(r.context()).subspan(r.prefilled, len), modes,
                       last ? LogitsRows::kLast : LogitsRows::kNone, nullptr, false, last ? &*r.sampler : nullptr,
                       &r.first});
   }
@@ -469,10 +626,17 @@ void GenerationBatch::FinishPrefill() {
     r.prefilled += prefill_lengths_[i];
     if (!r.snapshot_at.empty() && r.snapshot_at.front() == r.prefilled) {
       r.snapshot_at.erase(r.snapshot_at.begin());
-      engine_.prefix_cache_->Insert(std::span(r.prompt).first(r.prefilled), std::span(r.modes).first(r.prefilled),
-                                    *r.seq);
+      engine_.prefix_cache_->Insert(std::span(r.context()).first(r.prefilled),
+                                    std::span(r.modes).first(r.prefilled), *r.seq);
+    }
+    if (!r.replay.empty() && r.prefilled == static_cast<int64_t>(r.replay.size())) {
+      // Recomputed: decoding goes on from the pending token, as before the preemption.
+      r.replay.clear();
+      r.prefilled = static_cast<int64_t>(r.prompt.size());
+      continue;
     }
     if (!r.decoding()) continue;
+    CountModes(r.modes, r.result.stats);  // the prompt's, once: restored or forwarded, they ran in these modes
     r.result.stats.prefill_s = Seconds(r.prefill_start);
     r.decode_start = Clock::now();
     if (!Emit(r, r.first)) done_.push_back(r.slot.id);
@@ -483,6 +647,10 @@ void GenerationBatch::FinishPrefill() {
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
   last_step_decoded_ = last_step_shared_ = 0;
+  // Requests waiting for memory come in while it lasts; every decoding sequence gets room for its step,
+  // preempting the latest admitted requests when there is none.
+  Admit();
+  EnsureRoom();
   // The work of this step: prefill spans, and every decoding request's step under its decoder.
   ChoosePrefillSpans(backend);
   stepping_.clear();
@@ -519,6 +687,12 @@ absl::Status GenerationBatch::Step() {
     EmitStep(slots);
   }
   return absl::OkStatus();
+}
+
+std::vector<std::pair<int64_t, absl::Status>> GenerationBatch::TakeFailed() {
+  std::vector<std::pair<int64_t, absl::Status>> out;
+  out.swap(failed_);
+  return out;
 }
 
 std::vector<std::pair<int64_t, GenerateResult>> GenerationBatch::TakeFinished() {

@@ -53,6 +53,7 @@ struct SpecStats {
 struct GenerateStats {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // of the prompt's tokens, restored from the prefix cache instead of forwarded
+  int64_t preemptions = 0;    // times the request gave its memory back and was recomputed later
   int64_t generated_tokens = 0;
   // Tokens run in attention mode: prompt (cached ones included: they ran in their modes) and generated,
   // verification included. What routers read as the sequence's mode history.
@@ -259,10 +260,20 @@ class GenerationBatch {
   GenerationBatch(const GenerationBatch&) = delete;
   GenerationBatch& operator=(const GenerationBatch&) = delete;
 
-  // Checks the request as Engine::Generate does (InvalidArgument) and makes its sequence (ResourceExhausted
-  // when the device has no room for it); it is prefilled from the next Step on. Returns the request's id,
-  // 0, 1, 2, ... in the order of Add: the id its TokenEvents carry.
+  // Checks the request as Engine::Generate does (InvalidArgument; also for a prompt whose KV cache alone
+  // passes kv_memory) and queues it: a Step admits it (makes its sequence) when there is memory for it, and
+  // prefills it from then on. Returns the request's id, 0, 1, 2, ... in the order of Add: the id its
+  // TokenEvents carry.
   absl::StatusOr<int64_t> Add(GenerateRequest request);
+  // Bounds the bytes of the admitted requests' KV caches (0: no bound but the device's). Admission takes
+  // waiting requests in order while their prompts fit; a decoding sequence that needs room when there is
+  // none preempts the latest admitted request (its memory freed, its tokens recomputed when memory allows;
+  // it generates what it would have). A request that does not fit even alone fails (TakeFailed).
+  void set_kv_memory(int64_t bytes) { kv_memory_ = bytes; }
+  int64_t kv_memory() const { return kv_memory_; }
+  int64_t kv_bytes() const;  // held by the admitted requests' sequences
+  int64_t waiting() const;   // added and not admitted (new, or preempted)
+  int64_t preemptions() const { return preemptions_; }
   absl::Status Step();
   int64_t active() const { return static_cast<int64_t>(active_.size()); }  // added and not finished
   int64_t decoding() const;  // of those, past their prefill
@@ -271,6 +282,8 @@ class GenerationBatch {
   int64_t last_step_shared() const { return last_step_shared_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
+  // The requests that failed since the last call (ResourceExhausted: they do not fit in memory even alone).
+  std::vector<std::pair<int64_t, absl::Status>> TakeFailed();
 
  private:
   struct Request;
@@ -292,12 +305,21 @@ class GenerationBatch {
   // After the forward: counts the spans, draws the first tokens of the prompts they finished.
   void FinishPrefill();
   void Finish(int64_t id);
+  void Drop(int64_t id);  // a failed request: gone without a result
+  // Admission and preemption (set_kv_memory).
+  void Admit();
+  absl::Status AdmitOne(Request& r, int64_t& used);
+  void EnsureRoom();
+  void Preempt(Request& r);
+  Request* LatestAdmitted();
   Engine& engine_;
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
   std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id
   std::vector<std::pair<int64_t, GenerateResult>> finished_;
   const int64_t max_prefill_tokens_;
-  int64_t next_id_ = 0;
+  int64_t next_id_ = 0, next_admission_ = 0;
+  int64_t kv_memory_ = 0, preemptions_ = 0;
+  std::vector<std::pair<int64_t, absl::Status>> failed_;
   int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;

@@ -10,13 +10,6 @@
 #include "engine/backend.h"
 
 namespace oryx {
-namespace {
-
-// Positions per host KV block: attention runs a GEMM per block, and a clone copies at most one block.
-constexpr int64_t kHostKvBlockTokens = 64;
-
-}  // namespace
-
 SequenceState::SequenceState(const ModelConfig& c)
     : layers_(c.n_layers), heads_(c.n_heads), head_dim_(c.head_dim), conv_rows_(c.conv_width - 1) {
   for (Layer& l : layers_) {
@@ -90,7 +83,8 @@ absl::StatusOr<SequenceState> SequenceState::TryCopy() const {
 }
 
 SequenceState::SequenceState(const SequenceState& other, int)
-    : position_(other.position_),
+    : modes_(other.has_kv_ ? other.modes_ : std::vector<Mode>()),
+      position_(other.position_),
       has_kv_(other.has_kv_),
       span_start_(other.span_start_),
       span_len_(other.span_len_),
@@ -101,6 +95,7 @@ SequenceState::SequenceState(const SequenceState& other, int)
 absl::StatusOr<SequenceState> SequenceState::TryMakeDraft() const {
   SequenceState draft(*this, 0);
   draft.has_kv_ = false;
+  draft.modes_.clear();
   draft.span_start_ = -1;
   draft.span_len_ = 0;
   draft.layers_.resize(layers_.size());
@@ -132,6 +127,7 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
 
 absl::Status SequenceState::Reserve(int64_t tokens) {
   if (!has_kv_) return absl::OkStatus();
+  modes_.reserve(static_cast<size_t>(tokens));  // the mode log, so that decoding allocates nothing either
   if (device_) return device_->Reserve(tokens, position_);
   const int64_t bt = kv_.pool()->block_tokens();
   absl::Status grown = kv_.Grow((tokens + bt - 1) / bt);
@@ -142,6 +138,20 @@ absl::Status SequenceState::Reserve(int64_t tokens) {
 int64_t SequenceState::kv_bytes() const {
   if (device_) return device_->kv_bytes();
   return kv_.pool() ? kv_.size() * kv_.pool()->block_bytes() : 0;
+}
+
+int64_t SequenceState::kv_capacity() const {
+  if (!has_kv_) return 0;
+  if (device_) return device_->kv_capacity();
+  return kv_.size() * kv_.pool()->block_tokens();
+}
+
+void SequenceState::Advance(std::span<const Mode> modes, bool keep_states) {
+  const int64_t T = static_cast<int64_t>(modes.size());
+  span_start_ = keep_states ? position_ : -1;
+  span_len_ = keep_states ? T : 0;
+  position_ += T;
+  if (has_kv_) modes_.insert(modes_.end(), modes.begin(), modes.end());
 }
 
 int64_t SequenceState::recurrent_bytes() const {
@@ -157,6 +167,7 @@ absl::Status SequenceState::Truncate(int64_t position) {
     return absl::InvalidArgumentError(Cat("truncate: position ", position, " outside [0, ", position_, "]"));
   }
   if (position == position_) return absl::OkStatus();
+  if (span_start_ >= 0 && position >= span_start_ && has_kv_) modes_.resize(position);
   if (span_start_ < 0 || position < span_start_) {
     return absl::FailedPreconditionError(
         Cat("truncate: the recurrent state at position ", position, " was not kept (",

@@ -22,6 +22,9 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"shared_rows", shared_rows},
           {"prompt_tokens", prompt_tokens},
           {"cached_tokens", cached_tokens},
+          {"preemptions", preemptions},
+          {"waiting_for_memory", waiting},
+          {"kv_mib", static_cast<double>(kv_bytes) / (1 << 20)},
           {"generated_tokens", generated_tokens}};
 }
 
@@ -29,6 +32,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     : engine_(engine),
       options_(options),
       batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
+  batch_->set_kv_memory(options.kv_memory);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -128,12 +132,18 @@ void Scheduler::Loop() {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
       FailAll(running, step);
       batch_ = std::make_unique<GenerationBatch>(engine_, options_.max_prefill_tokens);
+      batch_->set_kv_memory(options_.kv_memory);
       continue;
     }
     std::vector<std::pair<int64_t, GenerateResult>> finished = batch_->TakeFinished();
+    std::vector<std::pair<int64_t, absl::Status>> failed = batch_->TakeFailed();
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.steps;
+      stats_.failed += static_cast<int64_t>(failed.size());
+      stats_.preemptions = batch_->preemptions();
+      stats_.waiting = batch_->waiting();
+      stats_.kv_bytes = batch_->kv_bytes();
       stats_.decode_rows += batch_->last_step_decoded();
       stats_.shared_rows += batch_->last_step_shared();
       stats_.active = batch_->active();
@@ -143,6 +153,12 @@ void Scheduler::Loop() {
         stats_.cached_tokens += result.stats.cached_tokens;
         stats_.generated_tokens += result.stats.generated_tokens;
       }
+    }
+    for (auto& [id, status] : failed) {
+      auto it = running.find(id);
+      Done done = std::move(it->second);
+      running.erase(it);
+      done(status);
     }
     for (auto& [id, result] : finished) {
       auto it = running.find(id);

@@ -23,6 +23,9 @@ struct SchedulerOptions {
   int64_t max_batch = 32;   // requests in the batch (prefilling or decoding) at most
   int64_t max_queue = 256;  // requests waiting for a place in the batch at most; more are refused
   int64_t max_prefill_tokens = 0;  // prompt tokens per batch step at most (GenerationBatch); 0: no bound
+  // Bytes of KV cache the batch's requests hold at most (GenerationBatch::set_kv_memory); 0: the device's
+  // memory is the bound. Requests wait for memory, and the latest admitted are preempted for room.
+  int64_t kv_memory = 0;
 };
 
 // Counters since the scheduler started, and the current load.
@@ -34,6 +37,9 @@ struct SchedulerStats {
   int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
   int64_t cached_tokens = 0;  // of their prompt tokens, those restored from the prefix cache
+  int64_t preemptions = 0;    // requests that gave their memory back to be recomputed later
+  int64_t waiting = 0;        // in the batch but not admitted: waiting for memory (new or preempted)
+  int64_t kv_bytes = 0;       // KV cache held by the admitted requests, after the last step
   nlohmann::json ToJson() const;
 };
 

@@ -465,5 +465,63 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
 }
 
+// The fault test of a small KV memory: three blocks for twelve requests that each grow to two. Every request
+// finishes with the tokens it gets alone (the latest admitted are preempted and recomputed), one that could
+// never fit gets a 400 naming the memory, the server stays up, and nothing is held at the end.
+TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
+  testutil::ScratchDir scratch;
+  const std::string dir = testutil::WriteTinyModelWithTokenizer(scratch, 5, 512);
+  auto engine = Engine::Load(dir, {"cpu", 1}), reference = Engine::Load(dir, {"cpu", 1});
+  ASSERT_TRUE(engine.ok() && reference.ok());
+  for (Engine* e : {&*engine, &*reference}) speculative::RegisterPolicies(e->policies());
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 16;
+  o.log_requests = false;
+  o.scheduler.kv_memory = 3 * engine->backend().KvBytes(1);  // three blocks of 64 positions (KvBytes rounds up)
+  auto started = HttpServer::Start(*engine, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  const std::vector<std::string> prompts = {"alpha", "beta gamma", "delta", "epsilon zeta", "eta", "theta iota",
+                                            "kappa", "lambda mu", "nu", "xi omicron", "pi", "rho sigma"};
+  std::vector<std::pair<int, std::string>> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", server->port());
+      c.set_read_timeout(120);
+      const json body = {{"prompt", prompts[i]}, {"max_tokens", 90}, {"ignore_eos", true},
+                         {"policy", i % 2 ? "speculative:3" : "attention"}};
+      auto res = c.Post("/v1/completions", body.dump(), "application/json");
+      got[i] = res ? std::pair(res->status, res->body) : std::pair(-1, httplib::to_string(res.error()));
+    });
+  }
+  httplib::Client c("127.0.0.1", server->port());
+  auto never = c.Post("/v1/completions", R"({"prompt": "tau", "max_tokens": 300, "ignore_eos": true})",
+                      "application/json");
+  for (std::thread& t : clients) t.join();
+  ASSERT_TRUE(never);
+  EXPECT_EQ(never->status, 400);
+  EXPECT_HAS_SUBSTR(never->body, "KV cache");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].first, 200) << got[i].second;
+    GenerateRequest q = Request(prompts[i], 90);
+    q.policy = i % 2 ? "speculative:3" : "attention";
+    auto alone = reference->Generate(q);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ(json::parse(got[i].second)["oryx"]["tokens"].get<std::vector<int32_t>>(), alone->tokens) << i;
+  }
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto stats = c.Get("/stats");
+  ASSERT_TRUE(stats);
+  const json scheduler = json::parse(stats->body)["scheduler"];
+  EXPECT_EQ(scheduler["completed"], 12);
+  EXPECT_GT(scheduler["preemptions"].get<int64_t>(), 0);
+  EXPECT_EQ(scheduler["kv_mib"], 0.0);
+  EXPECT_EQ(scheduler["waiting_for_memory"], 0);
+}
+
 }  // namespace
 }  // namespace oryx::server
