@@ -327,7 +327,8 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                   {"p99", Percentile(gaps, 0.99)}, {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
                 {"server_steps", steps},
                 {"preemptions", after.preemptions - before.preemptions},
-                {"kv_memory_mib", static_cast<double>(o.kv_memory) / (1 << 20)},
+                {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},  // the budget in force
+                {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 // The share of decode rows that ran in a prefill's forward (GenerationBatch).
                 {"shared_decode_fraction", after.decode_rows > before.decode_rows

@@ -243,6 +243,9 @@ class Backend {
   virtual SequenceState NewSequence() const { return SequenceState(config()); }
   // NewSequence, or ResourceExhausted when the device has no room for one (NewSequence aborts then).
   virtual absl::StatusOr<SequenceState> TryNewSequence() const { return NewSequence(); }
+  // Device memory free for sequences (and what the backend holds for reuse); 0 for a host backend, whose
+  // sequences take host memory as they need it.
+  virtual int64_t AvailableDeviceBytes() const { return 0; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.
   virtual int64_t KvBytes(int64_t positions) const {

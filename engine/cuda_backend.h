@@ -63,7 +63,7 @@ class CudaBackend final : public Backend {
   // a layer as one kernel (default on; off: the three kernels of longer spans, for tests and comparisons).
   void set_decode_mixer(bool on) { decode_mixer_ = on; }
   // Free device memory plus what the state pool holds for reuse.
-  int64_t AvailableDeviceBytes() const;
+  int64_t AvailableDeviceBytes() const override;
   std::string DeviceName() const;
   // Blocks until the backend's stream has finished its work (for timing).
   void Synchronize() const;

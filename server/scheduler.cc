@@ -25,14 +25,30 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"preemptions", preemptions},
           {"waiting_for_memory", waiting},
           {"kv_mib", static_cast<double>(kv_bytes) / (1 << 20)},
+          {"kv_memory_mib", static_cast<double>(kv_memory) / (1 << 20)},
+          {"max_admitted", max_admitted},
           {"generated_tokens", generated_tokens}};
 }
 
+namespace {
+// SchedulerOptions::kv_memory's default on a device.
+SchedulerOptions WithKvMemory(Engine& engine, SchedulerOptions o) {
+  if (o.kv_memory == 0) {
+    if (const int64_t free = engine.backend().AvailableDeviceBytes(); free > 0) {
+      const int64_t cache = engine.prefix_cache() != nullptr ? engine.prefix_cache()->options().max_bytes : 0;
+      o.kv_memory = std::max<int64_t>(int64_t{1} << 30, free / 10 * 9 - cache);
+    }
+  }
+  return o;
+}
+}  // namespace
+
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
     : engine_(engine),
-      options_(options),
+      options_(WithKvMemory(engine, options)),
       batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
-  batch_->set_kv_memory(options.kv_memory);
+  stats_.kv_memory = options_.kv_memory;
+  batch_->set_kv_memory(options_.kv_memory);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -144,6 +160,7 @@ void Scheduler::Loop() {
       stats_.preemptions = batch_->preemptions();
       stats_.waiting = batch_->waiting();
       stats_.kv_bytes = batch_->kv_bytes();
+      stats_.max_admitted = std::max(stats_.max_admitted, batch_->active() - batch_->waiting());
       stats_.decode_rows += batch_->last_step_decoded();
       stats_.shared_rows += batch_->last_step_shared();
       stats_.active = batch_->active();

@@ -23,8 +23,10 @@ struct SchedulerOptions {
   int64_t max_batch = 32;   // requests in the batch (prefilling or decoding) at most
   int64_t max_queue = 256;  // requests waiting for a place in the batch at most; more are refused
   int64_t max_prefill_tokens = 0;  // prompt tokens per batch step at most (GenerationBatch); 0: no bound
-  // Bytes of KV cache the batch's requests hold at most (GenerationBatch::set_kv_memory); 0: the device's
-  // memory is the bound. Requests wait for memory, and the latest admitted are preempted for room.
+  // Bytes of KV cache the batch's requests hold at most (GenerationBatch::set_kv_memory). Requests wait for
+  // memory, and the latest admitted are preempted for room. 0: on a device, 90% of its memory free at start
+  // less the prefix cache's budget (the rest is for drafts, rollback histories and the forwards' buffers);
+  // on the host, no bound.
   int64_t kv_memory = 0;
 };
 
@@ -40,6 +42,8 @@ struct SchedulerStats {
   int64_t preemptions = 0;    // requests that gave their memory back to be recomputed later
   int64_t waiting = 0;        // in the batch but not admitted: waiting for memory (new or preempted)
   int64_t kv_bytes = 0;       // KV cache held by the admitted requests, after the last step
+  int64_t max_admitted = 0;   // requests holding memory at once, at most
+  int64_t kv_memory = 0;      // the budget in force (SchedulerOptions::kv_memory or its default)
   nlohmann::json ToJson() const;
 };
 
