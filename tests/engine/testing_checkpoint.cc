@@ -134,16 +134,22 @@ std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path) {
   return tensors;
 }
 
-Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
-  const ModelConfig config = TinyConfig(mixer);
-  const std::string dir = scratch.Join(Cat("m", seed));
+std::unique_ptr<Backend> TinyBackend(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed,
+                                     int64_t max_position) {
+  ModelConfig config = TinyConfig(mixer);
+  if (max_position > 0) config.max_position = max_position;
+  const std::string dir = scratch.Join(Cat("m", seed, "-", max_position));
   WriteTinyCheckpoint(dir, config, RandomTensors(config, DType::kF32, seed));
   auto backend = CpuBackend::Load(dir, /*threads=*/1);
   if (!backend.ok()) {
     ADD_FAILURE() << backend.status();
     std::abort();
   }
-  return Engine(std::move(*backend), std::nullopt);
+  return std::move(*backend);
+}
+
+Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
+  return Engine(TinyBackend(scratch, mixer, seed), std::nullopt);
 }
 
 void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits) {

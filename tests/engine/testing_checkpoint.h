@@ -94,8 +94,11 @@ void WriteTinyCheckpoint(const std::string& dir, const ModelConfig& config,
                          const std::vector<HostTensor>& tensors,
                          uint64_t max_shard_bytes = uint64_t{1} << 40);
 
-// An engine (one CPU thread, no tokenizer) on a random checkpoint of TinyConfig(mixer), written under
-// `scratch`; the weights come from `seed`.
+// A CPU backend (one thread) on a random checkpoint of TinyConfig(mixer) with this max_position (0: its
+// own), written under `scratch`; the weights come from `seed`.
+std::unique_ptr<Backend> TinyBackend(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed,
+                                     int64_t max_position = 0);
+// An engine (no tokenizer) on TinyBackend(scratch, mixer, seed).
 Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed);
 
 // A backend that counts the forwards it runs and their rows.

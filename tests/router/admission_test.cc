@@ -15,13 +15,7 @@ namespace oryx {
 namespace {
 
 std::unique_ptr<Backend> TinyBackend(const testutil::ScratchDir& scratch, uint32_t seed) {
-  ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
-  c.max_position = 256;
-  const std::string dir = scratch.Join(Cat("m", seed));
-  testutil::WriteTinyCheckpoint(dir, c, testutil::RandomTensors(c, DType::kF32, seed));
-  auto backend = CpuBackend::Load(dir, /*threads=*/1);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return std::move(*backend);
+  return testutil::TinyBackend(scratch, LinearMixer::kMamba2, seed, /*max_position=*/256);
 }
 
 std::vector<GenerateRequest> Requests(const std::vector<std::string>& policies, int per_policy) {

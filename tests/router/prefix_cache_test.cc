@@ -20,13 +20,7 @@ constexpr int64_t kBlock = 8, kEvery = 16;
 PrefixCacheOptions SmallBlocks(int64_t max_bytes = int64_t{1} << 30) { return {kBlock, kEvery, max_bytes}; }
 
 std::unique_ptr<Backend> TinyBackend(const testutil::ScratchDir& scratch, uint32_t seed) {
-  ModelConfig c = testutil::TinyConfig(LinearMixer::kMamba2);
-  c.max_position = 256;
-  const std::string dir = scratch.Join(Cat("m", seed));
-  testutil::WriteTinyCheckpoint(dir, c, testutil::RandomTensors(c, DType::kF32, seed));
-  auto backend = CpuBackend::Load(dir, /*threads=*/1);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return std::move(*backend);
+  return testutil::TinyBackend(scratch, LinearMixer::kMamba2, seed, /*max_position=*/256);
 }
 
 std::vector<int32_t> RandomTokens(std::mt19937& rng, size_t n) {
@@ -41,6 +35,23 @@ std::vector<float> LastLogits(Backend& backend, SequenceState& seq, std::span<co
   const absl::Status s = backend.Forward(seq, tokens, modes, /*all_logits=*/false, &logits);
   EXPECT_TRUE(s.ok()) << s;
   return logits;
+}
+
+// n prompts of one block, each run in attention mode on a sequence of its own: snapshots to fill a cache with.
+struct Prompts {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SequenceState> seqs;
+  std::vector<Mode> modes;
+};
+Prompts OneBlockPrompts(Backend& backend, uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  Prompts p{{}, {}, std::vector<Mode>(kBlock, Mode::kAttention)};
+  for (int i = 0; i < n; ++i) {
+    p.prompts.push_back(RandomTokens(rng, kBlock));
+    p.seqs.push_back(backend.NewSequence());
+    LastLogits(backend, p.seqs.back(), p.prompts.back(), p.modes);
+  }
+  return p;
 }
 
 TEST(PrefixCache, FindsTheLongestSnapshotRunInTheSameModes) {
@@ -116,15 +127,7 @@ TEST(PrefixCache, SnapshotsShareFullBlocksAndLetThemGo) {
 TEST(PrefixCache, EvictsSnapshotsNeverHitFirst) {
   testutil::ScratchDir scratch;
   std::unique_ptr<Backend> backend = TinyBackend(scratch, 6);
-  std::mt19937 rng(6);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SequenceState> seqs;
-  const std::vector<Mode> modes(kBlock, Mode::kAttention);
-  for (int i = 0; i < 7; ++i) {
-    prompts.push_back(RandomTokens(rng, kBlock));
-    seqs.push_back(backend->NewSequence());
-    LastLogits(*backend, seqs.back(), prompts.back(), modes);
-  }
+  auto [prompts, seqs, modes] = OneBlockPrompts(*backend, 6, 7);
   const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
   PrefixCache cache(SmallBlocks(4 * each));
   ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));  // a system prompt, hit by every request
@@ -148,15 +151,7 @@ TEST(PrefixCache, EvictsSnapshotsNeverHitFirst) {
 TEST(PrefixCache, EvictsTheLeastRecentlyUsedPastItsBudget) {
   testutil::ScratchDir scratch;
   std::unique_ptr<Backend> backend = TinyBackend(scratch, 3);
-  std::mt19937 rng(3);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SequenceState> seqs;
-  const std::vector<Mode> modes(kBlock, Mode::kAttention);
-  for (int i = 0; i < 3; ++i) {
-    prompts.push_back(RandomTokens(rng, kBlock));
-    seqs.push_back(backend->NewSequence());
-    LastLogits(*backend, seqs.back(), prompts.back(), modes);
-  }
+  auto [prompts, seqs, modes] = OneBlockPrompts(*backend, 3, 3);
   const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
   PrefixCache cache(SmallBlocks(2 * each));
   ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));
