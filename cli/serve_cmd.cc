@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -28,7 +29,8 @@ int RunServe(const Args& args) {
             "Serves the model over HTTP until interrupted (Ctrl-C, SIGTERM):\n"
             "  POST /v1/completions   OpenAI-style completions: prompt (text or token ids), max_tokens, temperature,\n"
             "                         top_p, top_k, seed, stop, stream (server-sent events), ignore_eos, and\n"
-            "                         policy (any `oryx generate` policy, speculative ones included)\n"
+            "                         policy (any `oryx generate` policy, speculative ones included; learned ones\n"
+            "                         by the names --policy and --policy-dir give them)\n"
             "  GET  /v1/models, /health, /stats\n"
             "Requests share one continuously batched decode loop: they join between steps and leave as they\n"
             "finish; a long prompt is prefilled a span per step, so it never stalls the others for long.\n"
@@ -53,6 +55,12 @@ int RunServe(const Args& args) {
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
+  std::vector<std::string> learned;
+  std::string learned_dir;
+  f.StringList("policy", &learned,
+               "NAME=FILE...: learned policies (oryx train-router files) that requests name as NAME or\n"
+               "                          learned:NAME; a request never names a file");
+  f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
   f.Bool("quiet", &quiet, "no line per request on stderr");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     // Block the stop signals in every thread (the engine's and the server's inherit this mask); this
@@ -68,6 +76,25 @@ int RunServe(const Args& args) {
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());
+    std::vector<std::pair<std::string, std::string>> served;
+    for (const std::string& spec : learned) {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+        return absl::InvalidArgumentError(Cat("--policy '", spec, "': give NAME=FILE"));
+      }
+      served.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+    }
+    if (!learned_dir.empty()) {
+      std::error_code ec;
+      std::vector<std::filesystem::path> found;
+      for (const auto& entry : std::filesystem::directory_iterator(learned_dir, ec)) {
+        if (entry.is_regular_file() && entry.path().extension() == ".safetensors") found.push_back(entry.path());
+      }
+      if (ec) return absl::InvalidArgumentError(Cat("--policy-dir ", learned_dir, ": ", ec.message()));
+      std::ranges::sort(found);
+      for (const auto& p : found) served.emplace_back(p.stem().string(), p.string());
+    }
+    ORYX_RETURN_IF_ERROR(policies::RegisterServedLearnedPolicies(engine.policies(), served));
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;
     o.scheduler.max_queue = max_queue;

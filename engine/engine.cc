@@ -171,6 +171,10 @@ void PolicyRegistry::Register(std::string prefix, std::string usage, Factory fac
   entries_.push_back({std::move(prefix), std::move(usage), std::move(factory)});
 }
 
+bool PolicyRegistry::Has(std::string_view prefix) const {
+  return std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
+}
+
 absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view policy) const {
   for (const Entry& e : entries_) {
     if (policy == e.prefix || (policy.starts_with(e.prefix) && policy.size() > e.prefix.size() &&

@@ -187,6 +187,7 @@ class PolicyRegistry {
   // Registering a prefix again replaces its entry.
   void Register(std::string prefix, std::string usage, Factory factory);
   absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
+  bool Has(std::string_view prefix) const;  // registered
 
  private:
   struct Entry {

@@ -1,8 +1,13 @@
 #include "policies/rule_policies.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <map>
+#include <memory>
 
 #include "absl/strings/numbers.h"
+#include "base/status_macros.h"
 #include "base/str_cat.h"
 #include "policies/learned_policy.h"
 #include "speculative/speculative.h"
@@ -81,6 +86,45 @@ void RegisterPolicies(PolicyRegistry& registry) {
 void RegisterAllPolicies(PolicyRegistry& registry) {
   speculative::RegisterPolicies(registry);
   RegisterPolicies(registry);
+}
+
+absl::Status RegisterServedLearnedPolicies(PolicyRegistry& registry,
+                                           const std::vector<std::pair<std::string, std::string>>& files) {
+  auto served = std::make_shared<std::map<std::string, std::shared_ptr<const LearnedPolicy>, std::less<>>>();
+  for (const auto& [name, file] : files) {
+    const bool valid = !name.empty() && std::ranges::all_of(name, [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+    if (!valid) {
+      return absl::InvalidArgumentError(Cat("policy name '", name, "': use letters, digits, '-', '_' and '.'"));
+    }
+    if (served->contains(name) || registry.Has(name)) {
+      return absl::InvalidArgumentError(Cat("policy name '", name, "' is taken (a built-in policy or given twice)"));
+    }
+    absl::StatusOr<PolicyNetwork> net = ReadPolicyFile(file);
+    if (!net.ok()) return absl::Status(net.status().code(), Cat("policy ", name, ": ", net.status().message()));
+    ORYX_ASSIGN_OR_RETURN(LearnedPolicy policy, LearnedPolicy::Create(std::move(*net)));
+    (*served)[name] = std::make_shared<const LearnedPolicy>(std::move(policy));
+  }
+  std::string names;
+  for (const auto& [name, policy] : *served) names += Cat(names.empty() ? "" : ", ", name);
+  for (const auto& [name, policy] : *served) {
+    registry.Register(name, name, [policy](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+      return MakeLearnedDecoder(policy);
+    });
+  }
+  registry.Register("learned", names.empty() ? "learned:NAME (none served)" : "learned:NAME",
+                    [served, names](std::string_view policy) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+                      auto it = served->find(policy.substr(std::string_view("learned:").size()));
+                      if (!policy.starts_with("learned:") || it == served->end()) {
+                        return absl::InvalidArgumentError(
+                            Cat("unknown learned policy '", policy, "': this server serves ",
+                                names.empty() ? std::string("none") : names,
+                                " (learned policies are files its operator names at start)"));
+                      }
+                      return MakeLearnedDecoder(it->second);
+                    });
+  return absl::OkStatus();
 }
 
 }  // namespace oryx::policies

@@ -71,4 +71,11 @@ void RegisterPolicies(PolicyRegistry& registry);
 // and these, beside the engine's built-in ones.
 void RegisterAllPolicies(PolicyRegistry& registry);
 
+// A server's learned policies: files its operator named at start (NAME -> FILE), each loaded once here (a bad
+// file is an error naming it). Requests then name them, as NAME or learned:NAME; learned: with anything else is
+// an unknown policy, so a request never makes the server open a path, and no error tells a client anything
+// about the server's files. Names are letters, digits, '-', '_' and '.', and not already a policy's.
+absl::Status RegisterServedLearnedPolicies(PolicyRegistry& registry,
+                                           const std::vector<std::pair<std::string, std::string>>& files);
+
 }  // namespace oryx::policies

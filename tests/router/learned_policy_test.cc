@@ -85,6 +85,45 @@ TEST(LearnedPolicyTest, ForwardMatchesAHandComputation) {
   EXPECT_NEAR(out.p_attention, 1 / (1 + std::exp(-logit)), 1e-6);
 }
 
+// A server's learned policies are files its operator named at start; a request that names a path gets an
+// unknown-policy error that says nothing of the file (before, it opened it and reported its size).
+TEST(LearnedPolicyTest, AServerNeverOpensAPathARequestNames) {
+  testutil::ScratchDir dir;
+  const std::string file = dir.path() + "/router.safetensors", other = dir.path() + "/secret";
+  ASSERT_TRUE(WritePolicyFile(file, RandomPolicyNetwork(std::vector<int64_t>{4}, {}, 8, 1)).ok());
+  testutil::WriteRawFile(other, std::string(631, 'x'));
+  PolicyRegistry registry;
+  RegisterAllPolicies(registry);
+  ASSERT_TRUE(RegisterServedLearnedPolicies(registry, {{"mine", file}}).ok());
+  EXPECT_TRUE(registry.Make("mine").ok());
+  EXPECT_TRUE(registry.Make("learned:mine").ok());
+  for (const std::string& path : {other, file, std::string("/etc/shadow"), std::string("../router.safetensors")}) {
+    auto made = registry.Make("learned:" + path);
+    ASSERT_FALSE(made.ok()) << path;
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_HAS_SUBSTR(made.status().message(), "this server serves mine");
+    EXPECT_EQ(made.status().message().find("631"), std::string::npos) << made.status();
+    EXPECT_EQ(made.status().message().find("bytes"), std::string::npos) << made.status();
+  }
+  // Names: no paths, no built-in policy's, none twice; a bad file is an error at start, naming it.
+  for (const std::string& name : {"a/b", "", "attention", "budget", "learned", "mine"}) {
+    PolicyRegistry r;
+    RegisterAllPolicies(r);
+    std::vector<std::pair<std::string, std::string>> files = {{"mine", file}};
+    files.emplace_back(name, file);
+    EXPECT_FALSE(RegisterServedLearnedPolicies(r, files).ok()) << "'" << name << "'";
+  }
+  PolicyRegistry r;
+  absl::Status bad = RegisterServedLearnedPolicies(r, {{"broken", other}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_HAS_SUBSTR(bad.message(), "policy broken");
+  // With none served, learned: is refused too.
+  PolicyRegistry none;
+  RegisterAllPolicies(none);
+  ASSERT_TRUE(RegisterServedLearnedPolicies(none, {}).ok());
+  EXPECT_FALSE(none.Make("learned:" + file).ok());
+}
+
 TEST(LearnedPolicyTest, BadFilesAreClearErrors) {
   testutil::ScratchDir dir;
   const std::string good = dir.path() + "/good.safetensors";
