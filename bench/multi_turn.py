@@ -18,14 +18,17 @@ import time
 import urllib.parse
 
 
-def complete(url, prompt, max_tokens, policy):
+def complete(url, prompt, max_tokens, policy, api_key=None):
     """One streaming completion: (reply text, usage, seconds to the first chunk)."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
                        "policy": policy})
     start = time.monotonic()
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    conn.request("POST", "/v1/completions", body, headers)
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read().decode(errors='replace')}")
@@ -50,6 +53,7 @@ def main():
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--policy", default="attention")
+    p.add_argument("--api-key", default=os.environ.get("ORYX_API_KEY"), help="for a server started with --api-key")
     p.add_argument("--messages", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data",
                                                       "tokenizer_corpus.txt"),
                    help="a text file whose lines are the user messages")
@@ -68,7 +72,7 @@ def main():
             at = ((c * args.turns + t) * args.words) % max(1, len(words) - args.words)
             history += "\n\nUser: " + " ".join(words[at:at + args.words]) + "\nAssistant:"
             try:
-                reply, usage, ttft = complete(args.url, history, args.max_tokens, args.policy)
+                reply, usage, ttft = complete(args.url, history, args.max_tokens, args.policy, args.api_key)
             except Exception as e:  # a failed request ends its conversation, and the run fails
                 errors.append(f"conversation {c}, turn {t}: {e}")
                 return

@@ -10,6 +10,9 @@
 
 #include "cli/commands.h"
 #include "cli/prefix_cache_flags.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+#include "base/file_util.h"
 #include "base/flags.h"
 #include "engine/engine.h"
 #include "base/status_macros.h"
@@ -60,6 +63,10 @@ int RunServe(const Args& args) {
   f.StringList("policy", &learned,
                "NAME=FILE...: learned policies (oryx train-router files) that requests name as NAME or\n"
                "                          learned:NAME; a request never names a file");
+  std::string api_key_file;
+  f.StringList("api-key", &o.api_keys, "require `Authorization: Bearer KEY` with one of these on every endpoint\n"
+               "                          but /health (401 otherwise)");
+  f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
   f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
   f.Bool("quiet", &quiet, "no line per request on stderr");
   return RunWithFlags(f, args, [&]() -> absl::Status {
@@ -95,6 +102,22 @@ int RunServe(const Args& args) {
       for (const auto& p : found) served.emplace_back(p.stem().string(), p.string());
     }
     ORYX_RETURN_IF_ERROR(policies::RegisterServedLearnedPolicies(engine.policies(), served));
+    if (!api_key_file.empty()) {
+      ORYX_ASSIGN_OR_RETURN(const std::string keys, ReadFile(api_key_file));
+      for (absl::string_view line : absl::StrSplit(keys, '\n')) {
+        line = absl::StripAsciiWhitespace(line);
+        if (!line.empty() && line[0] != '#') o.api_keys.emplace_back(line);
+      }
+      if (o.api_keys.empty()) return absl::InvalidArgumentError(Cat("--api-key-file ", api_key_file, ": no keys in it"));
+    }
+    for (const std::string& key : o.api_keys) {
+      if (key.empty()) return absl::InvalidArgumentError("--api-key: an empty key");
+    }
+    const bool loopback = o.host == "127.0.0.1" || o.host == "localhost" || o.host == "::1";
+    if (!loopback && o.api_keys.empty()) {
+      std::cerr << "oryx serve: warning: listening on " << o.host << " without --api-key: anyone who can reach "
+                << "this port can use the server" << std::endl;
+    }
     o.port = static_cast<int>(port);
     o.scheduler.max_batch = max_batch;
     o.scheduler.max_queue = max_queue;

@@ -133,7 +133,34 @@ struct HttpServer::Impl {
   bool stopped = false;  // guarded by mu
 };
 
+namespace {
+// Compares in time that depends on the lengths alone, not on where the first difference is.
+bool SameKey(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+}  // namespace
+
 void HttpServer::Impl::Routes() {
+  if (!options.api_keys.empty()) {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");
+      constexpr std::string_view kBearer = "Bearer ";
+      bool ok = false;
+      if (std::string_view(auth).starts_with(kBearer)) {
+        const std::string_view key = std::string_view(auth).substr(kBearer.size());
+        for (const std::string& k : options.api_keys) ok |= SameKey(key, k);
+      }
+      if (ok) return httplib::Server::HandlerResponse::Unhandled;
+      res.set_header("WWW-Authenticate", "Bearer");
+      Reply(res, 401, ErrorObject(auth.empty() ? "this server needs an API key: send Authorization: Bearer KEY"
+                                               : "the API key is not valid",
+                                  401));
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, {{"status", "ok"}}); });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200,

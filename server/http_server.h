@@ -26,6 +26,8 @@ struct ServerOptions {
   std::string model_name = "oryx";
   SchedulerOptions scheduler;
   bool log_requests = true;     // one line per completion request on stderr
+  // Non-empty: every endpoint but /health needs `Authorization: Bearer KEY` with one of these (401 otherwise).
+  std::vector<std::string> api_keys;
 };
 
 class HttpServer {

@@ -465,6 +465,46 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
 }
 
+// With API keys, every endpoint but /health needs one of them as a bearer token.
+TEST_F(ServerTest, ApiKeysGuardEveryEndpointButHealth) {
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 4;
+  o.log_requests = false;
+  o.api_keys = {"first-key", "second-key"};
+  auto started = HttpServer::Start(*engine_, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  httplib::Client c("127.0.0.1", server->port());
+  const std::string body = R"({"prompt": "the", "max_tokens": 3})";
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  for (const httplib::Headers& headers : {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer wrong"}},
+                                          httplib::Headers{{"Authorization", "first-key"}},
+                                          httplib::Headers{{"Authorization", "Bearer first-key2"}}}) {
+    auto res = c.Post("/v1/completions", headers, body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401);
+    EXPECT_EQ(json::parse(res->body)["error"]["code"], 401);
+    for (const char* path : {"/v1/models", "/stats", "/nowhere"}) {
+      auto got = c.Get(path, headers);
+      ASSERT_TRUE(got);
+      EXPECT_EQ(got->status, 401) << path;
+    }
+  }
+  for (const char* key : {"first-key", "second-key"}) {
+    const httplib::Headers headers = {{"Authorization", std::string("Bearer ") + key}};
+    auto res = c.Post("/v1/completions", headers, body, "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    auto stats = c.Get("/stats", headers);
+    ASSERT_TRUE(stats);
+    EXPECT_EQ(stats->status, 200);
+  }
+  EXPECT_EQ(server->stats().completed, 2);
+}
+
 // The fault test of a small KV memory: three blocks for twelve requests that each grow to two. Every request
 // finishes with the tokens it gets alone (the latest admitted are preempted and recomputed), one that could
 // never fit gets a 400 naming the memory, the server stays up, and nothing is held at the end.
