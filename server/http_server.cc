@@ -14,6 +14,7 @@
 #include "httplib.h"
 #include "engine/json_text.h"
 #include "server/completions.h"
+#include "server/metrics.h"
 
 namespace oryx::server {
 
@@ -118,6 +119,7 @@ struct HttpServer::Impl {
            Clock::time_point arrival) const;
 
   Engine& engine;
+  mutable Metrics metrics;  // recorded as requests are answered (Log)
   ServerOptions options;
   Scheduler scheduler;
   httplib::Server http;
@@ -168,6 +170,13 @@ void HttpServer::Impl::Routes() {
            {"data", json::array({{{"id", options.model_name}, {"object", "model"}, {"created", started},
                                   {"owned_by", "oryx"}}})}});
   });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const PrefixCache* cache = engine.prefix_cache();
+    const std::optional<PrefixCacheStats> cache_stats =
+        cache != nullptr ? std::optional(cache->stats()) : std::nullopt;
+    res.set_content(metrics.Text(scheduler.stats(), cache_stats ? &*cache_stats : nullptr),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
   http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     const PrefixCache* cache = engine.prefix_cache();
     Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
@@ -198,7 +207,7 @@ void HttpServer::Impl::Routes() {
     if (!res.body.empty()) return;
     std::string message;
     if (res.status == 404) {
-      message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, GET /v1/models, /health, /stats)");
+      message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, GET /v1/models, /health, /stats, /metrics)");
     } else if (res.status == 413) {
       message = Cat("the request body is larger than ", kMaxBodyBytes >> 20, " MiB");
     } else if (res.status == 415) {
@@ -229,6 +238,7 @@ void HttpServer::Impl::Routes() {
 
 void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
                            Clock::time_point arrival) const {
+  metrics.Record(status, r, MsSince(arrival) / 1e3);
   if (!options.log_requests) return;
   std::string line = absl::StrFormat("[serve] %s %d%s", id.id, status, stream ? " stream" : "");
   if (status == kClientClosedRequest) {

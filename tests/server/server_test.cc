@@ -2,10 +2,15 @@
 // continuous batching (results equal to each request alone, the batch and queue bounds, shutdown), and the
 // HTTP endpoints end to end, streaming included.
 #include <condition_variable>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <sstream>
 #include <future>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "engine/checkpoint.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -463,6 +468,57 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   EXPECT_HAS_SUBSTR(log, "499 stream: cancelled, the client disconnected");
   EXPECT_EQ(log.find(" 200 stream"), std::string::npos) << log;
   EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
+}
+
+// GET /metrics is the Prometheus text format (every sample's family declared first, names and labels well
+// formed, histograms cumulative) and counts what was served.
+TEST_F(HttpTest, MetricsAreWellFormedPrometheusTextThatCountsTheRequests) {
+  for (const char* policy : {"attention", "speculative:3"}) {
+    auto [status, body] = Post(json({{"prompt", "the quick brown"}, {"max_tokens", 12}, {"ignore_eos", true},
+                                     {"policy", policy}}).dump());
+    ASSERT_EQ(status, 200) << body;
+  }
+  ASSERT_EQ(Post(R"({"prompt": "x", "max_tokens": 0})").first, 400);
+  auto res = client_->Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_HAS_SUBSTR(res->get_header_value("Content-Type"), "text/plain; version=0.0.4");
+  const std::regex sample(R"re(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? (-?[0-9.]+(e[-+][0-9]+)?|[-+]Inf|NaN)$)re");
+  const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram)$)");
+  std::map<std::string, std::string> types;
+  std::map<std::string, double> values;  // name{labels} -> value
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (line.starts_with("# HELP ")) continue;
+    if (std::regex_match(line, m, type)) {
+      EXPECT_FALSE(types.contains(m[1])) << "declared twice: " << line;
+      types[m[1]] = m[2];
+      continue;
+    }
+    ASSERT_TRUE(std::regex_match(line, m, sample)) << "not a sample: " << line;
+    std::string family = m[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (!types.contains(family) && family.ends_with(suffix)) family.resize(family.size() - std::strlen(suffix));
+    }
+    EXPECT_TRUE(types.contains(family)) << "no TYPE before " << line;
+    values[std::string(m[1]) + std::string(m[2])] = std::stod(m[4]);
+  }
+  EXPECT_EQ(values["oryx_requests_total{status=\"200\"}"], 2);
+  EXPECT_EQ(values["oryx_requests_total{status=\"400\"}"], 1);
+  EXPECT_EQ(values["oryx_generated_tokens_total"], 24);
+  EXPECT_EQ(values["oryx_time_to_first_token_seconds_count"], 2);
+  EXPECT_EQ(values["oryx_time_to_first_token_seconds_bucket{le=\"+Inf\"}"], 2);
+  EXPECT_GT(values["oryx_drafts_proposed_total{position=\"0\"}"], 0);
+  EXPECT_GT(values["oryx_mode_tokens_total{mode=\"attention\"}"], 0);
+  double previous = 0;
+  for (double le : {0.001, 0.01, 0.1, 1.0, 10.0}) {
+    const double v = values[absl::StrFormat("oryx_time_per_output_token_seconds_bucket{le=\"%g\"}", le)];
+    EXPECT_GE(v, previous) << le;
+    previous = v;
+  }
+  EXPECT_EQ(types["oryx_time_to_first_token_seconds"], "histogram");
+  EXPECT_TRUE(values.contains("oryx_prefix_cache_hit_tokens_total"));
 }
 
 // With API keys, every endpoint but /health needs one of them as a bearer token.
