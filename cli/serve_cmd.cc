@@ -34,7 +34,9 @@ int RunServe(const Args& args) {
             "                         top_p, top_k, seed, stop, stream (server-sent events), ignore_eos, and\n"
             "                         policy (any `oryx generate` policy, speculative ones included; learned ones\n"
             "                         by the names --policy and --policy-dir give them)\n"
-            "  GET  /v1/models, /health, /stats\n"
+            "  POST /v1/chat/completions  OpenAI-style chat: messages through the model's chat_template.json (or\n"
+            "                         a default: 'User: ...' / 'Assistant: ...'), streaming, the same fields\n"
+            "  GET  /v1/models, /health, /stats, /metrics\n"
             "Requests share one continuously batched decode loop: they join between steps and leave as they\n"
             "finish; a long prompt is prefilled a span per step, so it never stalls the others for long.\n"
             "Example:\n"
@@ -102,6 +104,7 @@ int RunServe(const Args& args) {
       for (const auto& p : found) served.emplace_back(p.stem().string(), p.string());
     }
     ORYX_RETURN_IF_ERROR(policies::RegisterServedLearnedPolicies(engine.policies(), served));
+    ORYX_ASSIGN_OR_RETURN(o.chat_template, server::ChatTemplate::Load(model_dir));
     if (!api_key_file.empty()) {
       ORYX_ASSIGN_OR_RETURN(const std::string keys, ReadFile(api_key_file));
       for (absl::string_view line : absl::StrSplit(keys, '\n')) {

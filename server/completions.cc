@@ -1,6 +1,11 @@
 #include "server/completions.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "engine/sampler.h"
 #include "base/str_cat.h"
@@ -88,7 +93,9 @@ json OryxPart(const GenerateResult& r) {
 
 }  // namespace
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, std::string_view model_name) {
+namespace {
+
+absl::StatusOr<json> ParseBody(std::string_view body) {
   json j;
   try {
     j = json::parse(body);
@@ -96,55 +103,190 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
     return absl::InvalidArgumentError(Cat("the body is not valid JSON: ", e.what()));
   }
   if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  return j;
+}
+
+// The fields completions and chat share; false for a field that is not one of them.
+absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std::string_view model_name,
+                                      CompletionRequest& out) {
+  GenerateRequest& q = out.generate;
+  if (key == "max_tokens" || key == "max_completion_tokens") {
+    absl::StatusOr<int64_t> n = Integer(key, v, 1, std::numeric_limits<int32_t>::max());
+    if (!n.ok()) return n.status();
+    q.max_tokens = *n;
+  } else if (key == "temperature" || key == "top_p") {
+    absl::StatusOr<double> x = Number(key, v);
+    if (!x.ok()) return x.status();
+    (key == "temperature" ? q.sampling.temperature : q.sampling.top_p) = static_cast<float>(*x);
+  } else if (key == "top_k") {
+    absl::StatusOr<int64_t> k = Integer(key, v, 0, std::numeric_limits<int32_t>::max());
+    if (!k.ok()) return k.status();
+    q.sampling.top_k = *k;
+  } else if (key == "seed") {
+    absl::StatusOr<int64_t> seed = Integer(key, v, 0, std::numeric_limits<int64_t>::max());
+    if (!seed.ok()) return seed.status();
+    q.sampling.seed = static_cast<uint64_t>(*seed);
+  } else if (key == "stop") {
+    if (absl::Status s = ParseStop(v, q); !s.ok()) return s;
+  } else if (key == "stream" || key == "ignore_eos") {
+    if (!v.is_boolean()) return Bad(key, "true or false", v);
+    if (key == "stream") {
+      out.stream = v.get<bool>();
+    } else {
+      q.stop_at_eos = !v.get<bool>();
+    }
+  } else if (key == "policy") {
+    if (!v.is_string()) return Bad(key, "a policy name", v);
+    q.policy = v.get<std::string>();
+  } else if (key == "model") {
+    if (!v.is_string() || v.get<std::string>() != model_name) {
+      return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", JsonText(v)));
+    }
+  } else if (key == "n") {
+    if (v != 1) return Bad(key, "1 (one completion per request)", v);
+  } else if (key == "user") {
+    if (!v.is_string()) return Bad(key, "a string", v);  // an end user's id: accepted, not used
+  } else {
+    return false;
+  }
+  return true;
+}
+
+constexpr std::string_view kSharedFields =
+    "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, user";
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, std::string_view model_name) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
   CompletionRequest out;
   GenerateRequest& q = out.generate;
   q.max_tokens = 128;
   bool has_prompt = false;
-  for (const auto& [key, v] : j.items()) {
+  for (const auto& [key, v] : j->items()) {
     if (key == "prompt") {
       if (absl::Status s = ParsePrompt(v, q); !s.ok()) return s;
       has_prompt = true;
-    } else if (key == "max_tokens") {
-      absl::StatusOr<int64_t> n = Integer(key, v, 1, std::numeric_limits<int32_t>::max());
-      if (!n.ok()) return n.status();
-      q.max_tokens = *n;
-    } else if (key == "temperature" || key == "top_p") {
-      absl::StatusOr<double> x = Number(key, v);
-      if (!x.ok()) return x.status();
-      (key == "temperature" ? q.sampling.temperature : q.sampling.top_p) = static_cast<float>(*x);
-    } else if (key == "top_k") {
-      absl::StatusOr<int64_t> k = Integer(key, v, 0, std::numeric_limits<int32_t>::max());
-      if (!k.ok()) return k.status();
-      q.sampling.top_k = *k;
-    } else if (key == "seed") {
-      absl::StatusOr<int64_t> seed = Integer(key, v, 0, std::numeric_limits<int64_t>::max());
-      if (!seed.ok()) return seed.status();
-      q.sampling.seed = static_cast<uint64_t>(*seed);
-    } else if (key == "stop") {
-      if (absl::Status s = ParseStop(v, q); !s.ok()) return s;
-    } else if (key == "stream" || key == "ignore_eos") {
-      if (!v.is_boolean()) return Bad(key, "true or false", v);
-      if (key == "stream") {
-        out.stream = v.get<bool>();
-      } else {
-        q.stop_at_eos = !v.get<bool>();
-      }
-    } else if (key == "policy") {
-      if (!v.is_string()) return Bad(key, "a policy name", v);
-      q.policy = v.get<std::string>();
-    } else if (key == "model") {
-      if (!v.is_string() || v.get<std::string>() != model_name) {
-        return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", JsonText(v)));
-      }
-    } else if (key == "n") {
-      if (v != 1) return Bad(key, "1 (one completion per request)", v);
-    } else {
-      return absl::InvalidArgumentError(Cat("unknown field '", key,
-                                            "' (known: prompt, max_tokens, temperature, top_p, top_k, seed, stop, "
-                                            "stream, ignore_eos, policy, model, n)"));
+      continue;
     }
+    absl::StatusOr<bool> shared = ParseSharedField(key, v, model_name, out);
+    if (!shared.ok()) return shared.status();
+    if (!*shared) return absl::InvalidArgumentError(Cat("unknown field '", key, "' (known: prompt, ", kSharedFields, ")"));
   }
   if (!has_prompt) return absl::InvalidArgumentError("'prompt' is missing");
+  if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Load(const std::string& model_dir) {
+  const std::string path = model_dir + "/" + kFileName;
+  ChatTemplate t;
+  if (!std::filesystem::exists(path)) return t;
+  std::ifstream in(path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(Cat(path, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError(Cat(path, ": must be a JSON object"));
+  for (const auto& [key, v] : j.items()) {
+    if (key == "stop") {
+      if (!v.is_array() || !std::ranges::all_of(v, [](const json& x) { return x.is_string() && !x.empty(); })) {
+        return absl::InvalidArgumentError(Cat(path, ": 'stop' must be an array of non-empty strings"));
+      }
+      t.stop = v.get<std::vector<std::string>>();
+      continue;
+    }
+    std::string* field = key == "system" ? &t.system : key == "user" ? &t.user : key == "assistant" ? &t.assistant
+                         : key == "generation" ? &t.generation : nullptr;
+    if (field == nullptr) {
+      return absl::InvalidArgumentError(Cat(path, ": unknown key '", key, "' (system, user, assistant, generation, stop)"));
+    }
+    if (!v.is_string()) return absl::InvalidArgumentError(Cat(path, ": '", key, "' must be a string"));
+    *field = v.get<std::string>();
+    if (key != "generation" && field->find("{content}") == std::string::npos) {
+      return absl::InvalidArgumentError(Cat(path, ": '", key, "' has no {content}"));
+    }
+  }
+  return t;
+}
+
+std::string ChatTemplate::Render(std::span<const std::pair<std::string, std::string>> messages) const {
+  std::string out;
+  for (const auto& [role, content] : messages) {
+    const std::string& form = role == "system" ? system : role == "user" ? user : assistant;
+    const size_t at = form.find("{content}");
+    out += form.substr(0, at) + content + form.substr(at + std::string_view("{content}").size());
+  }
+  return out + generation;
+}
+
+absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::string_view model_name,
+                                                   const ChatTemplate& chat_template) {
+  absl::StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  CompletionRequest out;
+  out.chat = true;
+  GenerateRequest& q = out.generate;
+  q.max_tokens = 128;
+  std::vector<std::pair<std::string, std::string>> messages;
+  bool has_messages = false;
+  for (const auto& [key, v] : j->items()) {
+    if (key == "messages") {
+      if (!v.is_array() || v.empty()) return Bad(key, "a non-empty array of messages", v);
+      for (const json& m : v) {
+        if (!m.is_object() || !m.contains("role") || !m.contains("content")) {
+          return Bad("messages", "objects with a role and a content", m);
+        }
+        const json& role = m["role"];
+        if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+          return Bad("role", "system, developer, user or assistant", role);
+        }
+        std::string text;
+        if (m["content"].is_string()) {
+          text = m["content"].get<std::string>();
+        } else if (m["content"].is_array()) {  // parts: text only
+          for (const json& part : m["content"]) {
+            if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+              return Bad("content", "a string, or parts of type text", part);
+            }
+            text += part["text"].get<std::string>();
+          }
+        } else {
+          return Bad("content", "a string, or parts of type text", m["content"]);
+        }
+        for (const auto& [field, x] : m.items()) {
+          if (field != "role" && field != "content" && field != "name") {
+            return absl::InvalidArgumentError(Cat("unknown message field '", field, "' (role, content, name)"));
+          }
+        }
+        messages.emplace_back(role == "developer" ? "system" : role.get<std::string>(), std::move(text));
+      }
+      has_messages = true;
+      continue;
+    }
+    if (key == "stream_options") {
+      if (!v.is_object()) return Bad(key, "an object", v);
+      for (const auto& [field, x] : v.items()) {
+        if (field != "include_usage" || !x.is_boolean()) return Bad("stream_options", "{\"include_usage\": bool}", v);
+        out.include_usage = x.get<bool>();
+      }
+      continue;
+    }
+    absl::StatusOr<bool> shared = ParseSharedField(key, v, model_name, out);
+    if (!shared.ok()) return shared.status();
+    if (!*shared) {
+      return absl::InvalidArgumentError(
+          Cat("unknown field '", key, "' (known: messages, max_completion_tokens, stream_options, ", kSharedFields, ")"));
+    }
+  }
+  if (!has_messages) return absl::InvalidArgumentError("'messages' is missing");
+  q.prompt = chat_template.Render(messages);
+  for (const std::string& stop : chat_template.stop) {
+    if (std::ranges::find(q.stop, stop) == q.stop.end()) q.stop.push_back(stop);
+  }
   if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return s;
   return out;
 }
@@ -192,6 +334,40 @@ int HttpStatus(const absl::Status& status) {
     default:
       return 500;
   }
+}
+
+nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result) {
+  return {{"id", id.id},
+          {"object", "chat.completion"},
+          {"created", id.created},
+          {"model", id.model},
+          {"choices", json::array({{{"index", 0},
+                                    {"message", {{"role", "assistant"}, {"content", result.text}}},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
+          {"usage", Usage(result)},
+          {"oryx", OryxPart(result)}};
+}
+
+nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
+                                   bool first) {
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  if (!text.empty() || (result == nullptr && !first)) delta["content"] = text;
+  json choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
+  json j = {{"id", id.id},
+            {"object", "chat.completion.chunk"},
+            {"created", id.created},
+            {"model", id.model},
+            {"choices", json::array({choice})}};
+  if (result != nullptr) j["oryx"] = OryxPart(*result);
+  return j;
+}
+
+nlohmann::json ChatUsageChunk(const CompletionId& id, const GenerateResult& result) {
+  return {{"id", id.id},         {"object", "chat.completion.chunk"}, {"created", id.created},
+          {"model", id.model},   {"choices", json::array()},           {"usage", Usage(result)}};
 }
 
 nlohmann::json ErrorObject(std::string_view message, int http_status) {

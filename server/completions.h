@@ -4,11 +4,14 @@
 // Request fields: prompt (a string, or an array of token ids), max_tokens (default 128), temperature
 // (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
 // stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
-// model's name), n (1 only). Any other field is an error: a misspelt or unsupported option never passes
-// silently.
+// model's name), n (1 only), user (accepted, unused). Any other field is an error: a misspelt or unsupported
+// option never passes silently. The chat endpoint (ParseChatRequest) takes messages instead of a prompt.
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -22,7 +25,34 @@ namespace oryx::server {
 struct CompletionRequest {
   GenerateRequest generate;
   bool stream = false;
+  bool chat = false;           // from /v1/chat/completions
+  bool include_usage = false;  // chat streams: stream_options.include_usage (a last chunk with the usage)
 };
+
+// How chat messages become a prompt: each message is its role's form with {content} replaced by its text, in
+// order, then `generation` (the start of the assistant's turn). A model directory may hold one as
+// chat_template.json ({"system": ..., "user": ..., "assistant": ..., "generation": ..., "stop": [...]}, any of them);
+// the defaults are below. A "developer" message takes the system form.
+struct ChatTemplate {
+  static constexpr const char* kFileName = "chat_template.json";
+  std::string system = "{content}\n\n";
+  std::string user = "User: {content}\n";
+  std::string assistant = "Assistant: {content}\n";
+  std::string generation = "Assistant:";
+  // Where the assistant's turn ends, added to a request's own stop strings: a model without an end-of-turn
+  // token would otherwise write the next turns too.
+  std::vector<std::string> stop = {"\nUser:", "\nAssistant:"};
+  // The model directory's template, or the defaults when it has none; InvalidArgument for a bad file.
+  static absl::StatusOr<ChatTemplate> Load(const std::string& model_dir);
+  std::string Render(std::span<const std::pair<std::string, std::string>> messages) const;  // (role, content)
+};
+
+// POST /v1/chat/completions: messages (roles system, developer, user, assistant; content a string or text
+// parts), max_completion_tokens (or max_tokens), stream_options.include_usage, and the sampling, stop,
+// stream, ignore_eos, policy, model, n and user fields of completions. InvalidArgument as for completions, and
+// for no or empty messages, an unknown role or a content that is not text.
+absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::string_view model_name,
+                                                   const ChatTemplate& chat_template);
 
 // InvalidArgument naming the field for a body that is not a JSON object, a field of the wrong type or out
 // of range, an unknown field, or another model's name.
@@ -44,6 +74,13 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 // whole "oryx" part of CompletionObject.
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
                                int32_t token);
+// The chat forms: a chat.completion (choices[0].message), and chat.completion.chunk frames: the first with
+// delta.role, then one per token with delta.content, the last with the finish reason (and "oryx"); with
+// include_usage, one more with no choices and the usage.
+nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result);
+nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
+                                   bool first);
+nlohmann::json ChatUsageChunk(const CompletionId& id, const GenerateResult& result);
 // {"error": {"message", "type", "code"}}: the code is the HTTP status, the type follows from it.
 nlohmann::json ErrorObject(std::string_view message, int http_status);
 nlohmann::json ErrorObject(const absl::Status& status);  // with HttpStatus(status)

@@ -51,6 +51,8 @@ struct EventStream {
   bool finished = false;           // the last frame is queued
   absl::Status error;              // what ended the request, when it failed
   std::atomic<bool> cancelled{false};
+  bool chat = false, include_usage = false;  // chat.completion.chunk frames; a last one with the usage
+  bool first = true;                         // no token sent yet
 
   void Push(const json& j) { frames.push_back("data: " + JsonText(j) + "\n\n"); }
 
@@ -60,7 +62,9 @@ struct EventStream {
     std::lock_guard<std::mutex> lock(mu);
     held += e.text;
     const size_t n = CompleteUtf8Prefix(held);
-    Push(CompletionChunk(id, std::string_view(held).substr(0, n), nullptr, e.token));
+    const std::string_view text = std::string_view(held).substr(0, n);
+    Push(chat ? ChatCompletionChunk(id, text, nullptr, first) : CompletionChunk(id, text, nullptr, e.token));
+    first = false;
     held.erase(0, n);
     ready.notify_one();
     return !cancelled.load();
@@ -69,7 +73,9 @@ struct EventStream {
   void Finish(const CompletionId& id, const absl::StatusOr<GenerateResult>& r) {
     std::lock_guard<std::mutex> lock(mu);
     if (r.ok()) {
-      Push(CompletionChunk(id, held, &*r, -1));  // anything held back goes out, made valid
+      // Anything held back goes out, made valid.
+      Push(chat ? ChatCompletionChunk(id, held, &*r, first) : CompletionChunk(id, held, &*r, -1));
+      if (chat && include_usage) Push(ChatUsageChunk(id, *r));
     } else {
       error = r.status();
       Push(ErrorObject(r.status()));
@@ -113,7 +119,7 @@ struct HttpServer::Impl {
   Impl(Engine& engine, ServerOptions o) : engine(engine), options(std::move(o)), scheduler(engine, options.scheduler) {}
 
   void Routes();
-  void Completion(const std::string& body, httplib::Response& res);
+  void Completion(const std::string& body, bool chat, httplib::Response& res);
   void Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival, httplib::Response& res);
   void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
            Clock::time_point arrival) const;
@@ -185,29 +191,31 @@ void HttpServer::Impl::Routes() {
   });
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-              if (req.is_multipart_form_data()) {
-                res.status = 415;
-                return;  // the error handler writes the body
-              }
-              std::string body;
-              if (!reader([&](const char* data, size_t n) {
-                    body.append(data, n);
-                    return true;
-                  })) {
-                if (res.status < 400) res.status = 400;  // httplib sets 413 for a body over the limit
-                return;
-              }
-              Completion(body, res);
-            });
+  for (const bool chat : {false, true}) {
+    http.Post(chat ? "/v1/chat/completions" : "/v1/completions",
+              [this, chat](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+                if (req.is_multipart_form_data()) {
+                  res.status = 415;
+                  return;  // the error handler writes the body
+                }
+                std::string body;
+                if (!reader([&](const char* data, size_t n) {
+                      body.append(data, n);
+                      return true;
+                    })) {
+                  if (res.status < 400) res.status = 400;  // httplib sets 413 for a body over the limit
+                  return;
+                }
+                Completion(body, chat, res);
+              });
+  }
   // Errors that no handler answered (an unknown route or method, a body too large or unreadable) get a JSON
   // body rather than an empty one, and a log line.
   http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string message;
     if (res.status == 404) {
-      message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, GET /v1/models, /health, /stats, /metrics)");
+      message = Cat("no route ", req.method, " ", req.path, " (POST /v1/completions, /v1/chat/completions, GET /v1/models, /health, /stats, /metrics)");
     } else if (res.status == 413) {
       message = Cat("the request body is larger than ", kMaxBodyBytes >> 20, " MiB");
     } else if (res.status == 415) {
@@ -257,13 +265,14 @@ void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, cons
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void HttpServer::Impl::Completion(const std::string& body, httplib::Response& res) {
+void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::Response& res) {
   const Clock::time_point arrival = Clock::now();
-  const CompletionId id{Cat("cmpl-", next_id++),
+  const CompletionId id{Cat(chat ? "chatcmpl-" : "cmpl-", next_id++),
                         std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::system_clock::now().time_since_epoch()).count(),
                         options.model_name};
-  absl::StatusOr<CompletionRequest> parsed = ParseCompletionRequest(body, options.model_name);
+  absl::StatusOr<CompletionRequest> parsed = chat ? ParseChatRequest(body, options.model_name, options.chat_template)
+                                                  : ParseCompletionRequest(body, options.model_name);
   if (!parsed.ok()) {
     Log(id, HttpStatus(parsed.status()), false, parsed.status(), arrival);
     return ReplyError(res, parsed.status());
@@ -279,12 +288,14 @@ void HttpServer::Impl::Completion(const std::string& body, httplib::Response& re
   absl::StatusOr<GenerateResult> result = future.get();
   Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
   if (!result.ok()) return ReplyError(res, result.status());
-  Reply(res, 200, CompletionObject(id, *result));
+  Reply(res, 200, chat ? ChatCompletionObject(id, *result) : CompletionObject(id, *result));
 }
 
 void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival,
                               httplib::Response& res) {
   auto events = std::make_shared<EventStream>();
+  events->chat = request.chat;
+  events->include_usage = request.include_usage;
   request.generate.on_token = [events, id](const TokenEvent& e) { return events->Token(id, e); };
   auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
     const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());

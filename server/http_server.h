@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/engine.h"
+#include "server/completions.h"
 #include "server/scheduler.h"
 
 namespace oryx::server {
@@ -28,6 +29,7 @@ struct ServerOptions {
   bool log_requests = true;     // one line per completion request on stderr
   // Non-empty: every endpoint but /health needs `Authorization: Bearer KEY` with one of these (401 otherwise).
   std::vector<std::string> api_keys;
+  ChatTemplate chat_template;  // for /v1/chat/completions (ChatTemplate::Load: the model directory's)
 };
 
 class HttpServer {

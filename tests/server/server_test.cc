@@ -282,8 +282,9 @@ class HttpTest : public ServerTest {
     if (server_) server_->Stop();
   }
   // POSTs a completion; returns (status, body).
-  std::pair<int, std::string> Post(const std::string& body) {
-    auto res = client_->Post("/v1/completions", body, "application/json");
+  std::pair<int, std::string> Post(const std::string& body) { return PostTo("/v1/completions", body); }
+  std::pair<int, std::string> PostTo(const std::string& path, const std::string& body) {
+    auto res = client_->Post(path, body, "application/json");
     if (!res) return {-1, httplib::to_string(res.error())};
     return {res->status, res->body};
   }
@@ -468,6 +469,83 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   EXPECT_HAS_SUBSTR(log, "499 stream: cancelled, the client disconnected");
   EXPECT_EQ(log.find(" 200 stream"), std::string::npos) << log;
   EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
+}
+
+TEST(Chat, MessagesBecomeAPromptThroughTheTemplateAndBadOnesAreRefused) {
+  const ChatTemplate defaults;
+  auto ok = ParseChatRequest(
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": "Hello."},
+                       {"role": "user", "content": [{"type": "text", "text": "Bye"}]}],
+          "max_completion_tokens": 7, "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})",
+      "m", defaults);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->generate.prompt, "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Bye\nAssistant:");
+  EXPECT_EQ(ok->generate.max_tokens, 7);
+  EXPECT_EQ(ok->generate.stop, defaults.stop);  // the end of the assistant's turn
+  EXPECT_TRUE(ok->chat && ok->stream && ok->include_usage);
+  for (const char* bad : {R"({})", R"({"messages": []})", R"({"messages": "hi"})",
+                          R"({"messages": [{"role": "robot", "content": "x"}]})",
+                          R"({"messages": [{"role": "user"}]})",
+                          R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+                          R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
+                          R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})",
+                          R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"x": 1}})",
+                          R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "[1]", "not json"}) {
+    auto r = ParseChatRequest(bad, "m", defaults);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  testutil::ScratchDir dir;
+  testutil::WriteRawFile(dir.Join(ChatTemplate::kFileName), R"({"user": "<u>{content}</u>", "generation": "<a>"})");
+  auto custom = ChatTemplate::Load(dir.path());
+  ASSERT_TRUE(custom.ok()) << custom.status();
+  auto rendered = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hey"}]})", "m", *custom);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(rendered->generate.prompt, "<u>hey</u><a>");
+  testutil::WriteRawFile(dir.Join(ChatTemplate::kFileName), R"({"user": "no placeholder"})");
+  EXPECT_FALSE(ChatTemplate::Load(dir.path()).ok());
+}
+
+// Chat over HTTP: the reply is what the engine generates for the rendered prompt; a stream starts with the
+// role, carries the same text, ends with the finish reason, and with include_usage a last chunk of usage.
+TEST_F(HttpTest, ChatCompletionsAnswerAndStreamTheRenderedPrompt) {
+  const std::string messages = R"([{"role": "user", "content": "the quick brown"}])";
+  auto [status, body] = PostTo("/v1/chat/completions",
+                             R"({"messages": )" + messages + R"(, "max_tokens": 10, "ignore_eos": true})");
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  GenerateRequest q = Request("User: the quick brown\nAssistant:", 10);
+  q.stop = ChatTemplate().stop;
+  const GenerateResult alone = Alone(q);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_TRUE(j["id"].get<std::string>().starts_with("chatcmpl-"));
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], json::parse(JsonText(json(alone.text))));
+  EXPECT_EQ(j["oryx"]["tokens"].get<std::vector<int32_t>>(), alone.tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], alone.tokens.size());
+
+  auto [s2, stream] = PostTo("/v1/chat/completions",
+                           R"({"messages": )" + messages +
+                               R"(, "max_tokens": 10, "ignore_eos": true, "stream": true,
+                                   "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(s2, 200) << stream;
+  std::vector<json> chunks;
+  for (size_t at = 0; (at = stream.find("data: ", at)) != std::string::npos; at += 6) {
+    const std::string frame = stream.substr(at + 6, stream.find("\n\n", at) - at - 6);
+    if (frame != "[DONE]") chunks.push_back(json::parse(frame));
+  }
+  ASSERT_GE(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 0; i + 1 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    text += chunks[i]["choices"][0]["delta"].value("content", "");
+  }
+  EXPECT_EQ(text, j["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], j["choices"][0]["finish_reason"]);
+  EXPECT_TRUE(chunks.back()["choices"].empty());
+  EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], alone.tokens.size());
 }
 
 // GET /metrics is the Prometheus text format (every sample's family declared first, names and labels well
