@@ -138,7 +138,8 @@ std::unique_ptr<Backend> TinyBackend(const ScratchDir& scratch, LinearMixer mixe
                                      int64_t max_position) {
   ModelConfig config = TinyConfig(mixer);
   if (max_position > 0) config.max_position = max_position;
-  const std::string dir = scratch.Join(Cat("m", seed, "-", max_position));
+  // "m<seed>": tests load the same checkpoint into a second backend from there.
+  const std::string dir = scratch.Join(max_position > 0 ? Cat("m", seed, "-", max_position) : Cat("m", seed));
   WriteTinyCheckpoint(dir, config, RandomTensors(config, DType::kF32, seed));
   auto backend = CpuBackend::Load(dir, /*threads=*/1);
   if (!backend.ok()) {
