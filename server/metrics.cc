@@ -50,6 +50,11 @@ void Family(std::string& out, const char* name, const char* type, const char* he
 void Sample(std::string& out, const char* name, double value, const std::string& labels = "") {
   absl::StrAppendFormat(&out, "%s%s %.17g\n", name, labels.empty() ? "" : "{" + labels + "}", value);
 }
+// A family of one sample without labels.
+void Single(std::string& out, const char* name, const char* type, const char* help, double value) {
+  Family(out, name, type, help);
+  Sample(out, name, value);
+}
 void HistogramText(std::string& out, const char* name, const char* help, const Metrics::Histogram& h) {
   Family(out, name, "histogram", help);
   const std::vector<double>& b = Metrics::Bounds();
@@ -70,12 +75,9 @@ std::string Metrics::Text(const SchedulerStats& sch, const PrefixCacheStats* cac
   std::string out;
   Family(out, "oryx_requests_total", "counter", "Completion requests answered, by HTTP status.");
   for (const auto& [status, n] : requests_) Sample(out, "oryx_requests_total", static_cast<double>(n), absl::StrFormat("status=\"%d\"", status));
-  Family(out, "oryx_prompt_tokens_total", "counter", "Prompt tokens of the requests answered.");
-  Sample(out, "oryx_prompt_tokens_total", static_cast<double>(prompt_tokens_));
-  Family(out, "oryx_cached_prompt_tokens_total", "counter", "Of those, restored from the prefix cache.");
-  Sample(out, "oryx_cached_prompt_tokens_total", static_cast<double>(cached_tokens_));
-  Family(out, "oryx_generated_tokens_total", "counter", "Tokens generated for the requests answered.");
-  Sample(out, "oryx_generated_tokens_total", static_cast<double>(generated_tokens_));
+  Single(out, "oryx_prompt_tokens_total", "counter", "Prompt tokens of the requests answered.", static_cast<double>(prompt_tokens_));
+  Single(out, "oryx_cached_prompt_tokens_total", "counter", "Of those, restored from the prefix cache.", static_cast<double>(cached_tokens_));
+  Single(out, "oryx_generated_tokens_total", "counter", "Tokens generated for the requests answered.", static_cast<double>(generated_tokens_));
   Family(out, "oryx_mode_tokens_total", "counter",
          "Tokens run in each mode (prompt and generated; speculative drafts and verify spans included).");
   Sample(out, "oryx_mode_tokens_total", static_cast<double>(attention_tokens_), "mode=\"attention\"");
@@ -86,33 +88,20 @@ std::string Metrics::Text(const SchedulerStats& sch, const PrefixCacheStats* cac
   for (size_t i = 0; i < accepted_at_.size(); ++i) Sample(out, "oryx_drafts_accepted_total", static_cast<double>(accepted_at_[i]), absl::StrFormat("position=\"%d\"", i));
   HistogramText(out, "oryx_time_to_first_token_seconds", "From a request's arrival to its first token.", ttft_);
   HistogramText(out, "oryx_time_per_output_token_seconds", "A request's mean time between its generated tokens.", tpot_);
-  Family(out, "oryx_queue_length", "gauge", "Requests waiting for a place in the batch.");
-  Sample(out, "oryx_queue_length", static_cast<double>(sch.queued));
-  Family(out, "oryx_batch_requests", "gauge", "Requests in the batch (prefilling, decoding or waiting for memory).");
-  Sample(out, "oryx_batch_requests", static_cast<double>(sch.active));
-  Family(out, "oryx_waiting_for_memory", "gauge", "Requests in the batch waiting for KV memory (new or preempted).");
-  Sample(out, "oryx_waiting_for_memory", static_cast<double>(sch.waiting));
-  Family(out, "oryx_kv_bytes", "gauge", "KV cache held by the admitted requests.");
-  Sample(out, "oryx_kv_bytes", static_cast<double>(sch.kv_bytes));
-  Family(out, "oryx_kv_budget_bytes", "gauge", "The KV memory budget (0: none).");
-  Sample(out, "oryx_kv_budget_bytes", static_cast<double>(sch.kv_memory));
-  Family(out, "oryx_preemptions_total", "counter", "Requests preempted for memory and recomputed later.");
-  Sample(out, "oryx_preemptions_total", static_cast<double>(sch.preemptions));
-  Family(out, "oryx_batch_steps_total", "counter", "Engine steps run.");
-  Sample(out, "oryx_batch_steps_total", static_cast<double>(sch.steps));
-  Family(out, "oryx_decode_rows_total", "counter", "Requests decoded, summed over the steps (over steps: the mean batch).");
-  Sample(out, "oryx_decode_rows_total", static_cast<double>(sch.decode_rows));
+  Single(out, "oryx_queue_length", "gauge", "Requests waiting for a place in the batch.", static_cast<double>(sch.queued));
+  Single(out, "oryx_batch_requests", "gauge", "Requests in the batch (prefilling, decoding or waiting for memory).", static_cast<double>(sch.active));
+  Single(out, "oryx_waiting_for_memory", "gauge", "Requests in the batch waiting for KV memory (new or preempted).", static_cast<double>(sch.waiting));
+  Single(out, "oryx_kv_bytes", "gauge", "KV cache held by the admitted requests.", static_cast<double>(sch.kv_bytes));
+  Single(out, "oryx_kv_budget_bytes", "gauge", "The KV memory budget (0: none).", static_cast<double>(sch.kv_memory));
+  Single(out, "oryx_preemptions_total", "counter", "Requests preempted for memory and recomputed later.", static_cast<double>(sch.preemptions));
+  Single(out, "oryx_batch_steps_total", "counter", "Engine steps run.", static_cast<double>(sch.steps));
+  Single(out, "oryx_decode_rows_total", "counter", "Requests decoded, summed over the steps (over steps: the mean batch).", static_cast<double>(sch.decode_rows));
   if (cache != nullptr) {
-    Family(out, "oryx_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
-    Sample(out, "oryx_prefix_cache_lookup_tokens_total", static_cast<double>(cache->lookup_tokens));
-    Family(out, "oryx_prefix_cache_hit_tokens_total", "counter", "Of those, restored from a snapshot.");
-    Sample(out, "oryx_prefix_cache_hit_tokens_total", static_cast<double>(cache->hit_tokens));
-    Family(out, "oryx_prefix_cache_snapshots", "gauge", "Snapshots held.");
-    Sample(out, "oryx_prefix_cache_snapshots", static_cast<double>(cache->snapshots));
-    Family(out, "oryx_prefix_cache_bytes", "gauge", "Bytes the snapshots hold.");
-    Sample(out, "oryx_prefix_cache_bytes", static_cast<double>(cache->bytes));
-    Family(out, "oryx_prefix_cache_evictions_total", "counter", "Snapshots evicted.");
-    Sample(out, "oryx_prefix_cache_evictions_total", static_cast<double>(cache->evicted));
+    Single(out, "oryx_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.", static_cast<double>(cache->lookup_tokens));
+    Single(out, "oryx_prefix_cache_hit_tokens_total", "counter", "Of those, restored from a snapshot.", static_cast<double>(cache->hit_tokens));
+    Single(out, "oryx_prefix_cache_snapshots", "gauge", "Snapshots held.", static_cast<double>(cache->snapshots));
+    Single(out, "oryx_prefix_cache_bytes", "gauge", "Bytes the snapshots hold.", static_cast<double>(cache->bytes));
+    Single(out, "oryx_prefix_cache_evictions_total", "counter", "Snapshots evicted.", static_cast<double>(cache->evicted));
   }
   return out;
 }
