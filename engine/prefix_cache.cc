@@ -65,8 +65,8 @@ void PrefixCache::Remember(std::span<const int32_t> tokens, std::span<const Mode
   }
 }
 
-PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes,
-                                     int64_t max_tokens, int64_t room) {
+PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens,
+                                     int64_t room) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.lookups;
   stats_.lookup_tokens += static_cast<int64_t>(tokens.size());

@@ -32,8 +32,8 @@
 namespace oryx {
 
 struct PrefixCacheOptions {
-  int64_t block_tokens = 64;       // snapshots sit at multiples of this many positions
-  int64_t snapshot_every = 2048;   // a prompt is snapshotted every this many tokens (a multiple of block_tokens)
+  int64_t block_tokens = 64;             // snapshots sit at multiples of this many positions
+  int64_t snapshot_every = 2048;         // a prompt is snapshotted every this many tokens (a multiple of block_tokens)
   int64_t max_bytes = int64_t{4} << 30;  // snapshots held at most (a host snapshot counts the blocks it shares)
 };
 
