@@ -52,7 +52,22 @@ absl::Status ParsePrompt(const json& v, GenerateRequest& q) {
     }
     return absl::OkStatus();
   }
-  return Bad("prompt", "a string or a non-empty array of token ids", v);
+  return Bad("prompt", "a string, a non-empty array of token ids, or a list of either", v);
+}
+
+// A prompt, or a list of prompts (strings or token-id arrays): one request each, the rest of `q` copied later.
+absl::Status ParsePrompts(const json& v, CompletionRequest& out) {
+  const bool list = v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array());
+  if (!list) return ParsePrompt(v, out.generate);
+  constexpr size_t kMaxPrompts = 64;
+  if (v.size() > kMaxPrompts) return Bad("prompt", Cat("at most ", kMaxPrompts, " prompts"), json(v.size()));
+  for (const json& p : v) {
+    if (!p.is_string() && !p.is_array()) return Bad("prompt", "a list of strings or of token-id arrays", p);
+    GenerateRequest q;
+    if (absl::Status s = ParsePrompt(p, q); !s.ok()) return s;
+    out.prompts.push_back(std::move(q));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseStop(const json& v, GenerateRequest& q) {
@@ -142,8 +157,14 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
     if (!v.is_string() || v.get<std::string>() != model_name) {
       return absl::InvalidArgumentError(Cat("this server serves the model '", model_name, "', not ", JsonText(v)));
     }
-  } else if (key == "n") {
-    if (v != 1) return Bad(key, "1 (one completion per request)", v);
+  } else if (key == "n" || key == "best_of") {
+    absl::StatusOr<int64_t> n = Integer(key, v, 1, kMaxChoices);
+    if (!n.ok()) return n.status();
+    if (key == "n") {
+      out.n = *n;
+    } else {
+      out.best_of = *n;
+    }
   } else if (key == "user") {
     if (!v.is_string()) return Bad(key, "a string", v);  // an end user's id: accepted, not used
   } else {
@@ -153,7 +174,16 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
 }
 
 constexpr std::string_view kSharedFields =
-    "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, user";
+    "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user";
+
+// best_of is accepted only where it changes nothing: equal to n (no choice is generated and dropped).
+absl::Status CheckBestOf(const CompletionRequest& out) {
+  if (out.best_of != 0 && out.best_of != out.n) {
+    return absl::InvalidArgumentError(Cat("'best_of' ", out.best_of, " must equal 'n' (", out.n,
+                                          "): choosing among extra completions is not built"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -166,7 +196,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   bool has_prompt = false;
   for (const auto& [key, v] : j->items()) {
     if (key == "prompt") {
-      if (absl::Status s = ParsePrompt(v, q); !s.ok()) return s;
+      if (absl::Status s = ParsePrompts(v, out); !s.ok()) return s;
       has_prompt = true;
       continue;
     }
@@ -176,6 +206,28 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   }
   if (!has_prompt) return absl::InvalidArgumentError("'prompt' is missing");
   if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return s;
+  if (absl::Status s = CheckBestOf(out); !s.ok()) return s;
+  if (!out.prompts.empty()) {
+    q.prompt = out.prompts[0].prompt;
+    q.prompt_tokens = out.prompts[0].prompt_tokens;
+  }
+  return out;
+}
+
+std::vector<GenerateRequest> Choices(const CompletionRequest& request) {
+  std::vector<GenerateRequest> out;
+  const size_t prompts = std::max<size_t>(1, request.prompts.size());
+  for (size_t p = 0; p < prompts; ++p) {
+    for (int64_t j = 0; j < request.n; ++j) {
+      GenerateRequest q = request.generate;
+      if (!request.prompts.empty()) {
+        q.prompt = request.prompts[p].prompt;
+        q.prompt_tokens = request.prompts[p].prompt_tokens;
+      }
+      q.sampling.seed += static_cast<uint64_t>(j);
+      out.push_back(std::move(q));
+    }
+  }
   return out;
 }
 
@@ -283,6 +335,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
     }
   }
   if (!has_messages) return absl::InvalidArgumentError("'messages' is missing");
+  if (absl::Status s = CheckBestOf(out); !s.ok()) return s;
   q.prompt = chat_template.Render(messages);
   for (const std::string& stop : chat_template.stop) {
     if (std::ranges::find(q.stop, stop) == q.stop.end()) q.stop.push_back(stop);
@@ -305,8 +358,8 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 }
 
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                               int32_t token) {
-  json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                               int32_t token, int64_t index) {
+  json choice = {{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
   json j = {{"id", id.id},
             {"object", "text_completion"},
@@ -350,11 +403,11 @@ nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult
 }
 
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                                   bool first) {
+                                   bool first, int64_t index) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!text.empty() || (result == nullptr && !first)) delta["content"] = text;
-  json choice = {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json choice = {{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
   json j = {{"id", id.id},
             {"object", "chat.completion.chunk"},
@@ -365,9 +418,46 @@ nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text
   return j;
 }
 
-nlohmann::json ChatUsageChunk(const CompletionId& id, const GenerateResult& result) {
-  return {{"id", id.id},         {"object", "chat.completion.chunk"}, {"created", id.created},
-          {"model", id.model},   {"choices", json::array()},           {"usage", Usage(result)}};
+namespace {
+// The usage of several choices: each prompt's tokens once (choices come n to a prompt), all generated tokens.
+json SummedUsage(const std::vector<json>& usages, int64_t n) {
+  int64_t prompt = 0, cached = 0, completion = 0;
+  for (size_t i = 0; i < usages.size(); ++i) {
+    if (static_cast<int64_t>(i) % n == 0) {
+      prompt += usages[i]["prompt_tokens"].get<int64_t>();
+      cached += usages[i]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    }
+    completion += usages[i]["completion_tokens"].get<int64_t>();
+  }
+  return {{"prompt_tokens", prompt},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion}};
+}
+}  // namespace
+
+nlohmann::json ChatUsageChunk(const CompletionId& id, std::span<const GenerateResult> results, int64_t n) {
+  std::vector<json> usages;
+  for (const GenerateResult& r : results) usages.push_back(Usage(r));
+  return {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
+          {"model", id.model}, {"choices", json::array()},           {"usage", SummedUsage(usages, n)}};
+}
+
+nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n) {
+  if (objects.size() == 1) return std::move(objects[0]);
+  json merged = objects[0];
+  merged["choices"] = json::array();
+  merged["oryx"] = json::array();
+  std::vector<json> usages;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    json choice = objects[i]["choices"][0];
+    choice["index"] = i;
+    merged["choices"].push_back(std::move(choice));
+    merged["oryx"].push_back(objects[i]["oryx"]);
+    usages.push_back(objects[i]["usage"]);
+  }
+  merged["usage"] = SummedUsage(usages, n);
+  return merged;
 }
 
 nlohmann::json ErrorObject(std::string_view message, int http_status) {

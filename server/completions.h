@@ -4,7 +4,8 @@
 // Request fields: prompt (a string, or an array of token ids), max_tokens (default 128), temperature
 // (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
 // stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
-// model's name), n (1 only), user (accepted, unused). Any other field is an error: a misspelt or unsupported
+// model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused); the
+// prompt may also be a list of strings or of token-id arrays. Any other field is an error: a misspelt or unsupported
 // option never passes silently. The chat endpoint (ParseChatRequest) takes messages instead of a prompt.
 #pragma once
 
@@ -22,8 +23,14 @@
 
 namespace oryx::server {
 
+inline constexpr int64_t kMaxChoices = 16;
+
 struct CompletionRequest {
-  GenerateRequest generate;
+  GenerateRequest generate;  // the request of choice 0 (its prompt the first of `prompts`)
+  // A list of prompts (completions' prompt as an array of strings or of token-id arrays); empty: generate's.
+  std::vector<GenerateRequest> prompts;
+  int64_t n = 1;  // choices per prompt (1 .. kMaxChoices)
+  int64_t best_of = 0;  // given: equal to n
   bool stream = false;
   bool chat = false;           // from /v1/chat/completions
   bool include_usage = false;  // chat streams: stream_options.include_usage (a last chunk with the usage)
@@ -57,6 +64,9 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
 // InvalidArgument naming the field for a body that is not a JSON object, a field of the wrong type or out
 // of range, an unknown field, or another model's name.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, std::string_view model_name);
+// The request's choices in the order of their index: each prompt n times (the j-th with seed + j, so that
+// sampled choices differ; greedy ones are the same), prompt-major as OpenAI numbers them.
+std::vector<GenerateRequest> Choices(const CompletionRequest& request);
 
 // What identifies one completion in its response and every chunk of its stream.
 struct CompletionId {
@@ -73,14 +83,18 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 // and "oryx": {"token": id}; the last chunk (result given, token < 0) has the finish reason, usage and the
 // whole "oryx" part of CompletionObject.
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                               int32_t token);
+                               int32_t token, int64_t index = 0);
+// The response of several choices (n > 1, a list of prompts): every choice of the one-choice form at its
+// index, the usage summed (each prompt's tokens once), and "oryx" a list of each choice's part.
+nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n);
 // The chat forms: a chat.completion (choices[0].message), and chat.completion.chunk frames: the first with
 // delta.role, then one per token with delta.content, the last with the finish reason (and "oryx"); with
 // include_usage, one more with no choices and the usage.
 nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result);
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                                   bool first);
-nlohmann::json ChatUsageChunk(const CompletionId& id, const GenerateResult& result);
+                                   bool first, int64_t index = 0);
+// The usage of all the choices (each prompt's tokens once, as in MergeChoices).
+nlohmann::json ChatUsageChunk(const CompletionId& id, std::span<const GenerateResult> results, int64_t n);
 // {"error": {"message", "type", "code"}}: the code is the HTTP status, the type follows from it.
 nlohmann::json ErrorObject(std::string_view message, int http_status);
 nlohmann::json ErrorObject(const absl::Status& status);  // with HttpStatus(status)

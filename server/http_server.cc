@@ -7,6 +7,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -42,43 +43,62 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
 }
 
 // One streaming request's events, from the scheduler's thread (Token, Finish) to the connection's thread
-// (WaitForFirst, then WriteTo as httplib's chunked content provider).
+// (WaitForFirst, then WriteTo as httplib's chunked content provider). A request of several choices streams
+// them interleaved, each chunk with its choice's index, and ends when the last one does.
 struct EventStream {
   std::mutex mu;
   std::condition_variable ready;
   std::deque<std::string> frames;  // server-sent events ready to write
-  std::string held;                // text held back: it ends inside a UTF-8 character
   bool finished = false;           // the last frame is queued
   absl::Status error;              // what ended the request, when it failed
   std::atomic<bool> cancelled{false};
   bool chat = false, include_usage = false;  // chat.completion.chunk frames; a last one with the usage
-  bool first = true;                         // no token sent yet
+  int64_t n = 1;                             // choices per prompt
+  struct Choice {
+    std::string held;    // text held back: it ends inside a UTF-8 character
+    bool first = true;   // no token sent yet
+    std::optional<GenerateResult> result;
+  };
+  std::vector<Choice> choices;
+  int64_t running = 0, tokens = 0;
+
+  explicit EventStream(size_t count) : choices(count), running(static_cast<int64_t>(count)) {}
 
   void Push(const json& j) { frames.push_back("data: " + JsonText(j) + "\n\n"); }
 
   // One chunk per token, even when its text is held back or empty (a model without a tokenizer). False once
   // the client has gone, which ends the request.
-  bool Token(const CompletionId& id, const TokenEvent& e) {
+  bool Token(const CompletionId& id, int64_t index, const TokenEvent& e) {
     std::lock_guard<std::mutex> lock(mu);
-    held += e.text;
-    const size_t n = CompleteUtf8Prefix(held);
-    const std::string_view text = std::string_view(held).substr(0, n);
-    Push(chat ? ChatCompletionChunk(id, text, nullptr, first) : CompletionChunk(id, text, nullptr, e.token));
-    first = false;
-    held.erase(0, n);
+    Choice& c = choices[index];
+    c.held += e.text;
+    const size_t n = CompleteUtf8Prefix(c.held);
+    const std::string_view text = std::string_view(c.held).substr(0, n);
+    Push(chat ? ChatCompletionChunk(id, text, nullptr, c.first, index)
+              : CompletionChunk(id, text, nullptr, e.token, index));
+    c.first = false;
+    c.held.erase(0, n);
+    ++tokens;
     ready.notify_one();
     return !cancelled.load();
   }
 
-  void Finish(const CompletionId& id, const absl::StatusOr<GenerateResult>& r) {
+  void Finish(const CompletionId& id, int64_t index, const absl::StatusOr<GenerateResult>& r) {
     std::lock_guard<std::mutex> lock(mu);
+    Choice& c = choices[index];
     if (r.ok()) {
       // Anything held back goes out, made valid.
-      Push(chat ? ChatCompletionChunk(id, held, &*r, first) : CompletionChunk(id, held, &*r, -1));
-      if (chat && include_usage) Push(ChatUsageChunk(id, *r));
-    } else {
+      Push(chat ? ChatCompletionChunk(id, c.held, &*r, c.first, index) : CompletionChunk(id, c.held, &*r, -1, index));
+      c.result = *r;
+    } else if (error.ok()) {
       error = r.status();
       Push(ErrorObject(r.status()));
+    }
+    if (--running > 0) return;
+    if (chat && include_usage && error.ok()) {
+      std::vector<GenerateResult> all;
+      for (const Choice& x : choices) all.push_back(*x.result);
+      Push(ChatUsageChunk(id, all, n));
     }
     frames.push_back("data: [DONE]\n\n");
     finished = true;
@@ -88,8 +108,8 @@ struct EventStream {
   // Waits for the first event: OK, or the error of a request that ended before producing anything.
   absl::Status WaitForFirst() {
     std::unique_lock<std::mutex> lock(mu);
-    ready.wait(lock, [&] { return !frames.empty() || finished; });
-    return !error.ok() && frames.size() == 2 ? error : absl::OkStatus();  // the error frame and [DONE] only
+    ready.wait(lock, [&] { return tokens > 0 || finished; });
+    return tokens == 0 && !error.ok() ? error : absl::OkStatus();
   }
 
   // Writes the frames so far (waiting for one); false when the client has gone.
@@ -278,33 +298,54 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
     return ReplyError(res, parsed.status());
   }
   if (parsed->stream) return Stream(std::move(*parsed), id, arrival, res);
-  auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
-  std::future<absl::StatusOr<GenerateResult>> future = promise->get_future();
-  auto done = [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); };
-  if (absl::Status s = scheduler.Submit(std::move(parsed->generate), std::move(done)); !s.ok()) {
-    Log(id, HttpStatus(s), false, s, arrival);
-    return ReplyError(res, s);
+  std::vector<GenerateRequest> choices = Choices(*parsed);
+  std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
+  for (GenerateRequest& q : choices) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
+    futures.push_back(promise->get_future());
+    auto done = [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); };
+    if (absl::Status s = scheduler.Submit(std::move(q), std::move(done)); !s.ok()) {
+      // The choices already queued run on; their results go unread.
+      Log(id, HttpStatus(s), false, s, arrival);
+      return ReplyError(res, s);
+    }
   }
-  absl::StatusOr<GenerateResult> result = future.get();
-  Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
-  if (!result.ok()) return ReplyError(res, result.status());
-  Reply(res, 200, chat ? ChatCompletionObject(id, *result) : CompletionObject(id, *result));
+  std::vector<json> objects;
+  absl::Status failed;
+  for (auto& future : futures) {
+    absl::StatusOr<GenerateResult> result = future.get();
+    Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
+    if (!result.ok()) {
+      if (failed.ok()) failed = result.status();
+      continue;
+    }
+    objects.push_back(chat ? ChatCompletionObject(id, *result) : CompletionObject(id, *result));
+  }
+  if (!failed.ok()) return ReplyError(res, failed);
+  Reply(res, 200, MergeChoices(std::move(objects), parsed->n));
 }
 
 void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival,
                               httplib::Response& res) {
-  auto events = std::make_shared<EventStream>();
+  std::vector<GenerateRequest> choices = Choices(request);
+  auto events = std::make_shared<EventStream>(choices.size());
   events->chat = request.chat;
   events->include_usage = request.include_usage;
-  request.generate.on_token = [events, id](const TokenEvent& e) { return events->Token(id, e); };
-  auto done = [this, events, id, arrival](absl::StatusOr<GenerateResult> r) {
-    const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());
-    Log(id, status, true, r, arrival);
-    events->Finish(id, r);
-  };
-  if (absl::Status s = scheduler.Submit(std::move(request.generate), std::move(done)); !s.ok()) {
-    Log(id, HttpStatus(s), true, s, arrival);
-    return ReplyError(res, s);
+  events->n = request.n;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const int64_t index = static_cast<int64_t>(i);
+    choices[i].on_token = [events, id, index](const TokenEvent& e) { return events->Token(id, index, e); };
+    auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
+      const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());
+      Log(id, status, true, r, arrival);
+      events->Finish(id, index, r);
+    };
+    if (absl::Status s = scheduler.Submit(std::move(choices[i]), std::move(done)); !s.ok()) {
+      Log(id, HttpStatus(s), true, s, arrival);
+      events->cancelled = true;  // the choices already queued stop at their first token
+      for (size_t k = i; k < choices.size(); ++k) events->Finish(id, static_cast<int64_t>(k), s);
+      break;
+    }
   }
   // The status line goes out with the first token. A request that fails before it (one the engine refuses:
   // an over-long prompt, an unknown policy) gets its error status, as without streaming.

@@ -138,7 +138,9 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   expect_error("[1, 2]", "must be a JSON object");
   expect_error("{}", "'prompt' is missing");
   expect_error(R"({"prompt": ""})", "'prompt' is empty");
-  expect_error(R"({"prompt": []})", "'prompt' must be a string or a non-empty array");
+  expect_error(R"({"prompt": []})", "'prompt' must be a string, a non-empty array of token ids, or a list");
+  expect_error(R"({"prompt": ["a", 3]})", "'prompt' must be a list of strings or of token-id arrays");
+  expect_error(R"({"prompt": ["a", ""]})", "'prompt' is empty");
   expect_error(R"({"prompt": [1, -4]})", "'prompt token id' must be an integer in [0,");
   expect_error(R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be an integer in [1,");
   expect_error(R"({"prompt": "x", "max_tokens": "5"})", "'max_tokens' must be an integer");
@@ -146,7 +148,19 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   expect_error(R"({"prompt": "x", "top_p": 1.5})", "top_p");
   expect_error(R"({"prompt": "x", "stop": [""]})", "empty string");
   expect_error(R"({"prompt": "x", "stream": "yes"})", "'stream' must be true or false");
-  expect_error(R"({"prompt": "x", "n": 2})", "'n' must be 1");
+  expect_error(R"({"prompt": "x", "n": 0})", "'n' must be an integer in [1, 16]");
+  expect_error(R"({"prompt": "x", "n": 17})", "'n' must be an integer in [1, 16]");
+  expect_error(R"({"prompt": "x", "n": 2, "best_of": 3})", "'best_of' 3 must equal 'n' (2)");
+  {  // several prompts, several choices each: prompt-major, seeds apart
+    auto many = ParseCompletionRequest(R"({"prompt": ["a", [5, 6]], "n": 2, "best_of": 2, "seed": 7})", "m");
+    ASSERT_TRUE(many.ok()) << many.status();
+    const std::vector<GenerateRequest> choices = Choices(*many);
+    ASSERT_EQ(choices.size(), 4u);
+    EXPECT_EQ(choices[1].prompt, "a");
+    EXPECT_EQ(choices[2].prompt_tokens, (std::vector<int32_t>{5, 6}));
+    EXPECT_EQ(choices[0].sampling.seed, 7u);
+    EXPECT_EQ(choices[3].sampling.seed, 8u);
+  }
   expect_error(R"({"prompt": "x", "model": "other"})", "serves the model 'm'");
   expect_error(R"({"prompt": "x", "logprobs": 5})", "unknown field 'logprobs'");
 }
@@ -491,7 +505,7 @@ TEST(Chat, MessagesBecomeAPromptThroughTheTemplateAndBadOnesAreRefused) {
                           R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})",
                           R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})",
                           R"({"messages": [{"role": "user", "content": "x"}], "stream_options": {"x": 1}})",
-                          R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "[1]", "not json"}) {
+                          R"({"messages": [{"role": "user", "content": "x"}], "n": 17})", "[1]", "not json"}) {
     auto r = ParseChatRequest(bad, "m", defaults);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -546,6 +560,50 @@ TEST_F(HttpTest, ChatCompletionsAnswerAndStreamTheRenderedPrompt) {
   EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], j["choices"][0]["finish_reason"]);
   EXPECT_TRUE(chunks.back()["choices"].empty());
   EXPECT_EQ(chunks.back()["usage"]["completion_tokens"], alone.tokens.size());
+}
+
+// n > 1 and lists of prompts: every choice is what its prompt and seed give alone, at its index, streamed or
+// not; the usage counts each prompt once. Greedy choices of one prompt are the same.
+TEST_F(HttpTest, SeveralChoicesAreEachWhatTheyGetAlone) {
+  auto [status, body] = Post(R"({"prompt": ["the quick", "brown fox"], "n": 2, "max_tokens": 6, "ignore_eos": true,
+                                 "temperature": 0.9, "seed": 3})");
+  ASSERT_EQ(status, 200) << body;
+  const json j = json::parse(body);
+  ASSERT_EQ(j["choices"].size(), 4u);
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest q = Request(i < 2 ? "the quick" : "brown fox", 6);
+    q.sampling = {0.9f, 0, 1.0f, static_cast<uint64_t>(3 + i % 2)};
+    const GenerateResult alone = Alone(q);
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["oryx"][i]["tokens"].get<std::vector<int32_t>>(), alone.tokens) << i;
+    if (i % 2 == 0) prompt_tokens += alone.stats.prompt_tokens;
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 24);
+
+  auto [s2, stream] = PostTo("/v1/chat/completions",
+                             R"({"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 5,
+                                 "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})");
+  ASSERT_EQ(s2, 200) << stream;
+  std::map<int64_t, std::string> texts;
+  std::map<int64_t, int> finished;
+  json usage;
+  for (size_t at = 0; (at = stream.find("data: ", at)) != std::string::npos; at += 6) {
+    const std::string frame = stream.substr(at + 6, stream.find("\n\n", at) - at - 6);
+    if (frame == "[DONE]") continue;
+    const json chunk = json::parse(frame);
+    if (chunk.contains("usage")) usage = chunk["usage"];
+    for (const json& c : chunk["choices"]) {
+      texts[c["index"].get<int64_t>()] += c["delta"].value("content", "");
+      finished[c["index"].get<int64_t>()] += !c["finish_reason"].is_null();
+    }
+  }
+  ASSERT_EQ(texts.size(), 3u);
+  EXPECT_EQ(texts[0], texts[1]);  // greedy
+  EXPECT_EQ(texts[1], texts[2]);
+  for (const auto& [index, count] : finished) EXPECT_EQ(count, 1) << index;
+  EXPECT_EQ(usage["completion_tokens"], 15);
 }
 
 // GET /metrics is the Prometheus text format (every sample's family declared first, names and labels well
