@@ -3,10 +3,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <thread>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/prefix_cache_flags.h"
@@ -70,6 +73,10 @@ int RunServe(const Args& args) {
                "                          but /health (401 otherwise)");
   f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
   f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
+  int64_t drain_seconds = 30;
+  f.Int("drain-timeout", &drain_seconds,
+        "on SIGINT or SIGTERM, seconds the requests taken may take to finish while new ones get 503 and "
+        "/health says draining (a second signal stops at once; 0: stop at once)", 0, 86400);
   f.Bool("quiet", &quiet, "no line per request on stderr");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     // Block the stop signals in every thread (the engine's and the server's inherit this mask); this
@@ -136,8 +143,24 @@ int RunServe(const Args& args) {
               << "); Ctrl-C stops" << std::endl;
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
-    http->Stop();
+    if (drain_seconds > 0) {
+      const server::SchedulerStats st = http->stats();
+      std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining: requests taken "
+                << st.submitted - st.completed - st.failed << ", up to " << drain_seconds
+                << " s to finish (a second signal stops now)" << std::endl;
+      std::atomic<bool> drained{false};
+      std::thread drain([&] {
+        drained = http->Drain(std::chrono::seconds(drain_seconds));
+        kill(getpid(), SIGTERM);  // wakes the wait below
+      });
+      sigwait(&stop_signals, &signal);
+      if (!drained) std::cerr << "oryx serve: stopping the requests still running" << std::endl;
+      http->Stop();  // ends a drain cut short by the second signal as well
+      drain.join();
+    } else {
+      std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", stopping" << std::endl;
+      http->Stop();
+    }
     std::cerr << "oryx serve: " << JsonText(http->stats().ToJson()) << std::endl;
     return absl::OkStatus();
   });

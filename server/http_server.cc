@@ -189,7 +189,11 @@ void HttpServer::Impl::Routes() {
       return httplib::Server::HandlerResponse::Handled;
     });
   }
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { Reply(res, 200, {{"status", "ok"}}); });
+  // Ready, or draining (a load balancer should send no more): 503 then, as new requests get.
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (scheduler.draining()) return Reply(res, 503, {{"status", "draining"}});
+    Reply(res, 200, {{"status", "ok"}});
+  });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200,
           {{"object", "list"},
@@ -420,6 +424,8 @@ void HttpServer::Stop() {
     impl_->stopped_cv.notify_all();
   });
 }
+
+bool HttpServer::Drain(std::chrono::milliseconds timeout) { return impl_->scheduler.Drain(timeout); }
 
 SchedulerStats HttpServer::stats() const { return impl_->scheduler.stats(); }
 

@@ -10,6 +10,7 @@
 // A client that drops a stream cancels its request at the next token.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,9 @@ class HttpServer {
   void Wait();
   // Ends the requests in flight (503), stops listening and joins the threads. Idempotent.
   void Stop();
+  // Stops taking requests (503, and /health answers 503 "draining") while those taken run to their end: true
+  // once they all have, false when `timeout` passed first. Stop afterwards.
+  bool Drain(std::chrono::milliseconds timeout);
   SchedulerStats stats() const;
 
   struct Impl;

@@ -57,7 +57,7 @@ Scheduler::~Scheduler() { Stop(); }
 absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) {
+    if (stopping_ || draining_) {
       ++stats_.refused;
       return absl::UnavailableError("the server is shutting down");
     }
@@ -71,6 +71,29 @@ absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
   }
   wake_.notify_one();
   return absl::OkStatus();
+}
+
+bool Scheduler::Drain(std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    draining_ = true;
+  }
+  // The loop updates the counts after every step; a short poll keeps this apart from its wake-ups.
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Every request taken has been answered (completed or failed).
+      if (stats_.submitted == stats_.completed + stats_.failed) return true;
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+bool Scheduler::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
 }
 
 void Scheduler::Stop() {

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -68,6 +69,10 @@ class Scheduler {
 
   // Ends every queued and running request with Unavailable and joins the thread. Idempotent.
   void Stop();
+  // Refuses new requests (Unavailable, "draining") while the queued and running ones go on; true once none is
+  // left, false if `timeout` passed first (then Stop ends them).
+  bool Drain(std::chrono::milliseconds timeout);
+  bool draining() const;
 
   SchedulerStats stats() const;
 
@@ -87,6 +92,7 @@ class Scheduler {
   std::condition_variable wake_;
   std::deque<Job> queue_;  // guarded by mu_
   bool stopping_ = false;  // guarded by mu_
+  bool draining_ = false;  // guarded by mu_: no new requests; those taken run to their end
   SchedulerStats stats_;   // guarded by mu_
   std::unique_ptr<GenerationBatch> batch_;  // the scheduler thread's
   std::thread thread_;

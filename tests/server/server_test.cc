@@ -657,6 +657,49 @@ TEST_F(HttpTest, MetricsAreWellFormedPrometheusTextThatCountsTheRequests) {
   EXPECT_TRUE(values.contains("oryx_prefix_cache_hit_tokens_total"));
 }
 
+// Draining: requests already taken run to their end while new ones and /health get 503.
+TEST_F(ServerTest, DrainingFinishesTheRequestsTakenAndRefusesNewOnes) {
+  testutil::ScratchDir long_scratch;
+  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 4;
+  o.log_requests = false;
+  auto started = HttpServer::Start(*engine, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::pair<int, std::string> taken;
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", server->port());
+    c.set_read_timeout(60);
+    auto res = c.Post("/v1/completions", R"({"prompt": "the quick", "max_tokens": 3000, "ignore_eos": true})",
+                      "application/json");
+    taken = res ? std::pair(res->status, res->body) : std::pair(-1, httplib::to_string(res.error()));
+  });
+  for (int i = 0; i < 1000 && server->stats().active == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ASSERT_EQ(server->stats().active, 1);
+  bool drained = false;
+  std::thread drain([&] { drained = server->Drain(std::chrono::seconds(60)); });
+  for (int i = 0; i < 1000 && server->stats().refused == 0; ++i) {
+    httplib::Client c("127.0.0.1", server->port());
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    if (health->status != 503) continue;  // the drain has not begun yet
+    EXPECT_EQ(json::parse(health->body)["status"], "draining");
+    auto refused = c.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 503);
+  }
+  drain.join();
+  client.join();
+  EXPECT_TRUE(drained);
+  ASSERT_EQ(taken.first, 200) << taken.second;
+  EXPECT_EQ(json::parse(taken.second)["usage"]["completion_tokens"], 3000);
+  EXPECT_EQ(server->stats().refused, 1);
+  server->Stop();
+}
+
 // With API keys, every endpoint but /health needs one of them as a bearer token.
 TEST_F(ServerTest, ApiKeysGuardEveryEndpointButHealth) {
   ServerOptions o;
