@@ -105,7 +105,7 @@ if [[ " ${commands[*]} " == *" serve "* ]]; then
   expect 1 "serve: missing model" -- serve --model "$TMP/no-model" --port 0
   if [[ -n "${M:-}" ]]; then
     # A server starts, says where it listens, refuses a second server on its port, and stops cleanly on
-    # SIGTERM with its counters.
+    # SIGTERM (it drains: nothing was taken) with its counters.
     "$ORYX" serve --model "$M" --port 0 --threads 1 >"$TMP/serve.out" 2>"$TMP/serve.err" &
     pid=$!
     for _ in $(seq 1 200); do grep -q "listening on" "$TMP/serve.err" && break; sleep 0.1; done
@@ -117,7 +117,7 @@ if [[ " ${commands[*]} " == *" serve "* ]]; then
     fi
     expect 1 "bench serve: a directory without a corpus" -- bench serve --model "$M" --data "$TMP" --concurrency 1
     kill -TERM "$pid"; wait "$pid"; rc=$?
-    if [[ $rc -eq 0 ]] && grep -q "SIGTERM, stopping" "$TMP/serve.err" && grep -q '"completed":0' "$TMP/serve.err"; then
+    if [[ $rc -eq 0 ]] && grep -q "SIGTERM, draining: requests taken 0" "$TMP/serve.err" && grep -q '"completed":0' "$TMP/serve.err"; then
       passed=$((passed + 1))
     else
       failed=$((failed + 1)); echo "FAIL: serve did not stop cleanly on SIGTERM (exit $rc):"; cat "$TMP/serve.err"

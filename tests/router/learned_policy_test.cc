@@ -106,7 +106,7 @@ TEST(LearnedPolicyTest, AServerNeverOpensAPathARequestNames) {
     EXPECT_EQ(made.status().message().find("bytes"), std::string::npos) << made.status();
   }
   // Names: no paths, no built-in policy's, none twice; a bad file is an error at start, naming it.
-  for (const std::string& name : {"a/b", "", "attention", "budget", "learned", "mine"}) {
+  for (const char* name : {"a/b", "", "attention", "budget", "learned", "mine"}) {
     PolicyRegistry r;
     RegisterAllPolicies(r);
     std::vector<std::pair<std::string, std::string>> files = {{"mine", file}};
