@@ -73,6 +73,10 @@ int RunServe(const Args& args) {
                "                          but /health (401 otherwise)");
   f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
   f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
+  double request_timeout = 0;
+  f.Double("request-timeout", &request_timeout,
+           "seconds a request may take from its arrival; past them it ends with 504 (a stream, with an error "
+           "event) at its next token (0: no limit)");
   int64_t drain_seconds = 30;
   f.Int("drain-timeout", &drain_seconds,
         "on SIGINT or SIGTERM, seconds the requests taken may take to finish while new ones get 503 and "
@@ -133,6 +137,8 @@ int RunServe(const Args& args) {
     o.scheduler.max_queue = max_queue;
     o.scheduler.max_prefill_tokens = max_prefill_tokens;
     o.scheduler.kv_memory = kv_memory_mib << 20;
+    if (!(request_timeout >= 0)) return absl::InvalidArgumentError("--request-timeout must be >= 0 seconds");
+    o.scheduler.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(request_timeout * 1000));
     o.http_threads = static_cast<int>(http_threads);
     o.log_requests = !quiet;
     o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();

@@ -379,6 +379,8 @@ int HttpStatus(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       return 400;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
     case absl::StatusCode::kNotFound:
       return 404;
     case absl::StatusCode::kUnavailable:
@@ -463,6 +465,7 @@ nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n) {
 nlohmann::json ErrorObject(std::string_view message, int http_status) {
   const char* type = http_status == 404   ? "not_found"
                      : http_status == 503 ? "unavailable"
+                     : http_status == 504 ? "timeout"
                      : http_status < 500  ? "invalid_request_error"
                                           : "server_error";
   return {{"error", {{"message", message}, {"type", type}, {"code", http_status}}}};

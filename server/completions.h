@@ -98,7 +98,7 @@ nlohmann::json ChatUsageChunk(const CompletionId& id, std::span<const GenerateRe
 // {"error": {"message", "type", "code"}}: the code is the HTTP status, the type follows from it.
 nlohmann::json ErrorObject(std::string_view message, int http_status);
 nlohmann::json ErrorObject(const absl::Status& status);  // with HttpStatus(status)
-// 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 500 otherwise.
+// 400 InvalidArgument, 404 NotFound, 503 Unavailable / ResourceExhausted, 504 DeadlineExceeded, 500 otherwise.
 int HttpStatus(const absl::Status& status);
 
 // The length of text's longest prefix that does not end inside a UTF-8 character: a stream sends that and

@@ -23,6 +23,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"prompt_tokens", prompt_tokens},
           {"cached_tokens", cached_tokens},
           {"preemptions", preemptions},
+          {"timed_out", timed_out},
           {"waiting_for_memory", waiting},
           {"kv_mib", static_cast<double>(kv_bytes) / (1 << 20)},
           {"kv_memory_mib", static_cast<double>(kv_memory) / (1 << 20)},
@@ -55,6 +56,31 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
 Scheduler::~Scheduler() { Stop(); }
 
 absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
+  if (options_.request_timeout.count() > 0) {
+    // Past its deadline a request stops at its next token and ends with DeadlineExceeded.
+    const auto deadline = std::chrono::steady_clock::now() + options_.request_timeout;
+    auto late = std::make_shared<std::atomic<bool>>(false);
+    request.on_token = [on_token = std::move(request.on_token), deadline, late](const TokenEvent& e) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        *late = true;
+        return false;
+      }
+      return on_token ? on_token(e) : true;
+    };
+    const double seconds = std::chrono::duration<double>(options_.request_timeout).count();
+    done = [this, done = std::move(done), late, seconds](absl::StatusOr<GenerateResult> r) {
+      if (*late) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.timed_out;
+        }
+        return done(absl::DeadlineExceededError(
+            Cat("the request ran past the server's request timeout of ", seconds, " s",
+                r.ok() ? Cat(" (", r->stats.generated_tokens, " tokens generated)") : std::string())));
+      }
+      done(std::move(r));
+    };
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || draining_) {

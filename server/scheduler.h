@@ -29,6 +29,9 @@ struct SchedulerOptions {
   // less the prefix cache's budget (the rest is for drafts, rollback histories and the forwards' buffers);
   // on the host, no bound.
   int64_t kv_memory = 0;
+  // A request not finished this long after it was submitted ends with DeadlineExceeded (at its next token,
+  // or when its turn in the queue comes); 0: no limit.
+  std::chrono::milliseconds request_timeout{0};
 };
 
 // Counters since the scheduler started, and the current load.
@@ -41,6 +44,7 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
   int64_t cached_tokens = 0;  // of their prompt tokens, those restored from the prefix cache
   int64_t preemptions = 0;    // requests that gave their memory back to be recomputed later
+  int64_t timed_out = 0;      // requests ended at the request timeout (the batch counts them completed)
   int64_t waiting = 0;        // in the batch but not admitted: waiting for memory (new or preempted)
   int64_t kv_bytes = 0;       // KV cache held by the admitted requests, after the last step
   int64_t max_admitted = 0;   // requests holding memory at once, at most

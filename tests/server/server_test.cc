@@ -700,6 +700,34 @@ TEST_F(ServerTest, DrainingFinishesTheRequestsTakenAndRefusesNewOnes) {
   server->Stop();
 }
 
+// A request past the request timeout ends with 504 (DeadlineExceeded) at its next token; the others are not
+// touched by it.
+TEST_F(ServerTest, ARequestPastTheTimeoutEndsWith504) {
+  testutil::ScratchDir long_scratch;
+  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 4;
+  o.log_requests = false;
+  o.scheduler.request_timeout = std::chrono::milliseconds(100);
+  auto started = HttpServer::Start(*engine, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  httplib::Client c("127.0.0.1", server->port());
+  c.set_read_timeout(60);
+  auto late = c.Post("/v1/completions", R"({"prompt": "the quick", "max_tokens": 8000, "ignore_eos": true})",
+                     "application/json");
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->status, 504) << late->body;
+  EXPECT_HAS_SUBSTR(late->body, "request timeout of 0.1 s");
+  auto quick = c.Post("/v1/completions", R"({"prompt": "the quick", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(quick);
+  EXPECT_EQ(quick->status, 200) << quick->body;
+  EXPECT_EQ(server->stats().timed_out, 1);
+  EXPECT_LT(server->stats().generated_tokens, 8000);  // cut short, not run to its end
+}
+
 // With API keys, every endpoint but /health needs one of them as a bearer token.
 TEST_F(ServerTest, ApiKeysGuardEveryEndpointButHealth) {
   ServerOptions o;
