@@ -73,6 +73,8 @@ int RunServe(const Args& args) {
                "                          but /health (401 otherwise)");
   f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
   f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
+  f.Double("read-timeout", &o.read_timeout_s,
+           "seconds a client may take to send its request (a slow client holds an HTTP thread this long at most)");
   double request_timeout = 0;
   f.Double("request-timeout", &request_timeout,
            "seconds a request may take from its arrival; past them it ends with 504 (a stream, with an error "

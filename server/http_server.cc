@@ -368,6 +368,7 @@ HttpServer::~HttpServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, ServerOptions options) {
   if (options.http_threads < 1) return absl::InvalidArgumentError("serve: http_threads must be >= 1");
+  if (!(options.read_timeout_s > 0)) return absl::InvalidArgumentError("serve: read_timeout must be > 0 seconds");
   if (options.scheduler.max_batch < 1) return absl::InvalidArgumentError("serve: max_batch must be >= 1");
   if (options.scheduler.max_queue < 0) return absl::InvalidArgumentError("serve: max_queue must be >= 0");
   if (options.scheduler.max_prefill_tokens < 0) {
@@ -379,7 +380,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
   s.http.set_write_timeout(std::chrono::seconds(60));
-  s.http.set_read_timeout(std::chrono::seconds(60));
+  s.http.set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  // An idle kept-alive connection holds its thread too: no longer than a read may take (whole seconds, at
+  // least one; httplib's default is 5).
+  s.http.set_keep_alive_timeout(std::clamp<time_t>(static_cast<time_t>(s.options.read_timeout_s), 1, 5));
   s.http.set_payload_max_length(kMaxBodyBytes);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.

@@ -25,6 +25,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;              // 0: any free port (HttpServer::port() says which)
   int http_threads = 64;        // requests served at once: each waiting or streaming request holds one
+  // Seconds a connection may take to send its request (each read; a client that sends half a request holds
+  // an HTTP thread this long at most). A stream's writes have their own, longer, timeout.
+  double read_timeout_s = 10;
   std::string model_name = "oryx";
   SchedulerOptions scheduler;
   bool log_requests = true;     // one line per completion request on stderr

@@ -1,6 +1,11 @@
 // The server on a random tiny checkpoint with a real tokenizer: the completions JSON, the scheduler's
 // continuous batching (results equal to each request alone, the batch and queue bounds, shutdown), and the
 // HTTP endpoints end to end, streaming included.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -726,6 +731,41 @@ TEST_F(ServerTest, ARequestPastTheTimeoutEndsWith504) {
   EXPECT_EQ(quick->status, 200) << quick->body;
   EXPECT_EQ(server->stats().timed_out, 1);
   EXPECT_LT(server->stats().generated_tokens, 8000);  // cut short, not run to its end
+}
+
+// Clients that send half a request hold an HTTP thread for the read timeout at most: with every thread held by
+// one, a well-behaved request still gets its answer soon after.
+TEST_F(ServerTest, SlowClientsHoldAThreadForTheReadTimeoutAtMost) {
+  ServerOptions o;
+  o.port = 0;
+  o.http_threads = 2;
+  o.read_timeout_s = 1;
+  o.log_requests = false;
+  auto started = HttpServer::Start(*engine_, o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::vector<int> slow;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+    ASSERT_EQ(send(fd, half.data(), half.size(), 0), static_cast<ssize_t>(half.size()));
+    slow.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both threads now wait on the slow clients
+  httplib::Client c("127.0.0.1", server->port());
+  c.set_read_timeout(20);
+  const auto start = std::chrono::steady_clock::now();
+  auto res = c.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_LT(waited, 4.0);  // the read and keep-alive timeouts (1 s) freed a thread, not the client's 20 s
+  for (int fd : slow) close(fd);
 }
 
 // With API keys, every endpoint but /health needs one of them as a bearer token.
