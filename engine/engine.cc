@@ -326,14 +326,13 @@ void GenerationBatch::Admit() {
 void GenerationBatch::Preempt(Request& r) {
   // Recomputed later from its tokens, in the modes they ran in: the prompt and every generated token but the
   // pending one, which the decoder runs next as before.
-  const std::span<const Mode> ran = r.seq->modes();
-  if (r.decoding() || !r.replay.empty()) {
-    if (r.replay.empty()) {
-      r.replay = r.prompt;
-      r.replay.insert(r.replay.end(), r.result.tokens.begin(), r.result.tokens.end() - 1);
-    }
-    r.modes.assign(ran.begin(), ran.end());
-    r.modes.resize(r.replay.size());  // a replay preempted part way: the rest of its recorded modes
+  // (Preempted again while being recomputed, it keeps the tokens and modes it had; preempted during its first
+  // prefill, it starts that again.)
+  if (r.decoding()) {
+    r.replay = r.prompt;
+    r.replay.insert(r.replay.end(), r.result.tokens.begin(), r.result.tokens.end() - 1);
+    const std::span<const Mode> ran = r.seq->modes();
+    r.modes.assign(ran.begin(), ran.end());  // as many as the replay's tokens: the sequence's position
   }
   r.decoder->Release(r.slot.id);
   r.seq.reset();

@@ -77,6 +77,33 @@ TEST_P(Admission, PreemptedRequestsAreRecomputedAndGenerateWhatTheyGenerateAlone
   EXPECT_EQ(preempted, batch.preemptions());
 }
 
+// Under a budget of four blocks for eight requests that grow to three, requests are preempted over and over,
+// under a policy whose modes alternate; they still generate what they generate alone.
+TEST(Admission, RequestsPreemptedOverAndOverStillGenerateTheirTokens) {
+  testutil::ScratchDir scratch;
+  Engine engine(TinyBackend(scratch, 4), std::nullopt), alone(TinyBackend(scratch, 4), std::nullopt);
+  for (Engine* e : {&engine, &alone}) policies::RegisterAllPolicies(e->policies());
+  engine.set_prefix_cache(std::nullopt);
+  alone.set_prefix_cache(std::nullopt);
+  std::vector<GenerateRequest> qs = Requests({"attention", "periodic:2"}, 4);
+  for (GenerateRequest& q : qs) q.max_tokens = 120;  // to three blocks each
+  GenerationBatch batch(engine);
+  batch.set_kv_memory(engine.backend().KvBytes(4 * 64));
+  for (const GenerateRequest& q : qs) ASSERT_TRUE(batch.Add(q).ok());
+  while (batch.active() > 0) {
+    const absl::Status step = batch.Step();
+    ASSERT_TRUE(step.ok()) << step;
+    for (auto& [id, status] : batch.TakeFailed()) FAIL() << "request " << id << ": " << status;
+  }
+  EXPECT_GE(batch.preemptions(), 4);
+  for (auto& [id, result] : batch.TakeFinished()) {
+    auto want = alone.Generate(qs[id]);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(result.tokens, want->tokens) << "request " << id << " (" << qs[id].policy << "), preempted "
+                                           << result.stats.preemptions << " times";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(PrefixCache, Admission, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "on" : "off"; });
 
