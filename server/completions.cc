@@ -165,6 +165,11 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
     } else {
       out.best_of = *n;
     }
+  } else if (key == "presence_penalty" || key == "frequency_penalty") {
+    // Accepted at their neutral value, which clients send by default; penalties are not built.
+    if (!v.is_number() || v.get<double>() != 0) return Bad(key, "0 (penalties are not built yet)", v);
+  } else if (key == "logit_bias") {
+    if (!v.is_null() && !(v.is_object() && v.empty())) return Bad(key, "{} (logit biases are not built yet)", v);
   } else if (key == "user") {
     if (!v.is_string()) return Bad(key, "a string", v);  // an end user's id: accepted, not used
   } else {
@@ -174,7 +179,8 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
 }
 
 constexpr std::string_view kSharedFields =
-    "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user";
+    "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user, "
+    "presence_penalty and frequency_penalty (0), logit_bias ({})";
 
 // best_of is accepted only where it changes nothing: equal to n (no choice is generated and dropped).
 absl::Status CheckBestOf(const CompletionRequest& out) {
@@ -192,7 +198,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
   if (!j.ok()) return j.status();
   CompletionRequest out;
   GenerateRequest& q = out.generate;
-  q.max_tokens = 128;
+  q.max_tokens = kUpToTheContext;
   bool has_prompt = false;
   for (const auto& [key, v] : j->items()) {
     if (key == "prompt") {
@@ -282,7 +288,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
   CompletionRequest out;
   out.chat = true;
   GenerateRequest& q = out.generate;
-  q.max_tokens = 128;
+  q.max_tokens = kUpToTheContext;
   std::vector<std::pair<std::string, std::string>> messages;
   bool has_messages = false;
   for (const auto& [key, v] : j->items()) {

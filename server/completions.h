@@ -1,11 +1,12 @@
 // The JSON of the completions endpoint, apart from any socket: an OpenAI-style `POST /v1/completions`
 // body to a GenerateRequest, and results, stream chunks and errors to JSON.
 //
-// Request fields: prompt (a string, or an array of token ids), max_tokens (default 128), temperature
+// Request fields: prompt (a string, or an array of token ids), max_tokens (default: up to the context), temperature
 // (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
 // stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
 // model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused); the
-// prompt may also be a list of strings or of token-id arrays. Any other field is an error: a misspelt or unsupported
+// prompt may also be a list of strings or of token-id arrays; presence_penalty, frequency_penalty (0) and
+// logit_bias ({}) only at their neutral values. Any other field is an error: a misspelt or unsupported
 // option never passes silently. The chat endpoint (ParseChatRequest) takes messages instead of a prompt.
 #pragma once
 
@@ -24,6 +25,8 @@
 namespace oryx::server {
 
 inline constexpr int64_t kMaxChoices = 16;
+// max_tokens when a request leaves it out: up to the model's context (the engine caps it at max_position).
+inline constexpr int64_t kUpToTheContext = int64_t{1} << 30;
 
 struct CompletionRequest {
   GenerateRequest generate;  // the request of choice 0 (its prompt the first of `prompts`)

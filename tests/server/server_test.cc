@@ -127,7 +127,7 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   r = ParseCompletionRequest(R"({"prompt": [2, 17, 40]})", "m");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->generate.prompt_tokens, (std::vector<int32_t>{2, 17, 40}));
-  EXPECT_EQ(r->generate.max_tokens, 128);
+  EXPECT_EQ(r->generate.max_tokens, kUpToTheContext);
   EXPECT_TRUE(r->generate.sampling.greedy());
   EXPECT_TRUE(r->generate.stop_at_eos);
   EXPECT_EQ(r->generate.policy, "attention");
@@ -168,6 +168,11 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   }
   expect_error(R"({"prompt": "x", "model": "other"})", "serves the model 'm'");
   expect_error(R"({"prompt": "x", "logprobs": 5})", "unknown field 'logprobs'");
+  expect_error(R"({"prompt": "x", "presence_penalty": 0.5})", "'presence_penalty' must be 0 (penalties are not built");
+  expect_error(R"({"prompt": "x", "logit_bias": {"5": 10}})", "'logit_bias' must be {}");
+  EXPECT_TRUE(ParseCompletionRequest(
+                  R"({"prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u"})", "m")
+                  .ok());
 }
 
 TEST(Completions, StreamsHoldBackAnUnfinishedCharacterAndJsonNeverThrows) {
