@@ -11,6 +11,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -90,6 +91,22 @@ class ServerTest : public ::testing::Test {
     auto r = reference_->Generate(q);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : GenerateResult{};
+  }
+  // A server on `engine` on a port the system picks, with 4 HTTP threads and no request log; `adjust` sets the
+  // rest. Null (the test failed) when it does not start.
+  static std::unique_ptr<HttpServer> Serve(Engine& engine, const std::function<void(ServerOptions&)>& adjust = {}) {
+    ServerOptions o;
+    o.port = 0;
+    o.http_threads = 4;
+    o.log_requests = false;
+    if (adjust) adjust(o);
+    auto started = HttpServer::Start(engine, o);
+    EXPECT_TRUE(started.ok()) << started.status();
+    return started.ok() ? std::move(*started) : nullptr;
+  }
+  // The tiny model with room for long generations (8192 positions), written under `scratch`.
+  static absl::StatusOr<Engine> LongEngine(const testutil::ScratchDir& scratch) {
+    return Engine::Load(testutil::WriteTinyModelWithTokenizer(scratch, 5, 8192), {"cpu", 1});
   }
   static testutil::ScratchDir* scratch_;
   static std::string model_dir_;
@@ -458,15 +475,10 @@ TEST_F(HttpTest, TheBodyIsReadWhateverItsContentTypeUpToTheLimit) {
 TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   // A model with room for a long generation, so that the client is gone long before it could end.
   testutil::ScratchDir long_scratch;
-  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  auto engine = LongEngine(long_scratch);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 4;
-  o.log_requests = true;
-  auto started = HttpServer::Start(*engine, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server = Serve(*engine, [](ServerOptions& o) { o.log_requests = true; });
+  ASSERT_NE(server, nullptr);
   httplib::Client client("127.0.0.1", server->port());
   testing::internal::CaptureStderr();
   auto res = client.Get("/nowhere");
@@ -670,15 +682,10 @@ TEST_F(HttpTest, MetricsAreWellFormedPrometheusTextThatCountsTheRequests) {
 // Draining: requests already taken run to their end while new ones and /health get 503.
 TEST_F(ServerTest, DrainingFinishesTheRequestsTakenAndRefusesNewOnes) {
   testutil::ScratchDir long_scratch;
-  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  auto engine = LongEngine(long_scratch);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 4;
-  o.log_requests = false;
-  auto started = HttpServer::Start(*engine, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server = Serve(*engine);
+  ASSERT_NE(server, nullptr);
   std::pair<int, std::string> taken;
   std::thread client([&] {
     httplib::Client c("127.0.0.1", server->port());
@@ -714,16 +721,11 @@ TEST_F(ServerTest, DrainingFinishesTheRequestsTakenAndRefusesNewOnes) {
 // touched by it.
 TEST_F(ServerTest, ARequestPastTheTimeoutEndsWith504) {
   testutil::ScratchDir long_scratch;
-  auto engine = Engine::Load(testutil::WriteTinyModelWithTokenizer(long_scratch, 5, 8192), {"cpu", 1});
+  auto engine = LongEngine(long_scratch);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 4;
-  o.log_requests = false;
-  o.scheduler.request_timeout = std::chrono::milliseconds(100);
-  auto started = HttpServer::Start(*engine, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server =
+      Serve(*engine, [](ServerOptions& o) { o.scheduler.request_timeout = std::chrono::milliseconds(100); });
+  ASSERT_NE(server, nullptr);
   httplib::Client c("127.0.0.1", server->port());
   c.set_read_timeout(60);
   auto late = c.Post("/v1/completions", R"({"prompt": "the quick", "max_tokens": 8000, "ignore_eos": true})",
@@ -741,14 +743,11 @@ TEST_F(ServerTest, ARequestPastTheTimeoutEndsWith504) {
 // Clients that send half a request hold an HTTP thread for the read timeout at most: with every thread held by
 // one, a well-behaved request still gets its answer soon after.
 TEST_F(ServerTest, SlowClientsHoldAThreadForTheReadTimeoutAtMost) {
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 2;
-  o.read_timeout_s = 1;
-  o.log_requests = false;
-  auto started = HttpServer::Start(*engine_, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server = Serve(*engine_, [](ServerOptions& o) {
+    o.http_threads = 2;
+    o.read_timeout_s = 1;
+  });
+  ASSERT_NE(server, nullptr);
   std::vector<int> slow;
   for (int i = 0; i < 2; ++i) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -775,14 +774,9 @@ TEST_F(ServerTest, SlowClientsHoldAThreadForTheReadTimeoutAtMost) {
 
 // With API keys, every endpoint but /health needs one of them as a bearer token.
 TEST_F(ServerTest, ApiKeysGuardEveryEndpointButHealth) {
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 4;
-  o.log_requests = false;
-  o.api_keys = {"first-key", "second-key"};
-  auto started = HttpServer::Start(*engine_, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server =
+      Serve(*engine_, [](ServerOptions& o) { o.api_keys = {"first-key", "second-key"}; });
+  ASSERT_NE(server, nullptr);
   httplib::Client c("127.0.0.1", server->port());
   const std::string body = R"({"prompt": "the", "max_tokens": 3})";
   auto health = c.Get("/health");
@@ -822,14 +816,11 @@ TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
   auto engine = Engine::Load(dir, {"cpu", 1}), reference = Engine::Load(dir, {"cpu", 1});
   ASSERT_TRUE(engine.ok() && reference.ok());
   for (Engine* e : {&*engine, &*reference}) speculative::RegisterPolicies(e->policies());
-  ServerOptions o;
-  o.port = 0;
-  o.http_threads = 16;
-  o.log_requests = false;
-  o.scheduler.kv_memory = 3 * engine->backend().KvBytes(1);  // three blocks of 64 positions (KvBytes rounds up)
-  auto started = HttpServer::Start(*engine, o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<HttpServer> server = std::move(*started);
+  std::unique_ptr<HttpServer> server = Serve(*engine, [&](ServerOptions& o) {
+    o.http_threads = 16;
+    o.scheduler.kv_memory = 3 * engine->backend().KvBytes(1);  // three blocks of 64 positions (KvBytes rounds up)
+  });
+  ASSERT_NE(server, nullptr);
   const std::vector<std::string> prompts = {"alpha", "beta gamma", "delta", "epsilon zeta", "eta", "theta iota",
                                             "kappa", "lambda mu", "nu", "xi omicron", "pi", "rho sigma"};
   std::vector<std::pair<int, std::string>> got(prompts.size());
