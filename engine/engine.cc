@@ -247,6 +247,7 @@ struct GenerationBatch::Request {
   int64_t prefilled = 0;  // context() tokens forwarded (or restored from the prefix cache) so far
   bool started = false;   // its prefill has begun (StartPrefill)
   std::vector<Mode> modes;  // of context(): the prompt's from its decoder, or those a preempted sequence ran
+  std::vector<uint64_t> names;  // of context()'s full blocks, for the prefix cache (PrefixCache::Names)
   std::vector<int64_t> snapshot_at;  // positions still to snapshot for the prefix cache, ascending
   int64_t admitted_at = 0;  // admission order: preemption takes the latest
   // After a preemption: the tokens to recompute (the prompt and the generated ones but the pending last),
@@ -312,12 +313,7 @@ void GenerationBatch::Admit() {
     const absl::Status s = AdmitOne(*r, used);
     if (s.ok()) continue;
     // Nothing else holds memory that finishing would give back: it will never fit.
-    bool others = false;
-    for (const auto& [other_id, other] : active_) others |= other->admitted();
-    if (!others) {
-      failed_.emplace_back(id, absl::ResourceExhaustedError(Cat("the request does not fit in memory alone: ", s.message())));
-      done_.push_back(id);
-    }
+    if (!OthersAdmitted(*r)) FailAlone(*r, s);
     break;
   }
   for (int64_t id : done_) Drop(id);
@@ -333,6 +329,7 @@ void GenerationBatch::Preempt(Request& r) {
     r.replay.insert(r.replay.end(), r.result.tokens.begin(), r.result.tokens.end() - 1);
     const std::span<const Mode> ran = r.seq->modes();
     r.modes.assign(ran.begin(), ran.end());  // as many as the replay's tokens: the sequence's position
+    r.names.clear();                         // they name the prompt's blocks
   }
   r.decoder->Release(r.slot.id);
   r.seq.reset();
@@ -342,6 +339,15 @@ void GenerationBatch::Preempt(Request& r) {
   r.snapshot_at.clear();
   ++r.result.stats.preemptions;
   ++preemptions_;
+}
+
+bool GenerationBatch::OthersAdmitted(const Request& r) const {
+  return std::ranges::any_of(active_, [&](const auto& entry) { return entry.second.get() != &r && entry.second->admitted(); });
+}
+
+void GenerationBatch::FailAlone(const Request& r, const absl::Status& why) {
+  failed_.emplace_back(r.slot.id, absl::ResourceExhaustedError(Cat("the request does not fit in memory alone: ", why.message())));
+  done_.push_back(r.slot.id);  // dropped by the caller
 }
 
 GenerationBatch::Request* GenerationBatch::LatestAdmitted() {
@@ -383,11 +389,8 @@ void GenerationBatch::EnsureRoom() {
       }
       if (s.ok()) s = seq.Reserve(target);
       if (s.ok()) break;
-      bool others = false;
-      for (const auto& [id, o] : active_) others |= o.get() != r && o->admitted();
-      if (!others) {
-        failed_.emplace_back(r->slot.id, absl::ResourceExhaustedError(Cat("the request does not fit in memory alone: ", s.message())));
-        done_.push_back(r->slot.id);
+      if (!OthersAdmitted(*r)) {
+        FailAlone(*r, s);
         break;
       }
       Preempt(*LatestAdmitted());  // perhaps this one: then it waits to be recomputed
@@ -539,15 +542,18 @@ void GenerationBatch::DecodingSlots(const Decoder* decoder, std::vector<DecodeSl
 bool GenerationBatch::StartPrefill(Request& r) {
   const std::vector<int32_t>& context = r.context();
   const int64_t n = static_cast<int64_t>(context.size());
-  if (r.replay.empty()) {
+  // Once per prompt (not again for each step it waits, nor after a preemption in its prefill).
+  if (r.modes.empty()) {
     r.modes.resize(n);
     r.decoder->PrefillModes(r.prompt, 0, r.modes);
   }
   PrefixCache* cache = engine_.prefix_cache_.get();
   if (cache != nullptr) {
     const int64_t b = cache->options().block_tokens;
+    if (r.names.empty()) r.names = cache->Names(context, r.modes);
+    const PrefixCache::Prefix prefix{context, r.modes, r.names};
     // At least one prompt token is forwarded: its logits give the first generated token.
-    const int64_t cached = cache->Longest(context, r.modes, n - 1);
+    const int64_t cached = cache->Longest(prefix, n - 1);
     // An earlier prompt still being prefilled that shares a longer beginning: wait for its snapshot there.
     for (auto& [id, other] : active_) {
       Request& o = *other;
@@ -566,7 +572,7 @@ bool GenerationBatch::StartPrefill(Request& r) {
       }
     }
     // The restored sequence, with the room of the one made at Add, takes its place.
-    PrefixCache::Hit hit = cache->Lookup(context, r.modes, n - 1, std::max(RoomFor(r), r.seq->kv_capacity()));
+    PrefixCache::Hit hit = cache->Lookup(prefix, n - 1, std::max(RoomFor(r), r.seq->kv_capacity()));
     if (hit.state) {
       *r.seq = std::move(*hit.state);
       r.prefilled = hit.tokens;
@@ -577,12 +583,12 @@ bool GenerationBatch::StartPrefill(Request& r) {
     // with that beginning resumes there).
     const int64_t every = cache->options().snapshot_every;
     for (int64_t p = (r.prefilled / every + 1) * every; p <= n; p += every) r.snapshot_at.push_back(p);
-    for (const int64_t p : {n / b * b, cache->Seen(context, r.modes, n)}) {
+    for (const int64_t p : {n / b * b, cache->Seen(prefix, n)}) {
       if (p > r.prefilled && !std::ranges::binary_search(r.snapshot_at, p)) {
         r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, p), p);
       }
     }
-    cache->Remember(context, r.modes);
+    cache->Remember(prefix);
   }
   r.started = true;
   if (r.prefill_start == Clock::time_point{}) r.prefill_start = Clock::now();  // kept through a preemption
@@ -629,8 +635,9 @@ void GenerationBatch::FinishPrefill() {
     r.prefilled += prefill_lengths_[i];
     if (!r.snapshot_at.empty() && r.snapshot_at.front() == r.prefilled) {
       r.snapshot_at.erase(r.snapshot_at.begin());
-      engine_.prefix_cache_->Insert(std::span(r.context()).first(r.prefilled),
-                                    std::span(r.modes).first(r.prefilled), *r.seq);
+      PrefixCache& cache = *engine_.prefix_cache_;
+      const int64_t b = cache.options().block_tokens;
+      cache.Insert(PrefixCache::Prefix{r.context(), r.modes, r.names}.First(r.prefilled / b, b), *r.seq);
     }
     if (!r.replay.empty() && r.prefilled == static_cast<int64_t>(r.replay.size())) {
       // Recomputed: decoding goes on from the pending token, as before the preemption.

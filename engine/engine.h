@@ -313,6 +313,8 @@ class GenerationBatch {
   void EnsureRoom();
   void Preempt(Request& r);
   Request* LatestAdmitted();
+  bool OthersAdmitted(const Request& r) const;       // another request holds memory its end would give back
+  void FailAlone(const Request& r, const absl::Status& why);  // it does not fit even alone: into failed_
   Engine& engine_;
   std::map<std::string, std::unique_ptr<Decoder>, std::less<>> decoders_;  // one per policy name
   std::map<int64_t, std::unique_ptr<Request>> active_;                      // by id

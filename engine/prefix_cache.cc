@@ -19,58 +19,52 @@ const PrefixCache::Entry* PrefixCache::Find(uint64_t hash, std::span<const int32
   return &e;
 }
 
-std::pair<int64_t, uint64_t> PrefixCache::LongestLocked(std::span<const int32_t> tokens, std::span<const Mode> modes,
-                                                        int64_t max_tokens) const {
+std::vector<uint64_t> PrefixCache::Names(std::span<const int32_t> tokens, std::span<const Mode> modes) const {
   const int64_t b = options_.block_tokens;
-  const int64_t blocks = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) / b;
-  std::pair<int64_t, uint64_t> best{0, 0};
-  // Snapshots are sparse along a prefix (every snapshot_every tokens and where prompts ended), so every block
-  // boundary is tried.
-  uint64_t hash = 0;
-  for (int64_t j = 0; j < blocks && !entries_.empty(); ++j) {
-    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
-    const int64_t end = (j + 1) * b;
-    if (Find(hash, tokens.first(end), modes.first(end)) != nullptr) best = {end, hash};
+  std::vector<uint64_t> names(tokens.size() / static_cast<size_t>(b));
+  for (size_t j = 0; j < names.size(); ++j) {
+    names[j] = ChainHash(j == 0 ? 0 : names[j - 1], tokens.subspan(j * b, b), modes.subspan(j * b, b));
   }
-  return best;
+  return names;
 }
 
-int64_t PrefixCache::Longest(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return LongestLocked(tokens, modes, max_tokens).first;
-}
-
-int64_t PrefixCache::Seen(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const {
+std::pair<int64_t, uint64_t> PrefixCache::LongestLocked(const Prefix& p, int64_t max_tokens) const {
   const int64_t b = options_.block_tokens;
-  const int64_t blocks = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) / b;
+  const int64_t blocks = std::min<int64_t>(max_tokens / b, static_cast<int64_t>(p.names.size()));
+  // Snapshots are sparse along a prefix (every snapshot_every tokens and where prompts ended or parted), so
+  // every block boundary is tried, the longest first.
+  for (int64_t j = blocks; j > 0 && !entries_.empty(); --j) {
+    if (Find(p.names[j - 1], p.tokens.first(j * b), p.modes.first(j * b)) != nullptr) return {j * b, p.names[j - 1]};
+  }
+  return {0, 0};
+}
+
+int64_t PrefixCache::Longest(const Prefix& p, int64_t max_tokens) const {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t hash = 0;
+  return LongestLocked(p, max_tokens).first;
+}
+
+int64_t PrefixCache::Seen(const Prefix& p, int64_t max_tokens) const {
+  const int64_t b = options_.block_tokens;
+  const int64_t blocks = std::min<int64_t>(max_tokens / b, static_cast<int64_t>(p.names.size()));
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t j = 0;
-  for (; j < blocks; ++j) {
-    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
-    if (!seen_.contains(hash)) break;
-  }
+  while (j < blocks && seen_.contains(p.names[j])) ++j;
   return j * b;
 }
 
-void PrefixCache::Remember(std::span<const int32_t> tokens, std::span<const Mode> modes) {
+void PrefixCache::Remember(const Prefix& p) {
   constexpr size_t kMaxSeen = size_t{1} << 20;
-  const int64_t b = options_.block_tokens, blocks = static_cast<int64_t>(tokens.size()) / b;
   std::lock_guard<std::mutex> lock(mu_);
-  if (seen_.size() + static_cast<size_t>(blocks) > kMaxSeen) seen_.clear();
-  uint64_t hash = 0;
-  for (int64_t j = 0; j < blocks; ++j) {
-    hash = ChainHash(hash, tokens.subspan(j * b, b), modes.subspan(j * b, b));
-    seen_.insert(hash);
-  }
+  if (seen_.size() + p.names.size() > kMaxSeen) seen_.clear();
+  seen_.insert(p.names.begin(), p.names.end());
 }
 
-PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens,
-                                     int64_t room) {
+PrefixCache::Hit PrefixCache::Lookup(const Prefix& p, int64_t max_tokens, int64_t room) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.lookups;
-  stats_.lookup_tokens += static_cast<int64_t>(tokens.size());
-  const auto [length, hash] = LongestLocked(tokens, modes, max_tokens);
+  stats_.lookup_tokens += static_cast<int64_t>(p.tokens.size());
+  const auto [length, hash] = LongestLocked(p, max_tokens);
   if (length == 0) return {};
   Entry& e = entries_.at(hash);
   absl::StatusOr<SequenceState> copy = e.state.TryCloneWithRoom(std::max(room, length));
@@ -80,17 +74,13 @@ PrefixCache::Hit PrefixCache::Lookup(std::span<const int32_t> tokens, std::span<
   return {length, std::move(*copy)};
 }
 
-bool PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const Mode> modes, const SequenceState& seq) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), b = options_.block_tokens;
-  assert(n == static_cast<int64_t>(modes.size()) && n == seq.position() && n > 0 && n % b == 0);
-  (void)b;
+bool PrefixCache::Insert(const Prefix& p, const SequenceState& seq) {
+  const int64_t n = static_cast<int64_t>(p.tokens.size());
+  assert(n == static_cast<int64_t>(p.modes.size()) && n == seq.position() && n > 0 &&
+         n == static_cast<int64_t>(p.names.size()) * options_.block_tokens);
+  const uint64_t hash = p.names.back();
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t hash = 0;
-  for (int64_t j = 0; j < n / options_.block_tokens; ++j) {
-    const int64_t at = j * options_.block_tokens;
-    hash = ChainHash(hash, tokens.subspan(at, options_.block_tokens), modes.subspan(at, options_.block_tokens));
-  }
-  if (auto it = entries_.find(hash); it != entries_.end()) {
+  if (entries_.contains(hash)) {
     return false;  // held already (or, with odds of 2^-64, another prefix of the same name: that one stays)
   }
   absl::StatusOr<SequenceState> snapshot = seq.TryCloneWithRoom(n);
@@ -99,8 +89,8 @@ bool PrefixCache::Insert(std::span<const int32_t> tokens, std::span<const Mode> 
   if (bytes > options_.max_bytes) return false;
   EvictTo(options_.max_bytes - bytes);
   unhit_.push_back(hash);
-  entries_.emplace(hash, Entry{std::vector<int32_t>(tokens.begin(), tokens.end()),
-                               std::vector<Mode>(modes.begin(), modes.end()), std::move(*snapshot), bytes,
+  entries_.emplace(hash, Entry{std::vector<int32_t>(p.tokens.begin(), p.tokens.end()),
+                               std::vector<Mode>(p.modes.begin(), p.modes.end()), std::move(*snapshot), bytes,
                                /*hit=*/false, std::prev(unhit_.end())});
   ++stats_.inserted;
   ++stats_.snapshots;

@@ -55,24 +55,36 @@ class PrefixCache {
   explicit PrefixCache(PrefixCacheOptions options = {});
   const PrefixCacheOptions& options() const { return options_; }
 
-  // The length of the longest prefix of (tokens, modes), of at most max_tokens tokens, that has a snapshot
-  // (0: none). Counts nothing.
-  int64_t Longest(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
-  // The length of the longest prefix of (tokens, modes), of at most max_tokens tokens, whose blocks an
-  // earlier prompt had (Remember), snapshotted or not. Counts nothing.
-  int64_t Seen(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens) const;
-  // Remembers the names of the full blocks of a prompt (forgetting all of them past a million blocks).
-  void Remember(std::span<const int32_t> tokens, std::span<const Mode> modes);
-  // The same, and a copy of that snapshot (at position `tokens`) with room for `room` positions: a lookup of
-  // tokens.size() tokens in the statistics. A copy the memory has no room for is a miss.
+  // A prompt as the cache reads it: its tokens, their modes, and the names of its full blocks (Names: the j-th
+  // names positions [0, (j + 1) * block_tokens)), computed once per prompt and read by every call below.
+  struct Prefix {
+    std::span<const int32_t> tokens;
+    std::span<const Mode> modes;
+    std::span<const uint64_t> names;
+    Prefix First(int64_t blocks, int64_t block_tokens) const {  // its first `blocks` whole blocks
+      return {tokens.first(blocks * block_tokens), modes.first(blocks * block_tokens), names.first(blocks)};
+    }
+  };
+  std::vector<uint64_t> Names(std::span<const int32_t> tokens, std::span<const Mode> modes) const;
+
+  // The length of the longest prefix of p, of at most max_tokens tokens, that has a snapshot (0: none).
+  // Counts nothing.
+  int64_t Longest(const Prefix& p, int64_t max_tokens) const;
+  // The length of the longest prefix of p, of at most max_tokens tokens, whose blocks an earlier prompt had
+  // (Remember), snapshotted or not. Counts nothing.
+  int64_t Seen(const Prefix& p, int64_t max_tokens) const;
+  // Remembers the names of p's full blocks (forgetting all of them past a million blocks).
+  void Remember(const Prefix& p);
+  // Longest, and a copy of that snapshot (at position `tokens`) with room for `room` positions: a lookup of
+  // p's tokens in the statistics. A copy the memory has no room for is a miss.
   struct Hit {
     int64_t tokens = 0;
     std::optional<SequenceState> state;
   };
-  Hit Lookup(std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t max_tokens, int64_t room = 0);
-  // Keeps a snapshot of `seq`, which ran exactly (tokens, modes): a whole number of blocks, at least one.
-  // Returns whether it was kept (not: held already, larger than the budget, or no memory for the copy).
-  bool Insert(std::span<const int32_t> tokens, std::span<const Mode> modes, const SequenceState& seq);
+  Hit Lookup(const Prefix& p, int64_t max_tokens, int64_t room = 0);
+  // Keeps a snapshot of `seq`, which ran exactly p: a whole number of blocks, at least one. Returns whether it
+  // was kept (not: held already, larger than the budget, or no memory for the copy).
+  bool Insert(const Prefix& p, const SequenceState& seq);
   PrefixCacheStats stats() const;
   void Clear();
 
@@ -88,8 +100,7 @@ class PrefixCache {
   // The entry named `hash` if it holds exactly this prefix.
   const Entry* Find(uint64_t hash, std::span<const int32_t> tokens, std::span<const Mode> modes) const;
   // The length of the longest snapshotted prefix and its name.
-  std::pair<int64_t, uint64_t> LongestLocked(std::span<const int32_t> tokens, std::span<const Mode> modes,
-                                             int64_t max_tokens) const;
+  std::pair<int64_t, uint64_t> LongestLocked(const Prefix& p, int64_t max_tokens) const;
   void EvictTo(int64_t max_bytes);
   void Touch(Entry& e);  // a hit: the most recent of hit_
 

@@ -54,6 +54,19 @@ Prompts OneBlockPrompts(Backend& backend, uint32_t seed, int n) {
   return p;
 }
 
+// Tokens and modes with the names of their blocks, as the engine hands a prompt to the cache.
+class Key {
+ public:
+  Key(const PrefixCache& cache, std::span<const int32_t> tokens, std::span<const Mode> modes)
+      : names_(cache.Names(tokens, modes)), prefix_{tokens, modes, names_} {}
+  Key(const Key&) = delete;
+  operator const PrefixCache::Prefix&() const { return prefix_; }
+
+ private:
+  std::vector<uint64_t> names_;
+  PrefixCache::Prefix prefix_;
+};
+
 TEST(PrefixCache, FindsTheLongestSnapshotRunInTheSameModes) {
   testutil::ScratchDir scratch;
   std::unique_ptr<Backend> backend = TinyBackend(scratch, 1);
@@ -66,35 +79,35 @@ TEST(PrefixCache, FindsTheLongestSnapshotRunInTheSameModes) {
   for (int64_t end : {16, 32}) {
     const int64_t begin = seq.position();
     LastLogits(*backend, seq, std::span(tokens).subspan(begin, end - begin), std::span(modes).subspan(begin, end - begin));
-    EXPECT_TRUE(cache.Insert(std::span(tokens).first(end), std::span(modes).first(end), seq));
+    EXPECT_TRUE(cache.Insert(Key(cache, std::span(tokens).first(end), std::span(modes).first(end)), seq));
   }
-  EXPECT_FALSE(cache.Insert(std::span(tokens).first(32), std::span(modes).first(32), seq));  // held already
+  EXPECT_FALSE(cache.Insert(Key(cache, std::span(tokens).first(32), std::span(modes).first(32)), seq));  // held already
   const std::vector<float> want = LastLogits(*backend, seq, std::span(tokens).subspan(32), std::span(modes).subspan(32));
 
-  EXPECT_EQ(cache.Longest(tokens, modes, 40), 32);
-  EXPECT_EQ(cache.Longest(tokens, modes, 31), 16);  // at most max_tokens
-  EXPECT_EQ(cache.Longest(std::span(tokens).first(15), std::span(modes).first(15), 15), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, tokens, modes), 40), 32);
+  EXPECT_EQ(cache.Longest(Key(cache, tokens, modes), 31), 16);  // at most max_tokens
+  EXPECT_EQ(cache.Longest(Key(cache, std::span(tokens).first(15), std::span(modes).first(15)), 15), 0);
   std::vector<int32_t> other = tokens;
   other[20] = other[20] == 5 ? 6 : 5;  // diverges inside the third block
-  EXPECT_EQ(cache.Longest(other, modes, 40), 16);
+  EXPECT_EQ(cache.Longest(Key(cache, other, modes), 40), 16);
   std::vector<Mode> flipped = modes;
   flipped[3] = Mode::kLinear == flipped[3] ? Mode::kAttention : Mode::kLinear;  // the same tokens, one mode differs
-  EXPECT_EQ(cache.Longest(tokens, flipped, 40), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, tokens, flipped), 40), 0);
 
   // Blocks seen, snapshotted or not: only once remembered, and up to where a prompt leaves them.
-  EXPECT_EQ(cache.Seen(tokens, modes, 40), 0);
-  cache.Remember(tokens, modes);
-  EXPECT_EQ(cache.Seen(tokens, modes, 40), 40);
-  EXPECT_EQ(cache.Seen(other, modes, 40), 16);
-  EXPECT_EQ(cache.Seen(tokens, flipped, 40), 0);
+  EXPECT_EQ(cache.Seen(Key(cache, tokens, modes), 40), 0);
+  cache.Remember(Key(cache, tokens, modes));
+  EXPECT_EQ(cache.Seen(Key(cache, tokens, modes), 40), 40);
+  EXPECT_EQ(cache.Seen(Key(cache, other, modes), 40), 16);
+  EXPECT_EQ(cache.Seen(Key(cache, tokens, flipped), 40), 0);
 
-  PrefixCache::Hit hit = cache.Lookup(tokens, modes, 39);
+  PrefixCache::Hit hit = cache.Lookup(Key(cache, tokens, modes), 39);
   ASSERT_EQ(hit.tokens, 32);
   ASSERT_TRUE(hit.state.has_value());
   EXPECT_EQ(hit.state->position(), 32);
   // Resuming from the snapshot gives the bits of the sequence that ran on.
   EXPECT_EQ(LastLogits(*backend, *hit.state, std::span(tokens).subspan(32), std::span(modes).subspan(32)), want);
-  EXPECT_EQ(cache.Lookup(other, flipped, 40).tokens, 0);
+  EXPECT_EQ(cache.Lookup(Key(cache, other, flipped), 40).tokens, 0);
   const PrefixCacheStats st = cache.stats();
   EXPECT_EQ(st.lookups, 2);
   EXPECT_EQ(st.lookup_tokens, 80);
@@ -112,10 +125,10 @@ TEST(PrefixCache, SnapshotsShareFullBlocksAndLetThemGo) {
   PrefixCache cache({64, 64, int64_t{1} << 30});  // the host's 64-position blocks
   std::optional<SequenceState> seq = backend->NewSequence();
   LastLogits(*backend, *seq, tokens, modes);
-  ASSERT_TRUE(cache.Insert(tokens, modes, *seq));
+  ASSERT_TRUE(cache.Insert(Key(cache, tokens, modes), *seq));
   EXPECT_EQ(seq->kv_shared_blocks(), 2);  // both full blocks held by the snapshot too
   seq.reset();
-  PrefixCache::Hit hit = cache.Lookup(tokens, modes, 128);
+  PrefixCache::Hit hit = cache.Lookup(Key(cache, tokens, modes), 128);
   ASSERT_EQ(hit.tokens, 128);
   EXPECT_EQ(hit.state->kv_shared_blocks(), 2);
   cache.Clear();
@@ -130,22 +143,22 @@ TEST(PrefixCache, EvictsSnapshotsNeverHitFirst) {
   auto [prompts, seqs, modes] = OneBlockPrompts(*backend, 6, 7);
   const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
   PrefixCache cache(SmallBlocks(4 * each));
-  ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));  // a system prompt, hit by every request
-  EXPECT_EQ(cache.Lookup(prompts[0], modes, kBlock).tokens, kBlock);
-  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(cache.Insert(prompts[i], modes, seqs[i]));  // ends never hit
-  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), kBlock);  // outlived them, though the least recent
-  EXPECT_EQ(cache.Longest(prompts[1], modes, kBlock), 0);
-  EXPECT_EQ(cache.Longest(prompts[2], modes, kBlock), 0);
-  EXPECT_EQ(cache.Longest(prompts[5], modes, kBlock), kBlock);
+  ASSERT_TRUE(cache.Insert(Key(cache, prompts[0], modes), seqs[0]));  // a system prompt, hit by every request
+  EXPECT_EQ(cache.Lookup(Key(cache, prompts[0], modes), kBlock).tokens, kBlock);
+  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(cache.Insert(Key(cache, prompts[i], modes), seqs[i]));  // ends never hit
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[0], modes), kBlock), kBlock);  // outlived them, though the least recent
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[1], modes), kBlock), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[2], modes), kBlock), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[5], modes), kBlock), kBlock);
   // Snapshots hit keep at most half the budget: a third one hit pushes out the least recently hit.
-  EXPECT_EQ(cache.Lookup(prompts[3], modes, kBlock).tokens, kBlock);
-  EXPECT_EQ(cache.Lookup(prompts[4], modes, kBlock).tokens, kBlock);
-  ASSERT_TRUE(cache.Insert(prompts[6], modes, seqs[6]));
-  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), 0);
-  EXPECT_EQ(cache.Longest(prompts[3], modes, kBlock), kBlock);
-  EXPECT_EQ(cache.Longest(prompts[4], modes, kBlock), kBlock);
-  EXPECT_EQ(cache.Longest(prompts[5], modes, kBlock), kBlock);
-  EXPECT_EQ(cache.Longest(prompts[6], modes, kBlock), kBlock);
+  EXPECT_EQ(cache.Lookup(Key(cache, prompts[3], modes), kBlock).tokens, kBlock);
+  EXPECT_EQ(cache.Lookup(Key(cache, prompts[4], modes), kBlock).tokens, kBlock);
+  ASSERT_TRUE(cache.Insert(Key(cache, prompts[6], modes), seqs[6]));
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[0], modes), kBlock), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[3], modes), kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[4], modes), kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[5], modes), kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[6], modes), kBlock), kBlock);
 }
 
 TEST(PrefixCache, EvictsTheLeastRecentlyUsedPastItsBudget) {
@@ -154,13 +167,13 @@ TEST(PrefixCache, EvictsTheLeastRecentlyUsedPastItsBudget) {
   auto [prompts, seqs, modes] = OneBlockPrompts(*backend, 3, 3);
   const int64_t each = seqs[0].kv_bytes() + seqs[0].recurrent_bytes();
   PrefixCache cache(SmallBlocks(2 * each));
-  ASSERT_TRUE(cache.Insert(prompts[0], modes, seqs[0]));
-  ASSERT_TRUE(cache.Insert(prompts[1], modes, seqs[1]));
-  EXPECT_EQ(cache.Lookup(prompts[0], modes, kBlock).tokens, kBlock);  // 0 is now the most recently used
-  ASSERT_TRUE(cache.Insert(prompts[2], modes, seqs[2]));
-  EXPECT_EQ(cache.Longest(prompts[0], modes, kBlock), kBlock);
-  EXPECT_EQ(cache.Longest(prompts[1], modes, kBlock), 0);
-  EXPECT_EQ(cache.Longest(prompts[2], modes, kBlock), kBlock);
+  ASSERT_TRUE(cache.Insert(Key(cache, prompts[0], modes), seqs[0]));
+  ASSERT_TRUE(cache.Insert(Key(cache, prompts[1], modes), seqs[1]));
+  EXPECT_EQ(cache.Lookup(Key(cache, prompts[0], modes), kBlock).tokens, kBlock);  // 0 is now the most recently used
+  ASSERT_TRUE(cache.Insert(Key(cache, prompts[2], modes), seqs[2]));
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[0], modes), kBlock), kBlock);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[1], modes), kBlock), 0);
+  EXPECT_EQ(cache.Longest(Key(cache, prompts[2], modes), kBlock), kBlock);
   EXPECT_EQ(cache.stats().evicted, 1);
   EXPECT_EQ(cache.stats().bytes, 2 * each);
 }
