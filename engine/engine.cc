@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
+#include <numeric>
 
 #include "engine/checkpoint.h"
 #include "engine/mode_policy.h"
@@ -232,6 +234,69 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::Generate(std::span<const Gen
   return results;
 }
 
+namespace {
+// log p(token) of one row of logits at temperature 1, and its top_n tokens (ties to the lower id).
+TokenLogProb LogProbOf(std::span<const float> logits, int32_t token, int32_t top_n) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+  const double log_z = max + std::log(sum);
+  TokenLogProb out{token, logits[token] - log_z, {}};
+  if (top_n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const auto likelier = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::partial_sort(ids.begin(), ids.begin() + std::min<size_t>(top_n, ids.size()), ids.end(), likelier);
+    for (int32_t i = 0; i < top_n && i < static_cast<int32_t>(ids.size()); ++i) {
+      out.top.emplace_back(ids[i], logits[ids[i]] - log_z);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+absl::StatusOr<std::vector<TokenLogProb>> Engine::Score(std::span<const int32_t> tokens, std::span<const Mode> modes,
+                                                        int64_t from, int32_t top_n) {
+  const ModelConfig& c = backend_->config();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (from < 0 || from > n) return absl::InvalidArgumentError(Cat("score: from ", from, " outside [0, ", n, "]"));
+  if (n > c.max_position) {
+    return absl::InvalidArgumentError(Cat("score: ", n, " tokens; this model takes at most ", c.max_position));
+  }
+  if (static_cast<int64_t>(modes.size()) < n - 1) {
+    return absl::InvalidArgumentError(Cat("score: ", modes.size(), " modes for ", n, " tokens"));
+  }
+  if (top_n < 0 || top_n > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(Cat("score: top_n must be in [0, ", kMaxTopLogprobs, "], got ", top_n));
+  }
+  std::vector<TokenLogProb> out;
+  if (from == n) return out;
+  if (from == 0) out.push_back({tokens[0], {}, {}});
+  // Row t predicts token t + 1: rows first_row .. n-2 score, the ones before only build the state.
+  const int64_t first_row = std::max<int64_t>(from - 1, 0), rows = n - 1;
+  if (rows <= first_row) return out;
+  ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend_->TryNewSequence());
+  ORYX_RETURN_IF_ERROR(seq.Reserve(rows));
+  const int64_t span = backend_->PrefillSpan(1);
+  const int64_t V = c.vocab_size;
+  std::vector<float> logits;
+  for (int64_t begin = 0; begin < rows;) {
+    const bool scores = begin >= first_row;
+    const int64_t end = std::min(rows, begin + span);
+    const int64_t stop = scores ? end : std::min(end, first_row);
+    ForwardItem item{&seq, tokens.subspan(begin, stop - begin), modes.subspan(begin, stop - begin),
+                     scores ? LogitsRows::kAll : LogitsRows::kNone, scores ? &logits : nullptr, false};
+    ORYX_RETURN_IF_ERROR(backend_->Forward(std::span(&item, 1)));
+    if (scores) {
+      for (int64_t t = begin; t < stop; ++t) {
+        out.push_back(LogProbOf(std::span<const float>(logits).subspan((t - begin) * V, V), tokens[t + 1], top_n));
+      }
+    }
+    begin = stop;
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // GenerationBatch
 
@@ -435,7 +500,12 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
       return absl::InvalidArgumentError(Cat("prompt token id ", t, " outside the vocabulary"));
     }
   }
-  if (q.max_tokens < 1) return absl::InvalidArgumentError(Cat("max_tokens must be >= 1, got ", q.max_tokens));
+  if (q.max_tokens < (q.echo ? 0 : 1)) {
+    return absl::InvalidArgumentError(Cat("max_tokens must be >= ", q.echo ? "0 (with echo)" : "1", ", got ", q.max_tokens));
+  }
+  if (q.logprobs < -1 || q.logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(Cat("logprobs must be in [0, ", kMaxTopLogprobs, "] (or -1: none), got ", q.logprobs));
+  }
   ORYX_RETURN_IF_ERROR(ValidateSampling(q.sampling));
   for (const std::string& stop : q.stop) {
     if (stop.empty()) return absl::InvalidArgumentError("empty stop string");
@@ -514,8 +584,39 @@ void GenerationBatch::Finish(int64_t id) {
   Request& r = *it->second;
   r.result.stats.decode_s = Seconds(r.decode_start);
   r.decoder->Release(id);
-  finished_.emplace_back(id, std::move(r.result));
+  if (absl::Status scored = ScoreLogprobs(r); scored.ok()) {
+    finished_.emplace_back(id, std::move(r.result));
+  } else {
+    failed_.emplace_back(id, std::move(scored));
+  }
   active_.erase(it);  // frees the sequence
+}
+
+absl::Status GenerationBatch::ScoreLogprobs(Request& r) {
+  const GenerateRequest& q = r.request;
+  if (q.logprobs < 0) return absl::OkStatus();
+  std::vector<int32_t> tokens = r.prompt;
+  tokens.insert(tokens.end(), r.result.tokens.begin(), r.result.tokens.end());
+  // The modes the tokens ran in: the sequence's log, or (a request that generated nothing) the prompt's.
+  std::vector<Mode> modes;
+  if (r.admitted()) {
+    const std::span<const Mode> log = r.seq->modes();
+    modes.assign(log.begin(), log.begin() + std::min(log.size(), tokens.size()));
+  } else {
+    modes.resize(r.prompt.size());
+    r.decoder->PrefillModes(r.prompt, 0, modes);
+  }
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+  const int64_t bos = q.prompt_tokens.empty() ? 1 : 0;  // a text prompt's BOS is not the user's
+  ORYX_ASSIGN_OR_RETURN(std::vector<TokenLogProb> scored,
+                        engine_.Score(tokens, modes, q.echo ? bos : prompt, q.logprobs));
+  if (q.echo) {
+    r.result.prompt_logprobs.assign(scored.begin(), scored.begin() + (prompt - bos));
+    if (!r.result.prompt_logprobs.empty()) r.result.prompt_logprobs[0] = {r.result.prompt_logprobs[0].token, {}, {}};
+    scored.erase(scored.begin(), scored.begin() + (prompt - bos));
+  }
+  r.result.logprobs = std::move(scored);
+  return absl::OkStatus();
 }
 
 void GenerationBatch::EmitStep(std::span<DecodeSlot* const> slots) {
@@ -657,6 +758,15 @@ void GenerationBatch::FinishPrefill() {
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
   last_step_decoded_ = last_step_shared_ = 0;
+  // Requests that generate nothing (echo, max_tokens 0) are scored and done.
+  done_.clear();
+  for (const auto& [id, r] : active_) {
+    if (r->request.max_tokens == 0) {
+      r->prefill_start = r->decode_start = Clock::now();
+      done_.push_back(id);
+    }
+  }
+  for (int64_t id : done_) Finish(id);
   // Requests waiting for memory come in while it lasts; every decoding sequence gets room for its step,
   // preempting the latest admitted requests when there is none.
   Admit();

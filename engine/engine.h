@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,12 +65,26 @@ struct GenerateStats {
   double attention_fraction() const;
 };
 
+// Alternatives a log-probability may come with (OpenAI's top_logprobs), at most.
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// One token of a sequence under the model: log p(token | the tokens before it), at temperature 1, in the mode
+// the position before it ran in, and the likeliest tokens there.
+struct TokenLogProb {
+  int32_t token = 0;
+  std::optional<double> logprob;                // none for a sequence's first token (nothing precedes it)
+  std::vector<std::pair<int32_t, double>> top;  // (token, log-probability), likeliest first
+};
+
 struct GenerateResult {
   std::string text;             // the generated text (prompt not included), cut before a matched stop string
   std::vector<int32_t> tokens;  // the generated tokens (an ending EOS not included)
   FinishReason finish_reason = FinishReason::kLength;
   std::string policy;
   GenerateStats stats;
+  // With GenerateRequest::logprobs: one entry per generated token; with echo too, one per prompt token (a
+  // text prompt's leading BOS not included; the first entry's logprob is none, as OpenAI's echo gives it).
+  std::vector<TokenLogProb> logprobs, prompt_logprobs;
 };
 // The object `oryx generate --json` prints (DESIGN.md §9).
 nlohmann::json ToJson(const GenerateResult& result);
@@ -91,6 +106,12 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::string policy = "attention";
   std::function<bool(const TokenEvent&)> on_token;  // streaming; return false to stop the request ("stop")
+  // Log-probabilities: -1 none; 0 .. kMaxTopLogprobs each generated token's, with that many alternatives.
+  // They are scored when the request ends, over the whole sequence in the modes its tokens ran in (the mode
+  // log), so a speculative policy reports attention mode's, which verified every token it kept.
+  int32_t logprobs = -1;
+  // With logprobs, the prompt's too. With echo, max_tokens may be 0: the prompt is scored, nothing generated.
+  bool echo = false;
 };
 
 // One unfinished request as a decoder sees it.
@@ -224,6 +245,13 @@ class Engine {
   absl::StatusOr<std::vector<GenerateResult>> Generate(std::span<const GenerateRequest> requests);
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request);
 
+  // Teacher-forced log-probabilities of tokens[from ..] (TokenLogProb), with top_n (0 .. kMaxTopLogprobs)
+  // alternatives each: one fresh sequence runs tokens[0 .. n-2] in `modes` (at least n - 1 of them), spans
+  // of PrefillSpan(1), the LM head only on the rows that score. InvalidArgument for bad arguments;
+  // ResourceExhausted when the device has no room for the sequence.
+  absl::StatusOr<std::vector<TokenLogProb>> Score(std::span<const int32_t> tokens, std::span<const Mode> modes,
+                                                  int64_t from, int32_t top_n);
+
  private:
   friend class GenerationBatch;
   std::unique_ptr<Backend> backend_;
@@ -305,7 +333,8 @@ class GenerationBatch {
   void PlanPrefill();
   // After the forward: counts the spans, draws the first tokens of the prompts they finished.
   void FinishPrefill();
-  void Finish(int64_t id);
+  void Finish(int64_t id);  // into finished_, or failed_ when its log-probabilities cannot be scored
+  absl::Status ScoreLogprobs(Request& r);  // GenerateRequest::logprobs into its result
   void Drop(int64_t id);  // a failed request: gone without a result
   // Admission and preemption (set_kv_memory).
   void Admit();

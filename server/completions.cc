@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "engine/sampler.h"
 #include "base/str_cat.h"
 #include "engine/json_text.h"
@@ -126,7 +127,7 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
                                       CompletionRequest& out) {
   GenerateRequest& q = out.generate;
   if (key == "max_tokens" || key == "max_completion_tokens") {
-    absl::StatusOr<int64_t> n = Integer(key, v, 1, std::numeric_limits<int32_t>::max());
+    absl::StatusOr<int64_t> n = Integer(key, v, 0, std::numeric_limits<int32_t>::max());
     if (!n.ok()) return n.status();
     q.max_tokens = *n;
   } else if (key == "temperature" || key == "top_p") {
@@ -182,6 +183,19 @@ constexpr std::string_view kSharedFields =
     "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user, "
     "presence_penalty and frequency_penalty (0), logit_bias ({})";
 
+// What completions and chat check once every field is read: max_tokens 0 only with echo, no log-probabilities
+// in a stream.
+absl::Status CheckLogprobs(const CompletionRequest& out) {
+  const GenerateRequest& q = out.generate;
+  if (q.max_tokens == 0 && !q.echo) {
+    return absl::InvalidArgumentError("'max_tokens' must be >= 1 (0 only with echo: the prompt scored, nothing generated)");
+  }
+  if (q.logprobs >= 0 && out.stream) {
+    return absl::InvalidArgumentError("log-probabilities are not built for streams yet: leave out 'stream' or 'logprobs'");
+  }
+  return absl::OkStatus();
+}
+
 // best_of is accepted only where it changes nothing: equal to n (no choice is generated and dropped).
 absl::Status CheckBestOf(const CompletionRequest& out) {
   if (out.best_of != 0 && out.best_of != out.n) {
@@ -206,13 +220,28 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(std::string_view body, 
       has_prompt = true;
       continue;
     }
+    if (key == "logprobs") {  // null: none
+      if (v.is_null()) continue;
+      absl::StatusOr<int64_t> n = Integer(key, v, 0, kMaxTopLogprobs);
+      if (!n.ok()) return n.status();
+      q.logprobs = static_cast<int32_t>(*n);
+      continue;
+    }
+    if (key == "echo") {
+      if (!v.is_boolean()) return Bad(key, "true or false", v);
+      q.echo = v.get<bool>();
+      continue;
+    }
     absl::StatusOr<bool> shared = ParseSharedField(key, v, model_name, out);
     if (!shared.ok()) return shared.status();
-    if (!*shared) return absl::InvalidArgumentError(Cat("unknown field '", key, "' (known: prompt, ", kSharedFields, ")"));
+    if (!*shared) {
+      return absl::InvalidArgumentError(Cat("unknown field '", key, "' (known: prompt, logprobs, echo, ", kSharedFields, ")"));
+    }
   }
   if (!has_prompt) return absl::InvalidArgumentError("'prompt' is missing");
   if (absl::Status s = ValidateSampling(q.sampling); !s.ok()) return s;
   if (absl::Status s = CheckBestOf(out); !s.ok()) return s;
+  if (absl::Status s = CheckLogprobs(out); !s.ok()) return s;
   if (!out.prompts.empty()) {
     q.prompt = out.prompts[0].prompt;
     q.prompt_tokens = out.prompts[0].prompt_tokens;
@@ -291,6 +320,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
   q.max_tokens = kUpToTheContext;
   std::vector<std::pair<std::string, std::string>> messages;
   bool has_messages = false;
+  int64_t top_logprobs = -1;  // not given
   for (const auto& [key, v] : j->items()) {
     if (key == "messages") {
       if (!v.is_array() || v.empty()) return Bad(key, "a non-empty array of messages", v);
@@ -325,6 +355,19 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
       has_messages = true;
       continue;
     }
+    if (key == "logprobs") {
+      if (v.is_null()) continue;
+      if (!v.is_boolean()) return Bad(key, "true or false", v);
+      out.chat_logprobs = v.get<bool>();
+      continue;
+    }
+    if (key == "top_logprobs") {
+      if (v.is_null()) continue;
+      absl::StatusOr<int64_t> n = Integer(key, v, 0, kMaxTopLogprobs);
+      if (!n.ok()) return n.status();
+      top_logprobs = *n;
+      continue;
+    }
     if (key == "stream_options") {
       if (!v.is_object()) return Bad(key, "an object", v);
       for (const auto& [field, x] : v.items()) {
@@ -337,11 +380,15 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
     if (!shared.ok()) return shared.status();
     if (!*shared) {
       return absl::InvalidArgumentError(
-          Cat("unknown field '", key, "' (known: messages, max_completion_tokens, stream_options, ", kSharedFields, ")"));
+          Cat("unknown field '", key, "' (known: messages, max_completion_tokens, stream_options, logprobs, top_logprobs, ",
+              kSharedFields, ")"));
     }
   }
   if (!has_messages) return absl::InvalidArgumentError("'messages' is missing");
   if (absl::Status s = CheckBestOf(out); !s.ok()) return s;
+  if (top_logprobs >= 0 && !out.chat_logprobs) return absl::InvalidArgumentError("'top_logprobs' needs 'logprobs': true");
+  if (out.chat_logprobs) q.logprobs = static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0));
+  if (absl::Status s = CheckLogprobs(out); !s.ok()) return s;
   q.prompt = chat_template.Render(messages);
   for (const std::string& stop : chat_template.stop) {
     if (std::ranges::find(q.stop, stop) == q.stop.end()) q.stop.push_back(stop);
@@ -350,14 +397,102 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
   return out;
 }
 
-nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result) {
+namespace {
+
+bool IsValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+std::string TokenBytes(const ChoiceContext& context, int32_t token) {
+  if (context.tokenizer == nullptr) return Cat("token:", token);
+  return context.tokenizer->Decode(std::span(&token, 1));
+}
+
+// A token's text as OpenAI's completions name it: the text, or "bytes:\xNN..." for part of a character.
+std::string TokenName(const ChoiceContext& context, int32_t token) {
+  std::string bytes = TokenBytes(context, token);
+  if (IsValidUtf8(bytes)) return bytes;
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) out += absl::StrFormat("\\x%02x", c);
+  return out;
+}
+
+// The generated tokens that produced the text: a stop string cut from the text takes its tokens along.
+size_t KeptTokens(const GenerateResult& result, const ChoiceContext& context) {
+  if (context.tokenizer == nullptr || result.finish_reason != FinishReason::kStop) return result.logprobs.size();
+  size_t offset = 0, kept = 0;
+  for (const TokenLogProb& t : result.logprobs) {
+    if (offset >= result.text.size()) break;
+    offset += TokenBytes(context, t.token).size();
+    ++kept;
+  }
+  return kept;
+}
+
+json CompletionLogprobs(const GenerateResult& result, const ChoiceContext& context) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  size_t offset = context.echo ? 0 : context.prompt_text.size();
+  const auto add = [&](const TokenLogProb& t) {
+    std::string name = TokenName(context, t.token);
+    tokens.push_back(name);
+    token_logprobs.push_back(t.logprob ? json(*t.logprob) : json(nullptr));
+    if (t.logprob) {
+      json alternatives = json::object();
+      for (const auto& [id, lp] : t.top) alternatives[TokenName(context, id)] = lp;
+      top.push_back(std::move(alternatives));
+    } else {
+      top.push_back(nullptr);
+    }
+    offsets.push_back(offset);
+    offset += TokenBytes(context, t.token).size();
+  };
+  if (context.echo) {
+    for (const TokenLogProb& t : result.prompt_logprobs) add(t);
+  }
+  const size_t kept = KeptTokens(result, context);
+  for (size_t i = 0; i < kept; ++i) add(result.logprobs[i]);
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json ChatLogprobs(const GenerateResult& result, const ChoiceContext& context) {
+  const auto entry = [&](int32_t token, double logprob) {
+    const std::string bytes = TokenBytes(context, token);
+    json list = json::array();
+    for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
+    return json{{"token", bytes}, {"logprob", logprob}, {"bytes", list}};
+  };
+  json content = json::array();
+  const size_t kept = KeptTokens(result, context);
+  for (size_t i = 0; i < kept; ++i) {
+    const TokenLogProb& t = result.logprobs[i];
+    json e = entry(t.token, t.logprob.value_or(0));
+    e["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+    content.push_back(std::move(e));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+}  // namespace
+
+nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result, const ChoiceContext& context) {
+  const bool logprobs = !result.logprobs.empty() || !result.prompt_logprobs.empty();
   return {{"id", id.id},
           {"object", "text_completion"},
           {"created", id.created},
           {"model", id.model},
           {"choices", json::array({{{"index", 0},
-                                    {"text", result.text},
-                                    {"logprobs", nullptr},
+                                    {"text", context.echo ? context.prompt_text + result.text : result.text},
+                                    {"logprobs", logprobs ? CompletionLogprobs(result, context) : json(nullptr)},
                                     {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
           {"usage", Usage(result)},
           {"oryx", OryxPart(result)}};
@@ -397,14 +532,15 @@ int HttpStatus(const absl::Status& status) {
   }
 }
 
-nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result) {
+nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result,
+                                    const ChoiceContext& context) {
   return {{"id", id.id},
           {"object", "chat.completion"},
           {"created", id.created},
           {"model", id.model},
           {"choices", json::array({{{"index", 0},
                                     {"message", {{"role", "assistant"}, {"content", result.text}}},
-                                    {"logprobs", nullptr},
+                                    {"logprobs", result.logprobs.empty() ? json(nullptr) : ChatLogprobs(result, context)},
                                     {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
           {"usage", Usage(result)},
           {"oryx", OryxPart(result)}};

@@ -4,10 +4,13 @@
 // Request fields: prompt (a string, or an array of token ids), max_tokens (default: up to the context), temperature
 // (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
 // stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
-// model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused); the
-// prompt may also be a list of strings or of token-id arrays; presence_penalty, frequency_penalty (0) and
-// logit_bias ({}) only at their neutral values. Any other field is an error: a misspelt or unsupported
-// option never passes silently. The chat endpoint (ParseChatRequest) takes messages instead of a prompt.
+// model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused),
+// logprobs (0..20: each generated token's log-probability and that many alternatives; not with stream), echo
+// (the prompt returned before the completion, with its log-probabilities when logprobs is set; max_tokens may
+// then be 0); the prompt may also be a list of strings or of token-id arrays; presence_penalty,
+// frequency_penalty (0) and logit_bias ({}) only at their neutral values. Any other field is an error: a
+// misspelt or unsupported option never passes silently. The chat endpoint (ParseChatRequest) takes messages
+// instead of a prompt, and logprobs (true or false) with top_logprobs (0..20).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,7 @@ struct CompletionRequest {
   bool stream = false;
   bool chat = false;           // from /v1/chat/completions
   bool include_usage = false;  // chat streams: stream_options.include_usage (a last chunk with the usage)
+  bool chat_logprobs = false;  // chat: logprobs (top_logprobs sets how many alternatives)
 };
 
 // How chat messages become a prompt: each message is its role's form with {content} replaced by its text, in
@@ -78,10 +82,21 @@ struct CompletionId {
   std::string model;
 };
 
+// What a choice's response shows beside its result: the prompt's text for echo, and the tokenizer that names
+// the tokens of log-probabilities (without one a token is "token:<id>").
+struct ChoiceContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::string prompt_text;  // the prompt as text (a prompt of token ids decoded)
+  bool echo = false;
+};
+
 // The response of a request that does not stream: choices[0] with the text and finish_reason ("stop" or
 // "length"; the end-of-sequence token is "stop"), usage, and "oryx": the policy, tokens, Oryx's own
-// finish_reason and the statistics of `oryx generate --json`.
-nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result);
+// finish_reason and the statistics of `oryx generate --json`. With log-probabilities, choices[0].logprobs in
+// OpenAI's completions form: tokens, token_logprobs, top_logprobs and text_offset (offsets into the prompt's
+// text followed by the completion's); the tokens of a stop string cut from the text are left out.
+nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result,
+                                const ChoiceContext& context = {});
 // A chunk of a stream: one per generated token, with its text (possibly empty: held back, or no tokenizer)
 // and "oryx": {"token": id}; the last chunk (result given, token < 0) has the finish reason, usage and the
 // whole "oryx" part of CompletionObject.
@@ -93,7 +108,9 @@ nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n);
 // The chat forms: a chat.completion (choices[0].message), and chat.completion.chunk frames: the first with
 // delta.role, then one per token with delta.content, the last with the finish reason (and "oryx"); with
 // include_usage, one more with no choices and the usage.
-nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result);
+// Chat log-probabilities are choices[0].logprobs.content: token, logprob, bytes and top_logprobs per token.
+nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result,
+                                    const ChoiceContext& context = {});
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
                                    bool first, int64_t index = 0);
 // The usage of all the choices (each prompt's tokens once, as in MergeChoices).

@@ -303,6 +303,13 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
   }
   if (parsed->stream) return Stream(std::move(*parsed), id, arrival, res);
   std::vector<GenerateRequest> choices = Choices(*parsed);
+  std::vector<ChoiceContext> contexts;
+  const Tokenizer* tokenizer = engine.tokenizer() ? &*engine.tokenizer() : nullptr;
+  for (const GenerateRequest& q : choices) {  // what echo and text offsets need of the prompt
+    ChoiceContext context{tokenizer, q.prompt, q.echo};
+    if (!q.prompt_tokens.empty() && tokenizer != nullptr) context.prompt_text = tokenizer->Decode(q.prompt_tokens);
+    contexts.push_back(std::move(context));
+  }
   std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
   for (GenerateRequest& q : choices) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
@@ -316,14 +323,14 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
   }
   std::vector<json> objects;
   absl::Status failed;
-  for (auto& future : futures) {
-    absl::StatusOr<GenerateResult> result = future.get();
+  for (size_t i = 0; i < futures.size(); ++i) {
+    absl::StatusOr<GenerateResult> result = futures[i].get();
     Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
     if (!result.ok()) {
       if (failed.ok()) failed = result.status();
       continue;
     }
-    objects.push_back(chat ? ChatCompletionObject(id, *result) : CompletionObject(id, *result));
+    objects.push_back(chat ? ChatCompletionObject(id, *result, contexts[i]) : CompletionObject(id, *result, contexts[i]));
   }
   if (!failed.ok()) return ReplyError(res, failed);
   Reply(res, 200, MergeChoices(std::move(objects), parsed->n));

@@ -326,11 +326,101 @@ TEST_F(EngineTest, BadRequestsAreClearErrors) {
   q = Request("hi");
   q.prompt_tokens = {1, 99999};
   expect_error(q, "outside the vocabulary");
+  q = Request("hi");
+  q.logprobs = kMaxTopLogprobs + 1;
+  expect_error(q, "logprobs must be in [0, 20]");
   std::vector<GenerateRequest> two = {Request("fine"), Request("")};
   auto r = engine_->Generate(two);
   ASSERT_FALSE(r.ok());
   EXPECT_HAS_SUBSTR(r.status().message(), "request 1: empty prompt");
   EXPECT_FALSE(Engine::Load(scratch_->Join("nope")).ok());
+}
+
+// log_softmax(row)[token] and the row's argmax.
+std::pair<double, int32_t> LogSoftmaxAt(std::span<const float> row, int32_t token) {
+  const float max = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x) - max);
+  return {row[token] - max - std::log(sum), static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin())};
+}
+
+TEST_F(EngineTest, LogprobsAreTheLogSoftmaxOfTheModeEachTokenRanIn) {
+  const std::vector<int32_t> prompt = [&] {
+    std::vector<int32_t> p = {kBosId};
+    engine_->tokenizer()->EncodeAppend("the quick brown fox", &p);
+    return p;
+  }();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t V = engine_->backend().config().vocab_size;
+  for (const std::string policy : {"attention", "linear", "prefill-linear"}) {
+    GenerateRequest q = Request("the quick brown fox", 6);
+    q.policy = policy;
+    q.logprobs = 3;
+    auto r = engine_->Generate(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->logprobs.size(), r->tokens.size()) << policy;
+    EXPECT_TRUE(r->prompt_logprobs.empty());
+    // The reference: one forward of the prompt and the generated tokens in the policy's modes.
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), r->tokens.begin(), r->tokens.end());
+    std::vector<Mode> modes(all.size(), policy == "linear" ? Mode::kLinear : Mode::kAttention);
+    if (policy == "prefill-linear") std::fill(modes.begin(), modes.begin() + n - 1, Mode::kLinear);
+    SequenceState seq = engine_->backend().NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(engine_->backend().Forward(seq, all, modes, true, &logits).ok());
+    for (size_t i = 0; i < r->tokens.size(); ++i) {
+      const TokenLogProb& t = r->logprobs[i];
+      const auto [want, argmax] = LogSoftmaxAt(std::span<const float>(logits).subspan((n - 1 + i) * V, V), r->tokens[i]);
+      EXPECT_EQ(t.token, r->tokens[i]);
+      ASSERT_TRUE(t.logprob.has_value());
+      EXPECT_NEAR(*t.logprob, want, 1e-4) << policy << " token " << i;
+      ASSERT_EQ(t.top.size(), 3u);
+      EXPECT_EQ(t.top[0].first, argmax);  // greedy: the token drawn is the likeliest
+      EXPECT_EQ(t.top[0].first, t.token);
+      EXPECT_NEAR(t.top[0].second, *t.logprob, 1e-9);
+      EXPECT_GE(t.top[0].second, t.top[1].second);
+      EXPECT_GE(t.top[1].second, t.top[2].second);
+    }
+  }
+}
+
+TEST_F(EngineTest, EchoScoresThePromptAndMaxTokensZeroGeneratesNothing) {
+  GenerateRequest q = Request("the quick brown fox", 0);
+  q.logprobs = 0;
+  auto bad = engine_->Generate(q);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_HAS_SUBSTR(bad.status().message(), "max_tokens must be >= 1");
+  q.echo = true;
+  auto r = engine_->Generate(q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->tokens.empty());
+  EXPECT_TRUE(r->logprobs.empty());
+  std::vector<int32_t> all = {kBosId};
+  engine_->tokenizer()->EncodeAppend(q.prompt, &all);
+  ASSERT_EQ(r->prompt_logprobs.size(), all.size() - 1);  // the BOS is not echoed
+  EXPECT_FALSE(r->prompt_logprobs[0].logprob.has_value());
+  SequenceState seq = engine_->backend().NewSequence();
+  std::vector<float> logits;
+  std::vector<Mode> modes(all.size(), Mode::kAttention);
+  ASSERT_TRUE(engine_->backend().Forward(seq, all, modes, true, &logits).ok());
+  const int64_t V = engine_->backend().config().vocab_size;
+  for (size_t i = 1; i < r->prompt_logprobs.size(); ++i) {
+    EXPECT_EQ(r->prompt_logprobs[i].token, all[i + 1]);
+    ASSERT_TRUE(r->prompt_logprobs[i].logprob.has_value());
+    EXPECT_NEAR(*r->prompt_logprobs[i].logprob, LogSoftmaxAt(std::span<const float>(logits).subspan(i * V, V), all[i + 1]).first,
+                1e-4);
+    EXPECT_TRUE(r->prompt_logprobs[i].top.empty());
+  }
+  // Echo with generation: the prompt's entries, then the generated tokens'.
+  q.max_tokens = 3;
+  auto g = engine_->Generate(q);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->tokens.size(), 3u);
+  EXPECT_EQ(g->logprobs.size(), 3u);
+  ASSERT_EQ(g->prompt_logprobs.size(), r->prompt_logprobs.size());
+  for (size_t i = 1; i < r->prompt_logprobs.size(); ++i) {
+    EXPECT_NEAR(*g->prompt_logprobs[i].logprob, *r->prompt_logprobs[i].logprob, 1e-5);
+  }
 }
 
 TEST(ModePolicy, ModesByPosition) {

@@ -164,7 +164,8 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   expect_error(R"({"prompt": ["a", 3]})", "'prompt' must be a list of strings or of token-id arrays");
   expect_error(R"({"prompt": ["a", ""]})", "'prompt' is empty");
   expect_error(R"({"prompt": [1, -4]})", "'prompt token id' must be an integer in [0,");
-  expect_error(R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be an integer in [1,");
+  expect_error(R"({"prompt": "x", "max_tokens": 0})", "'max_tokens' must be >= 1 (0 only with echo");
+  expect_error(R"({"prompt": "x", "max_tokens": -1})", "'max_tokens' must be an integer in [0,");
   expect_error(R"({"prompt": "x", "max_tokens": "5"})", "'max_tokens' must be an integer");
   expect_error(R"({"prompt": "x", "temperature": -1})", "temperature");
   expect_error(R"({"prompt": "x", "top_p": 1.5})", "top_p");
@@ -184,7 +185,20 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
     EXPECT_EQ(choices[3].sampling.seed, 8u);
   }
   expect_error(R"({"prompt": "x", "model": "other"})", "serves the model 'm'");
-  expect_error(R"({"prompt": "x", "logprobs": 5})", "unknown field 'logprobs'");
+  expect_error(R"({"prompt": "x", "logprobs": 21})", "'logprobs' must be an integer in [0, 20]");
+  expect_error(R"({"prompt": "x", "logprobs": true})", "'logprobs' must be an integer in [0, 20]");
+  expect_error(R"({"prompt": "x", "echo": 1})", "'echo' must be true or false");
+  expect_error(R"({"prompt": "x", "logprobs": 1, "stream": true})", "not built for streams yet");
+  {
+    auto scored = ParseCompletionRequest(R"({"prompt": "x", "logprobs": 5, "echo": true, "max_tokens": 0})", "m");
+    ASSERT_TRUE(scored.ok()) << scored.status();
+    EXPECT_EQ(scored->generate.logprobs, 5);
+    EXPECT_TRUE(scored->generate.echo);
+    EXPECT_EQ(scored->generate.max_tokens, 0);
+    auto none = ParseCompletionRequest(R"({"prompt": "x", "logprobs": null})", "m");
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->generate.logprobs, -1);
+  }
   expect_error(R"({"prompt": "x", "presence_penalty": 0.5})", "'presence_penalty' must be 0 (penalties are not built");
   expect_error(R"({"prompt": "x", "logit_bias": {"5": 10}})", "'logit_bias' must be {}");
   EXPECT_TRUE(ParseCompletionRequest(
@@ -630,6 +644,60 @@ TEST_F(HttpTest, SeveralChoicesAreEachWhatTheyGetAlone) {
 
 // GET /metrics is the Prometheus text format (every sample's family declared first, names and labels well
 // formed, histograms cumulative) and counts what was served.
+// Log-probabilities over HTTP in OpenAI's two forms, and echo: the engine's own scoring of the same text.
+TEST_F(HttpTest, LogprobsAndEchoGiveTheEnginesScoresInOpenAisForms) {
+  auto [status, body] = Post(R"({"prompt": "the quick brown", "max_tokens": 5, "ignore_eos": true, "logprobs": 2,
+                                 "echo": true})");
+  ASSERT_EQ(status, 200) << body;
+  const json reply = json::parse(body);
+  const json& choice = reply["choices"][0];
+  const json& lp = choice["logprobs"];
+  std::vector<int32_t> prompt = {kBosId};
+  engine_->tokenizer()->EncodeAppend("the quick brown", &prompt);
+  const size_t echoed = prompt.size() - 1;
+  ASSERT_EQ(lp["tokens"].size(), echoed + 5);
+  ASSERT_EQ(lp["token_logprobs"].size(), echoed + 5);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  // The text is the prompt and the completion, and the tokens spell it at their offsets.
+  const std::string text = choice["text"];
+  ASSERT_TRUE(text.starts_with("the quick brown"));
+  std::string spelt;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), spelt.size());
+    spelt += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(spelt, text);
+  // Every score is the engine's: the whole text scored in attention mode.
+  std::vector<int32_t> all = prompt;
+  for (const json& t : reply["oryx"]["tokens"]) all.push_back(t.get<int32_t>());
+  std::vector<Mode> modes(all.size(), Mode::kAttention);
+  auto want = engine_->Score(all, modes, 1, 2);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->size(), lp["tokens"].size());
+  for (size_t i = 1; i < want->size(); ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), *(*want)[i].logprob, 1e-6) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u) << i;  // two alternatives (unless two tokens share a text)
+  }
+  // Chat: logprobs.content, one entry per generated token with its bytes and alternatives.
+  auto [chat_status, chat_body] = PostTo("/v1/chat/completions",
+                                         R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                             "ignore_eos": true, "logprobs": true, "top_logprobs": 3})");
+  ASSERT_EQ(chat_status, 200) << chat_body;
+  const json chat = json::parse(chat_body);
+  const json& content = chat["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), chat["usage"]["completion_tokens"].get<size_t>());
+  std::string bytes;
+  for (const json& e : content) {
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(e["top_logprobs"].size(), 3u);
+    for (const json& b : e["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+  }
+  EXPECT_TRUE(bytes.starts_with(chat["choices"][0]["message"]["content"].get<std::string>()));
+  EXPECT_EQ(PostTo("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3})").first,
+            400);
+}
+
 TEST_F(HttpTest, MetricsAreWellFormedPrometheusTextThatCountsTheRequests) {
   for (const char* policy : {"attention", "speculative:3"}) {
     auto [status, body] = Post(json({{"prompt", "the quick brown"}, {"max_tokens", 12}, {"ignore_eos", true},

@@ -529,6 +529,30 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
   }
 }
 
+// Log-probabilities are attention mode's whatever was drafted: a greedy speculative request reports what the
+// same request reports under the attention policy.
+TEST_P(SpeculativeTest, LogprobsOfSpeculativeRequestsAreAttentionModes) {
+  testutil::ScratchDir scratch;
+  Engine engine = SpeculativeEngine(scratch, GetParam(), 6);
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 3; ++trial) {
+    GenerateRequest q = RandomRequest(rng, V, "attention");
+    q.logprobs = 2;
+    auto want = engine.Generate(q);
+    q.policy = "speculative:3";
+    auto got = engine.Generate(q);
+    ASSERT_TRUE(want.ok() && got.ok());
+    ASSERT_EQ(got->tokens, want->tokens);
+    ASSERT_GT(got->stats.spec->drafted, 0);
+    ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+    for (size_t i = 0; i < want->logprobs.size(); ++i) {
+      EXPECT_NEAR(*got->logprobs[i].logprob, *want->logprobs[i].logprob, 1e-5) << "token " << i;
+      EXPECT_EQ(got->logprobs[i].top[1].first, want->logprobs[i].top[1].first);
+    }
+  }
+}
+
 // Greedy speculative requests joining a running batch on a backend that runs whole rounds: each request gets
 // attention mode's tokens, the rounds run on the backend (prompts' spans are forwarded apart from them), and
 // every drafted token is counted.
