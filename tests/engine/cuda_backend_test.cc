@@ -451,6 +451,42 @@ TEST_P(CudaParityTest, PrefixCacheHitsGiveTheTokensOfTheSameSpansComputed) {
   }
 }
 
+// Log-probabilities on the device: a greedy speculative request, its rounds run on the device, reports what
+// the attention policy reports for the same tokens (the mode log says attention for every verified token).
+TEST_P(CudaParityTest, LogprobsOfSpeculativeRequestsAreAttentionModesOnTheGpu) {
+  const ModelConfig config = HeadDim64Config(GetParam());
+  auto gpu = LoadScaled(config, 5);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  Engine engine(std::move(*gpu), std::nullopt);
+  speculative::RegisterPolicies(engine.policies());
+  std::mt19937 rng(4);
+  GenerateRequest q;
+  q.prompt_tokens = Tokens(rng, 300, config.vocab_size);
+  for (auto& t : q.prompt_tokens) t = 4 + t % (config.vocab_size - 4);
+  q.max_tokens = 40;
+  q.stop_at_eos = false;
+  q.logprobs = 2;
+  q.echo = true;
+  auto attention = engine.Generate(q);
+  q.policy = "speculative:4";
+  auto speculative = engine.Generate(q);
+  ASSERT_TRUE(attention.ok() && speculative.ok());
+  ASSERT_EQ(speculative->tokens, attention->tokens);
+  EXPECT_GT(speculative->stats.spec->backend_rounds, 0);
+  ASSERT_EQ(speculative->logprobs.size(), 40u);
+  ASSERT_EQ(attention->prompt_logprobs.size(), 300u);
+  for (size_t i = 0; i < 40; ++i) {
+    ASSERT_TRUE(speculative->logprobs[i].logprob.has_value());
+    EXPECT_NEAR(*speculative->logprobs[i].logprob, *attention->logprobs[i].logprob, 1e-6) << "token " << i;
+    EXPECT_LE(*speculative->logprobs[i].logprob, 0.0);
+    ASSERT_EQ(speculative->logprobs[i].top.size(), 2u);
+    EXPECT_GE(speculative->logprobs[i].top[0].second, speculative->logprobs[i].top[1].second);
+  }
+  for (size_t i = 1; i < 300; ++i) {
+    EXPECT_NEAR(*speculative->prompt_logprobs[i].logprob, *attention->prompt_logprobs[i].logprob, 1e-6);
+  }
+}
+
 TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
   auto gpu = LoadScaled(HeadDim64Config(GetParam()), 3);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
