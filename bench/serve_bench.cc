@@ -272,6 +272,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     }
     ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
     const server::SchedulerStats before = http->stats();
+    const int64_t graphs_before = engine.backend().graphs_recorded();
     const Clock::time_point start = Clock::now();
     std::vector<Sample> samples = open_loop ? RunOpenLoop(http->port(), o, rate, prompts, o.seed + 31 * level)
                                             : RunLevel(http->port(), o, clients, prompts);
@@ -327,6 +328,8 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                   {"p99", Percentile(gaps, 0.99)}, {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
                 {"server_steps", steps},
                 {"preemptions", after.preemptions - before.preemptions},
+                // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
+                {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
                 {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},  // the budget in force
                 {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},

@@ -246,6 +246,9 @@ class Backend {
   // Device memory free for sequences (and what the backend holds for reuse); 0 for a host backend, whose
   // sequences take host memory as they need it.
   virtual int64_t AvailableDeviceBytes() const { return 0; }
+  // CUDA graphs (or the like) recorded so far. Recording one costs far more than launching it, so a caller that
+  // times its forwards (the draft-length controller) leaves out the ones during which this count moved.
+  virtual int64_t graphs_recorded() const { return 0; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.
   virtual int64_t KvBytes(int64_t positions) const {

@@ -340,7 +340,10 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   };
   if (plan.graph) {
     cudaGraphExec_t& exec = sc.graphs[plan];
-    if (exec == nullptr) exec = Capture(ctx.stream, run);
+    if (exec == nullptr) {
+      exec = Capture(ctx.stream, run);
+      ++graphs_recorded_;
+    }
     ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   } else {
     run();
@@ -480,7 +483,10 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   if (graph) {
     // (The sampling parameters are baked into the launches, so they are part of the key.)
     cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}];
-    if (exec == nullptr) exec = Capture(ctx.stream, round);
+    if (exec == nullptr) {
+      exec = Capture(ctx.stream, round);
+      ++graphs_recorded_;
+    }
     ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   } else {
     round();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,7 @@ class CudaBackend final : public Backend {
   // sampled).
   bool runs_rounds() const override { return runs_rounds_; }
   absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
+  int64_t graphs_recorded() const override { return graphs_recorded_.load(std::memory_order_relaxed); }
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
   // BackendOptions::device_rounds).
   void set_runs_rounds(bool on) { runs_rounds_ = on; }
@@ -122,6 +124,7 @@ class CudaBackend final : public Backend {
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
   bool runs_rounds_ = true;
+  std::atomic<int64_t> graphs_recorded_{0};  // forward and round graphs captured
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

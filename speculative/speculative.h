@@ -197,6 +197,7 @@ class SpeculativeDecoder final : public Decoder {
   std::vector<RoundItem> round_items_;
   std::vector<RoundResult> round_results_;
   std::chrono::steady_clock::time_point planned_at_;  // when the last Plan ran (its forward follows)
+  const Backend* backend_ = nullptr;                  // the last Plan's
   int64_t vocab_ = 0;
   bool lengths_chosen_ = false;  // RunWhole chose k_ and ran nothing: the Plan that follows takes them
   std::vector<std::pair<int64_t, double>> ended_;
