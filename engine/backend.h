@@ -219,6 +219,7 @@ struct CudaSwitches {
   bool wide_gemv = true;            // GEMV_WIDE: the wide single-row product where its grid fits
   bool early_loads = true;          // EARLY_LOADS: loads of constants before the wait for the previous kernel
   bool programmatic_launch = true;  // PDL: programmatic dependent launch (a Hopper or later)
+  bool split_ragged_gemm = true;    // SPLIT_GEMM: cuBLAS products of a ragged output count as two products
   int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
   bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
   static CudaSwitches FromEnvironment();

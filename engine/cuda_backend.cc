@@ -105,7 +105,8 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,
-                         .group_mma = switches.group_mma});
+                         .group_mma = switches.group_mma,
+                         .split_ragged_gemm = switches.split_ragged_gemm});
   if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;

@@ -26,6 +26,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.wide_gemv = on("ORYX_CUDA_GEMV_WIDE");
   s.early_loads = on("ORYX_CUDA_EARLY_LOADS");
   s.programmatic_launch = on("ORYX_CUDA_PDL");
+  s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) s.gemv_rows_per_warp = std::atoi(env);
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");
   s.profile = profile != nullptr && profile[0] == '1';

@@ -377,6 +377,7 @@ struct KernelSwitches {
   bool programmatic_launch = true;  // programmatic dependent launch, on a Hopper or later
   bool wide_gemv = true;            // the wide single-row product where its grid fits (matmul.cu)
   bool group_mma = true;            // verify spans of more than 4 rows attend on tensor cores
+  bool split_ragged_gemm = true;    // a cuBLAS product of n outputs, n not a multiple of 64: two products (matmul.cu)
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();
