@@ -454,20 +454,24 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
 // The CUDA backend's switches come from ORYX_CUDA_* variables only through CudaSwitches::FromEnvironment:
 // every path on when none is set, "0" turns one off, PROFILE=1 and GEMV_ROWS=N set the others.
 TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
-  const char* names[] = {"ORYX_CUDA_FUSED", "ORYX_CUDA_PDL", "ORYX_CUDA_GEMV_ROWS", "ORYX_CUDA_PROFILE"};
+  const char* names[] = {"ORYX_CUDA_FUSED", "ORYX_CUDA_PDL", "ORYX_CUDA_GEMV_ROWS", "ORYX_CUDA_PROFILE",
+                         "ORYX_CUDA_SPLIT_GEMM"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
-  EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads);
+  EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
+              defaults.split_ragged_gemm);
   EXPECT_EQ(defaults.gemv_rows_per_warp, 0);
   EXPECT_FALSE(defaults.profile);
   setenv("ORYX_CUDA_FUSED", "0", 1);
   setenv("ORYX_CUDA_PDL", "0", 1);
   setenv("ORYX_CUDA_GEMV_ROWS", "4", 1);
   setenv("ORYX_CUDA_PROFILE", "1", 1);
+  setenv("ORYX_CUDA_SPLIT_GEMM", "0", 1);
   const CudaSwitches set = CudaSwitches::FromEnvironment();
   for (const char* n : names) unsetenv(n);
   EXPECT_FALSE(set.fused_gemv);
   EXPECT_FALSE(set.programmatic_launch);
+  EXPECT_FALSE(set.split_ragged_gemm);
   EXPECT_TRUE(set.decode_mixer && set.tiled_attention && set.wide_gemv);
   EXPECT_EQ(set.gemv_rows_per_warp, 4);
   EXPECT_TRUE(set.profile);
