@@ -72,6 +72,8 @@ int RunServe(const Args& args) {
   f.StringList("api-key", &o.api_keys, "require `Authorization: Bearer KEY` with one of these on every endpoint\n"
                "                          but /health (401 otherwise)");
   f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
+  f.String("tls-cert", &o.tls_cert, "serve HTTPS with this PEM certificate (chain); needs --tls-key");
+  f.String("tls-key", &o.tls_key, "the certificate's PEM private key");
   f.String("policy-dir", &learned_dir, "serve every .safetensors policy file in DIR, named by its file name");
   f.Double("read-timeout", &o.read_timeout_s,
            "seconds a client may take to send its request (a slow client holds an HTTP thread this long at most)");
@@ -93,6 +95,9 @@ int RunServe(const Args& args) {
     sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+    if (o.tls_cert.empty() != o.tls_key.empty()) {  // before the model loads
+      return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+    }
     const BackendOptions backend{
         .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
@@ -146,7 +151,8 @@ int RunServe(const Args& args) {
     o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, o));
-    std::cerr << "oryx serve: model '" << o.model_name << "' on " << engine.backend().name() << ", listening on http://"
+    std::cerr << "oryx serve: model '" << o.model_name << "' on " << engine.backend().name() << ", listening on "
+              << (o.tls_cert.empty() ? "http://" : "https://")
               << o.host << ":" << http->port() << " (max batch " << max_batch << ", queue " << max_queue
               << "); Ctrl-C stops" << std::endl;
     int signal = 0;

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -148,7 +149,7 @@ struct HttpServer::Impl {
   mutable Metrics metrics;  // recorded as requests are answered (Log)
   ServerOptions options;
   Scheduler scheduler;
-  httplib::Server http;
+  std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with TLS (made in Start)
   int port = 0;
   socket_t listening = INVALID_SOCKET;  // the listening socket, seen when httplib sets its options
   std::thread listener;
@@ -172,7 +173,7 @@ bool SameKey(std::string_view a, std::string_view b) {
 
 void HttpServer::Impl::Routes() {
   if (!options.api_keys.empty()) {
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       const std::string auth = req.get_header_value("Authorization");
       constexpr std::string_view kBearer = "Bearer ";
@@ -190,24 +191,24 @@ void HttpServer::Impl::Routes() {
     });
   }
   // Ready, or draining (a load balancer should send no more): 503 then, as new requests get.
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (scheduler.draining()) return Reply(res, 503, {{"status", "draining"}});
     Reply(res, 200, {{"status", "ok"}});
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200,
           {{"object", "list"},
            {"data", json::array({{{"id", options.model_name}, {"object", "model"}, {"created", started},
                                   {"owned_by", "oryx"}}})}});
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const PrefixCache* cache = engine.prefix_cache();
     const std::optional<PrefixCacheStats> cache_stats =
         cache != nullptr ? std::optional(cache->stats()) : std::nullopt;
     res.set_content(metrics.Text(scheduler.stats(), cache_stats ? &*cache_stats : nullptr),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  http.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     const PrefixCache* cache = engine.prefix_cache();
     Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
                      {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()},
@@ -216,7 +217,7 @@ void HttpServer::Impl::Routes() {
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
   for (const bool chat : {false, true}) {
-    http.Post(chat ? "/v1/chat/completions" : "/v1/completions",
+    http->Post(chat ? "/v1/chat/completions" : "/v1/completions",
               [this, chat](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
                 if (req.is_multipart_form_data()) {
                   res.status = 415;
@@ -235,7 +236,7 @@ void HttpServer::Impl::Routes() {
   }
   // Errors that no handler answered (an unknown route or method, a body too large or unreadable) get a JSON
   // body rather than an empty one, and a log line.
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+  http->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string message;
     if (res.status == 404) {
@@ -256,7 +257,7 @@ void HttpServer::Impl::Routes() {
     }
     res.set_content(JsonText(ErrorObject(message, res.status)), "application/json");
   });
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
+  http->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr e) {
     std::string what = "unknown exception";
     try {
       std::rethrow_exception(e);
@@ -381,29 +382,47 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   if (options.scheduler.max_prefill_tokens < 0) {
     return absl::InvalidArgumentError("serve: max_prefill_tokens must be >= 0");
   }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("serve: TLS needs both a certificate (--tls-cert) and its key (--tls-key)");
+  }
+  for (const std::string& f : {options.tls_cert, options.tls_key}) {
+    if (!f.empty() && !std::filesystem::is_regular_file(f)) {
+      return absl::InvalidArgumentError(Cat("serve: ", f, ": no such file"));
+    }
+  }
   auto impl = std::make_unique<Impl>(engine, std::move(options));
   Impl& s = *impl;
+  if (s.options.tls_cert.empty()) {
+    s.http = std::make_unique<httplib::Server>();
+  } else {
+    auto tls = std::make_unique<httplib::SSLServer>(s.options.tls_cert.c_str(), s.options.tls_key.c_str());
+    if (!tls->is_valid()) {
+      return absl::InvalidArgumentError(Cat("serve: cannot use ", s.options.tls_cert, " and ", s.options.tls_key,
+                                            " for TLS (not a PEM certificate and its private key?)"));
+    }
+    s.http = std::move(tls);
+  }
   const int threads = s.options.http_threads;
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
-  s.http.set_write_timeout(std::chrono::seconds(60));
-  s.http.set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  s.http->set_write_timeout(std::chrono::seconds(60));
+  s.http->set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
   // An idle kept-alive connection holds its thread too: no longer than a read may take (whole seconds, at
   // least one; httplib's default is 5).
-  s.http.set_keep_alive_timeout(std::clamp<time_t>(static_cast<time_t>(s.options.read_timeout_s), 1, 5));
-  s.http.set_payload_max_length(kMaxBodyBytes);
+  s.http->set_keep_alive_timeout(std::clamp<time_t>(static_cast<time_t>(s.options.read_timeout_s), 1, 5));
+  s.http->set_payload_max_length(kMaxBodyBytes);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.
-  s.http.set_socket_options([&s](socket_t sock) {
+  s.http->set_socket_options([&s](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     s.listening = sock;
   });
   s.Routes();
   if (s.options.port == 0) {
-    s.port = s.http.bind_to_any_port(s.options.host);
+    s.port = s.http->bind_to_any_port(s.options.host);
   } else {
-    s.port = s.http.bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+    s.port = s.http->bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
   }
   if (s.port <= 0) {
     return absl::UnavailableError(Cat("serve: cannot listen on ", s.options.host, ":", s.options.port,
@@ -413,7 +432,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   // the dropped connections wait a second for the kernel's retry (or fail). Listen again with the system's
   // full backlog (Linux changes the backlog of a listening socket in place).
   if (s.listening != INVALID_SOCKET) ::listen(s.listening, SOMAXCONN);
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  s.listener = std::thread([&s] { s.http->listen_after_bind(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -428,7 +447,7 @@ void HttpServer::Stop() {
   std::call_once(impl_->stop_once, [this] {
     // The scheduler first: every waiting handler then has its answer, so the HTTP threads can finish.
     impl_->scheduler.Stop();
-    impl_->http.stop();
+    impl_->http->stop();
     if (impl_->listener.joinable()) impl_->listener.join();
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopped = true;

@@ -33,6 +33,8 @@ struct ServerOptions {
   bool log_requests = true;     // one line per completion request on stderr
   // Non-empty: every endpoint but /health needs `Authorization: Bearer KEY` with one of these (401 otherwise).
   std::vector<std::string> api_keys;
+  // Both set: HTTPS with this PEM certificate (chain) and private key (InvalidArgument when they do not load).
+  std::string tls_cert, tls_key;
   ChatTemplate chat_template;  // for /v1/chat/completions (ChatTemplate::Load: the model directory's)
 };
 

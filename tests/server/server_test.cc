@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <regex>
@@ -873,6 +874,57 @@ TEST_F(ServerTest, ApiKeysGuardEveryEndpointButHealth) {
     EXPECT_EQ(stats->status, 200);
   }
   EXPECT_EQ(server->stats().completed, 2);
+}
+
+// TLS: with a certificate and its key the server speaks HTTPS, and a client that trusts that certificate
+// completes the handshake (its name checked) and gets answers; plain HTTP gets none. A certificate that does
+// not load, or one without its key, is a clear error.
+TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
+  testutil::ScratchDir dir;
+  const std::string cert = dir.Join("cert.pem"), key = dir.Join("key.pem");
+  const std::string make = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                           "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + key + " -out " + cert +
+                           " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0) << "openssl (scripts/setup installs it) could not make a certificate";
+  std::unique_ptr<HttpServer> server = Serve(*engine_, [&](ServerOptions& o) {
+    o.tls_cert = cert;
+    o.tls_key = key;
+  });
+  ASSERT_NE(server, nullptr);
+  httplib::SSLClient tls("127.0.0.1", server->port());
+  tls.set_ca_cert_path(cert.c_str());
+  tls.enable_server_certificate_verification(true);
+  auto res = tls.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
+  httplib::Client plain("127.0.0.1", server->port());
+  plain.set_read_timeout(std::chrono::seconds(2));
+  auto refused = plain.Get("/health");
+  EXPECT_TRUE(!refused || refused->status != 200);
+  // A client that trusts another certificate refuses this server.
+  const std::string other = dir.Join("other.pem"), other_key = dir.Join("other-key.pem");
+  ASSERT_EQ(std::system(("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -keyout " +
+                         other_key + " -out " + other + " >/dev/null 2>&1").c_str()), 0);
+  httplib::SSLClient wary("127.0.0.1", server->port());
+  wary.set_ca_cert_path(other.c_str());
+  wary.enable_server_certificate_verification(true);
+  EXPECT_FALSE(wary.Get("/health"));
+  server->Stop();
+
+  auto expect_error = [&](const std::string& c, const std::string& k, const std::string& needle) {
+    ServerOptions o;
+    o.port = 0;
+    o.tls_cert = c;
+    o.tls_key = k;
+    auto started = HttpServer::Start(*engine_, o);
+    ASSERT_FALSE(started.ok()) << needle;
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_HAS_SUBSTR(started.status().message(), needle);
+  };
+  expect_error(cert, "", "needs both a certificate");
+  expect_error(cert, dir.Join("nope.pem"), "no such file");
+  expect_error(key, cert, "cannot use");  // the key given as the certificate
 }
 
 // The fault test of a small KV memory: three blocks for twelve requests that each grow to two. Every request
