@@ -517,6 +517,13 @@ absl::StatusOr<int64_t> GenerationBatch::Add(GenerateRequest request) {
     it = decoders_.emplace(q.policy, std::move(made)).first;
   }
   r->decoder = it->second.get();
+  if (q.sampling.adjusts_logits() && !r->decoder->FollowsLogitAdjustments()) {
+    return absl::InvalidArgumentError(Cat("presence_penalty, frequency_penalty and logit_bias are not built for the '",
+                                          q.policy, "' policy"));
+  }
+  for (const auto& [token, bias] : q.sampling.logit_bias) {
+    if (token >= c.vocab_size) return absl::InvalidArgumentError(Cat("logit_bias: token ", token, " outside the vocabulary"));
+  }
   if (kv_memory_ > 0) {  // a request that could never finish, even alone
     const int64_t most = std::min(c.max_position, n + q.max_tokens + r->decoder->Lookahead());
     if (const int64_t need = engine_.backend_->KvBytes(most); need > kv_memory_) {
@@ -542,6 +549,7 @@ bool GenerationBatch::Emit(Request& r, int32_t token) {
     return false;
   }
   out.tokens.push_back(token);
+  r.sampler->Record(token);
   out.stats.generated_tokens = static_cast<int64_t>(out.tokens.size());
   const size_t old_size = out.text.size();
   // Decoding concatenates piece texts, so the new token's text is appended as is.

@@ -173,6 +173,9 @@ class Decoder {
   // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
   // batch, such as a server's, sees ever new ids).
   virtual void Release(int64_t slot_id) { (void)slot_id; }
+  // Whether its tokens follow SamplingParams' penalties and logit biases (drawn by the slot's sampler, one
+  // token at a time). A request that sets them under a decoder that does not is refused.
+  virtual bool FollowsLogitAdjustments() const { return true; }
 };
 
 // One step of one decoder's slots on their own: RunAlone, or Plan, one forward and Finish.

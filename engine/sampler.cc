@@ -17,22 +17,53 @@ absl::Status ValidateSampling(const SamplingParams& p) {
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
     return absl::InvalidArgumentError(Cat("top_p must be in (0, 1], got ", p.top_p));
   }
+  for (const auto& [name, value] : {std::pair{"presence_penalty", p.presence_penalty},
+                                    std::pair{"frequency_penalty", p.frequency_penalty}}) {
+    if (!(value >= -2.f && value <= 2.f)) return absl::InvalidArgumentError(Cat(name, " must be in [-2, 2], got ", value));
+  }
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0) return absl::InvalidArgumentError(Cat("logit_bias: token ", token, " is not a token id"));
+    if (!(bias >= -100.f && bias <= 100.f)) {
+      return absl::InvalidArgumentError(Cat("logit_bias of token ", token, " must be in [-100, 100], got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
 
-int32_t Sampler::Next(std::span<const float> logits) {
+void Sampler::Record(int32_t token) {
+  if (!params_.adjusts_logits() || token < 0) return;
+  if (static_cast<size_t>(token) >= counts_.size()) counts_.resize(token + 1, 0);
+  ++counts_[token];
+}
+
+std::span<const float> Sampler::Adjusted(std::span<const float> logits) {
+  if (!params_.adjusts_logits()) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  const size_t V = adjusted_.size();
+  for (size_t t = 0; t < counts_.size() && t < V; ++t) {
+    if (counts_[t] > 0) adjusted_[t] -= params_.presence_penalty + params_.frequency_penalty * counts_[t];
+  }
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (static_cast<size_t>(token) < V) adjusted_[token] += bias;
+  }
+  return adjusted_;
+}
+
+int32_t Sampler::Next(std::span<const float> raw) {
   if (params_.greedy()) {
+    const std::span<const float> logits = Adjusted(raw);
     int64_t token = 0;
     kernels::cpu::SampleGreedy({static_cast<int64_t>(logits.size()), logits.data(), &token});
     return static_cast<int32_t>(token);
   }
-  Distribution(logits, &probs_);
+  Distribution(raw, &probs_);  // adjusts them
   return Draw(probs_);
 }
 
-void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) {
+void Sampler::Distribution(std::span<const float> raw, std::vector<float>* probs) {
+  const std::span<const float> logits = Adjusted(raw);
   const int64_t V = static_cast<int64_t>(logits.size());
   probs->assign(V, 0.f);
   order_.resize(V);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,15 +22,23 @@ struct SamplingParams {
   int64_t top_k = 0;        // >= 0; 0 keeps every token
   float top_p = 1.f;        // in (0, 1]
   uint64_t seed = 0;
+  // OpenAI's penalties, each in [-2, 2], on the tokens this sampler has recorded (the generated ones, as
+  // serving engines count them): logit - presence_penalty * [count > 0] - frequency_penalty * count.
+  float presence_penalty = 0.f, frequency_penalty = 0.f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit, in [-100, 100])
   bool greedy() const { return temperature == 0.f; }
+  // Whether the logits are changed before sampling (penalties, biases): what a token's distribution is then
+  // depends on the sampler's history, so no two samplers share one, and device draws do not apply.
+  bool adjusts_logits() const { return presence_penalty != 0.f || frequency_penalty != 0.f || !logit_bias.empty(); }
   // The same distribution from the same logits (the seed aside).
   bool SameDistributionAs(const SamplingParams& o) const {
-    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p;
+    return temperature == o.temperature && top_k == o.top_k && top_p == o.top_p && !adjusts_logits() &&
+           !o.adjusts_logits();
   }
 };
 
-// InvalidArgument naming the field for a negative or non-finite temperature, a negative top_k, or top_p
-// outside (0, 1].
+// InvalidArgument naming the field for a negative or non-finite temperature, a negative top_k, top_p
+// outside (0, 1], a penalty outside [-2, 2], or a logit bias outside [-100, 100] or on a negative token.
 absl::Status ValidateSampling(const SamplingParams& params);
 
 // One sequence's sampler: its parameters and its own random stream. Not thread-safe.
@@ -38,8 +47,11 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   const SamplingParams& params() const { return params_; }
 
-  // Draws the next token from logits [V] (greedy: the argmax, no randomness used).
+  // Draws the next token from logits [V] (greedy: the argmax, no randomness used), after the penalties and
+  // biases of its parameters.
   int32_t Next(std::span<const float> logits);
+  // A token the sequence emitted: what the penalties count.
+  void Record(int32_t token);
 
   // The sampling distribution of logits [V] into probs [V] (zeros outside the kept candidates).
   void Distribution(std::span<const float> logits, std::vector<float>* probs);
@@ -58,8 +70,12 @@ class Sampler {
   }
 
  private:
+  // The logits with the penalties and biases applied (adjusted_), or the logits themselves when there are none.
+  std::span<const float> Adjusted(std::span<const float> logits);
   SamplingParams params_;
   Rng rng_;
+  std::vector<int32_t> counts_;  // per token, of the recorded ones (only when params_.adjusts_logits())
+  std::vector<float> adjusted_;
   std::vector<int32_t> order_;  // reused between calls
   std::vector<float> probs_;
 };

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "engine/sampler.h"
 #include "base/str_cat.h"
@@ -167,10 +168,20 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
       out.best_of = *n;
     }
   } else if (key == "presence_penalty" || key == "frequency_penalty") {
-    // Accepted at their neutral value, which clients send by default; penalties are not built.
-    if (!v.is_number() || v.get<double>() != 0) return Bad(key, "0 (penalties are not built yet)", v);
-  } else if (key == "logit_bias") {
-    if (!v.is_null() && !(v.is_object() && v.empty())) return Bad(key, "{} (logit biases are not built yet)", v);
+    if (v.is_null()) return true;
+    absl::StatusOr<double> x = Number(key, v);
+    if (!x.ok()) return x.status();
+    (key == "presence_penalty" ? q.sampling.presence_penalty : q.sampling.frequency_penalty) = static_cast<float>(*x);
+  } else if (key == "logit_bias") {  // {"token id": bias}
+    if (v.is_null()) return true;
+    if (!v.is_object()) return Bad(key, "an object of token ids to biases", v);
+    q.sampling.logit_bias.clear();
+    for (const auto& [id, bias] : v.items()) {
+      int32_t token = 0;
+      if (!absl::SimpleAtoi(id, &token) || token < 0) return Bad("logit_bias", "keyed by token ids", json(id));
+      if (!bias.is_number()) return Bad("logit_bias", "numbers", bias);
+      q.sampling.logit_bias.emplace_back(token, bias.get<float>());
+    }
   } else if (key == "user") {
     if (!v.is_string()) return Bad(key, "a string", v);  // an end user's id: accepted, not used
   } else {
@@ -181,7 +192,7 @@ absl::StatusOr<bool> ParseSharedField(const std::string& key, const json& v, std
 
 constexpr std::string_view kSharedFields =
     "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user, "
-    "presence_penalty and frequency_penalty (0), logit_bias ({})";
+    "presence_penalty, frequency_penalty, logit_bias";
 
 // What completions and chat check once every field is read: max_tokens 0 only with echo, no log-probabilities
 // in a stream.

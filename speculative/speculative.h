@@ -156,6 +156,8 @@ class SpeculativeDecoder final : public Decoder {
     return backend.runs_rounds() && proposer_->drafts_in_linear_mode() && !options_.accept;
   }
   void Release(int64_t slot_id) override;
+  // Its rounds judge drafts against distributions that penalties would change within a round: not built.
+  bool FollowsLogitAdjustments() const override { return false; }
 
   // Plan with the draft length of each slot that starts a round given (want[i] <= max_k; 0: a plain attention
   // step; empty: the controller's). For a router that chooses the lengths.

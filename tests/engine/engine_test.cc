@@ -121,6 +121,83 @@ TEST(Sampler, BadValuesAreErrors) {
   EXPECT_TRUE(ValidateSampling({0.7f, 40, 0.9f, 0}).ok());
 }
 
+// Penalties and biases change the logits before sampling: by the recorded tokens' counts (presence: once per
+// token seen; frequency: per occurrence) and by the biases, greedy or sampled.
+TEST(Sampler, PenaltiesAndBiasesAdjustTheLogitsByTheRecordedTokens) {
+  const std::vector<float> logits = {2.f, 1.f, 0.f, 3.f, -1.f};
+  SamplingParams params{.temperature = 1.f, .seed = 1};
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  params.logit_bias = {{4, 2.f}};
+  Sampler s(params);
+  s.Record(3);
+  s.Record(3);
+  s.Record(0);
+  // Adjusted: 0: 2 - 0.5 - 0.25; 3: 3 - 0.5 - 0.5; 4: -1 + 2.
+  const std::vector<double> want = {1.25, 1., 0., 2., 1.};
+  double z = 0;
+  for (double x : want) z += std::exp(x);
+  std::vector<float> p;
+  s.Distribution(logits, &p);
+  for (size_t t = 0; t < want.size(); ++t) EXPECT_NEAR(p[t], std::exp(want[t]) / z, 1e-6) << t;
+  // Greedy: the argmax after them.
+  SamplingParams greedy;
+  greedy.logit_bias = {{3, -100.f}};
+  Sampler g(greedy);
+  EXPECT_EQ(g.Next(logits), 0);
+  greedy.logit_bias.clear();
+  greedy.frequency_penalty = 2.f;
+  Sampler f(greedy);
+  EXPECT_EQ(f.Next(logits), 3);
+  f.Record(3);
+  EXPECT_EQ(f.Next(logits), 0);  // 3 - 2 < 2
+  EXPECT_FALSE(params.SameDistributionAs(params));  // no two samplers share a history
+  SamplingParams bad;
+  bad.presence_penalty = 2.5f;
+  EXPECT_FALSE(ValidateSampling(bad).ok());
+  bad = {};
+  bad.logit_bias = {{1, 101.f}};
+  EXPECT_FALSE(ValidateSampling(bad).ok());
+}
+
+// Through the engine: each greedy token is the argmax of its logits less the penalties of the tokens generated
+// before it, and a bias of +100 forces a token.
+TEST_F(EngineTest, PenaltiesFollowTheGeneratedTokens) {
+  GenerateRequest q = Request("the quick brown fox", 24);
+  q.sampling.frequency_penalty = 1.5f;
+  q.sampling.presence_penalty = 0.5f;
+  auto r = engine_->Generate(q);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> all = {kBosId};
+  engine_->tokenizer()->EncodeAppend(q.prompt, &all);
+  const size_t n = all.size();
+  all.insert(all.end(), r->tokens.begin(), r->tokens.end());
+  SequenceState seq = engine_->backend().NewSequence();
+  std::vector<float> logits;
+  std::vector<Mode> modes(all.size(), Mode::kAttention);
+  ASSERT_TRUE(engine_->backend().Forward(seq, all, modes, true, &logits).ok());
+  const int64_t V = engine_->backend().config().vocab_size;
+  std::map<int32_t, int> counts;
+  for (size_t i = 0; i < r->tokens.size(); ++i) {
+    std::vector<float> row(logits.begin() + (n - 1 + i) * V, logits.begin() + (n + i) * V);
+    for (const auto& [t, c] : counts) row[t] -= 0.5f + 1.5f * c;
+    EXPECT_EQ(r->tokens[i], std::max_element(row.begin(), row.end()) - row.begin()) << "token " << i;
+    ++counts[r->tokens[i]];
+  }
+  auto plain = engine_->Generate(Request("the quick brown fox", 24));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(plain->tokens, r->tokens);  // the penalties changed something (a greedy tiny model repeats itself)
+  GenerateRequest forced = Request("the quick brown fox", 5);
+  forced.sampling.logit_bias = {{77, 100.f}};
+  auto f = engine_->Generate(forced);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->tokens, std::vector<int32_t>(5, 77));
+  forced.sampling.logit_bias = {{1 << 20, 1.f}};
+  auto bad = engine_->Generate(forced);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_HAS_SUBSTR(bad.status().message(), "outside the vocabulary");
+}
+
 TEST_F(EngineTest, StopStringsCutTheTextAndStreamingSeesExactlyTheText) {
   GenerateRequest q = Request("abc", 40);
   auto free_run = engine_->Generate(q);

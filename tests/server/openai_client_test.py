@@ -134,6 +134,16 @@ class OpenAiClientTest(unittest.TestCase):
         self.assertEqual(choice.logprobs.text_offset[0], 0)
         self.assertTrue(all(isinstance(x, float) and x <= 0 for x in choice.logprobs.token_logprobs[1:]))
 
+    def test_logit_bias_and_penalties(self):
+        forced = self.complete(max_tokens=4, logit_bias={"77": 100}, extra_body={"ignore_eos": True})
+        self.assertEqual(forced.model_extra["oryx"]["tokens"], [77] * 4)
+        plain = self.complete(max_tokens=24, extra_body={"ignore_eos": True}).model_extra["oryx"]["tokens"]
+        penalised = self.complete(max_tokens=24, frequency_penalty=2.0, presence_penalty=1.0,
+                                  extra_body={"ignore_eos": True}).model_extra["oryx"]["tokens"]
+        self.assertLessEqual(max(penalised.count(t) for t in penalised), max(plain.count(t) for t in plain))
+        with self.assertRaises(openai.BadRequestError):  # would change what a round judges: refused
+            self.complete(max_tokens=4, frequency_penalty=1.0, extra_body={"policy": "speculative"})
+
     def test_two_choices_per_prompt(self):
         got = self.client.completions.create(model=self.model, prompt=PROMPT, max_tokens=6, n=2, temperature=1,
                                              seed=3)

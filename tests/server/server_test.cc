@@ -200,8 +200,18 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
     ASSERT_TRUE(none.ok()) << none.status();
     EXPECT_EQ(none->generate.logprobs, -1);
   }
-  expect_error(R"({"prompt": "x", "presence_penalty": 0.5})", "'presence_penalty' must be 0 (penalties are not built");
-  expect_error(R"({"prompt": "x", "logit_bias": {"5": 10}})", "'logit_bias' must be {}");
+  expect_error(R"({"prompt": "x", "presence_penalty": 2.5})", "presence_penalty must be in [-2, 2]");
+  expect_error(R"({"prompt": "x", "frequency_penalty": "1"})", "'frequency_penalty' must be a number");
+  expect_error(R"({"prompt": "x", "logit_bias": {"five": 10}})", "'logit_bias' must be keyed by token ids");
+  expect_error(R"({"prompt": "x", "logit_bias": {"5": 101}})", "logit_bias of token 5 must be in [-100, 100]");
+  {
+    auto adjusted = ParseCompletionRequest(
+        R"({"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"5": 10, "7": -100}})", "m");
+    ASSERT_TRUE(adjusted.ok()) << adjusted.status();
+    EXPECT_EQ(adjusted->generate.sampling.presence_penalty, 0.5f);
+    EXPECT_EQ(adjusted->generate.sampling.frequency_penalty, -1.f);
+    EXPECT_EQ(adjusted->generate.sampling.logit_bias.size(), 2u);
+  }
   EXPECT_TRUE(ParseCompletionRequest(
                   R"({"prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u"})", "m")
                   .ok());

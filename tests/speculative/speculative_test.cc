@@ -529,6 +529,23 @@ TEST_P(SpeculativeTest, MixedPoliciesShareEveryStepsForward) {
   }
 }
 
+// Penalties and biases would change the distributions a round judges its drafts against: refused.
+TEST(SpeculativePolicy, PenaltiesAreRefusedNotIgnored) {
+  testutil::ScratchDir scratch;
+  Engine engine = SpeculativeEngine(scratch, LinearMixer::kMamba2, 2);
+  GenerateRequest q;
+  q.prompt_tokens = {5, 6, 7};
+  q.max_tokens = 4;
+  q.policy = "speculative:3";
+  q.sampling.frequency_penalty = 1.f;
+  auto r = engine.Generate(q);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not built for the 'speculative:3' policy"), std::string::npos);
+  q.policy = "attention";
+  EXPECT_TRUE(engine.Generate(q).ok());
+}
+
 // Log-probabilities are attention mode's whatever was drafted: a greedy speculative request reports what the
 // same request reports under the attention policy.
 TEST_P(SpeculativeTest, LogprobsOfSpeculativeRequestsAreAttentionModes) {
