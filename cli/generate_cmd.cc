@@ -78,6 +78,11 @@ int RunGenerate(const Args& args) {
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
+  int64_t logprobs = -1;
+  bool echo = false;
+  f.Int("logprobs", &logprobs, "with --json: each generated token's log-probability and N alternatives (0..20)", 0,
+        kMaxTopLogprobs);
+  f.Bool("echo", &echo, "with --logprobs: the prompt's tokens' log-probabilities too (prompt_logprobs)");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     if (f.was_set("prompt") && prompt.empty() && prompt_file.empty()) {
       return absl::InvalidArgumentError(
@@ -90,6 +95,10 @@ int RunGenerate(const Args& args) {
       ORYX_ASSIGN_OR_RETURN(prompt, ReadFile(prompt_file));
       if (prompt.empty()) return absl::InvalidArgumentError(prompt_file + ": the prompt file is empty");
     }
+    if (f.was_set("logprobs") && !json) return absl::InvalidArgumentError("--logprobs prints them in the --json object: add --json");
+    if (echo && !f.was_set("logprobs")) return absl::InvalidArgumentError("--echo goes with --logprobs");
+    request.logprobs = static_cast<int32_t>(f.was_set("logprobs") ? logprobs : -1);
+    request.echo = echo;
     request.prompt = prompt;
     request.max_tokens = max_tokens;
     request.stop = stop;

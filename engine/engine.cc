@@ -139,11 +139,24 @@ nlohmann::json ToJson(const GenerateResult& r) {
         {"round_s_by_length", sp.round_s_by_length},
     };
   }
-  return {{"text", r.text},
-          {"tokens", r.tokens},
-          {"finish_reason", FinishReasonName(r.finish_reason)},
-          {"policy", r.policy},
-          {"stats", stats}};
+  nlohmann::json j = {{"text", r.text},
+                      {"tokens", r.tokens},
+                      {"finish_reason", FinishReasonName(r.finish_reason)},
+                      {"policy", r.policy},
+                      {"stats", stats}};
+  const auto logprobs = [](const std::vector<TokenLogProb>& entries) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TokenLogProb& t : entries) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& [token, lp] : t.top) top.push_back({token, lp});
+      list.push_back({{"token", t.token}, {"logprob", t.logprob ? nlohmann::json(*t.logprob) : nlohmann::json()},
+                      {"top", top}});
+    }
+    return list;
+  };
+  if (!r.logprobs.empty()) j["logprobs"] = logprobs(r.logprobs);
+  if (!r.prompt_logprobs.empty()) j["prompt_logprobs"] = logprobs(r.prompt_logprobs);
+  return j;
 }
 
 nlohmann::json ToJson(const PrefixCacheStats& s) {

@@ -86,7 +86,8 @@ struct GenerateResult {
   // text prompt's leading BOS not included; the first entry's logprob is none, as OpenAI's echo gives it).
   std::vector<TokenLogProb> logprobs, prompt_logprobs;
 };
-// The object `oryx generate --json` prints (DESIGN.md §9).
+// The object `oryx generate --json` prints (DESIGN.md §9); with log-probabilities, "logprobs" (and
+// "prompt_logprobs"): {"token", "logprob", "top": [[token, logprob], ...]} per token.
 nlohmann::json ToJson(const GenerateResult& result);
 // The prefix cache's counters and its hit rate (tokens), as /stats shows them.
 nlohmann::json ToJson(const PrefixCacheStats& stats);

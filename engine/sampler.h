@@ -25,7 +25,7 @@ struct SamplingParams {
   // OpenAI's penalties, each in [-2, 2], on the tokens this sampler has recorded (the generated ones, as
   // serving engines count them): logit - presence_penalty * [count > 0] - frequency_penalty * count.
   float presence_penalty = 0.f, frequency_penalty = 0.f;
-  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit, in [-100, 100])
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token, added to its logit, in [-100, 100])
   bool greedy() const { return temperature == 0.f; }
   // Whether the logits are changed before sampling (penalties, biases): what a token's distribution is then
   // depends on the sampler's history, so no two samplers share one, and device draws do not apply.

@@ -104,7 +104,7 @@ json Usage(const GenerateResult& r) {
 // Oryx's part of a response: what the OpenAI fields cannot say.
 json OryxPart(const GenerateResult& r) {
   json j = ToJson(r);
-  j.erase("text");
+  for (const char* said : {"text", "logprobs", "prompt_logprobs"}) j.erase(said);  // in the OpenAI fields
   return j;
 }
 

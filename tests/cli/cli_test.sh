@@ -84,6 +84,9 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   expect 1 "generate: negative entropy threshold" -- generate --model "$M" --prompt hi --policy entropy:-1
   expect 0 "generate: budget policy" -- generate --model "$M" --prompt hi --max-tokens 4 --policy budget:0.2 --json
   expect 1 "generate: missing learned policy file" -- generate --model "$M" --prompt hi --max-tokens 4 --policy "learned:$TMP/none.safetensors"
+  expect 0 "generate: logprobs with echo" -- generate --model "$M" --prompt hi --max-tokens 2 --json --logprobs 3 --echo
+  expect 1 "generate: logprobs without --json" -- generate --model "$M" --prompt hi --logprobs 3
+  expect 2 "generate: logprobs out of range" -- generate --model "$M" --prompt hi --json --logprobs 21
   expect 1 "generate: bad top-p" -- generate --model "$M" --prompt hi --top-p 1.5
   expect 1 "generate: negative temperature" -- generate --model "$M" --prompt hi --temperature -1
   expect 1 "generate: cuda backend not built" -- generate --model "$M" --prompt hi --device cuda

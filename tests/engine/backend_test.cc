@@ -113,7 +113,7 @@ TEST_P(BackendTest, BatchOfRaggedSpansGivesEachSequenceItsOwnLogits) {
 // logits, greedy and sampled, with a sequence of the batch returning its logits instead or not.
 TEST_P(BackendTest, BackendDrawsTheTokenTheSamplerDrawsFromTheLogits) {
   for (const bool one_returns_logits : {false, true}) {
-    for (const SamplingParams params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {
+    for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {
       SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (one_returns_logits ? ", one returns logits" : ""));
       testutil::ExpectBackendDrawsAreTheSamplersDraws(*backend_, params, one_returns_logits);
     }

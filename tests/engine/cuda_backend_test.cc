@@ -506,7 +506,7 @@ TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
     (*gpu)->set_cuda_graphs(graphs);
     for (const bool fallback : {false, true}) {
       // Greedy, plain temperature (SoftmaxDrawKernel), and with top_k and top_p (CutKernel, DrawKernel).
-      for (const SamplingParams params : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 4},
+      for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 4},
                                           SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
                      (fallback ? ", one sequence returning logits" : ""));
