@@ -285,15 +285,26 @@ absl::StatusOr<std::vector<TokenLogProb>> Engine::Score(std::span<const int32_t>
   std::vector<TokenLogProb> out;
   if (from == n) return out;
   if (from == 0) out.push_back({tokens[0], {}, {}});
-  // Row t predicts token t + 1: rows first_row .. n-2 score, the ones before only build the state.
-  const int64_t first_row = std::max<int64_t>(from - 1, 0), rows = n - 1;
-  if (rows <= first_row) return out;
+  if (n - 1 <= std::max<int64_t>(from - 1, 0)) return out;
   ORYX_ASSIGN_OR_RETURN(SequenceState seq, backend_->TryNewSequence());
+  ORYX_RETURN_IF_ERROR(ScoreOn(seq, tokens, modes, std::max<int64_t>(from, 1), top_n, out));
+  return out;
+}
+
+absl::Status Engine::ScoreOn(SequenceState& seq, std::span<const int32_t> tokens, std::span<const Mode> modes,
+                             int64_t from, int32_t top_n, std::vector<TokenLogProb>& out) {
+  // Row t predicts token t + 1: rows first_row .. n-2 score, the ones before only build the state.
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t first_row = from - 1, rows = n - 1;
+  if (seq.position() > first_row || static_cast<int64_t>(modes.size()) < rows) {
+    return absl::InternalError(Cat("score: a sequence at ", seq.position(), " cannot score from token ", from,
+                                   " with ", modes.size(), " modes"));
+  }
   ORYX_RETURN_IF_ERROR(seq.Reserve(rows));
   const int64_t span = backend_->PrefillSpan(1);
-  const int64_t V = c.vocab_size;
+  const int64_t V = backend_->config().vocab_size;
   std::vector<float> logits;
-  for (int64_t begin = 0; begin < rows;) {
+  for (int64_t begin = seq.position(); begin < rows;) {
     const bool scores = begin >= first_row;
     const int64_t end = std::min(rows, begin + span);
     const int64_t stop = scores ? end : std::min(end, first_row);
@@ -307,7 +318,7 @@ absl::StatusOr<std::vector<TokenLogProb>> Engine::Score(std::span<const int32_t>
     }
     begin = stop;
   }
-  return out;
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -332,6 +343,11 @@ struct GenerationBatch::Request {
   // in `modes`; decoding goes on from `slot.pending` once they are forwarded.
   std::vector<int32_t> replay;
   int32_t first = 0;  // the first generated token, drawn by the backend with the prompt's last span
+  // A stream with log-probabilities: each token's is scored as it is emitted, on a sequence of its own that
+  // follows this one's modes (ScoreStreamed), and the first error is kept for Finish.
+  std::optional<SequenceState> scorer;
+  std::vector<TokenLogProb> streamed;
+  absl::Status stream_error;
   Clock::time_point prefill_start, decode_start;
   bool admitted() const { return seq.has_value(); }
   const std::vector<int32_t>& context() const { return replay.empty() ? prompt : replay; }
@@ -575,8 +591,13 @@ bool GenerationBatch::Emit(Request& r, int32_t token) {
     out.text.resize(cut);
     stopped = true;
   }
+  const TokenLogProb* logprob = nullptr;
+  if (r.request.on_token && r.request.logprobs >= 0 && r.stream_error.ok()) {
+    r.stream_error = ScoreStreamed(r);
+    if (r.stream_error.ok()) logprob = &r.streamed.back();
+  }
   if (r.request.on_token && out.text.size() >= old_size) {
-    const TokenEvent event{r.slot.id, token, std::string_view(out.text).substr(old_size)};
+    const TokenEvent event{r.slot.id, token, std::string_view(out.text).substr(old_size), logprob};
     stopped |= !r.request.on_token(event);
   }
   if (stopped) {
@@ -613,9 +634,29 @@ void GenerationBatch::Finish(int64_t id) {
   active_.erase(it);  // frees the sequence
 }
 
+absl::Status GenerationBatch::ScoreStreamed(Request& r) {
+  std::vector<int32_t> tokens = r.prompt;
+  tokens.insert(tokens.end(), r.result.tokens.begin(), r.result.tokens.end());
+  if (!r.scorer) {
+    ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
+    r.scorer.emplace(std::move(seq));
+  }
+  const std::span<const Mode> log = r.seq->modes();
+  const size_t need = tokens.size() - 1;  // the row before the newest token ran in the sequence already
+  if (log.size() < need) return absl::InternalError(Cat("logprobs: ", log.size(), " modes logged, ", need, " needed"));
+  const int64_t from = static_cast<int64_t>(r.prompt.size() + r.streamed.size());
+  return engine_.ScoreOn(*r.scorer, tokens, log.first(need), from, r.request.logprobs, r.streamed);
+}
+
 absl::Status GenerationBatch::ScoreLogprobs(Request& r) {
   const GenerateRequest& q = r.request;
   if (q.logprobs < 0) return absl::OkStatus();
+  if (q.on_token) {  // streamed: scored token by token as they were emitted
+    ORYX_RETURN_IF_ERROR(r.stream_error);
+    r.result.logprobs = std::move(r.streamed);
+    r.result.logprobs.resize(r.result.tokens.size());
+    if (!q.echo) return absl::OkStatus();
+  }
   std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.result.tokens.begin(), r.result.tokens.end());
   // The modes the tokens ran in: the sequence's log, or (a request that generated nothing) the prompt's.

@@ -96,6 +96,7 @@ struct TokenEvent {
   int64_t request = 0;    // index of the request in the Generate call
   int32_t token = 0;
   std::string_view text;  // the bytes this token added to the result's text
+  const TokenLogProb* logprob = nullptr;  // with GenerateRequest::logprobs: this token's (valid in the callback)
 };
 
 struct GenerateRequest {
@@ -109,7 +110,8 @@ struct GenerateRequest {
   std::function<bool(const TokenEvent&)> on_token;  // streaming; return false to stop the request ("stop")
   // Log-probabilities: -1 none; 0 .. kMaxTopLogprobs each generated token's, with that many alternatives.
   // They are scored when the request ends, over the whole sequence in the modes its tokens ran in (the mode
-  // log), so a speculative policy reports attention mode's, which verified every token it kept.
+  // log), so a speculative policy reports attention mode's, which verified every token it kept; with on_token,
+  // as each token is emitted instead (TokenEvent::logprob), on a second sequence that follows the mode log.
   int32_t logprobs = -1;
   // With logprobs, the prompt's too. With echo, max_tokens may be 0: the prompt is scored, nothing generated.
   bool echo = false;
@@ -255,6 +257,10 @@ class Engine {
   // ResourceExhausted when the device has no room for the sequence.
   absl::StatusOr<std::vector<TokenLogProb>> Score(std::span<const int32_t> tokens, std::span<const Mode> modes,
                                                   int64_t from, int32_t top_n);
+  // The same on a sequence that has run tokens[0 .. seq.position()), seq.position() <= from - 1, from >= 1:
+  // runs it on to n - 1 and appends the entries of tokens[from ..] to `out`. For scoring as tokens come.
+  absl::Status ScoreOn(SequenceState& seq, std::span<const int32_t> tokens, std::span<const Mode> modes, int64_t from,
+                       int32_t top_n, std::vector<TokenLogProb>& out);
 
  private:
   friend class GenerationBatch;
@@ -339,6 +345,7 @@ class GenerationBatch {
   void FinishPrefill();
   void Finish(int64_t id);  // into finished_, or failed_ when its log-probabilities cannot be scored
   absl::Status ScoreLogprobs(Request& r);  // GenerateRequest::logprobs into its result
+  absl::Status ScoreStreamed(Request& r);  // a streaming request's newest token's log-probability
   void Drop(int64_t id);  // a failed request: gone without a result
   // Admission and preemption (set_kv_memory).
   void Admit();

@@ -201,8 +201,8 @@ absl::Status CheckLogprobs(const CompletionRequest& out) {
   if (q.max_tokens == 0 && !q.echo) {
     return absl::InvalidArgumentError("'max_tokens' must be >= 1 (0 only with echo: the prompt scored, nothing generated)");
   }
-  if (q.logprobs >= 0 && out.stream) {
-    return absl::InvalidArgumentError("log-probabilities are not built for streams yet: leave out 'stream' or 'logprobs'");
+  if (q.echo && out.stream) {
+    return absl::InvalidArgumentError("'echo' is not built for streams yet: leave out 'stream' or 'echo'");
   }
   return absl::OkStatus();
 }
@@ -453,16 +453,10 @@ json CompletionLogprobs(const GenerateResult& result, const ChoiceContext& conte
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
   size_t offset = context.echo ? 0 : context.prompt_text.size();
   const auto add = [&](const TokenLogProb& t) {
-    std::string name = TokenName(context, t.token);
-    tokens.push_back(name);
-    token_logprobs.push_back(t.logprob ? json(*t.logprob) : json(nullptr));
-    if (t.logprob) {
-      json alternatives = json::object();
-      for (const auto& [id, lp] : t.top) alternatives[TokenName(context, id)] = lp;
-      top.push_back(std::move(alternatives));
-    } else {
-      top.push_back(nullptr);
-    }
+    json one = CompletionTokenLogprobs(t, context, offset);
+    tokens.push_back(std::move(one["tokens"][0]));
+    token_logprobs.push_back(std::move(one["token_logprobs"][0]));
+    top.push_back(std::move(one["top_logprobs"][0]));
     offsets.push_back(offset);
     offset += TokenBytes(context, t.token).size();
   };
@@ -475,25 +469,40 @@ json CompletionLogprobs(const GenerateResult& result, const ChoiceContext& conte
 }
 
 json ChatLogprobs(const GenerateResult& result, const ChoiceContext& context) {
+  json content = json::array();
+  const size_t kept = KeptTokens(result, context);
+  for (size_t i = 0; i < kept; ++i) content.push_back(std::move(ChatTokenLogprobs(result.logprobs[i], context)["content"][0]));
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+}  // namespace
+
+nlohmann::json CompletionTokenLogprobs(const TokenLogProb& t, const ChoiceContext& context, size_t offset) {
+  json top = nullptr;
+  if (t.logprob) {
+    top = json::object();
+    for (const auto& [id, lp] : t.top) top[TokenName(context, id)] = lp;
+  }
+  return {{"tokens", {TokenName(context, t.token)}},
+          {"token_logprobs", {t.logprob ? json(*t.logprob) : json(nullptr)}},
+          {"top_logprobs", json::array({top})},
+          {"text_offset", {offset}}};
+}
+
+nlohmann::json ChatTokenLogprobs(const TokenLogProb& t, const ChoiceContext& context) {
   const auto entry = [&](int32_t token, double logprob) {
     const std::string bytes = TokenBytes(context, token);
     json list = json::array();
     for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
     return json{{"token", bytes}, {"logprob", logprob}, {"bytes", list}};
   };
-  json content = json::array();
-  const size_t kept = KeptTokens(result, context);
-  for (size_t i = 0; i < kept; ++i) {
-    const TokenLogProb& t = result.logprobs[i];
-    json e = entry(t.token, t.logprob.value_or(0));
-    e["top_logprobs"] = json::array();
-    for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
-    content.push_back(std::move(e));
-  }
-  return {{"content", content}, {"refusal", nullptr}};
+  json e = entry(t.token, t.logprob.value_or(0));
+  e["top_logprobs"] = json::array();
+  for (const auto& [id, lp] : t.top) e["top_logprobs"].push_back(entry(id, lp));
+  return {{"content", json::array({std::move(e)})}, {"refusal", nullptr}};
 }
 
-}  // namespace
+size_t TokenTextBytes(const ChoiceContext& context, int32_t token) { return TokenBytes(context, token).size(); }
 
 nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result, const ChoiceContext& context) {
   const bool logprobs = !result.logprobs.empty() || !result.prompt_logprobs.empty();
@@ -510,8 +519,8 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 }
 
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                               int32_t token, int64_t index) {
-  json choice = {{"index", index}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                               int32_t token, int64_t index, nlohmann::json logprobs) {
+  json choice = {{"index", index}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
   json j = {{"id", id.id},
             {"object", "text_completion"},
@@ -558,11 +567,11 @@ nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult
 }
 
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                                   bool first, int64_t index) {
+                                   bool first, int64_t index, nlohmann::json logprobs) {
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!text.empty() || (result == nullptr && !first)) delta["content"] = text;
-  json choice = {{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json choice = {{"index", index}, {"delta", delta}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
   json j = {{"id", id.id},
             {"object", "chat.completion.chunk"},

@@ -5,9 +5,9 @@
 // (default 0: greedy, as `oryx generate`), top_p, top_k, seed, stop (a string or an array of strings),
 // stream, ignore_eos, policy (an Oryx mode policy, default "attention"), model (if given, the served
 // model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused),
-// logprobs (0..20: each generated token's log-probability and that many alternatives; not with stream), echo
+// logprobs (0..20: each generated token's log-probability and that many alternatives; streamed per chunk), echo
 // (the prompt returned before the completion, with its log-probabilities when logprobs is set; max_tokens may
-// then be 0); the prompt may also be a list of strings or of token-id arrays; presence_penalty and
+// then be 0; not with stream); the prompt may also be a list of strings or of token-id arrays; presence_penalty and
 // frequency_penalty (-2..2, on the generated tokens) and logit_bias ({"token id": -100..100}), not with the
 // speculative policies. Any other field is an error: a misspelt or unsupported option never passes silently. The chat endpoint (ParseChatRequest) takes messages
 // instead of a prompt, and logprobs (true or false) with top_logprobs (0..20).
@@ -101,7 +101,13 @@ nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& re
 // and "oryx": {"token": id}; the last chunk (result given, token < 0) has the finish reason, usage and the
 // whole "oryx" part of CompletionObject.
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                               int32_t token, int64_t index = 0);
+                               int32_t token, int64_t index = 0, nlohmann::json logprobs = nullptr);
+// One streamed token's log-probabilities in the completions form (`offset`: its text's, as text_offset) and
+// in the chat form (logprobs.content), for its chunk.
+nlohmann::json CompletionTokenLogprobs(const TokenLogProb& t, const ChoiceContext& context, size_t offset);
+nlohmann::json ChatTokenLogprobs(const TokenLogProb& t, const ChoiceContext& context);
+// The bytes of a token's text (what text offsets count).
+size_t TokenTextBytes(const ChoiceContext& context, int32_t token);
 // The response of several choices (n > 1, a list of prompts): every choice of the one-choice form at its
 // index, the usage summed (each prompt's tokens once), and "oryx" a list of each choice's part.
 nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n);
@@ -112,7 +118,7 @@ nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n);
 nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result,
                                     const ChoiceContext& context = {});
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
-                                   bool first, int64_t index = 0);
+                                   bool first, int64_t index = 0, nlohmann::json logprobs = nullptr);
 // The usage of all the choices (each prompt's tokens once, as in MergeChoices).
 nlohmann::json ChatUsageChunk(const CompletionId& id, std::span<const GenerateResult> results, int64_t n);
 // {"error": {"message", "type", "code"}}: the code is the HTTP status, the type follows from it.

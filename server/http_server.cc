@@ -59,6 +59,8 @@ struct EventStream {
     std::string held;    // text held back: it ends inside a UTF-8 character
     bool first = true;   // no token sent yet
     std::optional<GenerateResult> result;
+    ChoiceContext context;  // names tokens in log-probabilities
+    size_t offset = 0;      // the next token's text offset (after the prompt's text)
   };
   std::vector<Choice> choices;
   int64_t running = 0, tokens = 0;
@@ -75,8 +77,13 @@ struct EventStream {
     c.held += e.text;
     const size_t n = CompleteUtf8Prefix(c.held);
     const std::string_view text = std::string_view(c.held).substr(0, n);
-    Push(chat ? ChatCompletionChunk(id, text, nullptr, c.first, index)
-              : CompletionChunk(id, text, nullptr, e.token, index));
+    json logprobs = nullptr;
+    if (e.logprob != nullptr) {
+      logprobs = chat ? ChatTokenLogprobs(*e.logprob, c.context) : CompletionTokenLogprobs(*e.logprob, c.context, c.offset);
+      c.offset += TokenTextBytes(c.context, e.token);
+    }
+    Push(chat ? ChatCompletionChunk(id, text, nullptr, c.first, index, std::move(logprobs))
+              : CompletionChunk(id, text, nullptr, e.token, index, std::move(logprobs)));
     c.first = false;
     c.held.erase(0, n);
     ++tokens;
@@ -344,8 +351,13 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   events->chat = request.chat;
   events->include_usage = request.include_usage;
   events->n = request.n;
+  const Tokenizer* tokenizer = engine.tokenizer() ? &*engine.tokenizer() : nullptr;
   for (size_t i = 0; i < choices.size(); ++i) {
     const int64_t index = static_cast<int64_t>(i);
+    EventStream::Choice& c = events->choices[i];
+    c.context = {tokenizer, {}, false};
+    c.offset = choices[i].prompt_tokens.empty() || tokenizer == nullptr ? choices[i].prompt.size()
+                                                                         : tokenizer->Decode(choices[i].prompt_tokens).size();
     choices[i].on_token = [events, id, index](const TokenEvent& e) { return events->Token(id, index, e); };
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
       const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());

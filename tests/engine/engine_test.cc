@@ -461,6 +461,34 @@ TEST_F(EngineTest, LogprobsAreTheLogSoftmaxOfTheModeEachTokenRanIn) {
   }
 }
 
+// A streaming request gets each token's log-probability with the token, the same the request gets without
+// streaming (scored as tokens come, on a sequence that follows the request's modes).
+TEST_F(EngineTest, StreamedLogprobsComeWithEachTokenAndEqualTheWholeScore) {
+  for (const std::string policy : {"attention", "prefill-linear", "linear"}) {
+    GenerateRequest q = Request("the quick brown fox", 9);
+    q.policy = policy;
+    q.logprobs = 2;
+    auto whole = engine_->Generate(q);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    std::vector<TokenLogProb> seen;
+    q.on_token = [&](const TokenEvent& e) {
+      EXPECT_NE(e.logprob, nullptr);
+      if (e.logprob != nullptr) seen.push_back(*e.logprob);
+      return true;
+    };
+    auto streamed = engine_->Generate(q);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_EQ(streamed->tokens, whole->tokens);
+    ASSERT_EQ(seen.size(), whole->logprobs.size()) << policy;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_EQ(seen[i].token, whole->tokens[i]);
+      EXPECT_NEAR(*seen[i].logprob, *whole->logprobs[i].logprob, 1e-5) << policy << " token " << i;
+      EXPECT_EQ(seen[i].top.size(), 2u);
+      EXPECT_NEAR(*streamed->logprobs[i].logprob, *seen[i].logprob, 0.0);
+    }
+  }
+}
+
 TEST_F(EngineTest, EchoScoresThePromptAndMaxTokensZeroGeneratesNothing) {
   GenerateRequest q = Request("the quick brown fox", 0);
   q.logprobs = 0;

@@ -97,6 +97,18 @@ class OpenAiClientTest(unittest.TestCase):
                 usage = chunk.usage
         self.assertEqual(text, whole.choices[0].message.content)
         self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
+        # With log-probabilities, streamed and not.
+        scored = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=6, temperature=0,
+                                                     logprobs=True, top_logprobs=2)
+        content = scored.choices[0].logprobs.content
+        self.assertEqual(len(content), scored.usage.completion_tokens)
+        stream = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=6, temperature=0,
+                                                     logprobs=True, top_logprobs=2, stream=True)
+        streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+        self.assertEqual([e.token for e in streamed][:len(content)], [e.token for e in content])
+        for a, b in zip(content, streamed):
+            self.assertLess(abs(a.logprob - b.logprob), 1e-3)
+            self.assertEqual(len(b.top_logprobs), 2)
 
     def test_logprobs_agree_with_the_engines_scoring_of_the_same_tokens(self):
         # A prompt of token ids (BOS, then what the model wrote after PROMPT), so that the scored text below is
@@ -116,6 +128,13 @@ class OpenAiClientTest(unittest.TestCase):
         self.assertEqual(echoed.usage.completion_tokens, 0)
         again = echoed.choices[0].logprobs.token_logprobs[-len(tokens):]
         for a, b in zip(lp.token_logprobs, again):
+            self.assertLess(abs(a - b), 1e-3)
+        # Streamed, each chunk carries its token's log-probability: the same.
+        chunks = [c for c in self.complete(prompt=prompt, max_tokens=10, logprobs=3, stream=True,
+                                           extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs]
+        streamed = [lp for c in chunks for lp in c.choices[0].logprobs.token_logprobs]
+        self.assertEqual(len(streamed), 10)
+        for a, b in zip(lp.token_logprobs, streamed):
             self.assertLess(abs(a - b), 1e-3)
         # Speculative decoding is lossless, and so are its log-probabilities: attention mode's.
         spec = self.complete(prompt=prompt, max_tokens=10, logprobs=3,

@@ -567,6 +567,16 @@ TEST_P(SpeculativeTest, LogprobsOfSpeculativeRequestsAreAttentionModes) {
       EXPECT_NEAR(*got->logprobs[i].logprob, *want->logprobs[i].logprob, 1e-5) << "token " << i;
       EXPECT_EQ(got->logprobs[i].top[1].first, want->logprobs[i].top[1].first);
     }
+    // Streamed: each token's comes with it, scored as the rounds commit several at a time.
+    std::vector<double> seen;
+    q.on_token = [&](const TokenEvent& e) {
+      if (e.logprob != nullptr) seen.push_back(*e.logprob->logprob);
+      return true;
+    };
+    auto streamed = engine.Generate(q);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    ASSERT_EQ(seen.size(), want->logprobs.size());
+    for (size_t i = 0; i < seen.size(); ++i) EXPECT_NEAR(seen[i], *want->logprobs[i].logprob, 1e-5) << "token " << i;
   }
 }
 
