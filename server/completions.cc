@@ -201,8 +201,9 @@ absl::Status CheckLogprobs(const CompletionRequest& out) {
   if (q.max_tokens == 0 && !q.echo) {
     return absl::InvalidArgumentError("'max_tokens' must be >= 1 (0 only with echo: the prompt scored, nothing generated)");
   }
-  if (q.echo && out.stream) {
-    return absl::InvalidArgumentError("'echo' is not built for streams yet: leave out 'stream' or 'echo'");
+  if (q.echo && out.stream && q.logprobs >= 0) {
+    return absl::InvalidArgumentError("'echo' with 'logprobs' is not built for streams yet: the prompt's scores come "
+                                      "without streaming");
   }
   return absl::OkStatus();
 }

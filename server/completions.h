@@ -7,7 +7,7 @@
 // model's name), n (choices per prompt, 1..16; best_of, if given, equal to it), user (accepted, unused),
 // logprobs (0..20: each generated token's log-probability and that many alternatives; streamed per chunk), echo
 // (the prompt returned before the completion, with its log-probabilities when logprobs is set; max_tokens may
-// then be 0; not with stream); the prompt may also be a list of strings or of token-id arrays; presence_penalty and
+// then be 0; a stream sends the prompt in a first chunk, and does not take echo with logprobs); the prompt may also be a list of strings or of token-id arrays; presence_penalty and
 // frequency_penalty (-2..2, on the generated tokens) and logit_bias ({"token id": -100..100}), not with the
 // speculative policies. Any other field is an error: a misspelt or unsupported option never passes silently. The chat endpoint (ParseChatRequest) takes messages
 // instead of a prompt, and logprobs (true or false) with top_logprobs (0..20).

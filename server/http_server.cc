@@ -358,6 +358,13 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
     c.context = {tokenizer, {}, false};
     c.offset = choices[i].prompt_tokens.empty() || tokenizer == nullptr ? choices[i].prompt.size()
                                                                          : tokenizer->Decode(choices[i].prompt_tokens).size();
+    if (choices[i].echo) {  // the prompt first, as a chunk of its own
+      std::lock_guard<std::mutex> lock(events->mu);
+      events->Push(CompletionChunk(id, choices[i].prompt_tokens.empty() || tokenizer == nullptr
+                                           ? choices[i].prompt
+                                           : tokenizer->Decode(choices[i].prompt_tokens),
+                                   nullptr, -1, index));
+    }
     choices[i].on_token = [events, id, index](const TokenEvent& e) { return events->Token(id, index, e); };
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
       const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());

@@ -152,6 +152,9 @@ class OpenAiClientTest(unittest.TestCase):
         self.assertEqual("".join(choice.logprobs.tokens), choice.text)
         self.assertEqual(choice.logprobs.text_offset[0], 0)
         self.assertTrue(all(isinstance(x, float) and x <= 0 for x in choice.logprobs.token_logprobs[1:]))
+        # Streamed, the prompt comes first, then the completion: the same text.
+        streamed = "".join(c.choices[0].text for c in self.complete(max_tokens=4, echo=True, stream=True) if c.choices)
+        self.assertEqual(streamed, choice.text)
 
     def test_logit_bias_and_penalties(self):
         forced = self.complete(max_tokens=4, logit_bias={"77": 100}, extra_body={"ignore_eos": True})

@@ -189,7 +189,8 @@ TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
   expect_error(R"({"prompt": "x", "logprobs": 21})", "'logprobs' must be an integer in [0, 20]");
   expect_error(R"({"prompt": "x", "logprobs": true})", "'logprobs' must be an integer in [0, 20]");
   expect_error(R"({"prompt": "x", "echo": 1})", "'echo' must be true or false");
-  expect_error(R"({"prompt": "x", "echo": true, "stream": true})", "'echo' is not built for streams yet");
+  expect_error(R"({"prompt": "x", "echo": true, "logprobs": 0, "stream": true})", "'echo' with 'logprobs' is not built");
+  EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": "x", "echo": true, "stream": true})", "m").ok());
   EXPECT_TRUE(ParseCompletionRequest(R"({"prompt": "x", "logprobs": 1, "stream": true})", "m").ok());
   {
     auto scored = ParseCompletionRequest(R"({"prompt": "x", "logprobs": 5, "echo": true, "max_tokens": 0})", "m");
