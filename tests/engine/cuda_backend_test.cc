@@ -467,24 +467,10 @@ TEST_P(CudaParityTest, LogprobsOfSpeculativeRequestsAreAttentionModesOnTheGpu) {
   q.stop_at_eos = false;
   q.logprobs = 2;
   q.echo = true;
-  auto attention = engine.Generate(q);
-  q.policy = "speculative:4";
-  auto speculative = engine.Generate(q);
-  ASSERT_TRUE(attention.ok() && speculative.ok());
-  ASSERT_EQ(speculative->tokens, attention->tokens);
-  EXPECT_GT(speculative->stats.spec->backend_rounds, 0);
-  ASSERT_EQ(speculative->logprobs.size(), 40u);
-  ASSERT_EQ(attention->prompt_logprobs.size(), 300u);
-  for (size_t i = 0; i < 40; ++i) {
-    ASSERT_TRUE(speculative->logprobs[i].logprob.has_value());
-    EXPECT_NEAR(*speculative->logprobs[i].logprob, *attention->logprobs[i].logprob, 1e-6) << "token " << i;
-    EXPECT_LE(*speculative->logprobs[i].logprob, 0.0);
-    ASSERT_EQ(speculative->logprobs[i].top.size(), 2u);
-    EXPECT_GE(speculative->logprobs[i].top[0].second, speculative->logprobs[i].top[1].second);
-  }
-  for (size_t i = 1; i < 300; ++i) {
-    EXPECT_NEAR(*speculative->prompt_logprobs[i].logprob, *attention->prompt_logprobs[i].logprob, 1e-6);
-  }
+  const GenerateResult speculative = testutil::ExpectSpeculativeLogprobsAreAttentions(engine, q, "speculative:4", 1e-6);
+  EXPECT_GT(speculative.stats.spec->backend_rounds, 0);
+  EXPECT_EQ(speculative.logprobs.size(), 40u);
+  EXPECT_EQ(speculative.prompt_logprobs.size(), 300u);
 }
 
 TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {

@@ -241,4 +241,31 @@ std::vector<GenerateResult> RunJoining(GenerationBatch& batch, const std::vector
   return got;
 }
 
+GenerateResult ExpectSpeculativeLogprobsAreAttentions(Engine& engine, GenerateRequest q, const std::string& speculative,
+                                                      double tolerance) {
+  q.policy = "attention";
+  auto want = engine.Generate(q);
+  q.policy = speculative;
+  auto got = engine.Generate(q);
+  EXPECT_TRUE(want.ok() && got.ok());
+  if (!want.ok() || !got.ok()) return {};
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_GT(got->stats.spec->drafted, 0);
+  EXPECT_EQ(got->logprobs.size(), got->tokens.size());
+  EXPECT_EQ(got->logprobs.size(), want->logprobs.size());
+  for (size_t i = 0; i < want->logprobs.size() && i < got->logprobs.size(); ++i) {
+    EXPECT_NEAR(*got->logprobs[i].logprob, *want->logprobs[i].logprob, tolerance) << "token " << i;
+    EXPECT_LE(*got->logprobs[i].logprob, 0.0);
+    EXPECT_EQ(got->logprobs[i].top.size(), static_cast<size_t>(q.logprobs));
+    for (size_t k = 1; k < got->logprobs[i].top.size(); ++k) {
+      EXPECT_GE(got->logprobs[i].top[k - 1].second, got->logprobs[i].top[k].second);
+    }
+  }
+  EXPECT_EQ(got->prompt_logprobs.size(), want->prompt_logprobs.size());
+  for (size_t i = 1; i < want->prompt_logprobs.size() && i < got->prompt_logprobs.size(); ++i) {
+    EXPECT_NEAR(*got->prompt_logprobs[i].logprob, *want->prompt_logprobs[i].logprob, tolerance) << "prompt token " << i;
+  }
+  return *got;
+}
+
 }  // namespace oryx::testutil

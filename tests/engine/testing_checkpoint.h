@@ -164,6 +164,13 @@ std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path);
 // also draw something other than the argmax, or nothing was compared.
 void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits);
 
+// Log-probabilities are attention mode's whatever was drafted: `q` (greedy, q.logprobs >= 0) generated under
+// the attention policy and under `speculative` (registered on the engine) gives the same tokens, and the same
+// log-probabilities within `tolerance` (with q.echo, the prompt's too). Returns the speculative result (empty
+// when a generation failed).
+GenerateResult ExpectSpeculativeLogprobsAreAttentions(Engine& engine, GenerateRequest q, const std::string& speculative,
+                                                      double tolerance);
+
 template <typename Edit>
 void RewriteWeights(const std::string& path, Edit edit) {
   std::vector<HostTensor> tensors = ReadAllTensors(path);
