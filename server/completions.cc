@@ -19,6 +19,11 @@ namespace {
 
 using json = nlohmann::json;
 
+// The bytes of the UTF-8 character this byte leads (0 for a continuation byte or an invalid one).
+size_t Utf8Length(unsigned char lead) {
+  return lead < 0x80 ? 1 : (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 0;
+}
+
 absl::Status Bad(std::string_view field, std::string_view want, const json& got) {
   return absl::InvalidArgumentError(Cat("'", field, "' must be ", want, ", got ", JsonText(got)));
 }
@@ -194,8 +199,8 @@ constexpr std::string_view kSharedFields =
     "max_tokens, temperature, top_p, top_k, seed, stop, stream, ignore_eos, policy, model, n, best_of, user, "
     "presence_penalty, frequency_penalty, logit_bias";
 
-// What completions and chat check once every field is read: max_tokens 0 only with echo, no log-probabilities
-// in a stream.
+// What completions and chat check once every field is read: max_tokens 0 only with echo, and no echo with
+// log-probabilities in a stream.
 absl::Status CheckLogprobs(const CompletionRequest& out) {
   const GenerateRequest& q = out.generate;
   if (q.max_tokens == 0 && !q.echo) {
@@ -332,6 +337,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
   q.max_tokens = kUpToTheContext;
   std::vector<std::pair<std::string, std::string>> messages;
   bool has_messages = false;
+  bool logprobs = false;
   int64_t top_logprobs = -1;  // not given
   for (const auto& [key, v] : j->items()) {
     if (key == "messages") {
@@ -370,7 +376,7 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
     if (key == "logprobs") {
       if (v.is_null()) continue;
       if (!v.is_boolean()) return Bad(key, "true or false", v);
-      out.chat_logprobs = v.get<bool>();
+      logprobs = v.get<bool>();
       continue;
     }
     if (key == "top_logprobs") {
@@ -398,8 +404,8 @@ absl::StatusOr<CompletionRequest> ParseChatRequest(std::string_view body, std::s
   }
   if (!has_messages) return absl::InvalidArgumentError("'messages' is missing");
   if (absl::Status s = CheckBestOf(out); !s.ok()) return s;
-  if (top_logprobs >= 0 && !out.chat_logprobs) return absl::InvalidArgumentError("'top_logprobs' needs 'logprobs': true");
-  if (out.chat_logprobs) q.logprobs = static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0));
+  if (top_logprobs >= 0 && !logprobs) return absl::InvalidArgumentError("'top_logprobs' needs 'logprobs': true");
+  if (logprobs) q.logprobs = static_cast<int32_t>(std::max<int64_t>(top_logprobs, 0));
   if (absl::Status s = CheckLogprobs(out); !s.ok()) return s;
   q.prompt = chat_template.Render(messages);
   for (const std::string& stop : chat_template.stop) {
@@ -413,8 +419,7 @@ namespace {
 
 bool IsValidUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    const size_t len = Utf8Length(static_cast<unsigned char>(s[i]));
     if (len == 0 || i + len > s.size()) return false;
     for (size_t k = 1; k < len; ++k) {
       if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
@@ -505,29 +510,35 @@ nlohmann::json ChatTokenLogprobs(const TokenLogProb& t, const ChoiceContext& con
 
 size_t TokenTextBytes(const ChoiceContext& context, int32_t token) { return TokenBytes(context, token).size(); }
 
+namespace {
+// What every response and chunk starts with: its id, its object type, when and by which model, its choices.
+json Envelope(const CompletionId& id, std::string_view object, json choices) {
+  return {{"id", id.id}, {"object", object}, {"created", id.created}, {"model", id.model}, {"choices", std::move(choices)}};
+}
+// A response that does not stream: its one choice, then the usage and Oryx's part.
+json WholeResponse(const CompletionId& id, std::string_view object, json choice, const GenerateResult& result) {
+  json j = Envelope(id, object, json::array({std::move(choice)}));
+  j["usage"] = Usage(result);
+  j["oryx"] = OryxPart(result);
+  return j;
+}
+}  // namespace
+
 nlohmann::json CompletionObject(const CompletionId& id, const GenerateResult& result, const ChoiceContext& context) {
   const bool logprobs = !result.logprobs.empty() || !result.prompt_logprobs.empty();
-  return {{"id", id.id},
-          {"object", "text_completion"},
-          {"created", id.created},
-          {"model", id.model},
-          {"choices", json::array({{{"index", 0},
-                                    {"text", context.echo ? context.prompt_text + result.text : result.text},
-                                    {"logprobs", logprobs ? CompletionLogprobs(result, context) : json(nullptr)},
-                                    {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
-          {"usage", Usage(result)},
-          {"oryx", OryxPart(result)}};
+  return WholeResponse(id, "text_completion",
+                       {{"index", 0},
+                        {"text", context.echo ? context.prompt_text + result.text : result.text},
+                        {"logprobs", logprobs ? CompletionLogprobs(result, context) : json(nullptr)},
+                        {"finish_reason", OpenAiFinishReason(result.finish_reason)}},
+                       result);
 }
 
 nlohmann::json CompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
                                int32_t token, int64_t index, nlohmann::json logprobs) {
   json choice = {{"index", index}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
-  json j = {{"id", id.id},
-            {"object", "text_completion"},
-            {"created", id.created},
-            {"model", id.model},
-            {"choices", json::array({choice})}};
+  json j = Envelope(id, "text_completion", json::array({std::move(choice)}));
   if (result != nullptr) {
     j["usage"] = Usage(*result);
     j["oryx"] = OryxPart(*result);
@@ -555,16 +566,12 @@ int HttpStatus(const absl::Status& status) {
 
 nlohmann::json ChatCompletionObject(const CompletionId& id, const GenerateResult& result,
                                     const ChoiceContext& context) {
-  return {{"id", id.id},
-          {"object", "chat.completion"},
-          {"created", id.created},
-          {"model", id.model},
-          {"choices", json::array({{{"index", 0},
-                                    {"message", {{"role", "assistant"}, {"content", result.text}}},
-                                    {"logprobs", result.logprobs.empty() ? json(nullptr) : ChatLogprobs(result, context)},
-                                    {"finish_reason", OpenAiFinishReason(result.finish_reason)}}})},
-          {"usage", Usage(result)},
-          {"oryx", OryxPart(result)}};
+  return WholeResponse(id, "chat.completion",
+                       {{"index", 0},
+                        {"message", {{"role", "assistant"}, {"content", result.text}}},
+                        {"logprobs", result.logprobs.empty() ? json(nullptr) : ChatLogprobs(result, context)},
+                        {"finish_reason", OpenAiFinishReason(result.finish_reason)}},
+                       result);
 }
 
 nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text, const GenerateResult* result,
@@ -574,11 +581,7 @@ nlohmann::json ChatCompletionChunk(const CompletionId& id, std::string_view text
   if (!text.empty() || (result == nullptr && !first)) delta["content"] = text;
   json choice = {{"index", index}, {"delta", delta}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
   if (result != nullptr) choice["finish_reason"] = OpenAiFinishReason(result->finish_reason);
-  json j = {{"id", id.id},
-            {"object", "chat.completion.chunk"},
-            {"created", id.created},
-            {"model", id.model},
-            {"choices", json::array({choice})}};
+  json j = Envelope(id, "chat.completion.chunk", json::array({std::move(choice)}));
   if (result != nullptr) j["oryx"] = OryxPart(*result);
   return j;
 }
@@ -604,8 +607,9 @@ json SummedUsage(const std::vector<json>& usages, int64_t n) {
 nlohmann::json ChatUsageChunk(const CompletionId& id, std::span<const GenerateResult> results, int64_t n) {
   std::vector<json> usages;
   for (const GenerateResult& r : results) usages.push_back(Usage(r));
-  return {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
-          {"model", id.model}, {"choices", json::array()},           {"usage", SummedUsage(usages, n)}};
+  json j = Envelope(id, "chat.completion.chunk", json::array());
+  j["usage"] = SummedUsage(usages, n);
+  return j;
 }
 
 nlohmann::json MergeChoices(std::vector<nlohmann::json> objects, int64_t n) {
@@ -644,7 +648,7 @@ size_t CompleteUtf8Prefix(std::string_view text) {
   for (size_t back = 1; back <= 4 && back <= n; ++back) {
     const auto c = static_cast<unsigned char>(text[n - back]);
     if ((c & 0xC0) == 0x80) continue;  // a continuation byte
-    const size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+    const size_t len = std::max<size_t>(Utf8Length(c), 1);  // a byte that leads nothing: a character of its own
     return back < len ? n - back : n;
   }
   return n;  // only continuation bytes at the end: not a character we can complete

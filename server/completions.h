@@ -40,7 +40,6 @@ struct CompletionRequest {
   bool stream = false;
   bool chat = false;           // from /v1/chat/completions
   bool include_usage = false;  // chat streams: stream_options.include_usage (a last chunk with the usage)
-  bool chat_logprobs = false;  // chat: logprobs (top_logprobs sets how many alternatives)
 };
 
 // How chat messages become a prompt: each message is its role's form with {content} replaced by its text, in
@@ -86,7 +85,7 @@ struct CompletionId {
 // the tokens of log-probabilities (without one a token is "token:<id>").
 struct ChoiceContext {
   const Tokenizer* tokenizer = nullptr;
-  std::string prompt_text;  // the prompt as text (a prompt of token ids decoded)
+  std::string prompt_text;  // the prompt as text (ids decoded), for echo and log-probabilities' text offsets
   bool echo = false;
 };
 

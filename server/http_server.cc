@@ -147,6 +147,15 @@ struct HttpServer::Impl {
   Impl(Engine& engine, ServerOptions o) : engine(engine), options(std::move(o)), scheduler(engine, options.scheduler) {}
 
   void Routes();
+  // What a choice's response needs of its prompt: its text when echoed or given offsets (log-probabilities).
+  ChoiceContext ContextOf(const GenerateRequest& q) const {
+    const Tokenizer* tokenizer = engine.tokenizer() ? &*engine.tokenizer() : nullptr;
+    ChoiceContext context{tokenizer, {}, q.echo};
+    if (q.echo || q.logprobs >= 0) {
+      context.prompt_text = q.prompt_tokens.empty() || tokenizer == nullptr ? q.prompt : tokenizer->Decode(q.prompt_tokens);
+    }
+    return context;
+  }
   void Completion(const std::string& body, bool chat, httplib::Response& res);
   void Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival, httplib::Response& res);
   void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
@@ -312,12 +321,7 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
   if (parsed->stream) return Stream(std::move(*parsed), id, arrival, res);
   std::vector<GenerateRequest> choices = Choices(*parsed);
   std::vector<ChoiceContext> contexts;
-  const Tokenizer* tokenizer = engine.tokenizer() ? &*engine.tokenizer() : nullptr;
-  for (const GenerateRequest& q : choices) {  // what echo and text offsets need of the prompt
-    ChoiceContext context{tokenizer, q.prompt, q.echo};
-    if (!q.prompt_tokens.empty() && tokenizer != nullptr) context.prompt_text = tokenizer->Decode(q.prompt_tokens);
-    contexts.push_back(std::move(context));
-  }
+  for (const GenerateRequest& q : choices) contexts.push_back(ContextOf(q));
   std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
   for (GenerateRequest& q : choices) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
@@ -351,19 +355,14 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
   events->chat = request.chat;
   events->include_usage = request.include_usage;
   events->n = request.n;
-  const Tokenizer* tokenizer = engine.tokenizer() ? &*engine.tokenizer() : nullptr;
   for (size_t i = 0; i < choices.size(); ++i) {
     const int64_t index = static_cast<int64_t>(i);
     EventStream::Choice& c = events->choices[i];
-    c.context = {tokenizer, {}, false};
-    c.offset = choices[i].prompt_tokens.empty() || tokenizer == nullptr ? choices[i].prompt.size()
-                                                                         : tokenizer->Decode(choices[i].prompt_tokens).size();
-    if (choices[i].echo) {  // the prompt first, as a chunk of its own
+    c.context = ContextOf(choices[i]);
+    c.offset = c.context.prompt_text.size();
+    if (c.context.echo) {  // the prompt first, as a chunk of its own
       std::lock_guard<std::mutex> lock(events->mu);
-      events->Push(CompletionChunk(id, choices[i].prompt_tokens.empty() || tokenizer == nullptr
-                                           ? choices[i].prompt
-                                           : tokenizer->Decode(choices[i].prompt_tokens),
-                                   nullptr, -1, index));
+      events->Push(CompletionChunk(id, c.context.prompt_text, nullptr, -1, index));
     }
     choices[i].on_token = [events, id, index](const TokenEvent& e) { return events->Token(id, index, e); };
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
