@@ -346,6 +346,7 @@ struct GenerationBatch::Request {
   // A stream with log-probabilities: each token's is scored as it is emitted, on a sequence of its own that
   // follows this one's modes (ScoreStreamed), and the first error is kept for Finish.
   std::optional<SequenceState> scorer;
+  std::vector<int32_t> scored_context;  // the prompt and the tokens emitted so far, grown as they come
   std::vector<TokenLogProb> streamed;
   absl::Status stream_error;
   Clock::time_point prefill_start, decode_start;
@@ -635,12 +636,14 @@ void GenerationBatch::Finish(int64_t id) {
 }
 
 absl::Status GenerationBatch::ScoreStreamed(Request& r) {
-  std::vector<int32_t> tokens = r.prompt;
-  tokens.insert(tokens.end(), r.result.tokens.begin(), r.result.tokens.end());
   if (!r.scorer) {
     ORYX_ASSIGN_OR_RETURN(SequenceState seq, engine_.backend_->TryNewSequence());
     r.scorer.emplace(std::move(seq));
+    r.scored_context = r.prompt;
   }
+  std::vector<int32_t>& tokens = r.scored_context;
+  const auto emitted = static_cast<std::ptrdiff_t>(tokens.size() - r.prompt.size());
+  tokens.insert(tokens.end(), r.result.tokens.begin() + emitted, r.result.tokens.end());
   const std::span<const Mode> log = r.seq->modes();
   const size_t need = tokens.size() - 1;  // the row before the newest token ran in the sequence already
   if (log.size() < need) return absl::InternalError(Cat("logprobs: ", log.size(), " modes logged, ", need, " needed"));
