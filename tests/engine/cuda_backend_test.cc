@@ -253,6 +253,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> LoadScaled(const ModelConfig& confi
   return CudaBackend::Load(scratch.path());
 }
 
+// Prompt tokens: Tokens with no BOS or EOS ids among them (4 .. vocab - 1).
+std::vector<int32_t> PromptTokens(std::mt19937& rng, int64_t n, int64_t vocab) {
+  std::vector<int32_t> t = Tokens(rng, n, vocab);
+  for (auto& x : t) x = static_cast<int32_t>(4 + x % (vocab - 4));
+  return t;
+}
+
+// An engine on the CUDA backend of LoadScaled's model, with the speculative policies registered.
+absl::StatusOr<Engine> SpeculativeGpuEngine(const ModelConfig& config, uint32_t seed) {
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, LoadScaled(config, seed));
+  Engine engine(std::move(gpu), std::nullopt);
+  speculative::RegisterPolicies(engine.policies());
+  return engine;
+}
+
 struct Case {
   const char* name;
   ModelConfig config;
@@ -315,16 +330,14 @@ TEST_P(CudaParityTest, SpanEqualsTokenByTokenOnTheGpu) {
 
 TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
   const ModelConfig config = HeadDim64Config(GetParam());
-  auto gpu = LoadScaled(config, 3);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  Engine engine(std::move(*gpu), std::nullopt);
-  speculative::RegisterPolicies(engine.policies());
+  auto made = SpeculativeGpuEngine(config, 3);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = *made;
   std::mt19937 rng(5);
   std::vector<GenerateRequest> base;
   for (int p = 0; p < 4; ++p) {
     GenerateRequest q;
-    q.prompt_tokens = Tokens(rng, 5 + rng() % 40, config.vocab_size);
-    for (auto& t : q.prompt_tokens) t = 4 + t % (config.vocab_size - 4);  // no BOS/EOS ids
+    q.prompt_tokens = PromptTokens(rng, 5 + rng() % 40, config.vocab_size);
     q.max_tokens = 32;
     q.stop_at_eos = false;
     q.policy = "attention";
@@ -375,8 +388,7 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
   std::vector<GenerateRequest> base;
   for (int p = 0; p < 4; ++p) {
     GenerateRequest q;
-    q.prompt_tokens = Tokens(rng, 5 + rng() % 60, config.vocab_size);
-    for (auto& t : q.prompt_tokens) t = 4 + t % (config.vocab_size - 4);  // no BOS/EOS ids
+    q.prompt_tokens = PromptTokens(rng, 5 + rng() % 60, config.vocab_size);
     q.max_tokens = max_tokens;
     q.stop_at_eos = false;
     base.push_back(q);
@@ -419,13 +431,11 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
 // computes the same spans itself (the snapshot points cut its spans alike, so the forwards are the same).
 TEST_P(CudaParityTest, PrefixCacheHitsGiveTheTokensOfTheSameSpansComputed) {
   const ModelConfig config = HeadDim64Config(GetParam());
-  auto gpu = LoadScaled(config, 5);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  Engine engine(std::move(*gpu), std::nullopt);
-  speculative::RegisterPolicies(engine.policies());
+  auto made = SpeculativeGpuEngine(config, 5);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = *made;
   std::mt19937 rng(8);
-  std::vector<int32_t> shared = Tokens(rng, 300, config.vocab_size);
-  for (auto& t : shared) t = 4 + t % (config.vocab_size - 4);
+  std::vector<int32_t> shared = PromptTokens(rng, 300, config.vocab_size);
   for (const std::string policy : {"attention", "speculative:4"}) {
     SCOPED_TRACE(policy);
     GenerateRequest first, second;
@@ -455,14 +465,12 @@ TEST_P(CudaParityTest, PrefixCacheHitsGiveTheTokensOfTheSameSpansComputed) {
 // the attention policy reports for the same tokens (the mode log says attention for every verified token).
 TEST_P(CudaParityTest, LogprobsOfSpeculativeRequestsAreAttentionModesOnTheGpu) {
   const ModelConfig config = HeadDim64Config(GetParam());
-  auto gpu = LoadScaled(config, 5);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  Engine engine(std::move(*gpu), std::nullopt);
-  speculative::RegisterPolicies(engine.policies());
+  auto made = SpeculativeGpuEngine(config, 5);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = *made;
   std::mt19937 rng(4);
   GenerateRequest q;
-  q.prompt_tokens = Tokens(rng, 300, config.vocab_size);
-  for (auto& t : q.prompt_tokens) t = 4 + t % (config.vocab_size - 4);
+  q.prompt_tokens = PromptTokens(rng, 300, config.vocab_size);
   q.max_tokens = 40;
   q.stop_at_eos = false;
   q.logprobs = 2;
