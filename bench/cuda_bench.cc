@@ -201,7 +201,8 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
     std::vector<int32_t> pending(batch, 5);
     for (int64_t b = 0; b < batch; ++b) {
       if (!measured) {
-        seqs.push_back(first.Clone());
+        ORYX_ASSIGN_OR_RETURN(SequenceState copy, first.TryCopy());  // its own KV blocks, as a served request's
+        seqs.push_back(std::move(copy));
         continue;
       }
       // Evenly spread validation windows, one per sequence.
@@ -415,7 +416,10 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         emit(r);
         continue;
       }
-      for (int64_t b = 0; b < batch; ++b) seqs.push_back(first.Clone());
+      for (int64_t b = 0; b < batch; ++b) {
+        ORYX_ASSIGN_OR_RETURN(SequenceState copy, first.TryCopy());  // its own KV blocks, as a served request's
+        seqs.push_back(std::move(copy));
+      }
       // attention, linear (CUDA graphs on, the next token drawn on the device): what the rounds are compared with
       double step_s[2] = {0, 0};
       // Each sequence's sampler (greedy unless --temperature): the device's draws use one set, the host's

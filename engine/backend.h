@@ -32,9 +32,9 @@ class DeviceSequence {
  public:
   virtual ~DeviceSequence() = default;
   virtual const void* owner() const = 0;  // the backend that made it
-  // A deep copy of the first `position` tokens' KV cache (when with_kv) and of the recurrent state, with room
-  // for `capacity` positions (< 0: as many as this one has; never fewer than `position`); ResourceExhausted
-  // when the device has no room for it.
+  // A copy of the recurrent state and (when with_kv) of the first `position` tokens' KV cache, which it may
+  // share with this one until either writes there, with room for `capacity` positions (< 0: as many as this
+  // one has; never fewer than `position`); ResourceExhausted when the device has no room for it.
   virtual absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
                                                                 int64_t capacity) const = 0;
   virtual void CopyRecurrentFrom(const DeviceSequence& other) = 0;
@@ -42,6 +42,11 @@ class DeviceSequence {
   virtual absl::Status Reserve(int64_t tokens, int64_t position) = 0;
   virtual int64_t kv_bytes() const = 0;
   virtual int64_t kv_capacity() const = 0;  // positions the KV cache has room for
+  virtual int64_t kv_block_tokens() const = 0;  // positions per KV block
+  virtual int64_t kv_shared_blocks() const = 0;  // KV blocks another sequence holds too
+  // Every KV block another sequence holds too replaced by a copy of its own; ResourceExhausted when the device
+  // has no room.
+  virtual absl::Status UnshareKv() = 0;
   // Brings the recurrent state and conv window back to after `keep` tokens of the last keep_states span.
   virtual void RestoreSpan(int64_t keep) = 0;
 };
@@ -80,31 +85,31 @@ class SequenceState {
   // naming the shortage: for tests and tools that hold few sequences).
   absl::StatusOr<SequenceState> TryClone() const;
   // A clone whose KV cache is its own copy, shared with nobody, as a sequence prefilled apart would have (a
-  // host Clone shares the blocks): for benchmarks, where sequences that share memory would read less of it.
+  // Clone shares the blocks): for benchmarks, where sequences that share memory would read less of it.
   absl::StatusOr<SequenceState> TryCopy() const;
-  // A clone with room for `tokens` positions in all and no more (a device clone allocates exactly that, a host
-  // clone reserves the blocks past the shared ones): the prefix cache keeps clones with no room past their
-  // position, and gives back ones with the room their requests reserve.
+  // A clone with room for `tokens` positions in all and no more (the blocks past the shared ones reserved):
+  // the prefix cache keeps clones with no room past their position, and gives back ones with the room their
+  // requests reserve.
   absl::StatusOr<SequenceState> TryCloneWithRoom(int64_t tokens) const;
   absl::StatusOr<SequenceState> TryMakeDraft() const;
   // Overwrites the recurrent state, conv window and position with `other`'s (any KV cache is left alone,
   // and allocation happens only the first time). For refreshing a draft sequence each round.
   void CopyRecurrentFrom(const SequenceState& other);
 
-  // Makes room for `tokens` positions in all, so forwards up to there allocate nothing (on the host: the KV
-  // blocks that cover them, unless a clone shares the one being written). ResourceExhausted, the sequence
-  // unchanged, when the memory (host or device) is not there.
+  // Makes room for `tokens` positions in all, so forwards up to there allocate nothing (the KV blocks that
+  // cover them, unless a clone shares the one being written). ResourceExhausted, the sequence unchanged, when
+  // the memory (host or device) is not there.
   absl::Status Reserve(int64_t tokens);
-  // Bytes held by the KV cache (allocated capacity, all layers; on the host, the blocks held, shared or not).
+  // Bytes held by the KV cache (the blocks held, shared or not: all layers).
   int64_t kv_bytes() const;
   // Positions the KV cache has room for before it grows (0 for a draft).
   int64_t kv_capacity() const;
   // Bytes of the recurrent state and conv window (all layers).
   int64_t recurrent_bytes() const;
-  // KV blocks this sequence holds that others hold too (clones, the prefix cache); 0 where not paged.
+  // KV blocks this sequence holds that others hold too (clones, the prefix cache).
   int64_t kv_shared_blocks() const;
-  // Positions per KV block: the granularity of Reserve and kv_bytes (1 where the cache is contiguous).
-  int64_t kv_block_tokens() const { return kv_.pool() ? kv_.pool()->block_tokens() : 1; }
+  // Positions per KV block: the granularity of Reserve and kv_bytes.
+  int64_t kv_block_tokens() const;
 
   // Goes back to `position` (<= position()). The KV cache is cut there. The recurrent state and conv window
   // can be brought back only to a position inside the last span forwarded with keep_states (its start

@@ -29,9 +29,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   const ModelConfig& config() const override { return config_; }
-  int64_t KvBytes(int64_t positions) const override {  // bf16 keys and values
-    return positions * 2 * config_.n_layers * config_.n_heads * config_.head_dim * 2;
-  }
+  int64_t KvBytes(int64_t positions) const override;  // bf16 keys and values, in whole blocks
   SequenceState NewSequence() const override;
   absl::StatusOr<SequenceState> TryNewSequence() const override;
   using Backend::Forward;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "base/status_macros.h"
 #include "base/str_cat.h"
 #include "engine/cuda_backend.h"
+#include "engine/kv_blocks.h"
 #include "engine/sampler.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -96,6 +98,65 @@ inline void* TryDeviceAlloc(int64_t bytes) {
   return p;
 }
 
+// The KV blocks of a backend's sequences (kc::kKvBlockTokens positions of every layer's keys and values each,
+// kc::SeqDesc's layout): ids and reference counts from a BlockPool, the memory from the DevicePool, taken when
+// a block is handed out and given back when its last holder lets it go, so that memory the KV cache does not
+// hold serves any other use. Thread-safe.
+class DeviceKvBlocks {
+ public:
+  DeviceKvBlocks(DevicePool& memory, int64_t block_bytes)
+      : memory_(memory), ids_(64, kc::kKvBlockTokens), storage_(64, nullptr), block_bytes_(block_bytes) {}
+  int64_t block_bytes() const { return block_bytes_; }
+  // A block referenced once; ResourceExhausted when the device has no room for it.
+  absl::StatusOr<int32_t> Allocate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ids_.available() == 0) {
+      ids_.Grow(ids_.capacity());
+      storage_.resize(ids_.capacity(), nullptr);
+    }
+    ORYX_ASSIGN_OR_RETURN(const int32_t id, ids_.Allocate());
+    storage_[id] = static_cast<bf16*>(memory_.Alloc(block_bytes_));
+    if (storage_[id] == nullptr) {
+      ids_.Unref(id);
+      return absl::ResourceExhaustedError(Cat("no device memory for a KV block of ", block_bytes_, " bytes"));
+    }
+    ++held_;
+    return id;
+  }
+  void Ref(int32_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.Ref(id);
+  }
+  void Unref(int32_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids_.Unref(id);
+    if (ids_.refs(id) == 0) {
+      memory_.Free(storage_[id]);
+      storage_[id] = nullptr;
+      --held_;
+    }
+  }
+  int32_t refs(int32_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_.refs(id);
+  }
+  bf16* data(int32_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return storage_[id];
+  }
+  int64_t held() const {  // blocks referenced by anyone
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  DevicePool& memory_;
+  BlockPool ids_;                // never publishes: device prefixes are cached as snapshots (PrefixCache)
+  std::vector<bf16*> storage_;  // by id; null while free
+  int64_t block_bytes_, held_ = 0;
+};
+
 }  // namespace cuda_internal
 
 struct CudaBackend::Context {
@@ -103,10 +164,36 @@ struct CudaBackend::Context {
   cublasHandle_t cublas = nullptr;
   void* cublas_workspace = nullptr;  // set explicitly so that cuBLAS allocates nothing inside graph capture
   cuda_internal::DevicePool pool;
+  std::unique_ptr<cuda_internal::DeviceKvBlocks> kv;  // (after pool: goes first)
   kc::ModelDims dims{};
   int64_t L = 0, H = 0, dh = 0, HD = 0, W = 0;
   cudaEvent_t timing[3] = {nullptr, nullptr, nullptr};  // set_step_timing: launched, computed, copied
+  // Pinned memory that small host-to-device copies (block tables) pass through, so that they are
+  // asynchronous: filled front to back, and reused from the front after a synchronisation once full.
+  char* staging = nullptr;
+  int64_t staging_used = 0;
+  static constexpr int64_t kStagingBytes = int64_t{1} << 18;
+  // Copies `bytes` from host memory to `dst` on the stream; `src` may change once this returns.
+  void CopyToDevice(void* dst, const void* src, int64_t bytes) {
+    if (staging == nullptr && cudaMallocHost(reinterpret_cast<void**>(&staging), kStagingBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      staging = nullptr;
+    }
+    if (staging == nullptr || bytes > kStagingBytes) {  // (a synchronous copy, in stream order)
+      ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ORYX_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    if (staging_used + bytes > kStagingBytes) {
+      ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));  // every copy out of the staging memory is done
+      staging_used = 0;
+    }
+    std::memcpy(staging + staging_used, src, bytes);
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(dst, staging + staging_used, bytes, cudaMemcpyHostToDevice, stream));
+    staging_used += (bytes + 15) / 16 * 16;
+  }
   ~Context() {
+    if (staging != nullptr) cudaFreeHost(staging);
     for (cudaEvent_t e : timing) if (e != nullptr) cudaEventDestroy(e);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cublas_workspace != nullptr) cudaFree(cublas_workspace);
@@ -116,11 +203,15 @@ struct CudaBackend::Context {
 
 namespace cuda_internal {
 
-// One sequence's state in device memory: recurrent state [L, H, dh, dh] and conv window [L, W, 2HD] fp32,
-// the KV cache [2, L, cap, HD] bf16 (keys, then values), and the keep_states history of the last span.
+// One sequence's state in device memory: recurrent state [L, H, dh, dh] and conv window [L, W, 2HD] fp32, the
+// paged KV cache (a table of DeviceKvBlocks in position order, mirrored on the device for the kernels), and the
+// keep_states history of the last span. Clones share the KV blocks of the positions they have (reference
+// counts); a block another holder shares is copied before a forward writes into it (PrepareWrite), so a
+// speculative rollback or a later token never touches what a snapshot holds.
 class CudaSequence final : public DeviceSequence {
  public:
   using Context = CudaBackend::Context;
+  static constexpr int64_t kBlockTokens = kc::kKvBlockTokens;
   CudaSequence(std::shared_ptr<Context> ctx, const void* owner) : ctx_(std::move(ctx)), owner_(owner) {}
   // A sequence at position 0 (zero state and window); ResourceExhausted when the device has no room.
   static absl::StatusOr<std::unique_ptr<CudaSequence>> Create(std::shared_ptr<Context> ctx, const void* owner) {
@@ -137,7 +228,8 @@ class CudaSequence final : public DeviceSequence {
     return seq;
   }
   ~CudaSequence() override {
-    for (void* p : {static_cast<void*>(state_), static_cast<void*>(conv_), static_cast<void*>(kv_),
+    for (int32_t b : blocks_) ctx_->kv->Unref(b);
+    for (void* p : {static_cast<void*>(state_), static_cast<void*>(conv_), static_cast<void*>(table_),
                     static_cast<void*>(span_states_), static_cast<void*>(span_inputs_)}) {
       ctx_->pool.Free(p);
     }
@@ -145,17 +237,21 @@ class CudaSequence final : public DeviceSequence {
 
   const void* owner() const override { return owner_; }
 
+  // The clone holds this one's blocks of positions [0, position) too, and blocks of its own up to `capacity`.
   absl::StatusOr<std::unique_ptr<DeviceSequence>> Clone(bool with_kv, int64_t position,
                                                         int64_t capacity) const override {
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaSequence> copy, Create(ctx_, owner_));
     copy->CopyRecurrentFrom(*this);
-    const int64_t cap = capacity < 0 ? cap_ : std::max(capacity, position);
-    if (with_kv && cap > 0) {
-      copy->kv_ = copy->TryAlloc<bf16>(kv_elements(cap));
-      if (copy->kv_ == nullptr) return OutOfMemory("a copy of a KV cache of", cap, kv_elements(cap) * 2);
-      copy->cap_ = cap;
-      CopyRows(kv_, cap_, copy->kv_, cap, position);
+    if (!with_kv) return std::unique_ptr<DeviceSequence>(std::move(copy));
+    const int64_t shared = std::min(Blocks(position), static_cast<int64_t>(blocks_.size()));
+    const int64_t cap = capacity < 0 ? kv_capacity() : std::max(capacity, position);
+    if (!copy->EnsureTable(std::max(shared, Blocks(cap)))) return OutOfMemory("a KV block table of", cap, 0);
+    for (int64_t j = 0; j < shared; ++j) {
+      ctx_->kv->Ref(blocks_[j]);
+      copy->blocks_.push_back(blocks_[j]);
     }
+    copy->UploadTable(0, shared);
+    ORYX_RETURN_IF_ERROR(copy->Reserve(cap, position));
     return std::unique_ptr<DeviceSequence>(std::move(copy));
   }
 
@@ -167,13 +263,31 @@ class CudaSequence final : public DeviceSequence {
                                     ctx_->stream));
   }
 
+  // Blocks for `tokens` positions; ResourceExhausted, the cache as it was, when the device has no room.
   absl::Status Reserve(int64_t tokens, int64_t position) override {
-    if (tokens > cap_ && !Grow(tokens, position)) return OutOfMemory("a KV cache of", tokens, kv_elements(tokens) * 2);
+    (void)position;  // (growing a paged cache moves nothing)
+    const int64_t had = static_cast<int64_t>(blocks_.size()), want = Blocks(tokens);
+    if (want <= had) return absl::OkStatus();
+    if (!EnsureTable(want)) return OutOfMemory("a KV block table of", tokens, 0);
+    while (static_cast<int64_t>(blocks_.size()) < want) {
+      absl::StatusOr<int32_t> block = ctx_->kv->Allocate();
+      if (!block.ok()) {
+        while (static_cast<int64_t>(blocks_.size()) > had) ReleaseLast();
+        return OutOfMemory("a KV cache of", tokens, (want - had) * ctx_->kv->block_bytes());
+      }
+      blocks_.push_back(*block);
+    }
+    UploadTable(had, want);
     return absl::OkStatus();
   }
 
-  int64_t kv_bytes() const override { return kv_elements(cap_) * static_cast<int64_t>(sizeof(bf16)); }
-  int64_t kv_capacity() const override { return cap_; }
+  int64_t kv_bytes() const override { return static_cast<int64_t>(blocks_.size()) * ctx_->kv->block_bytes(); }
+  int64_t kv_capacity() const override { return static_cast<int64_t>(blocks_.size()) * kBlockTokens; }
+  int64_t kv_block_tokens() const override { return kBlockTokens; }
+  int64_t kv_shared_blocks() const override {
+    return std::count_if(blocks_.begin(), blocks_.end(), [&](int32_t b) { return ctx_->kv->refs(b) > 1; });
+  }
+  absl::Status UnshareKv() override { return OwnBlocks(0, static_cast<int64_t>(blocks_.size())); }
 
   void RestoreSpan(int64_t keep) override {
     const Context& c = *ctx_;
@@ -188,12 +302,11 @@ class CudaSequence final : public DeviceSequence {
     }
   }
 
-  // Makes room for `tokens` positions (growing geometrically past a reservation, or exactly when that
-  // does not fit).
-  absl::Status EnsureCapacity(int64_t tokens, int64_t position) {
-    if (tokens <= cap_) return absl::OkStatus();
-    if (Grow(std::max({tokens, 2 * cap_, int64_t{64}}), position) || Grow(tokens, position)) return absl::OkStatus();
-    return OutOfMemory("a KV cache of", tokens, kv_elements(tokens) * 2);
+  // Before a forward writes positions [from, to): blocks for them, and those that another holder shares
+  // copied first. ResourceExhausted when the device has no room (the blocks gained so far kept).
+  absl::Status PrepareWrite(int64_t from, int64_t to) {
+    ORYX_RETURN_IF_ERROR(Reserve(to, from));
+    return OwnBlocks(from / kBlockTokens, Blocks(to));
   }
 
   // Sizes the keep_states history for a span of T tokens and remembers T.
@@ -223,55 +336,77 @@ class CudaSequence final : public DeviceSequence {
   }
 
   kc::SeqDesc Desc(int64_t row, int64_t len, int64_t pos, bool keep) const {
-    const int64_t L = ctx_->L, HD = ctx_->HD;
     kc::SeqDesc d{};
     d.row = static_cast<int32_t>(row);
     d.len = static_cast<int32_t>(len);
     d.pos = pos;
-    d.kv_cap = cap_;
+    d.kv_cap = kv_capacity();
     d.state = state_;
     d.conv = conv_;
-    d.k_cache = kv_;
-    d.v_cache = kv_ != nullptr ? kv_ + L * cap_ * HD : nullptr;
+    d.kv_blocks = blocks_.empty() ? nullptr : table_;
     d.maybe_span_states = keep ? span_states_ : nullptr;
     d.maybe_span_inputs = keep ? span_inputs_ : nullptr;
     return d;
   }
 
  private:
+  static int64_t Blocks(int64_t positions) { return (positions + kBlockTokens - 1) / kBlockTokens; }
   template <typename T>
   T* TryAlloc(int64_t n) const {  // null when the device is out of memory
     return static_cast<T*>(ctx_->pool.Alloc(n * static_cast<int64_t>(sizeof(T))));
   }
   int64_t state_floats() const { return ctx_->L * ctx_->H * ctx_->dh * ctx_->dh; }
   int64_t conv_floats() const { return ctx_->L * ctx_->W * 2 * ctx_->HD; }
-  int64_t kv_elements(int64_t cap) const { return 2 * ctx_->L * cap * ctx_->HD; }
 
-  // Copies the first `rows` positions of every (k|v, layer) slice between caches of two capacities.
-  void CopyRows(const bf16* src, int64_t src_cap, bf16* dst, int64_t dst_cap, int64_t rows) const {
-    if (rows == 0) return;
-    const int64_t row_bytes = ctx_->HD * static_cast<int64_t>(sizeof(bf16));
-    ORYX_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_cap * row_bytes, src, src_cap * row_bytes, rows * row_bytes,
-                                      2 * ctx_->L, cudaMemcpyDeviceToDevice, ctx_->stream));
-  }
-
-  // False, the cache unchanged, when the device has no room for `cap` positions.
-  [[nodiscard]] bool Grow(int64_t cap, int64_t position) {
-    bf16* grown = TryAlloc<bf16>(kv_elements(cap));
+  // Room for n entries in the device table (the ones there kept); false when the device has none.
+  [[nodiscard]] bool EnsureTable(int64_t n) {
+    if (n <= table_cap_) return true;
+    const int64_t cap = std::max({n, 2 * table_cap_, int64_t{16}});
+    bf16** grown = TryAlloc<bf16*>(cap);
     if (grown == nullptr) return false;
-    if (kv_ != nullptr) CopyRows(kv_, cap_, grown, cap, position);
-    ctx_->pool.Free(kv_);
-    kv_ = grown;
-    cap_ = cap;
+    if (!blocks_.empty()) {
+      ORYX_CUDA_CHECK(cudaMemcpyAsync(grown, table_, blocks_.size() * sizeof(bf16*), cudaMemcpyDeviceToDevice,
+                                      ctx_->stream));
+    }
+    ctx_->pool.Free(table_);
+    table_ = grown;
+    table_cap_ = cap;
     return true;
+  }
+  // The device table's entries [from, to) from blocks_.
+  void UploadTable(int64_t from, int64_t to) {
+    if (to <= from) return;
+    std::vector<bf16*> addresses(to - from);
+    for (int64_t j = from; j < to; ++j) addresses[j - from] = ctx_->kv->data(blocks_[j]);
+    ctx_->CopyToDevice(table_ + from, addresses.data(), (to - from) * static_cast<int64_t>(sizeof(bf16*)));
+  }
+  void ReleaseLast() {
+    ctx_->kv->Unref(blocks_.back());
+    blocks_.pop_back();
+  }
+  // Blocks [first, end) made this sequence's alone: each one another holder shares is replaced by a copy.
+  absl::Status OwnBlocks(int64_t first, int64_t end) {
+    end = std::min(end, static_cast<int64_t>(blocks_.size()));
+    for (int64_t j = first; j < end; ++j) {
+      if (ctx_->kv->refs(blocks_[j]) == 1) continue;
+      absl::StatusOr<int32_t> copy = ctx_->kv->Allocate();
+      if (!copy.ok()) return OutOfMemory("a copy of a shared KV block of", kBlockTokens, ctx_->kv->block_bytes());
+      ORYX_CUDA_CHECK(cudaMemcpyAsync(ctx_->kv->data(*copy), ctx_->kv->data(blocks_[j]), ctx_->kv->block_bytes(),
+                                      cudaMemcpyDeviceToDevice, ctx_->stream));
+      ctx_->kv->Unref(blocks_[j]);
+      blocks_[j] = *copy;
+      UploadTable(j, j + 1);
+    }
+    return absl::OkStatus();
   }
 
   std::shared_ptr<Context> ctx_;
   const void* owner_;
   float* state_ = nullptr;
   float* conv_ = nullptr;
-  bf16* kv_ = nullptr;
-  int64_t cap_ = 0;
+  std::vector<int32_t> blocks_;  // KV blocks in position order (ids of ctx_->kv)
+  bf16** table_ = nullptr;       // [table_cap_]: their addresses on the device (SeqDesc::kv_blocks)
+  int64_t table_cap_ = 0;
   float* span_states_ = nullptr;  // [L, H, T+1, dh, dh]
   float* span_inputs_ = nullptr;  // [L, W+T, 2HD]
   int64_t span_states_floats_ = 0, span_inputs_floats_ = 0, span_len_ = 0;

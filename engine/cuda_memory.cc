@@ -22,6 +22,12 @@ SequenceState CudaBackend::NewSequence() const {
   return std::move(*seq);
 }
 
+int64_t CudaBackend::KvBytes(int64_t positions) const {
+  const int64_t blocks = (positions + kc::kKvBlockTokens - 1) / kc::kKvBlockTokens;
+  return blocks * kc::kKvBlockTokens * 2 * config_.n_layers * config_.n_heads * config_.head_dim *
+         static_cast<int64_t>(sizeof(bf16));
+}
+
 int64_t CudaBackend::AvailableDeviceBytes() const {
   size_t free = 0, total = 0;
   ORYX_CUDA_CHECK(cudaMemGetInfo(&free, &total));

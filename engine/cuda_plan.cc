@@ -25,8 +25,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     const int64_t T = static_cast<int64_t>(it.tokens.size()), pos = it.seq->position();
     max_span = std::max(max_span, T);
     CudaSequence& ds = DeviceOf(*it.seq);
-    // (Growing keeps every state's contents: a batch that fails here leaves its sequences as they were.)
-    if (it.seq->has_kv()) ORYX_RETURN_IF_ERROR(ds.EnsureCapacity(pos + T, pos));
+    // (Growing and unsharing keep every state's contents: a batch that fails here leaves its sequences' tokens
+    // as they were.)
+    if (it.seq->has_kv()) ORYX_RETURN_IF_ERROR(ds.PrepareWrite(pos, pos + T));
     if (it.keep_states) ORYX_RETURN_IF_ERROR(ds.PrepareSpan(T));
     any_keeps |= it.keep_states;
     int64_t item_attention = 0;

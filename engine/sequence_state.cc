@@ -77,7 +77,11 @@ absl::StatusOr<SequenceState> SequenceState::TryCloneWithRoom(int64_t tokens) co
 }
 
 absl::StatusOr<SequenceState> SequenceState::TryCopy() const {
-  ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());  // a device clone copies already
+  ORYX_ASSIGN_OR_RETURN(SequenceState copy, TryClone());
+  if (copy.device_) {
+    ORYX_RETURN_IF_ERROR(copy.device_->UnshareKv());
+    return copy;
+  }
   for (int64_t j = 0; j < copy.kv_.size(); ++j) ORYX_RETURN_IF_ERROR(copy.kv_.Own(j));
   return copy;
 }
@@ -160,7 +164,12 @@ int64_t SequenceState::recurrent_bytes() const {
          static_cast<int64_t>(sizeof(float));
 }
 
-int64_t SequenceState::kv_shared_blocks() const { return kv_.shared(); }
+int64_t SequenceState::kv_shared_blocks() const { return device_ ? device_->kv_shared_blocks() : kv_.shared(); }
+
+int64_t SequenceState::kv_block_tokens() const {
+  if (device_) return device_->kv_block_tokens();
+  return kv_.pool() ? kv_.pool()->block_tokens() : 1;
+}
 
 absl::Status SequenceState::Truncate(int64_t position) {
   if (position > position_ || position < 0) {

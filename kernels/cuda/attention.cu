@@ -1,4 +1,4 @@
-// Attention of query rows over a bf16 KV cache, split over chunks of keys (flash-decoding): a block per
+// Attention of query rows over a paged bf16 KV cache, split over chunks of keys (flash-decoding): a block per
 // (attention row, head, chunk of kAttentionChunk keys) writes the chunk's max score, its sum of
 // exponentials and its unnormalised output; a second kernel merges the chunks of each (row, head). The
 // same kernels serve decode (one row per sequence), verify spans and prefill (causal: the row at position
@@ -45,13 +45,14 @@ __device__ __forceinline__ void BlockSoftmaxInPlace(float* scores, int64_t n, fl
 
 // kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
 // Loads, for one thread, 8 bf16 of kUnroll keys kKeysPerLoad apart from key j0 + group (zeros past n).
+// The kUnroll * kKeysPerLoad keys from j0 (a multiple of that run length, 8 to 64) lie in one block (KvRows).
 template <int kKeysPerLoad>
-__device__ __forceinline__ void LoadKeys(uint4 (&raw)[kUnroll], const bf16* kbase, int j0, int group, int n,
-                                         int64_t HD) {
+__device__ __forceinline__ void LoadKeys(uint4 (&raw)[kUnroll], const KvRows& keys, int j0, int group, int n) {
+  const bf16* run = keys.Row(j0);
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int j = j0 + u * kKeysPerLoad + group;
-    raw[u] = j < n ? *reinterpret_cast<const uint4*>(kbase + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
+    raw[u] = j < n ? *reinterpret_cast<const uint4*>(run + int64_t(j - j0) * keys.HD) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -70,9 +71,7 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
   const float scale = rsqrtf(static_cast<float>(dh));
   for (int64_t d = threadIdx.x; d < dh; d += kThreads) q[d] = p.qa_ptr[info.row * HD + h * dh + d] * scale;
   __syncthreads();
-  const int64_t layer_off = int64_t(p.layer) * info.s.kv_cap * HD + h * dh;
-  const bf16* kbase = info.s.k_cache + layer_off + k0 * HD;
-  const bf16* vbase = info.s.v_cache + layer_off + k0 * HD;
+  const KvRows keys = KeyRows(info.s, p.layer, HD, k0, h * dh), values = ValueRows(info.s, p.layer, HD, k0, h * dh);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t units = dh / kVec;  // loads per key row
 
@@ -84,7 +83,7 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
       dot[u] = 0.f;
       const int64_t j = j0 + u;
       if (j >= n) continue;
-      const bf16* krow = kbase + j * HD;
+      const bf16* krow = keys.Row(j);
       for (int64_t e = lane; e < units; e += 32) {
         if constexpr (kVec == 2) {
           const float2 k2 = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(krow)[e]);
@@ -112,7 +111,7 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
   if (subset < subsets) {
 #pragma unroll 4
     for (int64_t j = subset; j < n; j += subsets) {
-      const bf16* vrow = vbase + j * HD;
+      const bf16* vrow = values.Row(j);
       const float pj = scores[j];
 #pragma unroll
       for (int m2 = 0; m2 < 2; ++m2) {
@@ -167,15 +166,13 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
   const float* qrow = p.qa_ptr + info.row * HD + h * kDh + gl * 8;
 #pragma unroll
   for (int e = 0; e < 8; ++e) q[e] = qrow[e] * scale;
-  const int64_t layer_off = int64_t(p.layer) * info.s.kv_cap * HD + h * kDh;
-  const bf16* kbase = info.s.k_cache + layer_off + k0 * HD + gl * 8;
-  const bf16* vbase = info.s.v_cache + layer_off + k0 * HD;
+  const KvRows keys = KeyRows(info.s, p.layer, HD, k0, h * kDh + gl * 8);
 
   // Scores: per warp iteration kUnroll loads of kKeysPerLoad keys.
   constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
   for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
     uint4 raw[kUnroll];
-    LoadKeys<kKeysPerLoad>(raw, kbase, j0, group, n, HD);
+    LoadKeys<kKeysPerLoad>(raw, keys, j0, group, n);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
@@ -197,17 +194,21 @@ __global__ void AttentionChunkVecKernel(AttentionParams p) {
 
   const int sub = threadIdx.x / kLanes, f = threadIdx.x % kLanes;
   float acc[8] = {};
-  const bf16* vcol = vbase + f * 8;
+  const KvRows values = ValueRows(info.s, p.layer, HD, k0, h * kDh + f * 8);
+  for (int w0 = 0; w0 < n; w0 += kKvBlockTokens) {  // 64-key windows, each in one block (KvRows)
+    const bf16* window = values.Row(w0);
+    const int end = min(n, w0 + kKvBlockTokens);
 #pragma unroll 8
-  for (int j = sub; j < n; j += kSubsets) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(vcol + int64_t(j) * HD);
-    const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    const float pj = scores[j];
+    for (int j = w0 + sub; j < end; j += kSubsets) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(window + int64_t(j - w0) * HD);
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      const float pj = scores[j];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 vf = __bfloat1622float2(v2[e]);
-      acc[2 * e] += pj * vf.x;
-      acc[2 * e + 1] += pj * vf.y;
+      for (int e = 0; e < 4; ++e) {
+        const float2 vf = __bfloat1622float2(v2[e]);
+        acc[2 * e] += pj * vf.x;
+        acc[2 * e + 1] += pj * vf.y;
+      }
     }
   }
 #pragma unroll
@@ -255,9 +256,7 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
     q[i / kDh][i % kDh] = p.qa_ptr[rows[i / kDh] * HD + h * kDh + i % kDh] * scale;
   }
   __syncthreads();
-  const int64_t layer_off = int64_t(p.layer) * last.s.kv_cap * HD + h * kDh;
-  const bf16* kbase = last.s.k_cache + layer_off + k0 * HD + gl * 8;
-  const bf16* vbase = last.s.v_cache + layer_off + k0 * HD;
+  const KvRows key_rows = KeyRows(last.s, p.layer, HD, k0, h * kDh + gl * 8);
 
   // Scores of every row against every key of the chunk (masked below per row). Each lane holds its 8
   // features of every row's query (rows past R are zero) and of one key; the G partial dot products are
@@ -273,7 +272,7 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
   constexpr int kKeysPerIter = kKeysPerLoad * kUnroll;
   for (int j0 = warp * kKeysPerIter; j0 < n; j0 += kWarps * kKeysPerIter) {
     uint4 raw[kUnroll];
-    LoadKeys<kKeysPerLoad>(raw, kbase, j0, group, n, HD);
+    LoadKeys<kKeysPerLoad>(raw, key_rows, j0, group, n);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
@@ -340,31 +339,35 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
   constexpr int kVUnroll = 4;
   const int sub = threadIdx.x / kLanes, f = threadIdx.x % kLanes;
   float acc[G][8] = {};
-  const bf16* vcol = vbase + f * 8;
-  for (int j0 = sub; j0 < n; j0 += kSubsets * kVUnroll) {
-    uint4 raw[kVUnroll];
+  const KvRows values = ValueRows(last.s, p.layer, HD, k0, h * kDh + f * 8);
+  for (int w0 = 0; w0 < n; w0 += kKvBlockTokens) {  // 64-key windows, each in one block (KvRows)
+    const bf16* window = values.Row(w0);
+    const int end = min(n, w0 + kKvBlockTokens);
+    for (int j0 = w0 + sub; j0 < end; j0 += kSubsets * kVUnroll) {
+      uint4 raw[kVUnroll];
 #pragma unroll
-    for (int u = 0; u < kVUnroll; ++u) {
-      const int j = j0 + u * kSubsets;
-      raw[u] = j < n ? *reinterpret_cast<const uint4*>(vcol + int64_t(j) * HD) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kVUnroll; ++u) {
-      const int j = j0 + u * kSubsets;
-      if (j >= n) break;
-      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-      float vf[8];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 t = __bfloat1622float2(v2[e]);
-        vf[2 * e] = t.x, vf[2 * e + 1] = t.y;
+      for (int u = 0; u < kVUnroll; ++u) {
+        const int j = j0 + u * kSubsets;
+        raw[u] = j < end ? *reinterpret_cast<const uint4*>(window + int64_t(j - w0) * HD) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int r = 0; r < G; ++r) {
-        if (r >= R) break;
-        const float pj = scores[r][j];
+      for (int u = 0; u < kVUnroll; ++u) {
+        const int j = j0 + u * kSubsets;
+        if (j >= end) break;
+        const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+        float vf[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] += pj * vf[e];
+        for (int e = 0; e < 4; ++e) {
+          const float2 t = __bfloat1622float2(v2[e]);
+          vf[2 * e] = t.x, vf[2 * e + 1] = t.y;
+        }
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+          if (r >= R) break;
+          const float pj = scores[r][j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][e] += pj * vf[e];
+        }
       }
     }
   }

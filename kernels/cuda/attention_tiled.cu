@@ -95,18 +95,21 @@ __device__ __forceinline__ void StageQueries(const AttentionParams& p, const int
 }
 
 // Starts loading keys and values kv0..kv0+63 into `tiles` ([keys, values][64][kS]), zeros from key `end` on.
+// The keys it loads lie in one block (KvRows): kv0 is a block boundary, or the chunk it starts is 32 keys.
 template <int kDh, int kS>
-__device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end, const bf16* kbase,
-                                           const bf16* vbase, int64_t HD) {
+__device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end, const KvRows& keys,
+                                           const KvRows& values) {
   constexpr int kPieces = kDh / 8;
   bf16* kt = tiles;
   bf16* vt = kt + kTileKeys * kS;
+  const bf16* key_run = keys.Row(kv0);
+  const bf16* value_run = values.Row(kv0);
   for (int c = threadIdx.x; c < kTileKeys * kPieces; c += kTiledThreads) {
     const int j = c / kPieces, d8 = (c % kPieces) * 8;
-    const int64_t key = kv0 + j;
-    const bool in = key < end;
-    CopyAsync16(kt + j * kS + d8, in ? kbase + key * HD + d8 : kbase, in ? 16 : 0);
-    CopyAsync16(vt + j * kS + d8, in ? vbase + key * HD + d8 : vbase, in ? 16 : 0);
+    const bool in = kv0 + j < end;
+    const int64_t at = in ? j * keys.HD + d8 : 0;  // (a key past the end copies nothing, from any valid address)
+    CopyAsync16(kt + j * kS + d8, key_run + at, in ? 16 : 0);
+    CopyAsync16(vt + j * kS + d8, value_run + at, in ? 16 : 0);
   }
   CopyAsyncCommit();
 }
@@ -114,15 +117,15 @@ __device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end
 // Streams keys [begin, end) through the two stages of `tiles` 64 at a time, the next tile loading while this
 // one is used, and calls attend(kv0, tile) for each with the whole block synchronised before and after.
 template <int kDh, int kS, typename Attend>
-__device__ __forceinline__ void StreamTiles(bf16* tiles, int64_t begin, int64_t end, const bf16* kbase,
-                                            const bf16* vbase, int64_t HD, Attend&& attend) {
+__device__ __forceinline__ void StreamTiles(bf16* tiles, int64_t begin, int64_t end, const KvRows& keys,
+                                            const KvRows& values, Attend&& attend) {
   constexpr int kStageElems = 2 * kTileKeys * kS;
-  IssueTiles<kDh, kS>(tiles, begin, end, kbase, vbase, HD);
+  IssueTiles<kDh, kS>(tiles, begin, end, keys, values);
   for (int64_t kv0 = begin, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
     const int stage = static_cast<int>(it & 1);
     if (kv0 + kTileKeys < end) {
       // (stage ^ 1 was released by the barrier ending the last iteration)
-      IssueTiles<kDh, kS>(tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, end, kbase, vbase, HD);
+      IssueTiles<kDh, kS>(tiles + (stage ^ 1) * kStageElems, kv0 + kTileKeys, end, keys, values);
       CopyAsyncWait<1>();
     } else {
       CopyAsyncWait<0>();
@@ -239,13 +242,12 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int64_t keys0 = keys_of[r0], keys1 = keys_of[r1];
   const int64_t warp_keys = warp * 16 < rows ? keys_of[min(warp * 16 + 15, rows - 1)] : 0;
-  const bf16* kbase = s.k_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
-  const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const KvRows keys = KeyRows(s, p.layer, HD, 0, h * kDh), values = ValueRows(s, p.layer, HD, 0, h * kDh);
   const float scale = rsqrtf(static_cast<float>(kDh));
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, kbase, vbase, HD, [&](int64_t kv0, const bf16* ks) {
+  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, keys, values, [&](int64_t kv0, const bf16* ks) {
     if (kv0 >= warp_keys) return;  // every row of this warp is done (or absent)
     AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
                                          ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
@@ -334,13 +336,12 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   // This lane's rows of the mma, g and g + 8, see keys [k0, visible0) and [k0, visible1).
   const int64_t visible0 = g < rows ? min(end, keys_of[g]) : k0;
   const int64_t visible1 = g + 8 < rows ? min(end, keys_of[g + 8]) : k0;
-  const bf16* kbase = s.k_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
-  const bf16* vbase = s.v_cache + int64_t(p.layer) * s.kv_cap * HD + h * kDh;
+  const KvRows keys = KeyRows(s, p.layer, HD, 0, h * kDh), values = ValueRows(s, p.layer, HD, 0, h * kDh);
   const float scale = rsqrtf(static_cast<float>(kDh));
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  StreamTiles<kDh, kS>(kv_tiles, k0, end, kbase, vbase, HD, [&](int64_t kv0, const bf16* tile) {
+  StreamTiles<kDh, kS>(kv_tiles, k0, end, keys, values, [&](int64_t kv0, const bf16* tile) {
     const bf16* ks = tile + warp * 16 * kS;  // this warp's 16 keys
     const int64_t key0 = kv0 + warp * 16;
     if (key0 >= end) return;

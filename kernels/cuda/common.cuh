@@ -269,4 +269,29 @@ __device__ __forceinline__ int64_t CeilDivDevice(int64_t a, int64_t b) { return 
 // The largest head_dim the kernels take (= the config bound; per-head vectors live in shared memory).
 inline constexpr int kMaxHeadDimCuda = 256;
 
+// A sequence's paged KV cache (SeqDesc::kv_blocks), one layer's keys (or values) from position `first` on, at
+// column `column` of the row: Row(j) is position first + j. What an attention block walks, and (from 0) where a
+// forward writes. Rows of one block are HD apart, so a run of keys that stays in one block costs one look-up in
+// the table: Row(i) = Row(j) + (i - j) * HD. The attention kernels read in such runs: a chunk of keys (32 to 256,
+// starting at a multiple of its length) either starts on a block boundary or lies inside one block, so its
+// 64-key windows from its start, and their aligned sub-runs of 8 to 32 keys, each lie in one block.
+struct KvRows {
+  static constexpr int kShift = 6;
+  static_assert(kKvBlockTokens == 1 << kShift, "positions split by shift and mask");
+  bf16* const* blocks;
+  int64_t first, offset, HD;  // offset: of the layer's keys or values in a block, plus the column
+  __device__ __forceinline__ bf16* Row(int64_t j) const {
+    const int64_t p = first + j;
+    return blocks[p >> kShift] + offset + (p & (kKvBlockTokens - 1)) * HD;
+  }
+};
+__device__ __forceinline__ KvRows KeyRows(const SeqDesc& s, int layer, int64_t HD, int64_t first = 0,
+                                          int64_t column = 0) {
+  return {s.kv_blocks, first, int64_t(2 * layer) * kKvBlockTokens * HD + column, HD};
+}
+__device__ __forceinline__ KvRows ValueRows(const SeqDesc& s, int layer, int64_t HD, int64_t first = 0,
+                                            int64_t column = 0) {
+  return {s.kv_blocks, first, int64_t(2 * layer + 1) * kKvBlockTokens * HD + column, HD};
+}
+
 }  // namespace oryx::kernels::cuda

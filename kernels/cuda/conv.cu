@@ -47,12 +47,13 @@ __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
     kv[c_lo] = k_lo, kv[HD + c_lo] = v_lo;
     if (has_hi) kv[c_hi] = k_hi, kv[HD + c_hi] = v_hi;
     if (s.kv_cap > 0) {
-      const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD;
-      s.k_cache[at + c_lo] = __float2bfloat16(rope ? k_lo * cs - k_hi * sn : k_lo);
-      s.v_cache[at + c_lo] = __float2bfloat16(v_lo);
+      bf16* key = KeyRows(s, p.layer, HD).Row(pos);
+      bf16* value = ValueRows(s, p.layer, HD).Row(pos);
+      key[c_lo] = __float2bfloat16(rope ? k_lo * cs - k_hi * sn : k_lo);
+      value[c_lo] = __float2bfloat16(v_lo);
       if (has_hi) {
-        s.k_cache[at + c_hi] = __float2bfloat16(rope ? k_hi * cs + k_lo * sn : k_hi);
-        s.v_cache[at + c_hi] = __float2bfloat16(v_hi);
+        key[c_hi] = __float2bfloat16(rope ? k_hi * cs + k_lo * sn : k_hi);
+        value[c_hi] = __float2bfloat16(v_hi);
       }
     }
     if (p.row_mode_ptr[r] != 0) {

@@ -106,9 +106,9 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     };
     if (s.kv_cap > 0) {
       const float k = rope ? rotate(ks[j], ks[partner]) : ks[j];
-      const int64_t at = (int64_t(p.layer) * s.kv_cap + pos) * HD + h * kDh + j;
-      s.k_cache[at] = __float2bfloat16(k);
-      s.v_cache[at] = __float2bfloat16(vs[x]);
+      const int64_t column = h * kDh + j;
+      KeyRows(s, p.layer, HD).Row(pos)[column] = __float2bfloat16(k);
+      ValueRows(s, p.layer, HD).Row(pos)[column] = __float2bfloat16(vs[x]);
     }
     if (attention_row) {
       const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns

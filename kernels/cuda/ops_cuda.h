@@ -22,16 +22,22 @@ namespace oryx::kernels::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// Positions per block of the paged KV cache. A block holds, for every layer, the rotated keys and then the
+// values of kKvBlockTokens consecutive positions: [L][2][kKvBlockTokens][HD] bf16. A sequence's cache is a
+// table of blocks in position order (block j: positions [64j, 64j + 64)), anywhere in device memory, so
+// that growing a cache copies nothing and clones share blocks. The kernels reach rows through KeyRow /
+// ValueRow (common.cuh).
+inline constexpr int kKvBlockTokens = 64;
+
 // One sequence of a batched forward, on the device. Layer il's slices sit at il * (layer stride).
 struct SeqDesc {
   int32_t row;              // first row of this sequence's span in the batch buffers
   int32_t len;              // T
   int64_t pos;              // position of the span's first token (tokens already in the cache)
-  int64_t kv_cap;           // rows of KV capacity per layer (0: a draft sequence without KV cache)
+  int64_t kv_cap;           // positions the KV cache has blocks for (0: a draft sequence without KV cache)
   float* state;             // [L, H, dh, dh] recurrent state S[h][i][j] (i key, j value feature)
   float* conv;              // [L, W, 2HD] the last W conv inputs, oldest first
-  bf16* k_cache;            // [L, cap, HD] rotated keys (null for a draft)
-  bf16* v_cache;            // [L, cap, HD]
+  bf16* const* kv_blocks;   // [kv_cap / kKvBlockTokens] the cache's blocks in position order (null for a draft)
   float* maybe_span_states; // [L, H, T+1, dh, dh]: the state before the span and after each token, or null
   float* maybe_span_inputs; // [L, W+T, 2HD]: the conv window before the span, then the span's inputs, or null
 };
@@ -152,7 +158,7 @@ void AddRmsNorm(const AddRmsNormParams& p, cudaStream_t stream);
 // The layer's shared causal conv (continuing each sequence's window), its activation, RoPE on the keys,
 // the KV cache append (bf16), and RoPE of the attention queries:
 //   kv[r, c]   = act(bias[c] + sum_j weight[c, j] * in_{t-W+j}[c])       c < 2HD (k then v), fp32
-//   k_cache[pos_r] = RoPE(kv[r, :HD]),  v_cache[pos_r] = kv[r, HD:]        (sequences with a cache)
+//   key[pos_r] = RoPE(kv[r, :HD]),  value[pos_r] = kv[r, HD:]              (sequences with a cache)
 //   qa[r]      = RoPE(proj[r, q_attn])                                     (rows of attention mode)
 // Reads the window, does not write it (ConvWindowUpdate does, after). Parallel over (row, channel < HD).
 struct ConvRopeAppendParams {

@@ -328,6 +328,43 @@ TEST_P(CudaParityTest, SpanEqualsTokenByTokenOnTheGpu) {
   EXPECT_LT(err, kRelTol);
 }
 
+// The device KV cache is paged: a clone shares the blocks of its positions (the full first one and the partly
+// filled second), a copy shares none, and a write after the clone goes to a copy of the shared block, so the
+// original and the clone each give, bit for bit, the logits that unshared copies of the same history give.
+TEST_P(CudaParityTest, ClonesShareKvBlocksAndWriteIntoCopiesOnTheGpu) {
+  const ModelConfig config = HeadDim64Config(GetParam());
+  auto gpu = LoadScaled(config, 7);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::mt19937 rng(5);
+  const int64_t bt = kernels::cuda::kKvBlockTokens;
+  auto tokens = [&](int64_t n) { return Tokens(rng, n, config.vocab_size); };
+  const std::vector<int32_t> a = tokens(bt + bt / 2), b = tokens(bt / 2 + 3), c = tokens(7), probe = tokens(3);
+  const std::vector<Mode> a_modes = Modes(rng, a.size(), 0.5), b_modes = Modes(rng, b.size(), 0.5);
+  const std::vector<Mode> c_modes = Modes(rng, c.size(), 0.5), probe_modes(probe.size(), Mode::kAttention);
+  auto forward = [&](SequenceState& seq, const std::vector<int32_t>& t, const std::vector<Mode>& m) {
+    std::vector<float> logits;
+    EXPECT_TRUE((*gpu)->Forward(seq, t, m, true, &logits).ok());
+    return logits;
+  };
+  SequenceState seq = (*gpu)->NewSequence();
+  forward(seq, a, a_modes);
+  SequenceState clone = seq.Clone();
+  EXPECT_EQ(seq.kv_block_tokens(), bt);
+  EXPECT_EQ(seq.kv_shared_blocks(), 2);
+  EXPECT_EQ(clone.kv_shared_blocks(), 2);
+  absl::StatusOr<SequenceState> after_b = seq.TryCopy(), after_c = seq.TryCopy();
+  ASSERT_TRUE(after_b.ok() && after_c.ok());
+  EXPECT_EQ(after_b->kv_shared_blocks(), 0);
+  forward(*after_b, b, b_modes);
+  forward(*after_c, c, c_modes);
+  // Both write into the shared second block.
+  forward(seq, b, b_modes);
+  forward(clone, c, c_modes);
+  EXPECT_EQ(forward(seq, probe, probe_modes), forward(*after_b, probe, probe_modes)) << "the original";
+  EXPECT_EQ(forward(clone, probe, probe_modes), forward(*after_c, probe, probe_modes)) << "the clone";
+  EXPECT_EQ(seq.kv_shared_blocks(), 1);  // the first block; each wrote its own copy of the second
+}
+
 TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
   const ModelConfig config = HeadDim64Config(GetParam());
   auto made = SpeculativeGpuEngine(config, 3);

@@ -331,6 +331,51 @@ TEST(OpsCuda, EmbedGathersRowsAndArgmaxTakesTheLowestIndexOfATie) {
   EXPECT_EQ(got[0], 30);
 }
 
+// A sequence's paged KV cache on the device (SeqDesc::kv_blocks) made from host keys and values [L][cap][HD]:
+// its blocks lie in one buffer in reverse position order, so that a kernel that read positions in memory
+// order instead of through the table would fail. Keys() and Values() read it back in the host layout.
+class PagedKv {
+ public:
+  PagedKv(const std::vector<float>& keys, const std::vector<float>& values, int64_t L, int64_t cap, int64_t HD)
+      : L_(L), cap_(cap), HD_(HD), blocks_((cap + cuda::kKvBlockTokens - 1) / cuda::kKvBlockTokens) {
+    std::vector<float> data(blocks_ * L * 2 * cuda::kKvBlockTokens * HD, 0.f);
+    for (int64_t l = 0; l < L; ++l) {
+      for (int64_t t = 0; t < cap; ++t) {
+        std::copy_n(keys.begin() + (l * cap + t) * HD, HD, data.begin() + At(0, l, t));
+        std::copy_n(values.begin() + (l * cap + t) * HD, HD, data.begin() + At(1, l, t));
+      }
+    }
+    data_ = std::make_unique<DeviceBuffer<bf16>>(ToBf16(data));
+    std::vector<bf16*> table(blocks_);
+    for (int64_t j = 0; j < blocks_; ++j) table[j] = data_->get() + At(0, 0, j * cuda::kKvBlockTokens);
+    table_ = std::make_unique<DeviceBuffer<bf16*>>(table);
+  }
+  // Zeros.
+  PagedKv(int64_t L, int64_t cap, int64_t HD)
+      : PagedKv(std::vector<float>(L * cap * HD), std::vector<float>(L * cap * HD), L, cap, HD) {}
+  bf16* const* table() const { return table_->get(); }
+  std::vector<float> Keys() const { return Read(0); }
+  std::vector<float> Values() const { return Read(1); }
+
+ private:
+  // Where (keys 0 | values 1, layer, position) starts in data_: block j at slot blocks - 1 - j.
+  int64_t At(int which, int64_t layer, int64_t pos) const {
+    const int64_t slot = blocks_ - 1 - pos / cuda::kKvBlockTokens;
+    return ((slot * L_ + layer) * 2 + which) * cuda::kKvBlockTokens * HD_ + (pos % cuda::kKvBlockTokens) * HD_;
+  }
+  std::vector<float> Read(int which) const {
+    const std::vector<float> data = ToFloat(data_->Host());
+    std::vector<float> out(L_ * cap_ * HD_);
+    for (int64_t l = 0; l < L_; ++l) {
+      for (int64_t t = 0; t < cap_; ++t) std::copy_n(data.begin() + At(which, l, t), HD_, out.begin() + (l * cap_ + t) * HD_);
+    }
+    return out;
+  }
+  int64_t L_, cap_, HD_, blocks_;
+  std::unique_ptr<DeviceBuffer<bf16>> data_;
+  std::unique_ptr<DeviceBuffer<bf16*>> table_;
+};
+
 // Two sequences of a batch for the ops that take descriptors: spans of `len0` and `len1` tokens at
 // positions pos0 and pos1, with their device states.
 struct Batch {
@@ -375,10 +420,9 @@ TEST(OpsCuda, ConvRopeAppendAndWindowUpdateMatchCausalConvAndRopeReferences) {
     std::vector<float> windows[2] = {Random(L * W * C, 23), Random(L * W * C, 24)};
     DeviceBuffer<float> dproj(proj), dweight(weight), dbias(bias), dkv(b.N * 2 * b.HD), dqa(b.N * b.HD);
     DeviceBuffer<float> dwin0(windows[0]), dwin1(windows[1]), dstate(1), dhist(L * (W + 6) * C);
-    DeviceBuffer<bf16> dk0(L * b.cap * b.HD), dv0(L * b.cap * b.HD), dk1(L * b.cap * b.HD), dv1(L * b.cap * b.HD);
-    std::vector<cuda::SeqDesc> seqs = {
-        {0, 6, 9, b.cap, dstate.get(), dwin0.get(), dk0.get(), dv0.get(), nullptr, dhist.get()},
-        {6, 1, 3, b.cap, dstate.get(), dwin1.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
+    const PagedKv kv0(L, b.cap, b.HD), kv1(L, b.cap, b.HD);
+    std::vector<cuda::SeqDesc> seqs = {{0, 6, 9, b.cap, dstate.get(), dwin0.get(), kv0.table(), nullptr, dhist.get()},
+                                       {6, 1, 3, b.cap, dstate.get(), dwin1.get(), kv1.table(), nullptr, nullptr}};
     DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
     DeviceBuffer<int32_t> drow(b.row_seq);
     DeviceBuffer<uint8_t> dmode(b.modes);
@@ -388,7 +432,7 @@ TEST(OpsCuda, ConvRopeAppendAndWindowUpdateMatchCausalConvAndRopeReferences) {
     cuda::ConvWindowUpdate({b.dims, static_cast<int32_t>(layer), 2, dseqs.get(), dproj.get()}, nullptr);
     const std::vector<float> kv = dkv.Host(), qa = dqa.Host();
     const std::vector<float> win_after[2] = {dwin0.Host(), dwin1.Host()}, hist = dhist.Host();
-    const std::vector<float> caches[2][2] = {{ToFloat(dk0.Host()), ToFloat(dv0.Host())}, {ToFloat(dk1.Host()), ToFloat(dv1.Host())}};
+    const std::vector<float> caches[2][2] = {{kv0.Keys(), kv0.Values()}, {kv1.Keys(), kv1.Values()}};
     int64_t row = 0;
     for (int s = 0; s < 2; ++s) {
       const int64_t T = b.len[s], pos = b.pos[s];
@@ -446,8 +490,8 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
       std::vector<float> states[2] = {Random(L * H * dd, 35, -0.5, 0.5), Random(L * H * dd, 36, -0.5, 0.5)};
       DeviceBuffer<float> dproj(proj), dkv(kv), ddt(dt_bias), dalog(a_log), dd_skip(d_skip), dout(b.N * HD);
       DeviceBuffer<float> ds0(states[0]), ds1(states[1]), dsaved(L * H * 8 * dd), dconv(1);
-      std::vector<cuda::SeqDesc> seqs = {{0, 7, 0, 0, ds0.get(), dconv.get(), nullptr, nullptr, dsaved.get(), nullptr},
-                                         {7, 1, 0, 0, ds1.get(), dconv.get(), nullptr, nullptr, nullptr, nullptr}};
+      std::vector<cuda::SeqDesc> seqs = {{0, 7, 0, 0, ds0.get(), dconv.get(), nullptr, dsaved.get(), nullptr},
+                                         {7, 1, 0, 0, ds1.get(), dconv.get(), nullptr, nullptr, nullptr}};
       DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
       DeviceBuffer<uint8_t> dmode(b.modes);
       cuda::Recurrent({b.dims, static_cast<int32_t>(layer), 2, dseqs.get(), dmode.get(), dproj.get(), dkv.get(),
@@ -547,7 +591,7 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
         // Each side's own copy of every state it changes.
         struct Side {
           std::vector<std::unique_ptr<DeviceBuffer<float>>> windows, states;
-          std::vector<std::unique_ptr<DeviceBuffer<bf16>>> k, v;
+          std::vector<std::unique_ptr<PagedKv>> kv_caches;
           std::unique_ptr<DeviceBuffer<float>> qa, out, kv;
           std::unique_ptr<DeviceBuffer<cuda::SeqDesc>> seqs;
         } sides[2];
@@ -556,11 +600,11 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
           for (int s = 0; s < 3; ++s) {
             side.windows.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * W * C, 70 + s)));
             side.states.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * H * dd, 80 + s, -0.5, 0.5)));
-            side.k.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(Random(L * b.cap * HD, 90 + s))));
-            side.v.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(Random(L * b.cap * HD, 95 + s))));
+            side.kv_caches.push_back(
+                std::make_unique<PagedKv>(Random(L * b.cap * HD, 90 + s), Random(L * b.cap * HD, 95 + s), L, b.cap, HD));
             const bool draft = s == 2;
             seqs.push_back({s, 1, b.pos[s], draft ? 0 : b.cap, side.states[s]->get(), side.windows[s]->get(),
-                            draft ? nullptr : side.k[s]->get(), draft ? nullptr : side.v[s]->get(), nullptr, nullptr});
+                            draft ? nullptr : side.kv_caches[s]->table(), nullptr, nullptr});
           }
           side.seqs = std::make_unique<DeviceBuffer<cuda::SeqDesc>>(seqs);
           side.qa = std::make_unique<DeviceBuffer<float>>(b.N * HD);
@@ -589,8 +633,8 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
           const std::string what = " of sequence " + std::to_string(s);
           EXPECT_EQ(fused.windows[s]->Host(), three.windows[s]->Host()) << "window" << what;
           ExpectClose(fused.states[s]->Host(), three.states[s]->Host(), kFp32Tol, "state" + what);
-          ExpectBf16Close(ToFloat(fused.k[s]->Host()), ToFloat(three.k[s]->Host()), "k cache" + what);
-          ExpectBf16Close(ToFloat(fused.v[s]->Host()), ToFloat(three.v[s]->Host()), "v cache" + what);
+          ExpectBf16Close(fused.kv_caches[s]->Keys(), three.kv_caches[s]->Keys(), "k cache" + what);
+          ExpectBf16Close(fused.kv_caches[s]->Values(), three.kv_caches[s]->Values(), "v cache" + what);
         }
         // The step did something: the states moved and the window took the token's inputs.
         EXPECT_NE(fused.states[0]->Host(), Random(L * H * dd, 80, -0.5, 0.5));
@@ -641,8 +685,7 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
         std::vector<cuda::SeqDesc> seqs;
         int32_t row = 0;
         for (size_t q = 0; q < lens.size(); ++q) {
-          seqs.push_back({row, lens[q], 0, 0, ds[q]->get(), dconv.get(), nullptr, nullptr, q == 3 ? dsaved.get() : nullptr,
-                          nullptr});
+          seqs.push_back({row, lens[q], 0, 0, ds[q]->get(), dconv.get(), nullptr, q == 3 ? dsaved.get() : nullptr, nullptr});
           row += lens[q];
         }
         DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
@@ -717,12 +760,11 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
             {RoundBf16(Random(L * cap * HD, 40)), RoundBf16(Random(L * cap * HD, 41))},
             {RoundBf16(Random(L * cap * HD, 42)), RoundBf16(Random(L * cap * HD, 43))}};
         const std::vector<float> qa = Random(b.N * HD, 44, -2, 2);
-        DeviceBuffer<bf16> dk0(ToBf16(caches[0][0])), dv0(ToBf16(caches[0][1])), dk1(ToBf16(caches[1][0])),
-            dv1(ToBf16(caches[1][1]));
+        const PagedKv kv0(caches[0][0], caches[0][1], L, cap, HD), kv1(caches[1][0], caches[1][1], L, cap, HD);
         DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
         std::vector<cuda::SeqDesc> seqs = {
-            {0, span, 700 - span, cap, dstate.get(), dstate.get(), dk0.get(), dv0.get(), nullptr, nullptr},
-            {span, 1, 40, cap, dstate.get(), dstate.get(), dk1.get(), dv1.get(), nullptr, nullptr}};
+            {0, span, 700 - span, cap, dstate.get(), dstate.get(), kv0.table(), nullptr, nullptr},
+            {span, 1, 40, cap, dstate.get(), dstate.get(), kv1.table(), nullptr, nullptr}};
         DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
         std::vector<int32_t> attn(NA), groups;
         for (int i = 0; i < NA; ++i) attn[i] = i;
@@ -774,12 +816,11 @@ TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
     for (int t = 0; t < lens[0]; ++t) b.modes[t] = t % 3 != 1;
     const int64_t H = b.H, HD = b.HD, L = b.L, layer = b.layer, cap = 704;
     std::vector<std::vector<float>> k_caches, v_caches;
-    std::vector<std::unique_ptr<DeviceBuffer<bf16>>> dk, dv;
+    std::vector<std::unique_ptr<PagedKv>> paged;
     for (size_t q = 0; q < lens.size(); ++q) {
       k_caches.push_back(RoundBf16(Random(L * cap * HD, 60 + 2 * q)));
       v_caches.push_back(RoundBf16(Random(L * cap * HD, 61 + 2 * q)));
-      dk.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(k_caches.back())));
-      dv.push_back(std::make_unique<DeviceBuffer<bf16>>(ToBf16(v_caches.back())));
+      paged.push_back(std::make_unique<PagedKv>(k_caches.back(), v_caches.back(), L, cap, HD));
     }
     const std::vector<float> qa = Random(b.N * HD, 64, -2, 2);
     DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
@@ -787,7 +828,7 @@ TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
     std::vector<int32_t> attn, tiles;
     int32_t row = 0;
     for (size_t q = 0; q < lens.size(); ++q) {
-      seqs.push_back({row, lens[q], pos[q], cap, dstate.get(), dstate.get(), dk[q]->get(), dv[q]->get(), nullptr, nullptr});
+      seqs.push_back({row, lens[q], pos[q], cap, dstate.get(), dstate.get(), paged[q]->table(), nullptr, nullptr});
       const int first = static_cast<int>(attn.size());
       for (int t = 0; t < lens[q]; ++t) {
         if (b.modes[row + t]) attn.push_back(row + t);
