@@ -88,6 +88,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   ctx_->HD = HD;
   ctx_->W = c.conv_width - 1;
   ctx_->kv = std::make_unique<cuda_internal::DeviceKvBlocks>(ctx_->pool, KvBytes(kc::kKvBlockTokens));
+  ctx_->pool.set_reclaim([kv = ctx_->kv.get()] { kv->Trim(); });
   scratch_ = std::make_unique<Scratch>();
   layers_.resize(c.n_layers);
   if (c.rope_theta > 0) {  // the RoPE frequencies theta^(-2i/dh), in double as kernels/cpu/rope.cc has them

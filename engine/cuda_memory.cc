@@ -31,7 +31,7 @@ int64_t CudaBackend::KvBytes(int64_t positions) const {
 int64_t CudaBackend::AvailableDeviceBytes() const {
   size_t free = 0, total = 0;
   ORYX_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return static_cast<int64_t>(free) + ctx_->pool.cached_bytes();
+  return static_cast<int64_t>(free) + ctx_->pool.cached_bytes() + ctx_->kv->free_bytes();
 }
 
 namespace {
