@@ -104,6 +104,9 @@ double ReadBandwidth(double bytes) {
 }
 
 absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
+  if (o.device == "cuda" && o.weights != "f32") {
+    return absl::InvalidArgumentError("bench decode: --weights is for the CPU backend (the CUDA backend runs bf16)");
+  }
   if (o.device == "cuda") {
 #ifdef ORYX_HAVE_CUDA
     return RunCudaDecodeBench(o, emit);
@@ -123,7 +126,8 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
     ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, DecodeBenchConfig(max_context + o.steps + 1), 1));
     dir = scratch;
   }
-  auto loaded = CpuBackend::Load(dir, o.threads);
+  ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat format, ParseWeightFormat(o.weights));
+  auto loaded = CpuBackend::Load(dir, o.threads, format);
   absl::StatusOr<ReferenceTimer> reference = ReferenceTimer();
   if (loaded.ok() && o.reference) reference = o.reference(dir);
   if (!scratch.empty()) (void)RemoveTree(scratch);
@@ -139,7 +143,13 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   std::cerr << "bench decode: " << params / 1e6 << "M parameters, " << backend.num_threads()
             << " threads\n";
   const double dram_bandwidth = ReadBandwidth(1024.0 * (1 << 20));
-  const double weight_bytes = 4.0 * params, L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());
+  // Weight bytes a step reads: the projections (in_proj, o_proj, MLP, head) in their format, the rest fp32.
+  const double packed_params = static_cast<double>(c.n_layers) * (InProjLayout::For(c).width * c.d_model +
+                                                                   c.d_model * c.qk_dim() + 3 * c.mlp_hidden * c.d_model) +
+                               static_cast<double>(c.vocab_size) * c.d_model;
+  const double bytes_per_weight = format == kernels::WeightFormat::kInt8 ? 1 : format == kernels::WeightFormat::kBf16 ? 2 : 4;
+  const double weight_bytes = 4.0 * params - (4 - bytes_per_weight) * packed_params;
+  const double L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());
   const double state_bytes = 4.0 * L * c.n_heads * c.head_dim * c.head_dim;
   for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
     for (int64_t context : o.contexts) {
@@ -184,6 +194,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
         const double bandwidth = ReadBandwidth(bytes);
         nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
+                            {"weights", o.weights},
                             {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
                             {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
                             {"prefill_tokens_per_s", context / prefill_s}, {"bytes_per_step", bytes},

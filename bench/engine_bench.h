@@ -43,6 +43,7 @@ struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {256, 1024, 4096, 8192};
   int64_t steps = 8;  // timed decode steps per point (median reported)
   int threads = 0;
+  std::string weights = "f32";  // cpu: the projections' format (BackendOptions::weights)
   ReferenceFactory reference;  // optional
   std::string device = "cpu";  // cpu | cuda (bench/cuda_bench.h, in CUDA builds)
   // cuda only: without model_dir, random weights of this preset (130m, 1.4b) and mixer; attention-mode

@@ -38,7 +38,7 @@ std::string StatsLine(const GenerateResult& r) {
 }  // namespace
 
 int RunGenerate(const Args& args) {
-  std::string model_dir, prompt, prompt_file, device = "cpu";
+  std::string model_dir, prompt, prompt_file, device = "cpu", weights = "f32";
   std::vector<std::string> stop;
   int64_t max_tokens = 128, top_k = 0, seed = 0, threads = 0;
   double temperature = 0, top_p = 1;
@@ -75,6 +75,7 @@ int RunGenerate(const Args& args) {
   f.Bool("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token");
   f.String("device", &device, "cpu | cuda");
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+  f.String("weights", &weights, "cpu: projection weights f32 | bf16 | int8 (per-row scales): fewer bytes per token");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
@@ -106,7 +107,8 @@ int RunGenerate(const Args& args) {
     request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
     const BackendOptions backend{
-        .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
+        .device = device, .threads = static_cast<int>(threads), .weights = weights,
+        .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());

@@ -26,7 +26,7 @@
 namespace oryx::cli {
 
 int RunServe(const Args& args) {
-  std::string model_dir, device = "cpu", name;
+  std::string model_dir, device = "cpu", weights = "f32", name;
   server::ServerOptions o;
   int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
   int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0, kv_memory_mib = 0;
@@ -60,6 +60,7 @@ int RunServe(const Args& args) {
   f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
         1, 4096);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
+  f.String("weights", &weights, "cpu: projection weights f32 | bf16 | int8 (per-row scales): fewer bytes per token");
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
@@ -99,7 +100,8 @@ int RunServe(const Args& args) {
       return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
     }
     const BackendOptions backend{
-        .device = device, .threads = static_cast<int>(threads), .cuda = CudaSwitches::FromEnvironment()};
+        .device = device, .threads = static_cast<int>(threads), .weights = weights,
+        .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());

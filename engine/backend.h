@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/aligned_vector.h"
+#include "kernels/ops.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/config.h"
@@ -233,6 +234,9 @@ struct CudaSwitches {
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
+  // The CPU backend's projection weights: "f32" (as loaded), "bf16" or "int8" (per-row scales): fewer bytes
+  // read per token (kernels/ops.h WeightFormat). The CUDA backend runs bf16 and accepts only "f32" or "bf16".
+  std::string weights = "f32";
   // A backend that can run whole speculative rounds (Backend::runs_rounds) does, when asked; off: the
   // decoder runs them forward by forward.
   bool device_rounds = true;
@@ -303,5 +307,7 @@ absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const For
 
 // Loads a checkpoint directory (DESIGN.md §4) onto the device the options name.
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options);
+// "f32" | "bf16" | "int8" (BackendOptions::weights); InvalidArgument naming the choices otherwise.
+absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name);
 
 }  // namespace oryx

@@ -56,7 +56,8 @@ CpuBackend::~CpuBackend() = default;
 
 int CpuBackend::num_threads() const { return pool_->num_threads(); }
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& dir, int threads) {
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& dir, int threads,
+                                                             k::WeightFormat weights) {
   // (More threads than this is a mistake, not a machine: each is a thread of the process, started at once.)
   constexpr int kMaxThreads = 1024;
   if (threads < 0 || threads > kMaxThreads) {
@@ -87,25 +88,36 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   };
   ORYX_RETURN_IF_ERROR(get(kEmbedWeight, b->embed_));
   ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, b->final_norm_));
-  if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, b->lm_head_));
+  if (!c.tie_embeddings) ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, b->head_.f32));
   b->layers_.resize(c.n_layers);
   for (int64_t il = 0; il < c.n_layers; ++il) {
     Layer& l = b->layers_[il];
     auto layer = [&](std::string_view suffix, Floats& out, int64_t* at = nullptr) {
       return get(LayerTensorName(il, suffix), out, at);
     };
-    for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kOProj, &l.o_proj},
+    for (auto [suffix, field] : {std::pair{kAttnNorm, &l.attn_norm}, {kMlpNorm, &l.mlp_norm}, {kOProj, &l.o_proj.f32},
                                  {kConvWeight, &l.conv_weight}, {kConvBias, &l.conv_bias}, {kGateNorm, &l.gate_norm},
-                                 {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down}}) {
+                                 {kDtBias, &l.dt_bias}, {kALog, &l.a_log}, {kMlpDown, &l.mlp_down.f32}}) {
       ORYX_RETURN_IF_ERROR(layer(suffix, *field));
     }
     if (c.linear_mixer == LinearMixer::kMamba2) ORYX_RETURN_IF_ERROR(layer(kDSkip, l.d_skip));
-    l.in_proj.resize(b->in_proj_.width * c.d_model);
+    l.in_proj.f32.resize(b->in_proj_.width * c.d_model);
     int64_t at = 0;
-    for (std::string_view suffix : b->in_proj_.tensors) ORYX_RETURN_IF_ERROR(layer(suffix, l.in_proj, &at));
-    l.mlp_in.resize(2 * c.mlp_hidden * c.d_model);
+    for (std::string_view suffix : b->in_proj_.tensors) ORYX_RETURN_IF_ERROR(layer(suffix, l.in_proj.f32, &at));
+    l.mlp_in.f32.resize(2 * c.mlp_hidden * c.d_model);
     at = 0;
-    for (std::string_view suffix : {kMlpGate, kMlpUp}) ORYX_RETURN_IF_ERROR(layer(suffix, l.mlp_in, &at));
+    for (std::string_view suffix : {kMlpGate, kMlpUp}) ORYX_RETURN_IF_ERROR(layer(suffix, l.mlp_in.f32, &at));
+    if (weights != k::WeightFormat::kF32) {
+      const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
+      l.in_proj.Pack(b->in_proj_.width, D, weights);
+      l.o_proj.Pack(D, HD, weights);
+      l.mlp_in.Pack(2 * F, D, weights);
+      l.mlp_down.Pack(D, F, weights);
+    }
+  }
+  if (weights != k::WeightFormat::kF32) {
+    if (c.tie_embeddings) b->head_.f32 = b->embed_;  // (the lookup keeps the fp32 embedding)
+    b->head_.Pack(c.vocab_size, c.d_model, weights);
   }
   b->pool_ = std::make_unique<k::cpu::ThreadPool>(threads);
   b->scratch_ = std::make_unique<Scratch>();
@@ -115,15 +127,31 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
 // y[M, N] = x[M, K] W^T, split over panels of output features on the pool. The panels are fixed (kPanel
 // features each, whatever the number of threads) and each is one product, so an output's arithmetic depends
 // on its panel alone: which thread runs it, and how many threads there are, cannot change a bit.
-void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Floats& w, int64_t n, float* y,
+void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w, int64_t n, float* y,
                         int64_t x_stride, int64_t y_stride) {
   constexpr int64_t kPanel = 64;
+  const int64_t bytes_per_weight = w.format == k::WeightFormat::kBf16 ? 2 : 1;
+  const float* f32 = w.format != k::WeightFormat::kF32 ? nullptr : w.f32.empty() ? embed_.data() : w.f32.data();
   pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kPanel, n1 = std::min(n, n0 + kPanel);
-      k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, w.data() + n0 * kdim, y + n0});
+      if (f32 != nullptr) {
+        k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, f32 + n0 * kdim, y + n0});
+      } else {
+        k::cpu::PackedMatMul({m, n1 - n0, kdim, x_stride, y_stride, w.format, x,
+                              w.packed.data() + n0 * kdim * bytes_per_weight,
+                              w.scale.empty() ? nullptr : w.scale.data() + n0, y + n0});
+      }
     }
   });
+}
+
+void CpuBackend::Matrix::Pack(int64_t rows, int64_t cols, k::WeightFormat to) {
+  format = to;
+  packed.resize(rows * cols * (to == k::WeightFormat::kBf16 ? 2 : 1));
+  if (to == k::WeightFormat::kInt8) scale.resize(rows);
+  k::cpu::PackWeights(f32.data(), rows, cols, to, packed.data(), scale.data());
+  Floats().swap(f32);
 }
 
 absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
@@ -337,7 +365,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
     r += rows;
   }
   float* logits = AtLeast(sc.logits, std::max<int64_t>(logit_rows, 1) * V);
-  if (logit_rows > 0) MatMul(h, logit_rows, D, c.tie_embeddings ? embed_ : lm_head_, V, logits, D, V);
+  if (logit_rows > 0) MatMul(h, logit_rows, D, head_, V, logits, D, V);
   r = 0;
   for (int64_t b = 0; b < B; ++b) {
     const ForwardItem& it = batch[b];

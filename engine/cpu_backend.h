@@ -1,4 +1,5 @@
-// The CPU backend: fp32 weights in host memory and the forward pass on kernels/cpu. A batch is run with
+// The CPU backend: fp32 weights in host memory (the projections optionally packed to bf16 or int8, Load's
+// `weights`) and the forward pass on kernels/cpu. A batch is run with
 // its projections over all sequences' tokens at once (each weight read once per forward) and its
 // per-sequence parts (conv, KV cache, recurrence, attention) split over (sequence, head) on a thread pool.
 #pragma once
@@ -11,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/tensor_names.h"
 #include "kernels/aligned_vector.h"
+#include "kernels/ops.h"
 
 namespace oryx {
 namespace kernels::cpu {
@@ -19,7 +21,10 @@ class ThreadPool;
 
 class CpuBackend final : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<CpuBackend>> Load(const std::string& dir, int threads = 0);
+  // `weights`: the format of the projections (in_proj, o_proj, MLP, head); kF32 keeps the checkpoint's values
+  // (as fp32), kBf16 and kInt8 read 2 and 4 times fewer bytes per token (kernels/ops.h WeightFormat).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Load(const std::string& dir, int threads = 0,
+                                                          kernels::WeightFormat weights = kernels::WeightFormat::kF32);
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }
@@ -36,32 +41,41 @@ class CpuBackend final : public Backend {
 
  private:
   using Floats = kernels::AlignedVector<float>;  // every kernel buffer 64-byte aligned: see aligned_vector.h
+  // A projection's weights [n, k]: fp32 (f32), or packed into a WeightFormat (packed, and scale for int8).
+  struct Matrix {
+    kernels::WeightFormat format = kernels::WeightFormat::kF32;
+    Floats f32;
+    kernels::AlignedVector<uint8_t> packed;
+    Floats scale;  // int8: [n]
+    void Pack(int64_t rows, int64_t cols, kernels::WeightFormat to);  // from f32, which it frees
+  };
   struct Layer {
     Floats attn_norm, mlp_norm;  // [D]
     // The input projections fused into one [P, D] matrix, rows in this order:
     //   k [HD], v [HD], q_linear [HD], g [HD], mixer gates [G], q_attn [HD]
     // where G = H (mamba2: dt) or 2H (gdn: beta, then alpha). q_attn is last so that a span without
     // attention tokens skips it by computing fewer rows.
-    Floats in_proj;
-    Floats o_proj;                 // [D, HD]
+    Matrix in_proj;
+    Matrix o_proj;                 // [D, HD]
     Floats conv_weight, conv_bias;  // [2HD, w], [2HD]
     Floats gate_norm;              // [dh]
     Floats d_skip;                 // mamba2: [H]
     Floats dt_bias, a_log;         // [H], [H]
-    Floats mlp_in;                 // [2F, D]: gate rows, then up rows
-    Floats mlp_down;               // [D, F]
+    Matrix mlp_in;                 // [2F, D]: gate rows, then up rows
+    Matrix mlp_down;               // [D, F]
   };
   struct Span;  // one item's rows in the batch
   CpuBackend() = default;
   absl::Status Validate(std::span<const ForwardItem> batch) const;
   void LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans, int64_t rows);
   void GatherKvBlocks(std::span<const ForwardItem> batch);  // after the spans are planned
-  void MatMul(const float* x, int64_t m, int64_t k, const Floats& w, int64_t n, float* y,
+  void MatMul(const float* x, int64_t m, int64_t k, const Matrix& w, int64_t n, float* y,
               int64_t x_stride, int64_t y_stride);
 
   ModelConfig config_;
   InProjLayout in_proj_;  // the fused input projection's rows: P = in_proj_.width
-  Floats embed_, final_norm_, lm_head_;  // [V, D], [D], [V, D] (empty when tied)
+  Floats embed_, final_norm_;  // [V, D], [D]
+  Matrix head_;  // [V, D]: the lm_head, or the embedding's copy when tied (f32 empty then: embed_ serves)
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
   struct Scratch;  // per-forward buffers, grown to the largest batch seen and reused: no allocation per token

@@ -33,12 +33,23 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   return s;
 }
 
+absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name) {
+  if (name == "f32") return kernels::WeightFormat::kF32;
+  if (name == "bf16") return kernels::WeightFormat::kBf16;
+  if (name == "int8") return kernels::WeightFormat::kInt8;
+  return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8)"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
+  ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat format, ParseWeightFormat(options.weights));
   if (options.device == "cpu") {
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads));
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads, format));
     return std::unique_ptr<Backend>(std::move(cpu));
   }
   if (options.device == "cuda") {
+    if (format == kernels::WeightFormat::kInt8) {
+      return absl::InvalidArgumentError("weights 'int8': the CUDA backend runs bf16 weights (f32 or bf16)");
+    }
 #ifdef ORYX_HAVE_CUDA
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir, options.cuda));
     cuda->set_runs_rounds(options.device_rounds);

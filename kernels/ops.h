@@ -32,6 +32,23 @@ struct MatMulParams {
   float* y_ptr;          // [M, N]
 };
 
+// Weights in fewer bytes than fp32, for the CPU backend's projections: bf16 (fp32 rounded to nearest even,
+// its upper 16 bits) or int8 with one fp32 scale per output row (symmetric: w[o, i] ~ scale[o] * q[o, i], q in
+// [-127, 127], scale = max |w[o, :]| / 127). Decode reads 2 or 4 times fewer weight bytes; the activations stay
+// fp32 and so do the sums.
+enum class WeightFormat : uint8_t { kF32, kBf16, kInt8 };
+
+// y = x · dequant(W)^T over weights in a WeightFormat other than kF32. Rows are contiguous (row stride k).
+struct PackedMatMulParams {
+  int64_t m, n, k;
+  int64_t x_row_stride, y_row_stride;
+  WeightFormat format;
+  const float* x_ptr;      // [M, K]
+  const void* w_ptr;       // [N, K] uint16_t (bf16) or int8_t
+  const float* scale_ptr;  // [N] (int8; unused for bf16)
+  float* y_ptr;            // [M, N]
+};
+
 // y = x / sqrt(mean(x^2) + eps) * weight, per row of d values.
 struct RmsNormParams {
   int64_t rows, d;
@@ -154,6 +171,12 @@ namespace cpu {
 // would split. Each fast op has a slow, obviously correct XxxReference beside it (loops, double accumulators).
 void MatMul(const MatMulParams& p);
 void MatMulReference(const MatMulParams& p);
+// Dot products over the packed rows for up to a few x rows (decode, verify spans); more rows dequantise the
+// weights block by block into fp32 and multiply with MatMul.
+void PackedMatMul(const PackedMatMulParams& p);
+void PackedMatMulReference(const PackedMatMulParams& p);
+// w [n, k] fp32 packed: bf16 -> uint16_t out[n * k]; int8 -> int8_t out[n * k] and scale[n].
+void PackWeights(const float* w, int64_t n, int64_t k, WeightFormat format, void* out, float* scale);
 void RmsNorm(const RmsNormParams& p);
 void RmsNormReference(const RmsNormParams& p);
 void GatedRmsNorm(const GatedRmsNormParams& p);

@@ -112,7 +112,8 @@ double Fraction(const std::vector<uint8_t>& modes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon& common) {
-  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Load(common.model_dir, common.threads));
+  ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat weights, ParseWeightFormat(common.weights));
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Load(common.model_dir, common.threads, weights));
   return std::unique_ptr<SequenceModel>(new EngineModel(std::move(backend)));
 }
 

@@ -10,6 +10,8 @@
 
 #include "engine/cpu_backend.h"
 #include "engine/sampler.h"
+#include "engine/tensor_names.h"
+#include "kernels/ops.h"
 #include "gtest/gtest.h"
 #include "tests/engine/testing_checkpoint.h"
 
@@ -77,6 +79,58 @@ void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, f
   float worst = 0.f;
   for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
   EXPECT_LE(worst, tol) << what;
+}
+
+// Packed projection weights give the fp32 backend's logits, up to fp32 summation order, on a model whose
+// projections are exactly what the packing keeps: bf16 values (a bf16 checkpoint) for bf16; for int8, each row
+// already a multiple of its scale (every projection row quantised and dequantised before the checkpoint is
+// written). Over a 20-token span (widened weights and GEMM) and a decode step after it (dot products over the
+// packed rows). A wrong scale, row or panel offset moves logits by O(1); the orders of the sums by ~1e-6.
+TEST_P(BackendTest, PackedWeightsGiveTheFp32LogitsOfWhatTheyHold) {
+  const ModelConfig config = testutil::TinyConfig(GetParam());
+  testutil::WriteTinyCheckpoint(scratch_.Join("bf16"), config, testutil::RandomTensors(config, DType::kBF16, 7));
+  std::vector<HostTensor> tensors = testutil::RandomTensors(config, DType::kF32, 7);
+  std::vector<std::string> projections = {std::string(kEmbedWeight), std::string(kLmHeadWeight)};
+  for (int64_t il = 0; il < config.n_layers; ++il) {
+    std::vector<std::string_view> suffixes = InProjLayout::For(config).tensors;
+    suffixes.insert(suffixes.end(), {kOProj, kMlpGate, kMlpUp, kMlpDown});
+    for (std::string_view suffix : suffixes) projections.push_back(LayerTensorName(il, suffix));
+  }
+  for (HostTensor& t : tensors) {
+    if (std::find(projections.begin(), projections.end(), t.name) == projections.end()) continue;
+    const int64_t rows = t.shape[0], cols = static_cast<int64_t>(t.bytes.size() / sizeof(float)) / rows;
+    auto* w = reinterpret_cast<float*>(t.bytes.data());
+    std::vector<int8_t> q(rows * cols);
+    std::vector<float> scale(rows);
+    kernels::cpu::PackWeights(w, rows, cols, kernels::WeightFormat::kInt8, q.data(), scale.data());
+    for (int64_t e = 0; e < rows * cols; ++e) w[e] = q[e] * scale[e / cols];
+  }
+  testutil::WriteTinyCheckpoint(scratch_.Join("int8"), config, tensors);
+  std::mt19937 rng(41);
+  const Tokens prompt = RandomTokens(rng, 20), step = RandomTokens(rng, 1);
+  auto run = [&](const std::string& dir, kernels::WeightFormat format) {
+    auto backend = CpuBackend::Load(scratch_.Join(dir), /*threads=*/2, format);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    SequenceState seq = (*backend)->NewSequence();
+    std::vector<float> logits, next;
+    ForwardItem item{&seq, prompt.tokens, prompt.modes, LogitsRows::kAll, &logits, false};
+    EXPECT_TRUE((*backend)->Forward(std::span(&item, 1)).ok());
+    ForwardItem one{&seq, step.tokens, step.modes, LogitsRows::kAll, &next, false};
+    EXPECT_TRUE((*backend)->Forward(std::span(&one, 1)).ok());
+    logits.insert(logits.end(), next.begin(), next.end());
+    return logits;
+  };
+  for (auto [dir, format] : {std::pair{"bf16", kernels::WeightFormat::kBf16}, {"int8", kernels::WeightFormat::kInt8}}) {
+    SCOPED_TRACE(dir);
+    const std::vector<float> want = run(dir, kernels::WeightFormat::kF32), got = run(dir, format);
+    ASSERT_EQ(got.size(), want.size());
+    float scale = 0.f, worst = 0.f;
+    for (size_t i = 0; i < got.size(); ++i) {
+      scale = std::max(scale, std::abs(want[i]));
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+    }
+    EXPECT_LE(worst, 1e-4f * scale);
+  }
 }
 
 TEST_P(BackendTest, BatchOfRaggedSpansGivesEachSequenceItsOwnLogits) {

@@ -2,6 +2,7 @@
 // fp32 arithmetic, exact equality where the op only moves or selects values), plus hand-computed cases.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,6 +57,54 @@ TEST(MatMulCpu, HandComputed) {
   std::vector<float> x = {1, 2}, w = {1, 0, 0, 1, 3, -1}, y(3);
   cpu::MatMul({1, 3, 2, 2, 2, 3, x.data(), w.data(), y.data()});
   EXPECT_EQ(y, (std::vector<float>{1, 2, 1}));
+}
+
+// Packed weights: the fast kernel (dot products for up to 6 rows, widened weights and GEMM beyond) against the
+// double-accumulating reference over the same packed values, at shapes with k tails past the 64- and 16-wide
+// loops; and the packing itself: bf16 rounds to nearest even, int8 keeps every weight within half a step of
+// its row's scale.
+TEST(PackedMatMulCpu, MatchesReferenceAndPacksWithinHalfAStep) {
+  struct Shape { int64_t m, n, k, pad; };
+  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8}) {
+    for (Shape s : {Shape{1, 1, 1, 0}, Shape{1, 17, 33, 0}, Shape{1, 64, 512, 0}, Shape{3, 40, 200, 2},
+                    Shape{6, 33, 129, 1}, Shape{7, 65, 96, 0}, Shape{16, 8, 64, 5}}) {
+      const int64_t xs = s.k + s.pad, ys = s.n + s.pad, bytes = format == WeightFormat::kBf16 ? 2 : 1;
+      const std::vector<float> x = RandomVector(s.m * xs, 1), w = RandomVector(s.n * s.k, 2);
+      std::vector<uint8_t> packed(s.n * s.k * bytes);
+      std::vector<float> scale(s.n), y(s.m * ys, 0.f), y_ref(s.m * ys, 0.f);
+      cpu::PackWeights(w.data(), s.n, s.k, format, packed.data(), scale.data());
+      const PackedMatMulParams p{s.m, s.n, s.k, xs, ys, format, x.data(), packed.data(), scale.data(), y.data()};
+      cpu::PackedMatMul(p);
+      PackedMatMulParams ref = p;
+      ref.y_ptr = y_ref.data();
+      cpu::PackedMatMulReference(ref);
+      EXPECT_LE(RelErr(y, y_ref), kTol) << "m=" << s.m << " n=" << s.n << " k=" << s.k;
+      // The packed values against the weights (one output row of the reference is x = a unit vector).
+      for (int64_t o = 0; o < s.n; ++o) {
+        for (int64_t i = 0; i < s.k; ++i) {
+          const float wi = w[o * s.k + i];
+          float got;
+          if (format == WeightFormat::kBf16) {
+            uint32_t bits = uint32_t{reinterpret_cast<const uint16_t*>(packed.data())[o * s.k + i]} << 16;
+            std::memcpy(&got, &bits, sizeof(got));
+            ASSERT_LE(std::fabs(got - wi), std::fabs(wi) / 256) << "bf16 of " << wi;
+          } else {
+            got = reinterpret_cast<const int8_t*>(packed.data())[o * s.k + i] * scale[o];
+            ASSERT_LE(std::fabs(got - wi), scale[o] / 2 * (1 + 1e-6)) << "int8 of " << wi;
+          }
+        }
+      }
+    }
+  }
+  // Hand-computed: w = [[1, -2], [0.5, 0.25]] -> int8 scales 2/127 and 0.5/127, exact q for these values.
+  const std::vector<float> w = {1, -2, 0.5f, 0.25f}, x = {2, 1};
+  std::vector<int8_t> q(4);
+  std::vector<float> scale(2), y(2);
+  cpu::PackWeights(w.data(), 2, 2, WeightFormat::kInt8, q.data(), scale.data());
+  EXPECT_EQ(q, (std::vector<int8_t>{64, -127, 127, 64}));  // 63.5 rounds to even: 64
+  cpu::PackedMatMul({1, 2, 2, 2, 2, WeightFormat::kInt8, x.data(), q.data(), scale.data(), y.data()});
+  EXPECT_NEAR(y[0], (2 * 64 - 127) * 2.f / 127, 1e-6);
+  EXPECT_NEAR(y[1], (2 * 127 + 64) * 0.5f / 127, 1e-6);
 }
 
 // ---------------------------------------------------------------------------------------------- norms
