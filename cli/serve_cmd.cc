@@ -160,7 +160,7 @@ int RunServe(const Args& args) {
     if (drain_seconds > 0) {
       const server::SchedulerStats st = http->stats();
       std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining: requests taken "
-                << st.submitted - st.completed - st.failed << ", up to " << drain_seconds
+                << st.submitted - st.completed - st.failed - st.cancelled << ", up to " << drain_seconds
                 << " s to finish (a second signal stops now)" << std::endl;
       std::atomic<bool> drained{false};
       std::thread drain([&] {

@@ -108,6 +108,9 @@ std::string Metrics::Text(const SchedulerStats& sch, const PrefixCacheStats* cac
   Single(out, "oryx_kv_budget_bytes", "gauge", "The KV memory budget (0: none).", static_cast<double>(sch.kv_memory));
   Single(out, "oryx_preemptions_total", "counter", "Requests preempted for memory and recomputed later.",
          static_cast<double>(sch.preemptions));
+  Single(out, "oryx_requests_cancelled_total", "counter",
+         "Requests cancelled because their clients went away (they are counted as 499 above too).",
+         static_cast<double>(sch.cancelled));
   Single(out, "oryx_batch_steps_total", "counter", "Engine steps run.", static_cast<double>(sch.steps));
   Single(out, "oryx_decode_rows_total", "counter",
          "Requests decoded, summed over the steps (over steps: the mean batch).", static_cast<double>(sch.decode_rows));

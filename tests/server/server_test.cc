@@ -9,19 +9,20 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <regex>
-#include <sstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "engine/checkpoint.h"
+#include "engine/json_text.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "engine/json_text.h"
 #include "server/completions.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -117,10 +118,12 @@ testutil::ScratchDir* ServerTest::scratch_ = nullptr;
 std::string ServerTest::model_dir_;
 
 // Submits a request; its result (or error) comes through the returned future.
-std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted) {
+std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted,
+                                                            int64_t* ticket = nullptr) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
   auto future = promise->get_future();
-  *submitted = s.Submit(std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); });
+  *submitted = s.Submit(
+      std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); }, ticket);
   return future;
 }
 
@@ -329,6 +332,55 @@ TEST_F(ServerTest, StopEndsEveryRequestStillInTheBatchOrQueue) {
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
   }
+}
+
+// Cancel ends a request wherever it is, queued or in the batch (prefilling or decoding), before the next step:
+// its `done` gets Cancelled, its memory is freed, and the scheduler serves on.
+TEST_F(ServerTest, CancelEndsQueuedAndRunningRequestsBeforeTheNextStep) {
+  Scheduler scheduler(*engine_, {.max_batch = 2, .max_queue = 4});
+  Gate first_gate, second_gate;
+  std::promise<void> first_held, second_held;
+  GenerateRequest first = Request("one", 30), second = Request("two three", 30);
+  first.on_token = first_gate.HoldAtFirstToken(&first_held);
+  second.on_token = second_gate.HoldAtFirstToken(&second_held);
+  absl::Status submitted;
+  int64_t tickets[3] = {-1, -1, -1};
+  auto r0 = SubmitForResult(scheduler, first, &submitted, &tickets[0]);
+  ASSERT_TRUE(submitted.ok());
+  first_held.get_future().wait();  // request 0 is in the batch; the scheduler waits in its first token
+  auto r1 = SubmitForResult(scheduler, second, &submitted, &tickets[1]);
+  ASSERT_TRUE(submitted.ok());
+  auto r2 = SubmitForResult(scheduler, Request("four", 5), &submitted, &tickets[2]);
+  ASSERT_TRUE(submitted.ok());
+  EXPECT_EQ(std::set<int64_t>(tickets, tickets + 3).size(), 3u);
+  scheduler.Cancel(tickets[2]);  // queued
+  first_gate.Open();
+  second_held.get_future().wait();  // request 1 joined the batch and drew its first token; 0 is decoding
+  EXPECT_EQ(scheduler.stats().active, 2);
+  scheduler.Cancel(tickets[0]);
+  scheduler.Cancel(tickets[1]);
+  second_gate.Open();
+  for (auto* r : {&r0, &r1, &r2}) {
+    absl::StatusOr<GenerateResult> got = r->get();
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  }
+  SchedulerStats s = scheduler.stats();
+  EXPECT_EQ(s.cancelled, 3);
+  EXPECT_EQ(s.completed + s.failed, 0);
+  EXPECT_EQ(s.active, 0);
+  EXPECT_EQ(s.queued, 0);
+  EXPECT_EQ(s.kv_bytes, 0);
+  EXPECT_LT(s.steps, 10);  // ended a step after the cancels, not at their 30 tokens
+  // The scheduler goes on; a ticket of a request that has ended cancels nothing.
+  auto after = SubmitForResult(scheduler, Request("five six", 7), &submitted);
+  ASSERT_TRUE(submitted.ok());
+  absl::StatusOr<GenerateResult> got = after.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, Alone(Request("five six", 7)).tokens);
+  scheduler.Cancel(tickets[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(scheduler.stats().cancelled, 3);
+  EXPECT_EQ(scheduler.stats().completed, 1);
 }
 
 // The HTTP layer end to end, over a real socket.
