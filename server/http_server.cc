@@ -13,9 +13,10 @@
 
 #include "absl/strings/str_format.h"
 #include "base/str_cat.h"
-#include "httplib.h"
 #include "engine/json_text.h"
+#include "httplib.h"
 #include "server/completions.h"
+#include "server/connections.h"
 #include "server/metrics.h"
 
 namespace oryx::server {
@@ -165,7 +166,10 @@ struct HttpServer::Impl {
   mutable Metrics metrics;  // recorded as requests are answered (Log)
   ServerOptions options;
   Scheduler scheduler;
-  std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with TLS (made in Start)
+  // The server with the routes (an httplib::SSLServer with TLS), and the gate that listens and hands it the
+  // connections it lets in (made in Start).
+  std::unique_ptr<httplib::Server> http;
+  std::unique_ptr<GateServer> gate;
   int port = 0;
   socket_t listening = INVALID_SOCKET;  // the listening socket, seen when httplib sets its options
   std::thread listener;
@@ -221,14 +225,20 @@ void HttpServer::Impl::Routes() {
     const PrefixCache* cache = engine.prefix_cache();
     const std::optional<PrefixCacheStats> cache_stats =
         cache != nullptr ? std::optional(cache->stats()) : std::nullopt;
-    res.set_content(metrics.Text(scheduler.stats(), cache_stats ? &*cache_stats : nullptr),
+    res.set_content(metrics.Text(scheduler.stats(), gate->stats(), cache_stats ? &*cache_stats : nullptr),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   http->Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     const PrefixCache* cache = engine.prefix_cache();
-    Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
-                     {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()},
-                     {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
+    const ConnectionStats connections = gate->stats();
+    Reply(res, 200,
+          {{"model", options.model_name},
+           {"max_batch", options.scheduler.max_batch},
+           {"max_queue", options.scheduler.max_queue},
+           {"scheduler", scheduler.stats().ToJson()},
+           {"connections",
+            {{"open", connections.open}, {"refused", connections.refused}, {"max_per_client", gate->max_per_client()}}},
+           {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
   });
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
@@ -394,6 +404,9 @@ HttpServer::~HttpServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, ServerOptions options) {
   if (options.http_threads < 1) return absl::InvalidArgumentError("serve: http_threads must be >= 1");
+  if (options.max_connections_per_client < 0) {
+    return absl::InvalidArgumentError("serve: max_connections_per_client must be >= 0");
+  }
   if (!(options.read_timeout_s > 0)) return absl::InvalidArgumentError("serve: read_timeout must be > 0 seconds");
   if (options.scheduler.max_batch < 1) return absl::InvalidArgumentError("serve: max_batch must be >= 1");
   if (options.scheduler.max_queue < 0) return absl::InvalidArgumentError("serve: max_queue must be >= 0");
@@ -421,26 +434,31 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
     s.http = std::move(tls);
   }
   const int threads = s.options.http_threads;
-  s.http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
-  s.http->set_write_timeout(std::chrono::seconds(60));
-  s.http->set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  const int per_client =
+      s.options.max_connections_per_client > 0 ? s.options.max_connections_per_client : std::max(1, threads / 2);
+  s.gate = std::make_unique<GateServer>(*s.http, per_client, !s.options.tls_cert.empty(), s.options.log_requests);
+  s.gate->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  for (httplib::Server* server : {static_cast<httplib::Server*>(s.gate.get()), s.http.get()}) {
+    // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
+    server->set_write_timeout(std::chrono::seconds(60));
+    server->set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  }
   // An idle kept-alive connection holds its thread too: no longer than a read may take (whole seconds, at
   // least one; httplib's default is 5).
   s.http->set_keep_alive_timeout(std::clamp<time_t>(static_cast<time_t>(s.options.read_timeout_s), 1, 5));
   s.http->set_payload_max_length(kMaxBodyBytes);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.
-  s.http->set_socket_options([&s](socket_t sock) {
+  s.gate->set_socket_options([&s](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     s.listening = sock;
   });
   s.Routes();
   if (s.options.port == 0) {
-    s.port = s.http->bind_to_any_port(s.options.host);
+    s.port = s.gate->bind_to_any_port(s.options.host);
   } else {
-    s.port = s.http->bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+    s.port = s.gate->bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
   }
   if (s.port <= 0) {
     return absl::UnavailableError(Cat("serve: cannot listen on ", s.options.host, ":", s.options.port,
@@ -450,7 +468,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   // the dropped connections wait a second for the kernel's retry (or fail). Listen again with the system's
   // full backlog (Linux changes the backlog of a listening socket in place).
   if (s.listening != INVALID_SOCKET) ::listen(s.listening, SOMAXCONN);
-  s.listener = std::thread([&s] { s.http->listen_after_bind(); });
+  s.gate->OpenServing();
+  s.listener = std::thread([&s] { s.gate->listen_after_bind(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -465,7 +484,8 @@ void HttpServer::Stop() {
   std::call_once(impl_->stop_once, [this] {
     // The scheduler first: every waiting handler then has its answer, so the HTTP threads can finish.
     impl_->scheduler.Stop();
-    impl_->http->stop();
+    impl_->gate->CloseServing();  // ends the kept-alive connections and streams
+    impl_->gate->stop();
     if (impl_->listener.joinable()) impl_->listener.join();
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopped = true;

@@ -17,13 +17,20 @@
 
 namespace oryx::server {
 
+// The HTTP layer's connections (server/connections.h GateServer).
+struct ConnectionStats {
+  int64_t open = 0;     // being served
+  int64_t refused = 0;  // refused at the cap per client address since the start
+};
+
 class Metrics {
  public:
   // One answered completion request: its HTTP status, and its result when it has one. `seconds` is the time
   // from its arrival to its answer.
   void Record(int status, const absl::StatusOr<GenerateResult>& result, double seconds);
-  // The exposition: these counters, then the scheduler's and the prefix cache's (null: off).
-  std::string Text(const SchedulerStats& scheduler, const PrefixCacheStats* prefix_cache) const;
+  // The exposition: these counters, then the scheduler's, the connections' and the prefix cache's (null: off).
+  std::string Text(const SchedulerStats& scheduler, const ConnectionStats& connections,
+                   const PrefixCacheStats* prefix_cache) const;
 
   struct Histogram {
     std::vector<int64_t> counts;  // per upper bound in kBounds, not cumulative

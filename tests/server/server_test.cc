@@ -3,9 +3,11 @@
 // HTTP endpoints end to end, streaming included.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +35,9 @@ namespace oryx::server {
 namespace {
 
 using json = nlohmann::json;
+
+// A cap of connections per client address past any test's threads: none.
+constexpr int kNoCap = 1 << 16;
 
 // A latch the test opens: the first token of a request whose on_token waits on it holds the scheduler's
 // thread, so that the test can arrange the queue deterministically.
@@ -94,12 +99,14 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : GenerateResult{};
   }
-  // A server on `engine` on a port the system picks, with 4 HTTP threads and no request log; `adjust` sets the
-  // rest. Null (the test failed) when it does not start.
+  // A server on `engine` on a port the system picks, with 4 HTTP threads, no cap of connections per client
+  // (every test client is 127.0.0.1; the cap's own tests set one) and no request log; `adjust` sets the rest.
+  // Null (the test failed) when it does not start.
   static std::unique_ptr<HttpServer> Serve(Engine& engine, const std::function<void(ServerOptions&)>& adjust = {}) {
     ServerOptions o;
     o.port = 0;
     o.http_threads = 4;
+    o.max_connections_per_client = kNoCap;
     o.log_requests = false;
     if (adjust) adjust(o);
     auto started = HttpServer::Start(engine, o);
@@ -125,6 +132,83 @@ std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, Genera
   *submitted = s.Submit(
       std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); }, ticket);
   return future;
+}
+
+// Raw connections, for what httplib's client cannot do: connect from another loopback address (all of 127/8 is
+// this machine's), send half a request, or leave mid-request.
+// A TCP connection to 127.0.0.1:port from `from` (-1, the test failed, when it cannot be made).
+int ConnectFrom(const char* from, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in local{}, remote{};
+  local.sin_family = remote.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &local.sin_addr);
+  remote.sin_port = htons(static_cast<uint16_t>(port));
+  remote.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0) {
+    ADD_FAILURE() << "cannot connect from " << from << ": " << std::strerror(errno);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+bool SendText(int fd, std::string_view text) {
+  return send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+// A POST of a JSON body, the last request on its connection.
+std::string PostText(std::string_view path, std::string_view body) {
+  return absl::StrFormat(
+      "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+      "Connection: close\r\n\r\n%s",
+      path, body.size(), body);
+}
+// What the peers of `fds` send, read together until `closes` of them have closed their connections (their
+// `closed` set) or `seconds` pass.
+struct Received {
+  std::string text;
+  bool closed = false;
+};
+std::vector<Received> ReadUntilCloses(const std::vector<int>& fds, size_t closes, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<Received> got(fds.size());
+  for (size_t closed = 0; closed < closes;) {
+    std::vector<pollfd> open;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!got[i].closed) open.push_back({fds[i], POLLIN, 0});
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || poll(open.data(), open.size(), static_cast<int>(left.count())) <= 0) break;
+    for (const pollfd& p : open) {
+      if (p.revents == 0) continue;
+      const size_t i = std::find(fds.begin(), fds.end(), p.fd) - fds.begin();
+      char buf[8192];
+      const ssize_t n = recv(p.fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        got[i].text.append(buf, static_cast<size_t>(n));
+      } else {
+        got[i].closed = true;
+        ++closed;
+      }
+    }
+  }
+  return got;
+}
+// What the peer sends until it closes the connection, or until `seconds` pass.
+std::string ReadUntilClosed(int fd, double seconds) { return ReadUntilCloses({fd}, 1, seconds)[0].text; }
+// The status of a response ("HTTP/1.1 200 OK..."), -1 for none.
+int StatusOf(std::string_view response) {
+  return response.starts_with("HTTP/1.1 ") && response.size() >= 12
+             ? std::atoi(std::string(response.substr(9, 3)).c_str())
+             : -1;
+}
+// Whether `condition` holds within `seconds` (polled).
+bool Eventually(const std::function<bool()>& condition, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
@@ -393,6 +477,7 @@ class HttpTest : public ServerTest {
     o.model_name = "tiny";
     o.log_requests = false;
     o.http_threads = 8;
+    o.max_connections_per_client = kNoCap;
     auto started = HttpServer::Start(*engine_, o);
     ASSERT_TRUE(started.ok()) << started.status();
     server_ = std::move(*started);
@@ -1044,6 +1129,88 @@ TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
   EXPECT_GT(scheduler["preemptions"].get<int64_t>(), 0);
   EXPECT_EQ(scheduler["kv_mib"], 0.0);
   EXPECT_EQ(scheduler["waiting_for_memory"], 0);
+}
+
+// A flood of slow clients from one address (each sends half a request and waits, more of them than the HTTP
+// threads) beside a well-behaved client from another: the flood holds the cap of connections per address,
+// the rest of it is answered 429 at once, and the other client is served as if the flood were not there,
+// not after the read timeout. The flood's address is served again once its connections close.
+TEST_F(ServerTest, ASlowClientFloodFromOneAddressLeavesTheOthersServed) {
+  constexpr int kThreads = 8, kCap = 3, kFlood = 20;
+  std::unique_ptr<HttpServer> server = Serve(*engine_, [](ServerOptions& o) {
+    o.http_threads = kThreads;
+    o.max_connections_per_client = kCap;
+    o.read_timeout_s = 10;  // without the cap, the flood would hold every thread this long, a round at a time
+  });
+  ASSERT_NE(server, nullptr);
+  const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = ConnectFrom("127.0.0.1", server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendText(fd, half));
+    flood.push_back(fd);
+  }
+  const std::string request = PostText("/v1/completions", R"({"prompt": "the", "max_tokens": 3})");
+  const auto start = std::chrono::steady_clock::now();
+  const int other = ConnectFrom("127.0.0.2", server->port());
+  ASSERT_GE(other, 0) << "127.0.0.2 should be this machine's (all of 127/8 is, on Linux)";
+  ASSERT_TRUE(SendText(other, request));
+  const std::string answer = ReadUntilClosed(other, 60);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  close(other);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+  EXPECT_LT(waited, 5.0);  // not the flood's read timeout (10 s) or more
+  // The flood: kCap connections held (their requests unfinished), the others answered 429 and closed.
+  int refused = 0, held = 0;
+  for (const Received& r : ReadUntilCloses(flood, kFlood - kCap, 5)) {
+    if (!r.closed) {
+      EXPECT_EQ(r.text, "");
+      ++held;
+      continue;
+    }
+    ++refused;
+    const std::string& got = r.text;
+    EXPECT_EQ(StatusOf(got), 429) << got;
+    const size_t body = got.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos) << got;
+    const json error = json::parse(got.substr(body + 4))["error"];
+    EXPECT_EQ(error["code"], 429);
+    EXPECT_EQ(error["type"], "rate_limit_exceeded");
+    EXPECT_HAS_SUBSTR(error["message"].get<std::string>(), "too many connections from 127.0.0.1");
+  }
+  EXPECT_EQ(held, kCap);
+  EXPECT_EQ(refused, kFlood - kCap);
+  // The cap is the address's: 127.0.0.1 is refused while its flood holds on, 127.0.0.2 is not.
+  for (const char* from : {"127.0.0.1", "127.0.0.2"}) {
+    const int fd = ConnectFrom(from, server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendText(fd, "GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::string got = ReadUntilClosed(fd, 30);
+    close(fd);
+    if (std::string(from) == "127.0.0.1") {
+      EXPECT_EQ(StatusOf(got), 429) << got;
+      continue;
+    }
+    ASSERT_EQ(StatusOf(got), 200) << got;
+    const json connections = json::parse(got.substr(got.find("\r\n\r\n") + 4))["connections"];
+    EXPECT_EQ(connections["open"], kCap + 1);  // the flood's, and this one
+    EXPECT_EQ(connections["refused"], kFlood - kCap + 1);
+    EXPECT_EQ(connections["max_per_client"], kCap);
+  }
+  for (int fd : flood) close(fd);
+  // Its connections closed, the address is served again (once the server has seen them close).
+  httplib::Client client("127.0.0.1", server->port());
+  ASSERT_TRUE(Eventually([&] { return server->stats().completed == 1; }, 1));
+  int status = -1;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto res = client.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+        status = res ? res->status : -1;
+        return status != 429;
+      },
+      30));
+  EXPECT_EQ(status, 200);
 }
 
 }  // namespace
