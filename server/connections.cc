@@ -1,6 +1,8 @@
 #include "server/connections.h"
 
 #include <arpa/inet.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +34,8 @@ struct Expose {
 };
 template struct Expose<ProcessSocket, &httplib::Server::process_and_close_socket>;
 template struct Expose<ListeningSocket, &httplib::Server::svr_sock_>;
+
+thread_local socket_t current_connection = INVALID_SOCKET;
 
 // The client's address, an IPv4 one as IPv4 even when it came over an IPv6 socket.
 std::string PeerAddress(socket_t sock) {
@@ -67,6 +71,8 @@ ConnectionStats GateServer::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {open_, refused_};
 }
+
+socket_t GateServer::CurrentConnection() { return current_connection; }
 
 bool GateServer::Enter(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -120,12 +126,84 @@ bool GateServer::process_and_close_socket(socket_t sock) {
     Refuse(sock, address);
     return false;
   }
+  current_connection = sock;
   struct Left {
     GateServer& gate;
     const std::string& address;
-    ~Left() { gate.Leave(address); }
+    ~Left() {
+      current_connection = INVALID_SOCKET;
+      gate.Leave(address);
+    }
   } left{*this, address};
   return (serving_.*Member(ProcessSocket{}))(sock);  // serves it (TLS included) and closes it
+}
+
+DisconnectWatch::DisconnectWatch()
+    : epoll_(epoll_create1(EPOLL_CLOEXEC)), stop_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = 0;
+  if (epoll_ >= 0 && stop_ >= 0) epoll_ctl(epoll_, EPOLL_CTL_ADD, stop_, &e);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+DisconnectWatch::~DisconnectWatch() {
+  const uint64_t one = 1;
+  if (stop_ >= 0) (void)write(stop_, &one, sizeof(one));
+  thread_.join();
+  for (int fd : {epoll_, stop_}) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+void DisconnectWatch::Loop() {
+  if (epoll_ < 0 || stop_ < 0) return;  // nothing is watched (Watch checks the same)
+  epoll_event events[16];
+  for (;;) {
+    const int n = epoll_wait(epoll_, events, 16, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == 0) return;
+      std::function<void()> gone;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = watched_.find(id);
+        if (it == watched_.end()) continue;                            // unwatched since epoll_wait returned
+        epoll_ctl(epoll_, EPOLL_CTL_DEL, it->second.socket, nullptr);  // still open: Unwatch has not run
+        gone = std::move(it->second.gone);
+        watched_.erase(it);
+      }
+      gone();
+    }
+  }
+}
+
+DisconnectWatch::Watching DisconnectWatch::Watch(socket_t connection, std::function<void()> gone) {
+  if (connection == INVALID_SOCKET || epoll_ < 0 || stop_ < 0) return {};
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  epoll_event e{};
+  // EPOLLHUP and EPOLLERR (a reset) come unasked; no EPOLLIN: bytes to read are not a close. One shot: the
+  // loop removes it.
+  e.events = EPOLLRDHUP | EPOLLONESHOT;
+  e.data.u64 = id;
+  if (epoll_ctl(epoll_, EPOLL_CTL_ADD, connection, &e) != 0) return {};
+  watched_.emplace(id, Watched{connection, std::move(gone)});
+  return Watching(this, id);
+}
+
+void DisconnectWatch::Unwatch(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watched_.find(id);
+  if (it == watched_.end()) return;  // it fired
+  epoll_ctl(epoll_, EPOLL_CTL_DEL, it->second.socket, nullptr);
+  watched_.erase(it);
+}
+
+DisconnectWatch::Watching::~Watching() {
+  if (watch_ != nullptr) watch_->Unwatch(id_);
 }
 
 }  // namespace oryx::server

@@ -1,13 +1,15 @@
 // The connection layer under the HTTP server (cpp-httplib): a cap of connections per client address, held
-// before a connection's first byte is read. It works on the accepted sockets, which httplib's handlers do not
-// see.
+// before a connection's first byte is read, and a watch that tells when the client of a waiting request has
+// gone. Both work on the accepted sockets, which httplib's handlers do not see.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "httplib.h"
 #include "server/metrics.h"
@@ -33,6 +35,8 @@ class GateServer : public httplib::Server {
 
   ConnectionStats stats() const;
   int max_per_client() const { return max_per_client_; }
+  // The connection being served on the calling thread: a handler's own (INVALID_SOCKET elsewhere).
+  static socket_t CurrentConnection();
 
  private:
   bool process_and_close_socket(socket_t sock) override;
@@ -51,6 +55,50 @@ class GateServer : public httplib::Server {
   };
   std::map<std::string, Client> clients_;  // guarded by mu_: the addresses that hold connections
   int64_t open_ = 0, refused_ = 0;         // guarded by mu_
+};
+
+// Watches the sockets of waiting requests on a thread of its own (epoll): when a client closes its connection
+// or resets it, its callback runs. Bytes it sends (a pipelined next request, a TLS alert) are not a close; a
+// client that shuts down only its sending side is taken to have gone, as nginx takes it (EPOLLRDHUP).
+// Thread-safe.
+class DisconnectWatch {
+ public:
+  DisconnectWatch();
+  ~DisconnectWatch();  // stops the thread; every Watching must be gone by then
+  DisconnectWatch(const DisconnectWatch&) = delete;
+  DisconnectWatch& operator=(const DisconnectWatch&) = delete;
+
+  // While it lives, `gone` is called once, on the watch's thread, if the client goes (at once if it has gone
+  // already). Drop it before the socket is closed. It should return quickly.
+  class Watching {
+   public:
+    Watching() = default;
+    Watching(Watching&& other) noexcept : watch_(other.watch_), id_(other.id_) { other.watch_ = nullptr; }
+    Watching& operator=(Watching&&) = delete;
+    ~Watching();
+
+   private:
+    friend class DisconnectWatch;
+    Watching(DisconnectWatch* watch, uint64_t id) : watch_(watch), id_(id) {}
+    DisconnectWatch* watch_ = nullptr;
+    uint64_t id_ = 0;
+  };
+  // An invalid socket (or one epoll does not take) is not watched: `gone` is never called.
+  [[nodiscard]] Watching Watch(socket_t connection, std::function<void()> gone);
+
+ private:
+  void Loop();
+  void Unwatch(uint64_t id);
+
+  int epoll_ = -1, stop_ = -1;  // the epoll instance; an eventfd that ends Loop
+  std::mutex mu_;
+  struct Watched {
+    socket_t socket;
+    std::function<void()> gone;
+  };
+  std::map<uint64_t, Watched> watched_;  // guarded by mu_, by id (from 1: 0 is stop_)
+  uint64_t next_id_ = 1;                 // guarded by mu_
+  std::thread thread_;
 };
 
 }  // namespace oryx::server

@@ -8,7 +8,8 @@
 // Errors are JSON ({"error": {"message", "type", "code"}}) with status 400 (bad request, streamed or not),
 // 404 (no such route), 413 (a body over 16 MiB), 429 (a connection past the cap per client address), 503
 // (queue full, shutting down, no device memory) or 500.
-// A client that drops a stream cancels its request at the next token.
+// A client that goes away (closes or resets its connection) while its request waits or streams cancels it:
+// the request leaves the batch before the next step, its memory freed, and gets no answer (logged as 499).
 #pragma once
 
 #include <chrono>

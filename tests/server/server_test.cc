@@ -117,6 +117,11 @@ class ServerTest : public ::testing::Test {
   static absl::StatusOr<Engine> LongEngine(const testutil::ScratchDir& scratch) {
     return Engine::Load(testutil::WriteTinyModelWithTokenizer(scratch, 5, 8192), {"cpu", 1});
   }
+  // The same with room for a generation of kEndless tokens, which takes far longer than any test waits.
+  static constexpr int64_t kEndless = 200000;
+  static absl::StatusOr<Engine> EndlessEngine(const testutil::ScratchDir& scratch) {
+    return Engine::Load(testutil::WriteTinyModelWithTokenizer(scratch, 5, kEndless + 64), {"cpu", 1});
+  }
   static testutil::ScratchDir* scratch_;
   static std::string model_dir_;
   std::optional<Engine> engine_, reference_;
@@ -659,16 +664,17 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   httplib::Client streaming("127.0.0.1", server->port());
   (void)streaming.send(req);
   streaming.stop();
-  for (int i = 0; i < 3000 && server->stats().completed + server->stats().failed < 2; ++i) {
+  for (int i = 0; i < 3000 && server->stats().cancelled + server->stats().failed < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   server->Stop();
+  EXPECT_EQ(server->stats().cancelled, 1);
   const std::string log = testing::internal::GetCapturedStderr();
   EXPECT_HAS_SUBSTR(log, "404 GET /nowhere");
   EXPECT_HAS_SUBSTR(log, " 400: unknown policy 'sometimes'");
   EXPECT_HAS_SUBSTR(log, "499 stream: cancelled, the client disconnected");
   EXPECT_EQ(log.find(" 200 stream"), std::string::npos) << log;
-  EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
+  EXPECT_EQ(server->stats().completed, 0);  // it stopped when the client went, not at the end
 }
 
 TEST(Chat, MessagesBecomeAPromptThroughTheTemplateAndBadOnesAreRefused) {
@@ -1061,6 +1067,27 @@ TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
   EXPECT_FALSE(wary.Get("/health"));
   server->Stop();
 
+  // A client that gives up waiting mid-request cancels it over TLS too: the close shows on the socket under the
+  // TLS session.
+  testutil::ScratchDir long_scratch;
+  auto endless = EndlessEngine(long_scratch);
+  ASSERT_TRUE(endless.ok()) << endless.status();
+  std::unique_ptr<HttpServer> long_server = Serve(*endless, [&](ServerOptions& o) {
+    o.tls_cert = cert;
+    o.tls_key = key;
+  });
+  ASSERT_NE(long_server, nullptr);
+  httplib::SSLClient leaving("127.0.0.1", long_server->port());
+  leaving.set_ca_cert_path(cert.c_str());
+  leaving.enable_server_certificate_verification(true);
+  leaving.set_read_timeout(std::chrono::milliseconds(500));
+  EXPECT_FALSE(leaving.Post("/v1/completions",
+                            absl::StrFormat(R"({"prompt": "the", "max_tokens": %d, "ignore_eos": true})", kEndless),
+                            "application/json"));
+  EXPECT_TRUE(Eventually([&] { return long_server->stats().cancelled == 1; }, 30)) << "the request ran on";
+  EXPECT_EQ(long_server->stats().completed, 0);
+  long_server->Stop();
+
   auto expect_error = [&](const std::string& c, const std::string& k, const std::string& needle) {
     ServerOptions o;
     o.port = 0;
@@ -1129,6 +1156,74 @@ TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
   EXPECT_GT(scheduler["preemptions"].get<int64_t>(), 0);
   EXPECT_EQ(scheduler["kv_mib"], 0.0);
   EXPECT_EQ(scheduler["waiting_for_memory"], 0);
+}
+
+// A client that goes away while its (non-streaming) request runs cancels it: the request leaves the batch,
+// its memory freed, long before it could have finished; the connection closes unanswered (logged as 499),
+// and the server serves on. Bytes the client sends meanwhile (its next request) are not a going away.
+TEST_F(ServerTest, AClientThatGoesAwayCancelsItsRequestAndFreesItsSlot) {
+  testutil::ScratchDir long_scratch;
+  auto engine = EndlessEngine(long_scratch);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<HttpServer> server = Serve(*engine, [](ServerOptions& o) { o.log_requests = true; });
+  ASSERT_NE(server, nullptr);
+  const std::string endless =
+      absl::StrFormat(R"({"prompt": "the quick", "max_tokens": %d, "ignore_eos": true})", kEndless);
+  testing::internal::CaptureStderr();
+  const int fd = ConnectFrom("127.0.0.1", server->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendText(fd, PostText("/v1/completions", endless)));
+  ASSERT_TRUE(Eventually([&] { return server->stats().active == 1; }, 30));
+  // Its next request, pipelined, while this one runs: not a close.
+  ASSERT_TRUE(SendText(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server->stats().cancelled, 0);
+  ASSERT_EQ(server->stats().active, 1);
+  EXPECT_GT(server->stats().kv_bytes, 0);
+  // The client shuts its side: the request ends, and the connection closes with no answer.
+  shutdown(fd, SHUT_WR);
+  ASSERT_TRUE(Eventually([&] { return server->stats().cancelled == 1; }, 30)) << "the request ran on";
+  EXPECT_EQ(ReadUntilClosed(fd, 30), "");
+  close(fd);
+  SchedulerStats s = server->stats();
+  EXPECT_EQ(s.completed, 0);
+  EXPECT_EQ(s.active, 0);
+  EXPECT_EQ(s.kv_bytes, 0);
+  EXPECT_LT(s.steps, kEndless / 2);
+  // A client that closes its connection outright, and one that resets it: the same.
+  for (const bool reset : {false, true}) {
+    const int64_t cancelled = server->stats().cancelled;
+    const int c = ConnectFrom("127.0.0.1", server->port());
+    ASSERT_GE(c, 0);
+    ASSERT_TRUE(SendText(c, PostText("/v1/chat/completions", absl::StrFormat(R"({"messages": [{"role": "user",
+        "content": "hi"}], "max_tokens": %d, "ignore_eos": true, "n": 2})",
+                                                                             kEndless))));
+    ASSERT_TRUE(Eventually([&] { return server->stats().active == 2; }, 30));
+    if (reset) {
+      const linger hard{1, 0};  // close sends a reset
+      setsockopt(c, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+    }
+    close(c);
+    ASSERT_TRUE(Eventually([&] { return server->stats().cancelled == cancelled + 2; }, 30)) << reset;
+  }
+  httplib::Client client("127.0.0.1", server->port());
+  auto res = client.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  auto stats = client.Get("/stats");
+  ASSERT_TRUE(stats);
+  const json scheduler = json::parse(stats->body)["scheduler"];
+  EXPECT_EQ(scheduler["cancelled"], 5);
+  EXPECT_EQ(scheduler["completed"], 1);
+  EXPECT_EQ(scheduler["active"], 0);
+  EXPECT_EQ(scheduler["kv_mib"], 0.0);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_HAS_SUBSTR(metrics->body, "oryx_requests_cancelled_total 5\n");
+  EXPECT_HAS_SUBSTR(metrics->body, "oryx_requests_total{status=\"499\"} 5\n");
+  server->Stop();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_HAS_SUBSTR(log, "499: cancelled, the client disconnected");
 }
 
 // A flood of slow clients from one address (each sends half a request and waits, more of them than the HTTP
