@@ -1,7 +1,8 @@
 // GET /metrics: the server's counters in the Prometheus text format (version 0.0.4): requests by status,
 // tokens (prompt, cached, generated, by mode), time to first token and time per output token as histograms,
-// speculative drafts proposed and accepted by position, and, from the scheduler and the engine, the queue, the
-// batch, KV memory, preemptions and the prefix cache. Thread-safe.
+// speculative drafts proposed and accepted by position, and, from the scheduler, the engine and the HTTP
+// layer, the queue, the batch, KV memory, preemptions, cancelled requests, connections and the prefix cache.
+// Thread-safe.
 #pragma once
 
 #include <chrono>
