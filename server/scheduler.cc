@@ -165,7 +165,6 @@ void Scheduler::TakeCancelled(RunningMap& running, std::vector<Done>& ended) {
     // Otherwise it has ended already.
   }
   cancels_.clear();
-  stats_.cancelled += static_cast<int64_t>(ended.size());
 }
 
 bool Scheduler::Admit(RunningMap& running) {
@@ -199,6 +198,7 @@ bool Scheduler::Admit(RunningMap& running) {
     stats_.active = batch_->active();
     stats_.max_active = std::max(stats_.max_active, stats_.active);
     stats_.kv_bytes = batch_->kv_bytes();  // less the cancelled requests' memory, with no step to come perhaps
+    stats_.cancelled += static_cast<int64_t>(cancelled.size());  // with the load they left
   }
   // After the counts, so that a caller told of its cancel sees its memory freed.
   for (Done& done : cancelled) done(absl::CancelledError("the request was cancelled"));

@@ -102,7 +102,8 @@ class Scheduler {
   // Ends the requests Cancel named, then moves queued jobs into the batch while it has room; false when
   // stopping.
   bool Admit(RunningMap& running);
-  // Takes the cancelled requests out of the queue and the batch (their `done`s into `ended`). Holds mu_.
+  // Takes the cancelled requests out of the queue and the batch (their `done`s into `ended`; the caller counts
+  // them). Holds mu_.
   void TakeCancelled(RunningMap& running, std::vector<Done>& ended);
   void FailAll(RunningMap& running, const absl::Status& status);
 
