@@ -20,7 +20,9 @@ namespace oryx::server {
 // by `serving` (an httplib Server or SSLServer that holds the routes and settings and never listens itself)
 // on the thread the gate runs it on. A connection from an address that holds `max_per_client` already is
 // refused without being read: answered 429 and closed (plain HTTP), or closed (TLS: nothing readable can be
-// sent before a handshake, which a slow client could stall). The gate's own read and write timeouts set those
+// sent before a handshake, which a slow client could stall). What the client has sent by then is read and
+// dropped, so that the close does not reset the connection; a client whose request comes after the close
+// sees a reset instead of the 429 (either says: retry later). The gate's own read and write timeouts set those
 // of the accepted sockets (SO_RCVTIMEO, SO_SNDTIMEO); give it the serving server's.
 class GateServer : public httplib::Server {
  public:
