@@ -19,7 +19,9 @@ namespace {
 // Two members of httplib::Server that the gate needs and httplib does not open to it: process_and_close_socket,
 // the private virtual that serves one accepted connection (a subclass may override it, not call it), and
 // svr_sock_, the protected listening socket, here another object's. An explicit instantiation may name them
-// (its names are not access-checked: [temp.spec.general]); these two are the only ones.
+// (its names are not access-checked: [temp.spec.general]); these two are the only ones. A pointer to a virtual
+// member calls the object's own override, so the gate could not reach httplib's version through itself: the
+// connection goes to a second server object, which has no override.
 struct ProcessSocket {
   using type = bool (httplib::Server::*)(socket_t);
   friend type Member(ProcessSocket);
