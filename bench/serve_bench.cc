@@ -250,6 +250,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
   }
   so.scheduler.max_queue = open_loop ? 4096 : std::max<int64_t>(top, 16);
   so.http_threads = open_loop ? 512 : static_cast<int>(top + 8);
+  so.max_connections_per_client = so.http_threads;  // no cap: every client is this process, on one address
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, so));
 
   const size_t levels = open_loop ? o.rates.size() : o.concurrency.size();

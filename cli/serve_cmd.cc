@@ -59,6 +59,12 @@ int RunServe(const Args& args) {
         "                          and one that could never fit gets a 400", 0, int64_t{1} << 30);
   f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
         1, 4096);
+  int64_t max_connections_per_client = 0;
+  f.Int("max-connections-per-client", &max_connections_per_client,
+        "connections one client address may hold at once; one more is answered 429 (with TLS, closed) without "
+        "being read, so that a flood of slow clients leaves HTTP threads to the others (0: half of --http-threads; "
+        "--http-threads or more: no cap, as behind a proxy, where every client has the proxy's address)",
+        0, 1 << 20);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
   f.String("weights", &weights, "cpu: projection weights f32 | bf16 | int8 (per-row scales): fewer bytes per token");
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
@@ -149,6 +155,7 @@ int RunServe(const Args& args) {
     if (!(request_timeout >= 0)) return absl::InvalidArgumentError("--request-timeout must be >= 0 seconds");
     o.scheduler.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(request_timeout * 1000));
     o.http_threads = static_cast<int>(http_threads);
+    o.max_connections_per_client = static_cast<int>(max_connections_per_client);
     o.log_requests = !quiet;
     o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();
     if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
@@ -162,7 +169,7 @@ int RunServe(const Args& args) {
     if (drain_seconds > 0) {
       const server::SchedulerStats st = http->stats();
       std::cerr << "oryx serve: " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining: requests taken "
-                << st.submitted - st.completed - st.failed << ", up to " << drain_seconds
+                << st.submitted - st.completed - st.failed - st.cancelled << ", up to " << drain_seconds
                 << " s to finish (a second signal stops now)" << std::endl;
       std::atomic<bool> drained{false};
       std::thread drain([&] {

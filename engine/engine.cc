@@ -622,6 +622,12 @@ void GenerationBatch::Drop(int64_t id) {
   active_.erase(it);
 }
 
+bool GenerationBatch::Cancel(int64_t id) {
+  if (!active_.contains(id)) return false;
+  Drop(id);
+  return true;
+}
+
 void GenerationBatch::Finish(int64_t id) {
   auto it = active_.find(id);
   Request& r = *it->second;

@@ -323,6 +323,10 @@ class GenerationBatch {
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
   // The requests that failed since the last call (ResourceExhausted: they do not fit in memory even alone).
   std::vector<std::pair<int64_t, absl::Status>> TakeFailed();
+  // Ends an unfinished request between steps, wherever it is (waiting for memory, prefilling, decoding),
+  // without a result: neither TakeFinished nor TakeFailed returns it, and its sequence (its KV memory) is
+  // freed now. False when no request of that id is unfinished. How a server drops a request whose client left.
+  bool Cancel(int64_t id);
 
  private:
   struct Request;

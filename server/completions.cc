@@ -633,6 +633,7 @@ nlohmann::json ErrorObject(std::string_view message, int http_status) {
   const char* type = http_status == 404   ? "not_found"
                      : http_status == 503 ? "unavailable"
                      : http_status == 504 ? "timeout"
+                     : http_status == 429 ? "rate_limit_exceeded"
                      : http_status < 500  ? "invalid_request_error"
                                           : "server_error";
   return {{"error", {{"message", message}, {"type", type}, {"code", http_status}}}};

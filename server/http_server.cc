@@ -13,9 +13,10 @@
 
 #include "absl/strings/str_format.h"
 #include "base/str_cat.h"
-#include "httplib.h"
 #include "engine/json_text.h"
+#include "httplib.h"
 #include "server/completions.h"
+#include "server/connections.h"
 #include "server/metrics.h"
 
 namespace oryx::server {
@@ -28,11 +29,18 @@ using json = nlohmann::json;
 // A prompt of a model's whole context is well under this; a larger body is refused before it is read.
 constexpr size_t kMaxBodyBytes = size_t{16} << 20;
 
-// The status logged (never sent) for a streamed request whose client went away before it finished, as
-// nginx logs it: "client closed request".
+// The status logged (never sent) for a request whose client went away before it was answered, as nginx logs
+// it: "client closed request".
 constexpr int kClientClosedRequest = 499;
 
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// Leaves the request unanswered: the connection this thread serves is shut down, so that httplib writes
+// nothing more and closes it. For a client that has gone (a client that only half-closed gets no answer
+// either, as from nginx).
+void CloseUnanswered() {
+  if (const socket_t sock = GateServer::CurrentConnection(); sock != INVALID_SOCKET) shutdown(sock, SHUT_RDWR);
+}
 
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -52,7 +60,8 @@ struct EventStream {
   std::deque<std::string> frames;  // server-sent events ready to write
   bool finished = false;           // the last frame is queued
   absl::Status error;              // what ended the request, when it failed
-  std::atomic<bool> cancelled{false};
+  std::atomic<bool> cancelled{false};        // the client went away (Impl::Cancel)
+  std::vector<int64_t> tickets;              // the choices' in the scheduler
   bool chat = false, include_usage = false;  // chat.completion.chunk frames; a last one with the usage
   int64_t n = 1;                             // choices per prompt
   struct Choice {
@@ -69,9 +78,8 @@ struct EventStream {
 
   void Push(const json& j) { frames.push_back("data: " + JsonText(j) + "\n\n"); }
 
-  // One chunk per token, even when its text is held back or empty (a model without a tokenizer). False once
-  // the client has gone, which ends the request.
-  bool Token(const CompletionId& id, int64_t index, const TokenEvent& e) {
+  // One chunk per token, even when its text is held back or empty (a model without a tokenizer).
+  void Token(const CompletionId& id, int64_t index, const TokenEvent& e) {
     std::lock_guard<std::mutex> lock(mu);
     Choice& c = choices[index];
     c.held += e.text;
@@ -88,7 +96,6 @@ struct EventStream {
     c.held.erase(0, n);
     ++tokens;
     ready.notify_one();
-    return !cancelled.load();
   }
 
   void Finish(const CompletionId& id, int64_t index, const absl::StatusOr<GenerateResult>& r) {
@@ -113,11 +120,20 @@ struct EventStream {
     ready.notify_one();
   }
 
-  // Waits for the first event: OK, or the error of a request that ended before producing anything.
+  // Waits for the first event: OK, or the error of a request that ended before producing anything
+  // (Cancelled when its client has gone).
   absl::Status WaitForFirst() {
     std::unique_lock<std::mutex> lock(mu);
-    ready.wait(lock, [&] { return tokens > 0 || finished; });
+    ready.wait(lock, [&] { return tokens > 0 || finished || cancelled; });
+    if (cancelled) return absl::CancelledError("the client went away");
     return tokens == 0 && !error.ok() ? error : absl::OkStatus();
+  }
+
+  // The client has gone: wakes the connection's thread (Impl::Cancel ends the choices).
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu);
+    cancelled = true;
+    ready.notify_one();
   }
 
   // Writes the frames so far (waiting for one); false when the client has gone.
@@ -126,15 +142,13 @@ struct EventStream {
     bool last = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      ready.wait(lock, [&] { return !frames.empty() || finished; });
+      ready.wait(lock, [&] { return !frames.empty() || finished || cancelled; });
+      if (cancelled) return false;
       out.swap(frames);
       last = finished;
     }
     for (const std::string& frame : out) {
-      if (!sink.write(frame.data(), frame.size())) {
-        cancelled = true;  // the request stops at its next token
-        return false;
-      }
+      if (!sink.write(frame.data(), frame.size())) return false;  // the releaser cancels the request
     }
     if (last) sink.done();
     return true;
@@ -160,12 +174,25 @@ struct HttpServer::Impl {
   void Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival, httplib::Response& res);
   void Log(const CompletionId& id, int status, bool stream, const absl::StatusOr<GenerateResult>& r,
            Clock::time_point arrival) const;
+  // Ends a request's choices in the scheduler (its client has gone, or one choice was refused).
+  void Cancel(const std::vector<int64_t>& tickets) {
+    for (const int64_t t : tickets) scheduler.Cancel(t);
+  }
+  // Watches the connection this thread serves while its request waits or streams: when the client goes,
+  // `gone` runs (on the watch's thread).
+  DisconnectWatch::Watching WatchClient(std::function<void()> gone) {
+    return watch.Watch(GateServer::CurrentConnection(), std::move(gone));
+  }
 
   Engine& engine;
   mutable Metrics metrics;  // recorded as requests are answered (Log)
   ServerOptions options;
   Scheduler scheduler;
-  std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with TLS (made in Start)
+  DisconnectWatch watch;  // after the scheduler: its callbacks cancel there
+  // The server with the routes (an httplib::SSLServer with TLS), and the gate that listens and hands it the
+  // connections it lets in (made in Start).
+  std::unique_ptr<httplib::Server> http;
+  std::unique_ptr<GateServer> gate;
   int port = 0;
   socket_t listening = INVALID_SOCKET;  // the listening socket, seen when httplib sets its options
   std::thread listener;
@@ -221,14 +248,20 @@ void HttpServer::Impl::Routes() {
     const PrefixCache* cache = engine.prefix_cache();
     const std::optional<PrefixCacheStats> cache_stats =
         cache != nullptr ? std::optional(cache->stats()) : std::nullopt;
-    res.set_content(metrics.Text(scheduler.stats(), cache_stats ? &*cache_stats : nullptr),
+    res.set_content(metrics.Text(scheduler.stats(), gate->stats(), cache_stats ? &*cache_stats : nullptr),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
   http->Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     const PrefixCache* cache = engine.prefix_cache();
-    Reply(res, 200, {{"model", options.model_name}, {"max_batch", options.scheduler.max_batch},
-                     {"max_queue", options.scheduler.max_queue}, {"scheduler", scheduler.stats().ToJson()},
-                     {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
+    const ConnectionStats connections = gate->stats();
+    Reply(res, 200,
+          {{"model", options.model_name},
+           {"max_batch", options.scheduler.max_batch},
+           {"max_queue", options.scheduler.max_queue},
+           {"scheduler", scheduler.stats().ToJson()},
+           {"connections",
+            {{"open", connections.open}, {"refused", connections.refused}, {"max_per_client", gate->max_per_client()}}},
+           {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
   });
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
@@ -291,8 +324,8 @@ void HttpServer::Impl::Log(const CompletionId& id, int status, bool stream, cons
   if (!options.log_requests) return;
   std::string line = absl::StrFormat("[serve] %s %d%s", id.id, status, stream ? " stream" : "");
   if (status == kClientClosedRequest) {
-    line += absl::StrFormat(": cancelled, the client disconnected (%d generated tokens, %.1f ms in all)",
-                            r.ok() ? r->stats.generated_tokens : 0, MsSince(arrival));
+    line += absl::StrFormat(": cancelled, the client disconnected (%.1f ms in all%s)", MsSince(arrival),
+                            r.ok() ? absl::StrFormat(", %d tokens generated", r->stats.generated_tokens) : "");
   } else if (r.ok()) {
     const json stats = ToJson(*r)["stats"];
     line += absl::StrFormat(" %s: %d prompt + %d generated tokens (%s) | first token %.1f ms after admission, "
@@ -323,27 +356,36 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
   std::vector<ChoiceContext> contexts;
   for (const GenerateRequest& q : choices) contexts.push_back(ContextOf(q));
   std::vector<std::future<absl::StatusOr<GenerateResult>>> futures;
+  std::vector<int64_t> tickets;
   for (GenerateRequest& q : choices) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
     futures.push_back(promise->get_future());
     auto done = [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); };
-    if (absl::Status s = scheduler.Submit(std::move(q), std::move(done)); !s.ok()) {
-      // The choices already queued run on; their results go unread.
+    int64_t ticket = 0;
+    if (absl::Status s = scheduler.Submit(std::move(q), std::move(done), &ticket); !s.ok()) {
+      Cancel(tickets);  // the choices already queued
       Log(id, HttpStatus(s), false, s, arrival);
       return ReplyError(res, s);
     }
+    tickets.push_back(ticket);
   }
+  // A client that goes while its choices wait or run cancels them: they end with Cancelled.
+  const DisconnectWatch::Watching watching = WatchClient([this, tickets] { Cancel(tickets); });
   std::vector<json> objects;
   absl::Status failed;
+  bool gone = false;
   for (size_t i = 0; i < futures.size(); ++i) {
     absl::StatusOr<GenerateResult> result = futures[i].get();
-    Log(id, result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
+    const bool cancelled = result.status().code() == absl::StatusCode::kCancelled;  // only Cancel gives it
+    gone |= cancelled;
+    Log(id, cancelled ? kClientClosedRequest : result.ok() ? 200 : HttpStatus(result.status()), false, result, arrival);
     if (!result.ok()) {
       if (failed.ok()) failed = result.status();
       continue;
     }
     objects.push_back(chat ? ChatCompletionObject(id, *result, contexts[i]) : CompletionObject(id, *result, contexts[i]));
   }
+  if (gone) return CloseUnanswered();
   if (!failed.ok()) return ReplyError(res, failed);
   Reply(res, 200, MergeChoices(std::move(objects), parsed->n));
 }
@@ -364,27 +406,42 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
       std::lock_guard<std::mutex> lock(events->mu);
       events->Push(CompletionChunk(id, c.context.prompt_text, nullptr, -1, index));
     }
-    choices[i].on_token = [events, id, index](const TokenEvent& e) { return events->Token(id, index, e); };
+    choices[i].on_token = [events, id, index](const TokenEvent& e) {
+      events->Token(id, index, e);
+      return true;
+    };
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
-      const int status = events->cancelled.load() ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status());
-      Log(id, status, true, r, arrival);
+      const bool cancelled = events->cancelled.load() || r.status().code() == absl::StatusCode::kCancelled;
+      Log(id, cancelled ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
       events->Finish(id, index, r);
     };
-    if (absl::Status s = scheduler.Submit(std::move(choices[i]), std::move(done)); !s.ok()) {
+    int64_t ticket = 0;
+    if (absl::Status s = scheduler.Submit(std::move(choices[i]), std::move(done), &ticket); !s.ok()) {
       Log(id, HttpStatus(s), true, s, arrival);
-      events->cancelled = true;  // the choices already queued stop at their first token
+      Cancel(events->tickets);  // the choices already queued
       for (size_t k = i; k < choices.size(); ++k) events->Finish(id, static_cast<int64_t>(k), s);
       break;
     }
+    events->tickets.push_back(ticket);
   }
+  // A client that goes while the choices wait or stream cancels them. The watch lasts as long as the response
+  // (its releaser holds it), which ends before the connection closes.
+  auto cancel = [this, events] {
+    events->Cancel();
+    Cancel(events->tickets);
+  };
+  auto watching = std::make_shared<DisconnectWatch::Watching>(WatchClient(cancel));
   // The status line goes out with the first token. A request that fails before it (one the engine refuses:
   // an over-long prompt, an unknown policy) gets its error status, as without streaming.
-  if (absl::Status refused = events->WaitForFirst(); !refused.ok()) return ReplyError(res, refused);
+  if (absl::Status refused = events->WaitForFirst(); !refused.ok()) {
+    return events->cancelled ? CloseUnanswered() : ReplyError(res, refused);
+  }
   res.set_header("Cache-Control", "no-cache");
+  // A failed write (the client has gone, or stopped reading for the write timeout) cancels it too.
   res.set_chunked_content_provider(
       "text/event-stream", [events](size_t, httplib::DataSink& sink) { return events->WriteTo(sink); },
-      [events](bool success) {
-        if (!success) events->cancelled = true;
+      [cancel, watching](bool success) {
+        if (!success) cancel();
       });
 }
 
@@ -394,6 +451,9 @@ HttpServer::~HttpServer() { Stop(); }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, ServerOptions options) {
   if (options.http_threads < 1) return absl::InvalidArgumentError("serve: http_threads must be >= 1");
+  if (options.max_connections_per_client < 0) {
+    return absl::InvalidArgumentError("serve: max_connections_per_client must be >= 0");
+  }
   if (!(options.read_timeout_s > 0)) return absl::InvalidArgumentError("serve: read_timeout must be > 0 seconds");
   if (options.scheduler.max_batch < 1) return absl::InvalidArgumentError("serve: max_batch must be >= 1");
   if (options.scheduler.max_queue < 0) return absl::InvalidArgumentError("serve: max_queue must be >= 0");
@@ -421,26 +481,31 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
     s.http = std::move(tls);
   }
   const int threads = s.options.http_threads;
-  s.http->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
-  s.http->set_write_timeout(std::chrono::seconds(60));
-  s.http->set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  const int per_client =
+      s.options.max_connections_per_client > 0 ? s.options.max_connections_per_client : std::max(1, threads / 2);
+  s.gate = std::make_unique<GateServer>(*s.http, per_client, !s.options.tls_cert.empty(), s.options.log_requests);
+  s.gate->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  for (httplib::Server* server : {static_cast<httplib::Server*>(s.gate.get()), s.http.get()}) {
+    // Generation can take a while between a streamed request's tokens (a long prompt ahead of it).
+    server->set_write_timeout(std::chrono::seconds(60));
+    server->set_read_timeout(std::chrono::microseconds(static_cast<int64_t>(s.options.read_timeout_s * 1e6)));
+  }
   // An idle kept-alive connection holds its thread too: no longer than a read may take (whole seconds, at
   // least one; httplib's default is 5).
   s.http->set_keep_alive_timeout(std::clamp<time_t>(static_cast<time_t>(s.options.read_timeout_s), 1, 5));
   s.http->set_payload_max_length(kMaxBodyBytes);
   // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on the same port
   // starts silently and the kernel splits the connections between the two.
-  s.http->set_socket_options([&s](socket_t sock) {
+  s.gate->set_socket_options([&s](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     s.listening = sock;
   });
   s.Routes();
   if (s.options.port == 0) {
-    s.port = s.http->bind_to_any_port(s.options.host);
+    s.port = s.gate->bind_to_any_port(s.options.host);
   } else {
-    s.port = s.http->bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
+    s.port = s.gate->bind_to_port(s.options.host, s.options.port) ? s.options.port : -1;
   }
   if (s.port <= 0) {
     return absl::UnavailableError(Cat("serve: cannot listen on ", s.options.host, ":", s.options.port,
@@ -450,7 +515,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   // the dropped connections wait a second for the kernel's retry (or fail). Listen again with the system's
   // full backlog (Linux changes the backlog of a listening socket in place).
   if (s.listening != INVALID_SOCKET) ::listen(s.listening, SOMAXCONN);
-  s.listener = std::thread([&s] { s.http->listen_after_bind(); });
+  s.gate->OpenServing();
+  s.listener = std::thread([&s] { s.gate->listen_after_bind(); });
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
@@ -465,7 +531,8 @@ void HttpServer::Stop() {
   std::call_once(impl_->stop_once, [this] {
     // The scheduler first: every waiting handler then has its answer, so the HTTP threads can finish.
     impl_->scheduler.Stop();
-    impl_->http->stop();
+    impl_->gate->CloseServing();  // ends the kept-alive connections and streams
+    impl_->gate->stop();
     if (impl_->listener.joinable()) impl_->listener.join();
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopped = true;

@@ -6,8 +6,10 @@
 //   GET  /health           {"status": "ok"}
 //   GET  /stats            the scheduler's counters and load (SchedulerStats)
 // Errors are JSON ({"error": {"message", "type", "code"}}) with status 400 (bad request, streamed or not),
-// 404 (no such route), 413 (a body over 16 MiB), 503 (queue full, shutting down, no device memory) or 500.
-// A client that drops a stream cancels its request at the next token.
+// 404 (no such route), 413 (a body over 16 MiB), 429 (a connection past the cap per client address), 503
+// (queue full, shutting down, no device memory) or 500.
+// A client that goes away (closes or resets its connection) while its request waits or streams cancels it:
+// the request leaves the batch before the next step, its memory freed, and gets no answer (logged as 499).
 #pragma once
 
 #include <chrono>
@@ -25,6 +27,11 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;              // 0: any free port (HttpServer::port() says which)
   int http_threads = 64;        // requests served at once: each waiting or streaming request holds one
+  // Connections one client address may hold at once (a connection holds an HTTP thread while it sends its
+  // request, waits or streams); one more is answered 429 and closed without being read, so that a flood of
+  // slow clients from one address leaves threads to the others. 0: half of http_threads (at least 1);
+  // http_threads or more: no cap (behind a proxy every client has the proxy's address).
+  int max_connections_per_client = 0;
   // Seconds a connection may take to send its request (each read; a client that sends half a request holds
   // an HTTP thread this long at most). A stream's writes have their own, longer, timeout.
   double read_timeout_s = 10;

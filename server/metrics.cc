@@ -71,7 +71,8 @@ void HistogramText(std::string& out, const char* name, const char* help, const M
 
 }  // namespace
 
-std::string Metrics::Text(const SchedulerStats& sch, const PrefixCacheStats* cache) const {
+std::string Metrics::Text(const SchedulerStats& sch, const ConnectionStats& connections,
+                          const PrefixCacheStats* cache) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   Family(out, "oryx_requests_total", "counter", "Completion requests answered, by HTTP status.");
@@ -108,9 +109,17 @@ std::string Metrics::Text(const SchedulerStats& sch, const PrefixCacheStats* cac
   Single(out, "oryx_kv_budget_bytes", "gauge", "The KV memory budget (0: none).", static_cast<double>(sch.kv_memory));
   Single(out, "oryx_preemptions_total", "counter", "Requests preempted for memory and recomputed later.",
          static_cast<double>(sch.preemptions));
+  Single(out, "oryx_requests_cancelled_total", "counter",
+         "Requests cancelled because their clients went away (they are counted as 499 above too).",
+         static_cast<double>(sch.cancelled));
   Single(out, "oryx_batch_steps_total", "counter", "Engine steps run.", static_cast<double>(sch.steps));
   Single(out, "oryx_decode_rows_total", "counter",
          "Requests decoded, summed over the steps (over steps: the mean batch).", static_cast<double>(sch.decode_rows));
+  Single(out, "oryx_connections_open", "gauge", "HTTP connections being served.",
+         static_cast<double>(connections.open));
+  Single(out, "oryx_connections_refused_total", "counter",
+         "HTTP connections refused at the cap per client address (answered 429, or closed with TLS).",
+         static_cast<double>(connections.refused));
   if (cache != nullptr) {
     Single(out, "oryx_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.",
            static_cast<double>(cache->lookup_tokens));

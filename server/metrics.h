@@ -1,7 +1,8 @@
 // GET /metrics: the server's counters in the Prometheus text format (version 0.0.4): requests by status,
 // tokens (prompt, cached, generated, by mode), time to first token and time per output token as histograms,
-// speculative drafts proposed and accepted by position, and, from the scheduler and the engine, the queue, the
-// batch, KV memory, preemptions and the prefix cache. Thread-safe.
+// speculative drafts proposed and accepted by position, and, from the scheduler, the engine and the HTTP
+// layer, the queue, the batch, KV memory, preemptions, cancelled requests, connections and the prefix cache.
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -17,13 +18,20 @@
 
 namespace oryx::server {
 
+// The HTTP layer's connections (server/connections.h GateServer).
+struct ConnectionStats {
+  int64_t open = 0;     // being served
+  int64_t refused = 0;  // refused at the cap per client address since the start
+};
+
 class Metrics {
  public:
   // One answered completion request: its HTTP status, and its result when it has one. `seconds` is the time
   // from its arrival to its answer.
   void Record(int status, const absl::StatusOr<GenerateResult>& result, double seconds);
-  // The exposition: these counters, then the scheduler's and the prefix cache's (null: off).
-  std::string Text(const SchedulerStats& scheduler, const PrefixCacheStats* prefix_cache) const;
+  // The exposition: these counters, then the scheduler's, the connections' and the prefix cache's (null: off).
+  std::string Text(const SchedulerStats& scheduler, const ConnectionStats& connections,
+                   const PrefixCacheStats* prefix_cache) const;
 
   struct Histogram {
     std::vector<int64_t> counts;  // per upper bound in kBounds, not cumulative

@@ -13,6 +13,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"completed", completed},
           {"failed", failed},
           {"refused", refused},
+          {"cancelled", cancelled},
           {"queued", queued},
           {"active", active},
           {"max_active", max_active},
@@ -55,7 +56,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
 
 Scheduler::~Scheduler() { Stop(); }
 
-absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
+absl::Status Scheduler::Submit(GenerateRequest request, Done done, int64_t* ticket) {
   if (options_.request_timeout.count() > 0) {
     // Past its deadline a request stops at its next token and ends with DeadlineExceeded.
     const auto deadline = std::chrono::steady_clock::now() + options_.request_timeout;
@@ -91,12 +92,22 @@ absl::Status Scheduler::Submit(GenerateRequest request, Done done) {
       ++stats_.refused;
       return absl::UnavailableError("the server is at capacity (its queue of waiting requests is full); retry later");
     }
-    queue_.push_back({std::move(request), std::move(done)});
+    queue_.push_back({std::move(request), std::move(done), next_ticket_});
+    if (ticket != nullptr) *ticket = next_ticket_;
+    ++next_ticket_;
     ++stats_.submitted;
     stats_.queued = static_cast<int64_t>(queue_.size());
   }
   wake_.notify_one();
   return absl::OkStatus();
+}
+
+void Scheduler::Cancel(int64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancels_.push_back(ticket);
+  }
+  wake_.notify_one();
 }
 
 bool Scheduler::Drain(std::chrono::milliseconds timeout) {
@@ -109,8 +120,8 @@ bool Scheduler::Drain(std::chrono::milliseconds timeout) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // Every request taken has been answered (completed or failed).
-      if (stats_.submitted == stats_.completed + stats_.failed) return true;
+      // Every request taken has been answered (completed, failed or cancelled).
+      if (stats_.submitted == stats_.completed + stats_.failed + stats_.cancelled) return true;
     }
     if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -136,12 +147,34 @@ SchedulerStats Scheduler::stats() const {
   return stats_;
 }
 
-bool Scheduler::Admit(std::map<int64_t, Done>& running) {
+void Scheduler::TakeCancelled(RunningMap& running, std::vector<Done>& ended) {
+  for (const int64_t ticket : cancels_) {
+    // Few of either: the queue is bounded by max_queue, the batch by max_batch.
+    auto queued = std::ranges::find(queue_, ticket, &Job::ticket);
+    if (queued != queue_.end()) {
+      ended.push_back(std::move(queued->done));
+      queue_.erase(queued);
+      continue;
+    }
+    auto in_batch = std::ranges::find(running, ticket, [](const auto& entry) { return entry.second.ticket; });
+    if (in_batch != running.end()) {
+      batch_->Cancel(in_batch->first);  // frees its sequence now
+      ended.push_back(std::move(in_batch->second.done));
+      running.erase(in_batch);
+    }
+    // Otherwise it has ended already.
+  }
+  cancels_.clear();
+}
+
+bool Scheduler::Admit(RunningMap& running) {
   std::deque<Job> admitted;
+  std::vector<Done> cancelled;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || batch_->active() > 0; });
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !cancels_.empty() || batch_->active() > 0; });
     if (stopping_) return false;
+    TakeCancelled(running, cancelled);
     while (!queue_.empty() && batch_->active() + static_cast<int64_t>(admitted.size()) < options_.max_batch) {
       admitted.push_back(std::move(queue_.front()));
       queue_.pop_front();
@@ -158,20 +191,26 @@ bool Scheduler::Admit(std::map<int64_t, Done>& running) {
       job.done(id.status());
       continue;
     }
-    running.emplace(*id, std::move(job.done));
+    running.emplace(*id, Running{job.ticket, std::move(job.done)});
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.active = batch_->active();
-  stats_.max_active = std::max(stats_.max_active, stats_.active);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.active = batch_->active();
+    stats_.max_active = std::max(stats_.max_active, stats_.active);
+    stats_.kv_bytes = batch_->kv_bytes();  // less the cancelled requests' memory, with no step to come perhaps
+    stats_.cancelled += static_cast<int64_t>(cancelled.size());  // with the load they left
+  }
+  // After the counts, so that a caller told of its cancel sees its memory freed.
+  for (Done& done : cancelled) done(absl::CancelledError("the request was cancelled"));
   return true;
 }
 
-void Scheduler::FailAll(std::map<int64_t, Done>& running, const absl::Status& status) {
+void Scheduler::FailAll(RunningMap& running, const absl::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.failed += static_cast<int64_t>(running.size());
   }
-  for (auto& [id, done] : running) done(status);
+  for (auto& [id, r] : running) r.done(status);
   running.clear();
 }
 
@@ -190,7 +229,7 @@ absl::Status StepCatching(GenerationBatch& batch) {
 }  // namespace
 
 void Scheduler::Loop() {
-  std::map<int64_t, Done> running;  // the batch's requests, by batch id
+  RunningMap running;  // the batch's requests
   while (Admit(running)) {
     if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
     if (absl::Status step = StepCatching(*batch_); !step.ok()) {
@@ -222,13 +261,13 @@ void Scheduler::Loop() {
     }
     for (auto& [id, status] : failed) {
       auto it = running.find(id);
-      Done done = std::move(it->second);
+      Done done = std::move(it->second.done);
       running.erase(it);
       done(status);
     }
     for (auto& [id, result] : finished) {
       auto it = running.find(id);
-      Done done = std::move(it->second);
+      Done done = std::move(it->second.done);
       running.erase(it);
       done(std::move(result));
     }

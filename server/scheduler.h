@@ -3,15 +3,16 @@
 // that touches the engine.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +38,7 @@ struct SchedulerOptions {
 // Counters since the scheduler started, and the current load.
 struct SchedulerStats {
   int64_t submitted = 0, completed = 0, failed = 0, refused = 0;
+  int64_t cancelled = 0;  // ended by Cancel (their clients went away) before they finished
   int64_t queued = 0, active = 0, max_active = 0;
   int64_t steps = 0;          // batch steps run
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
@@ -68,8 +70,13 @@ class Scheduler {
   // Queues a request; Unavailable, and `done` never called, when the queue is full or the scheduler has
   // stopped. The request's on_token and `done` run on the scheduler's thread, between batch steps: they
   // should return quickly (every request in the batch waits for them). on_token returning false ends the
-  // request ("stop"), which is how a caller cancels one.
-  absl::Status Submit(GenerateRequest request, Done done);
+  // request ("stop"). `ticket`, when given, is set to the request's number for Cancel.
+  absl::Status Submit(GenerateRequest request, Done done, int64_t* ticket = nullptr);
+
+  // Ends a submitted request before the next batch step, wherever it is (queued, waiting for memory,
+  // prefilling, decoding): its memory is freed and `done` gets Cancelled. Nothing happens when it has ended
+  // already. Any thread; returns at once.
+  void Cancel(int64_t ticket);
 
   // Ends every queued and running request with Unavailable and joins the thread. Idempotent.
   void Stop();
@@ -84,17 +91,29 @@ class Scheduler {
   struct Job {
     GenerateRequest request;
     Done done;
+    int64_t ticket = 0;
   };
+  struct Running {  // a request in the batch
+    int64_t ticket = 0;
+    Done done;
+  };
+  using RunningMap = std::map<int64_t, Running>;  // by batch id
   void Loop();
-  // Moves queued jobs into the batch while it has room; false when stopping.
-  bool Admit(std::map<int64_t, Done>& running);
-  void FailAll(std::map<int64_t, Done>& running, const absl::Status& status);
+  // Ends the requests Cancel named, then moves queued jobs into the batch while it has room; false when
+  // stopping.
+  bool Admit(RunningMap& running);
+  // Takes the cancelled requests out of the queue and the batch (their `done`s into `ended`; the caller counts
+  // them). Holds mu_.
+  void TakeCancelled(RunningMap& running, std::vector<Done>& ended);
+  void FailAll(RunningMap& running, const absl::Status& status);
 
   Engine& engine_;
   const SchedulerOptions options_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Job> queue_;  // guarded by mu_
+  std::vector<int64_t> cancels_;  // guarded by mu_: tickets to cancel before the next step
+  int64_t next_ticket_ = 0;       // guarded by mu_
   bool stopping_ = false;  // guarded by mu_
   bool draining_ = false;  // guarded by mu_: no new requests; those taken run to their end
   SchedulerStats stats_;   // guarded by mu_

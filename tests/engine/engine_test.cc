@@ -290,6 +290,36 @@ TEST_F(EngineTest, RequestsJoiningARunningBatchGetWhatEachGetsAlone) {
   EXPECT_TRUE(batch.TakeFinished().empty());
 }
 
+// A cancelled request is gone at once, wherever it was: its memory is freed, it never comes back finished or
+// failed, and the others go on to what each gets alone.
+TEST_F(EngineTest, CancelledRequestsLeaveTheBatchAndFreeTheirMemory) {
+  std::vector<GenerateRequest> qs = {Request("one two", 12), Request("three four", 12), Request("five", 12)};
+  GenerationBatch batch(*engine_);
+  for (const GenerateRequest& q : qs) ASSERT_TRUE(batch.Add(q).ok());
+  EXPECT_TRUE(batch.Cancel(2));  // added, not yet admitted
+  ASSERT_TRUE(batch.Step().ok());
+  ASSERT_TRUE(batch.Step().ok());
+  ASSERT_EQ(batch.decoding(), 2);
+  const int64_t both = batch.kv_bytes();
+  EXPECT_TRUE(batch.Cancel(0));  // decoding
+  EXPECT_EQ(batch.active(), 1);
+  EXPECT_LT(batch.kv_bytes(), both);
+  EXPECT_GT(batch.kv_bytes(), 0);
+  EXPECT_FALSE(batch.Cancel(0));
+  EXPECT_FALSE(batch.Cancel(7));  // no such request
+  std::vector<std::pair<int64_t, GenerateResult>> finished;
+  for (int steps = 0; batch.active() > 0; ++steps) {
+    ASSERT_LT(steps, 100);
+    ASSERT_TRUE(batch.Step().ok());
+    for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
+    EXPECT_TRUE(batch.TakeFailed().empty());
+  }
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_EQ(finished[0].first, 1);
+  EXPECT_EQ(finished[0].second.tokens, engine_->Generate(qs[1])->tokens);
+  EXPECT_EQ(batch.kv_bytes(), 0);
+  EXPECT_FALSE(batch.Cancel(1));  // finished
+}
 
 // The test model on a CountingBackend, which *counted points to; nothing when it cannot be loaded.
 std::optional<Engine> CountingEngine(const std::string& model_dir, testutil::CountingBackend** counted) {

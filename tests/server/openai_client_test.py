@@ -5,8 +5,9 @@
 
 Starts the server on a free loopback port with an API key, then checks what a client sees: completions and chat,
 streamed and not (the same text either way), log-probabilities and echo (agreeing with the engine's scoring of
-the same tokens), n = 2, a 401 without the key, a client that leaves mid-stream freeing its slot, and /metrics
-parsed by prometheus-client's parser. Exit 0 when every check passes.
+the same tokens), n = 2, a 401 without the key, a client that leaves mid-stream freeing its slot, one that gives
+up waiting for a whole completion cancelling it, and /metrics parsed by prometheus-client's parser. Exit 0 when
+every check passes.
 """
 import json
 import math
@@ -196,6 +197,21 @@ class OpenAiClientTest(unittest.TestCase):
                 break
             time.sleep(0.1)
         self.assertEqual(json.loads(self.server.get("/stats"))["scheduler"]["active"], 0)
+
+    def test_a_client_that_gives_up_waiting_cancels_its_request(self):
+        scheduler = lambda: json.loads(self.server.get("/stats"))["scheduler"]
+        before = scheduler()["cancelled"]
+        impatient = openai.OpenAI(base_url=f"http://127.0.0.1:{self.server.port}/v1", api_key=KEY, max_retries=0,
+                                  timeout=1.0)
+        with self.assertRaises(openai.APITimeoutError):  # 4000 tokens take far longer than a second here
+            impatient.completions.create(model=self.model, prompt=PROMPT, max_tokens=4000, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        deadline = time.time() + 30
+        while time.time() < deadline and (scheduler()["cancelled"] == before or scheduler()["active"] > 0):
+            time.sleep(0.1)
+        self.assertEqual(scheduler()["cancelled"], before + 1)
+        self.assertEqual(scheduler()["active"], 0)
+        self.assertTrue(self.complete(max_tokens=2).choices[0].text is not None)  # and it serves on
 
     def test_metrics_parse_as_prometheus_text(self):
         self.complete(max_tokens=2)

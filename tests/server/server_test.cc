@@ -3,25 +3,28 @@
 // HTTP endpoints end to end, streaming included.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <regex>
-#include <sstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "engine/checkpoint.h"
+#include "engine/json_text.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "engine/json_text.h"
 #include "server/completions.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -32,6 +35,9 @@ namespace oryx::server {
 namespace {
 
 using json = nlohmann::json;
+
+// A cap of connections per client address past any test's threads: none.
+constexpr int kNoCap = 1 << 16;
 
 // A latch the test opens: the first token of a request whose on_token waits on it holds the scheduler's
 // thread, so that the test can arrange the queue deterministically.
@@ -93,12 +99,14 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : GenerateResult{};
   }
-  // A server on `engine` on a port the system picks, with 4 HTTP threads and no request log; `adjust` sets the
-  // rest. Null (the test failed) when it does not start.
+  // A server on `engine` on a port the system picks, with 4 HTTP threads, no cap of connections per client
+  // (every test client is 127.0.0.1; the cap's own tests set one) and no request log; `adjust` sets the rest.
+  // Null (the test failed) when it does not start.
   static std::unique_ptr<HttpServer> Serve(Engine& engine, const std::function<void(ServerOptions&)>& adjust = {}) {
     ServerOptions o;
     o.port = 0;
     o.http_threads = 4;
+    o.max_connections_per_client = kNoCap;
     o.log_requests = false;
     if (adjust) adjust(o);
     auto started = HttpServer::Start(engine, o);
@@ -109,6 +117,11 @@ class ServerTest : public ::testing::Test {
   static absl::StatusOr<Engine> LongEngine(const testutil::ScratchDir& scratch) {
     return Engine::Load(testutil::WriteTinyModelWithTokenizer(scratch, 5, 8192), {"cpu", 1});
   }
+  // The same with room for a generation of kEndless tokens, which takes far longer than any test waits.
+  static constexpr int64_t kEndless = 200000;
+  static absl::StatusOr<Engine> EndlessEngine(const testutil::ScratchDir& scratch) {
+    return Engine::Load(testutil::WriteTinyModelWithTokenizer(scratch, 5, kEndless + 64), {"cpu", 1});
+  }
   static testutil::ScratchDir* scratch_;
   static std::string model_dir_;
   std::optional<Engine> engine_, reference_;
@@ -117,11 +130,90 @@ testutil::ScratchDir* ServerTest::scratch_ = nullptr;
 std::string ServerTest::model_dir_;
 
 // Submits a request; its result (or error) comes through the returned future.
-std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted) {
+std::future<absl::StatusOr<GenerateResult>> SubmitForResult(Scheduler& s, GenerateRequest q, absl::Status* submitted,
+                                                            int64_t* ticket = nullptr) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<GenerateResult>>>();
   auto future = promise->get_future();
-  *submitted = s.Submit(std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); });
+  *submitted = s.Submit(
+      std::move(q), [promise](absl::StatusOr<GenerateResult> r) { promise->set_value(std::move(r)); }, ticket);
   return future;
+}
+
+// Raw connections, for what httplib's client cannot do: connect from another loopback address (all of 127/8 is
+// this machine's), send half a request, or leave mid-request.
+// A TCP connection to 127.0.0.1:port from `from` (-1, the test failed, when it cannot be made).
+int ConnectFrom(const char* from, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in local{}, remote{};
+  local.sin_family = remote.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &local.sin_addr);
+  remote.sin_port = htons(static_cast<uint16_t>(port));
+  remote.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&remote), sizeof(remote)) != 0) {
+    ADD_FAILURE() << "cannot connect from " << from << ": " << std::strerror(errno);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+bool SendText(int fd, std::string_view text) {
+  return send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+// A POST of a JSON body, the last request on its connection.
+std::string PostText(std::string_view path, std::string_view body) {
+  return absl::StrFormat(
+      "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+      "Connection: close\r\n\r\n%s",
+      path, body.size(), body);
+}
+// What the peers of `fds` send, read together until `closes` of them have closed their connections (their
+// `closed` set) or `seconds` pass.
+struct Received {
+  std::string text;
+  bool closed = false;
+};
+std::vector<Received> ReadUntilCloses(const std::vector<int>& fds, size_t closes, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::vector<Received> got(fds.size());
+  for (size_t closed = 0; closed < closes;) {
+    std::vector<pollfd> open;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!got[i].closed) open.push_back({fds[i], POLLIN, 0});
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || poll(open.data(), open.size(), static_cast<int>(left.count())) <= 0) break;
+    for (const pollfd& p : open) {
+      if (p.revents == 0) continue;
+      const size_t i = std::find(fds.begin(), fds.end(), p.fd) - fds.begin();
+      char buf[8192];
+      const ssize_t n = recv(p.fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        got[i].text.append(buf, static_cast<size_t>(n));
+      } else {
+        got[i].closed = true;
+        ++closed;
+      }
+    }
+  }
+  return got;
+}
+// What the peer sends until it closes the connection, or until `seconds` pass.
+std::string ReadUntilClosed(int fd, double seconds) { return ReadUntilCloses({fd}, 1, seconds)[0].text; }
+// The status of a response ("HTTP/1.1 200 OK..."), -1 for none.
+int StatusOf(std::string_view response) {
+  return response.starts_with("HTTP/1.1 ") && response.size() >= 12
+             ? std::atoi(std::string(response.substr(9, 3)).c_str())
+             : -1;
+}
+// Whether `condition` holds within `seconds` (polled).
+bool Eventually(const std::function<bool()>& condition, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 TEST(Completions, ParsesEveryFieldAndRefusesWhatItDoesNotKnow) {
@@ -331,6 +423,55 @@ TEST_F(ServerTest, StopEndsEveryRequestStillInTheBatchOrQueue) {
   }
 }
 
+// Cancel ends a request wherever it is, queued or in the batch (prefilling or decoding), before the next step:
+// its `done` gets Cancelled, its memory is freed, and the scheduler serves on.
+TEST_F(ServerTest, CancelEndsQueuedAndRunningRequestsBeforeTheNextStep) {
+  Scheduler scheduler(*engine_, {.max_batch = 2, .max_queue = 4});
+  Gate first_gate, second_gate;
+  std::promise<void> first_held, second_held;
+  GenerateRequest first = Request("one", 30), second = Request("two three", 30);
+  first.on_token = first_gate.HoldAtFirstToken(&first_held);
+  second.on_token = second_gate.HoldAtFirstToken(&second_held);
+  absl::Status submitted;
+  int64_t tickets[3] = {-1, -1, -1};
+  auto r0 = SubmitForResult(scheduler, first, &submitted, &tickets[0]);
+  ASSERT_TRUE(submitted.ok());
+  first_held.get_future().wait();  // request 0 is in the batch; the scheduler waits in its first token
+  auto r1 = SubmitForResult(scheduler, second, &submitted, &tickets[1]);
+  ASSERT_TRUE(submitted.ok());
+  auto r2 = SubmitForResult(scheduler, Request("four", 5), &submitted, &tickets[2]);
+  ASSERT_TRUE(submitted.ok());
+  EXPECT_EQ(std::set<int64_t>(tickets, tickets + 3).size(), 3u);
+  scheduler.Cancel(tickets[2]);  // queued
+  first_gate.Open();
+  second_held.get_future().wait();  // request 1 joined the batch and drew its first token; 0 is decoding
+  EXPECT_EQ(scheduler.stats().active, 2);
+  scheduler.Cancel(tickets[0]);
+  scheduler.Cancel(tickets[1]);
+  second_gate.Open();
+  for (auto* r : {&r0, &r1, &r2}) {
+    absl::StatusOr<GenerateResult> got = r->get();
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  }
+  SchedulerStats s = scheduler.stats();
+  EXPECT_EQ(s.cancelled, 3);
+  EXPECT_EQ(s.completed + s.failed, 0);
+  EXPECT_EQ(s.active, 0);
+  EXPECT_EQ(s.queued, 0);
+  EXPECT_EQ(s.kv_bytes, 0);
+  EXPECT_LT(s.steps, 10);  // ended a step after the cancels, not at their 30 tokens
+  // The scheduler goes on; a ticket of a request that has ended cancels nothing.
+  auto after = SubmitForResult(scheduler, Request("five six", 7), &submitted);
+  ASSERT_TRUE(submitted.ok());
+  absl::StatusOr<GenerateResult> got = after.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->tokens, Alone(Request("five six", 7)).tokens);
+  scheduler.Cancel(tickets[0]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(scheduler.stats().cancelled, 3);
+  EXPECT_EQ(scheduler.stats().completed, 1);
+}
+
 // The HTTP layer end to end, over a real socket.
 class HttpTest : public ServerTest {
  protected:
@@ -341,6 +482,7 @@ class HttpTest : public ServerTest {
     o.model_name = "tiny";
     o.log_requests = false;
     o.http_threads = 8;
+    o.max_connections_per_client = kNoCap;
     auto started = HttpServer::Start(*engine_, o);
     ASSERT_TRUE(started.ok()) << started.status();
     server_ = std::move(*started);
@@ -522,16 +664,17 @@ TEST_F(ServerTest, ErrorsAndCancelledStreamsAreLoggedAsSuch) {
   httplib::Client streaming("127.0.0.1", server->port());
   (void)streaming.send(req);
   streaming.stop();
-  for (int i = 0; i < 3000 && server->stats().completed + server->stats().failed < 2; ++i) {
+  for (int i = 0; i < 3000 && server->stats().cancelled + server->stats().failed < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   server->Stop();
+  EXPECT_EQ(server->stats().cancelled, 1);
   const std::string log = testing::internal::GetCapturedStderr();
   EXPECT_HAS_SUBSTR(log, "404 GET /nowhere");
   EXPECT_HAS_SUBSTR(log, " 400: unknown policy 'sometimes'");
   EXPECT_HAS_SUBSTR(log, "499 stream: cancelled, the client disconnected");
   EXPECT_EQ(log.find(" 200 stream"), std::string::npos) << log;
-  EXPECT_LT(server->stats().generated_tokens, 8000);  // it stopped when the client went, not at the end
+  EXPECT_EQ(server->stats().completed, 0);  // it stopped when the client went, not at the end
 }
 
 TEST(Chat, MessagesBecomeAPromptThroughTheTemplateAndBadOnesAreRefused) {
@@ -924,6 +1067,27 @@ TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
   EXPECT_FALSE(wary.Get("/health"));
   server->Stop();
 
+  // A client that gives up waiting mid-request cancels it over TLS too: the close shows on the socket under the
+  // TLS session.
+  testutil::ScratchDir long_scratch;
+  auto endless = EndlessEngine(long_scratch);
+  ASSERT_TRUE(endless.ok()) << endless.status();
+  std::unique_ptr<HttpServer> long_server = Serve(*endless, [&](ServerOptions& o) {
+    o.tls_cert = cert;
+    o.tls_key = key;
+  });
+  ASSERT_NE(long_server, nullptr);
+  httplib::SSLClient leaving("127.0.0.1", long_server->port());
+  leaving.set_ca_cert_path(cert.c_str());
+  leaving.enable_server_certificate_verification(true);
+  leaving.set_read_timeout(std::chrono::milliseconds(500));
+  EXPECT_FALSE(leaving.Post("/v1/completions",
+                            absl::StrFormat(R"({"prompt": "the", "max_tokens": %d, "ignore_eos": true})", kEndless),
+                            "application/json"));
+  EXPECT_TRUE(Eventually([&] { return long_server->stats().cancelled == 1; }, 30)) << "the request ran on";
+  EXPECT_EQ(long_server->stats().completed, 0);
+  long_server->Stop();
+
   auto expect_error = [&](const std::string& c, const std::string& k, const std::string& needle) {
     ServerOptions o;
     o.port = 0;
@@ -992,6 +1156,167 @@ TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
   EXPECT_GT(scheduler["preemptions"].get<int64_t>(), 0);
   EXPECT_EQ(scheduler["kv_mib"], 0.0);
   EXPECT_EQ(scheduler["waiting_for_memory"], 0);
+}
+
+// A client that goes away while its (non-streaming) request runs cancels it: the request leaves the batch,
+// its memory freed, long before it could have finished; the connection closes unanswered (logged as 499),
+// and the server serves on. Bytes the client sends meanwhile (its next request) are not a going away.
+TEST_F(ServerTest, AClientThatGoesAwayCancelsItsRequestAndFreesItsSlot) {
+  testutil::ScratchDir long_scratch;
+  auto engine = EndlessEngine(long_scratch);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<HttpServer> server = Serve(*engine, [](ServerOptions& o) { o.log_requests = true; });
+  ASSERT_NE(server, nullptr);
+  const std::string endless =
+      absl::StrFormat(R"({"prompt": "the quick", "max_tokens": %d, "ignore_eos": true})", kEndless);
+  testing::internal::CaptureStderr();
+  const int fd = ConnectFrom("127.0.0.1", server->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendText(fd, PostText("/v1/completions", endless)));
+  ASSERT_TRUE(Eventually([&] { return server->stats().active == 1; }, 30));
+  // Its next request, pipelined, while this one runs: not a close.
+  ASSERT_TRUE(SendText(fd, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(server->stats().cancelled, 0);
+  ASSERT_EQ(server->stats().active, 1);
+  EXPECT_GT(server->stats().kv_bytes, 0);
+  // The client shuts its side: the request ends, and the connection closes with no answer.
+  shutdown(fd, SHUT_WR);
+  ASSERT_TRUE(Eventually([&] { return server->stats().cancelled == 1; }, 30)) << "the request ran on";
+  EXPECT_EQ(ReadUntilClosed(fd, 30), "");
+  close(fd);
+  SchedulerStats s = server->stats();
+  EXPECT_EQ(s.completed, 0);
+  EXPECT_EQ(s.active, 0);
+  EXPECT_EQ(s.kv_bytes, 0);
+  EXPECT_LT(s.steps, kEndless / 2);
+  // A client that closes its connection outright, and one that resets it: the same.
+  for (const bool reset : {false, true}) {
+    const int64_t cancelled = server->stats().cancelled;
+    const int c = ConnectFrom("127.0.0.1", server->port());
+    ASSERT_GE(c, 0);
+    ASSERT_TRUE(SendText(c, PostText("/v1/chat/completions", absl::StrFormat(R"({"messages": [{"role": "user",
+        "content": "hi"}], "max_tokens": %d, "ignore_eos": true, "n": 2})",
+                                                                             kEndless))));
+    ASSERT_TRUE(Eventually([&] { return server->stats().active == 2; }, 30));
+    if (reset) {
+      const linger hard{1, 0};  // close sends a reset
+      setsockopt(c, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+    }
+    close(c);
+    ASSERT_TRUE(Eventually([&] { return server->stats().cancelled == cancelled + 2; }, 30)) << reset;
+  }
+  httplib::Client client("127.0.0.1", server->port());
+  auto res = client.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  auto stats = client.Get("/stats");
+  ASSERT_TRUE(stats);
+  const json scheduler = json::parse(stats->body)["scheduler"];
+  EXPECT_EQ(scheduler["cancelled"], 5);
+  EXPECT_EQ(scheduler["completed"], 1);
+  EXPECT_EQ(scheduler["active"], 0);
+  EXPECT_EQ(scheduler["kv_mib"], 0.0);
+  // Each handler counts its 499s once it has seen its choices end (after the scheduler counted them).
+  std::string metrics;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto got = client.Get("/metrics");
+        metrics = got ? got->body : "";
+        return metrics.find("oryx_requests_total{status=\"499\"} 5\n") != std::string::npos;
+      },
+      30))
+      << metrics;
+  EXPECT_HAS_SUBSTR(metrics, "oryx_requests_cancelled_total 5\n");
+  server->Stop();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_HAS_SUBSTR(log, "499: cancelled, the client disconnected");
+}
+
+// A flood of slow clients from one address (each sends half a request and waits, more of them than the HTTP
+// threads) beside a well-behaved client from another: the flood holds the cap of connections per address,
+// the rest of it is answered 429 at once, and the other client is served as if the flood were not there,
+// not after the read timeout. The flood's address is served again once its connections close.
+TEST_F(ServerTest, ASlowClientFloodFromOneAddressLeavesTheOthersServed) {
+  constexpr int kThreads = 8, kCap = 3, kFlood = 20;
+  std::unique_ptr<HttpServer> server = Serve(*engine_, [](ServerOptions& o) {
+    o.http_threads = kThreads;
+    o.max_connections_per_client = kCap;
+    o.read_timeout_s = 10;  // without the cap, the flood would hold every thread this long, a round at a time
+  });
+  ASSERT_NE(server, nullptr);
+  const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = ConnectFrom("127.0.0.1", server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendText(fd, half));
+    flood.push_back(fd);
+  }
+  const std::string request = PostText("/v1/completions", R"({"prompt": "the", "max_tokens": 3})");
+  const auto start = std::chrono::steady_clock::now();
+  const int other = ConnectFrom("127.0.0.2", server->port());
+  ASSERT_GE(other, 0) << "127.0.0.2 should be this machine's (all of 127/8 is, on Linux)";
+  ASSERT_TRUE(SendText(other, request));
+  const std::string answer = ReadUntilClosed(other, 60);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  close(other);
+  EXPECT_EQ(StatusOf(answer), 200) << answer;
+  EXPECT_LT(waited, 5.0);  // not the flood's read timeout (10 s) or more
+  // The flood: kCap connections held (their requests unfinished), the others answered 429 and closed.
+  int refused = 0, held = 0;
+  for (const Received& r : ReadUntilCloses(flood, kFlood - kCap, 30)) {
+    if (!r.closed) {
+      EXPECT_EQ(r.text, "");
+      ++held;
+      continue;
+    }
+    ++refused;
+    const std::string& got = r.text;
+    EXPECT_EQ(StatusOf(got), 429) << got;
+    const size_t body = got.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos) << got;
+    const json error = json::parse(got.substr(body + 4))["error"];
+    EXPECT_EQ(error["code"], 429);
+    EXPECT_EQ(error["type"], "rate_limit_exceeded");
+    EXPECT_HAS_SUBSTR(error["message"].get<std::string>(), "too many connections from 127.0.0.1");
+  }
+  EXPECT_EQ(held, kCap);
+  EXPECT_EQ(refused, kFlood - kCap);
+  // The cap is the address's: 127.0.0.1 is refused while its flood holds on, 127.0.0.2 is not.
+  auto get_stats = [&](const char* from) {
+    const int fd = ConnectFrom(from, server->port());
+    EXPECT_TRUE(fd >= 0 && SendText(fd, "GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::string got = ReadUntilClosed(fd, 30);
+    close(fd);
+    return got;
+  };
+  const std::string refused_stats = get_stats("127.0.0.1");
+  EXPECT_EQ(StatusOf(refused_stats), 429) << refused_stats;
+  json connections;
+  // The flood's connections and this one (the client from 127.0.0.2 is counted out once the server has seen
+  // its connection close).
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const std::string got = get_stats("127.0.0.2");
+        connections = StatusOf(got) == 200 ? json::parse(got.substr(got.find("\r\n\r\n") + 4))["connections"] : json();
+        return connections.is_object() && connections["open"] == kCap + 1;
+      },
+      30))
+      << connections;
+  EXPECT_EQ(connections["refused"], kFlood - kCap + 1);
+  EXPECT_EQ(connections["max_per_client"], kCap);
+  for (int fd : flood) close(fd);
+  // Its connections closed, the address is served again once the server has seen them close. (Until then a
+  // request from it is refused: answered 429, or its connection reset when the refusal closed it before the
+  // request was in.)
+  httplib::Client client("127.0.0.1", server->port());
+  EXPECT_TRUE(Eventually(
+      [&] {
+        auto res = client.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+        return res && res->status == 200;
+      },
+      30));
 }
 
 }  // namespace
