@@ -91,6 +91,17 @@ def test_stream_yields_the_tokens_as_they_are_produced(engine):
         next(stream)
 
 
+def test_a_character_split_between_tokens_comes_whole_with_the_token_that_completes_it(engine):
+    # Sampled from this prompt, the model writes an umlaut as two byte-fallback tokens.
+    stream = engine.stream("Die Größe der Überprüfung ist äöü äöü ", max_tokens=40, temperature=1.0, seed=1)
+    tokens = list(stream)
+    held = [t.id for t in tokens if t.text == ""]
+    assert held, "no token held part of a character back: nothing was tested"
+    assert all(20 <= i < 276 for i in held), "only byte pieces (ids 20-275) split characters"
+    assert "".join(t.text for t in tokens) == stream.result.text
+    assert "\ufffd" not in stream.result.text
+
+
 def test_a_stream_closed_or_dropped_unfinished_gives_the_engine_back(engine):
     stream = engine.stream(PROMPTS[1], max_tokens=500)
     next(stream)
