@@ -57,6 +57,10 @@ CpuBackend::~CpuBackend() = default;
 int CpuBackend::num_threads() const { return pool_->num_threads(); }
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& dir, int threads) {
+  if (threads < 0 || threads > kMaxCpuThreads) {
+    return absl::InvalidArgumentError(
+        Cat("threads must be in [0, ", kMaxCpuThreads, "] (0: one per hardware thread), got ", threads));
+  }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->config_ = ckpt.config();

@@ -19,7 +19,9 @@ class ThreadPool;
 
 class CpuBackend final : public Backend {
  public:
+  // threads: worker threads in [0, kMaxCpuThreads], 0 for one per hardware thread (InvalidArgument otherwise).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Load(const std::string& dir, int threads = 0);
+  static constexpr int kMaxCpuThreads = 1024;
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }

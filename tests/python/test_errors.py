@@ -12,13 +12,16 @@ def test_the_errors_are_also_the_built_in_exceptions_a_caller_expects():
     assert issubclass(oryx.ResourceExhaustedError, oryx.Error)
 
 
-def test_a_bad_model_path(tmp_path):
+def test_a_bad_model_path_device_or_thread_count(tmp_path):
     with pytest.raises(oryx.NotFoundError, match="missing-model: not a checkpoint directory"):
         oryx.Engine(str(tmp_path / "missing-model"))
     with pytest.raises(FileNotFoundError, match="config.json: cannot open"):
         oryx.Engine(str(tmp_path))  # a directory without a model
     with pytest.raises(oryx.Error, match="unknown device 'tpu'"):
         oryx.Engine(MODEL_DIR, device="tpu")
+    for threads in [-1, 100000]:
+        with pytest.raises(oryx.InvalidArgumentError, match=rf"threads must be in \[0, 1024\].*got {threads}"):
+            oryx.Engine(MODEL_DIR, threads=threads)
 
 
 def test_a_bad_policy(engine):
