@@ -126,8 +126,6 @@ auto WithOptions(Fn fn) {
 }
 
 constexpr const char* kGenerateDoc =
-    "generate(prompts, policy='attention', max_tokens=128, temperature=0.0, top_p=1.0, top_k=0, seed=0, "
-    "stop=None, ignore_eos=False)\n\n"
     "Generates a continuation of each prompt, all of them together in one batch. A prompt is text (the engine "
     "puts BOS in front) or a list of token ids (used as given). One prompt gives one Result, a list of prompts "
     "a list of Results. policy: any of oryx.policies(), e.g. 'speculative:4', 'learned:PATH'. temperature 0 "
@@ -135,12 +133,10 @@ constexpr const char* kGenerateDoc =
     "while the engine runs.";
 
 constexpr const char* kStreamDoc =
-    "stream(prompt, **same options as generate) -> Stream\n\n"
     "The tokens of one prompt's continuation as the engine produces them: iterate the Stream for Tokens "
     "(id, text); its result is the Result once it has finished.";
 
 constexpr const char* kScoreDoc =
-    "score(token_ids, modes='attention', start=1, seed=1, sequence=0) -> list\n\n"
     "The log-probability of each of token_ids[start:] given the tokens before it (teacher-forced, temperature "
     "1), the tokens run in `modes`: a schedule's name, as `oryx eval ppl --schedules` takes it (attention, "
     "linear, mixed[:F], lin-to-attn:P, attn-to-lin:P; mixed is drawn as the evaluation's sequence `sequence` "
@@ -199,7 +195,7 @@ void DefineEngine(nb::module_& module) {
              kScoreDoc);
   engine.def_prop_ro(
       "tokenizer", [](EngineHandle& h) -> const Tokenizer& { return *h.engine.tokenizer(); },
-      nb::rv_policy::reference_internal);
+      nb::rv_policy::reference_internal, "the model's tokenizer");
   engine.def_prop_ro(
       "config", [](EngineHandle& h) { return ParseJson(ToJson(h.engine.backend().config())); },
       "the model's config.json, as a dict");
