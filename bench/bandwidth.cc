@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "engine/json_text.h"
 #include "kernels/stream.h"
 #ifdef ORYX_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/cuda_check.h"
-#include "engine/json_text.h"
 #endif
 
 namespace {

@@ -15,12 +15,12 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
+#include "engine/json_text.h"
 #ifdef ORYX_HAVE_TORCH
 #include "bench/decode_reference.h"
 #endif
 #ifdef ORYX_HAVE_SERVER
 #include "bench/serve_bench.h"
-#include "engine/json_text.h"
 #endif
 
 namespace oryx::cli {

@@ -63,3 +63,27 @@ function(oryx_fuzzer name)
   target_link_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/fuzz)
 endfunction()
+
+# Compiles every static library of ours that `target` links, directly or not, as position-independent code,
+# so that a shared library (the Python module) can link them. The executables link the same objects: each
+# source is still compiled once. -fno-semantic-interposition keeps GCC inlining and specialising the
+# libraries' own functions as it does under the executables' default -fPIE (nothing interposes them).
+function(oryx_position_independent target)
+  get_target_property(_deps ${target} LINK_LIBRARIES)
+  foreach(_dep IN LISTS _deps)
+    if(NOT TARGET ${_dep})
+      continue()
+    endif()
+    get_target_property(_type ${_dep} TYPE)
+    get_target_property(_imported ${_dep} IMPORTED)
+    get_target_property(_done ${_dep} POSITION_INDEPENDENT_CODE)
+    if(_imported OR _done OR NOT _type STREQUAL "STATIC_LIBRARY")
+      continue()
+    endif()
+    set_target_properties(${_dep} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+      target_compile_options(${_dep} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-semantic-interposition>)
+    endif()
+    oryx_position_independent(${_dep})
+  endforeach()
+endfunction()

@@ -58,11 +58,9 @@ int CpuBackend::num_threads() const { return pool_->num_threads(); }
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& dir, int threads,
                                                              k::WeightFormat weights) {
-  // (More threads than this is a mistake, not a machine: each is a thread of the process, started at once.)
-  constexpr int kMaxThreads = 1024;
-  if (threads < 0 || threads > kMaxThreads) {
-    return absl::InvalidArgumentError(Cat("threads: ", threads, " is out of range (0: one per hardware thread, or 1 to ",
-                                          kMaxThreads, ")"));
+  if (threads < 0 || threads > kMaxCpuThreads) {
+    return absl::InvalidArgumentError(
+        Cat("threads must be in [0, ", kMaxCpuThreads, "] (0: one per hardware thread), got ", threads));
   }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CpuBackend> b(new CpuBackend());

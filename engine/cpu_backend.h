@@ -21,10 +21,12 @@ class ThreadPool;
 
 class CpuBackend final : public Backend {
  public:
+  // threads: worker threads in [0, kMaxCpuThreads], 0 for one per hardware thread (InvalidArgument otherwise).
   // `weights`: the format of the projections (in_proj, o_proj, MLP, head); kF32 keeps the checkpoint's values
   // (as fp32), kBf16 and kInt8 read 2 and 4 times fewer bytes per token (kernels/ops.h WeightFormat).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Load(const std::string& dir, int threads = 0,
                                                           kernels::WeightFormat weights = kernels::WeightFormat::kF32);
+  static constexpr int kMaxCpuThreads = 1024;
   ~CpuBackend() override;
 
   std::string_view name() const override { return "cpu"; }

@@ -190,6 +190,12 @@ bool PolicyRegistry::Has(std::string_view prefix) const {
   return std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
 }
 
+std::vector<std::pair<std::string, std::string>> PolicyRegistry::Usages() const {
+  std::vector<std::pair<std::string, std::string>> usages;
+  for (const Entry& e : entries_) usages.emplace_back(e.prefix, e.usage);
+  return usages;
+}
+
 absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view policy) const {
   for (const Entry& e : entries_) {
     if (policy == e.prefix || (policy.starts_with(e.prefix) && policy.size() > e.prefix.size() &&

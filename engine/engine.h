@@ -215,6 +215,8 @@ class PolicyRegistry {
   void Register(std::string prefix, std::string usage, Factory factory);
   absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
   bool Has(std::string_view prefix) const;  // registered
+  // Each registered prefix with its usage ("periodic", "periodic:N"), in the order of registration.
+  std::vector<std::pair<std::string, std::string>> Usages() const;
 
  private:
   struct Entry {

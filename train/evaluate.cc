@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "engine/cpu_backend.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
@@ -74,35 +72,6 @@ class EngineModel final : public SequenceModel {
   std::unique_ptr<CpuBackend> backend_;
 };
 
-// Per-token modes (1 = attention) of a named schedule over `len` tokens.
-absl::StatusOr<std::vector<uint8_t>> Schedule(const std::string& name, int64_t len, const ModelConfig& c,
-                                              uint64_t seed, int64_t sequence) {
-  std::vector<uint8_t> m(len, 0);
-  std::vector<std::string> parts = absl::StrSplit(name, absl::MaxSplits(':', 1));
-  const std::string& kind = parts[0];
-  double arg = 0;
-  if (parts.size() == 2 && !absl::SimpleAtod(parts[1], &arg)) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule '", name, "': bad number '", parts[1], "'"));
-  }
-  if (kind == "attention" || kind == "linear") {
-    if (parts.size() != 1) return absl::InvalidArgumentError(absl::StrCat("schedule '", name, "' takes no argument"));
-    std::fill(m.begin(), m.end(), kind == "attention");
-  } else if (kind == "mixed") {
-    const double fraction = parts.size() == 2 ? arg : c.attn_fraction;
-    if (fraction < 0 || fraction > 1) return absl::InvalidArgumentError("mixed:F needs F in [0, 1]");
-    m = SampleModes(seed, sequence, len, c.fragment_len, fraction, ModeMixing::kFragment);
-  } else if (kind == "lin-to-attn" || kind == "attn-to-lin") {
-    if (parts.size() != 2 || arg < 0 || arg != std::floor(arg)) {
-      return absl::InvalidArgumentError(absl::StrCat("schedule '", name, "' needs a position: ", kind, ":P"));
-    }
-    for (int64_t t = 0; t < len; ++t) m[t] = (t >= arg) == (kind == "lin-to-attn");
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown schedule '", name, "' (attention, linear, mixed[:F], lin-to-attn:P, attn-to-lin:P)"));
-  }
-  return m;
-}
-
 double Fraction(const std::vector<uint8_t>& modes) {
   double n = 0;
   for (uint8_t m : modes) n += m;
@@ -155,7 +124,7 @@ absl::StatusOr<Json> EvalPerplexity(const PplOptions& o, SequenceModel& model) {
     for (int64_t i = 0; i < n; ++i) {
       std::vector<int32_t> window(T + 1);
       ORYX_RETURN_IF_ERROR(read_window(i * windows / n, window.data()));
-      ORYX_ASSIGN_OR_RETURN(std::vector<uint8_t> modes, Schedule(name, T, c, o.common.seed, i));
+      ORYX_ASSIGN_OR_RETURN(std::vector<uint8_t> modes, ScheduleModes(name, T, c, o.common.seed, i));
       attention_tokens += Fraction(modes) * T;
       const std::span<const int32_t> ids(window);
       ORYX_ASSIGN_OR_RETURN(std::vector<float> logits, model.Logits(ids.first(T), modes));

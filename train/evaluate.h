@@ -43,11 +43,8 @@ absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon&
 // The LibTorch reference as a SequenceModel (defined in the LibTorch build only).
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenTorchModel(const EvalCommon& common);
 
-// Mode schedules by name, over a sequence of T tokens:
-//   attention | linear          every token in that mode
-//   mixed[:F]                   fragments of the model's fragment_len, each attention with probability F
-//                               (default: the model's attn_fraction), seeded
-//   lin-to-attn:P | attn-to-lin:P   one switch at position P
+// Perplexity under mode schedules named as ScheduleModes takes them (train/mode_sampling.h: attention, linear,
+// mixed[:F], lin-to-attn:P, attn-to-lin:P), sequence i of the evaluation drawing mixed schedules as sample i.
 struct PplOptions {
   EvalCommon common;
   std::string data_dir;  // corpus (validation split), unless
