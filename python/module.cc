@@ -36,14 +36,18 @@ nb::dict Policies() {
   return usages;
 }
 
-void Init(EngineHandle* self, const std::string& model_dir, const std::string& device, int threads) {
+void Init(EngineHandle* self, const std::string& model_dir, const std::string& device, int threads,
+          const std::string& weights) {
   absl::StatusOr<Engine> loaded = [&] {
     nb::gil_scoped_release no_gil;
-    return Engine::Load(model_dir, {.device = device, .threads = threads, .cuda = CudaSwitches::FromEnvironment()});
+    return Engine::Load(model_dir, {.device = device,
+                                    .threads = threads,
+                                    .weights = weights,
+                                    .cuda = CudaSwitches::FromEnvironment()});
   }();
   Engine engine = ValueOrThrow(std::move(loaded));
   policies::RegisterAllPolicies(engine.policies());
-  new (self) EngineHandle{std::move(engine)};
+  new (self) EngineHandle{std::move(engine), {}};
 }
 
 std::vector<GenerateResult> GenerateLocked(EngineHandle& handle, const std::vector<GenerateRequest>& requests) {
@@ -177,11 +181,12 @@ void DefineTokenizer(nb::module_& module) {
 void DefineEngine(nb::module_& module) {
   nb::class_<EngineHandle> engine(
       module, "Engine",
-      "Engine(model_dir, device='cpu', threads=0): a model and its tokenizer, with every policy `oryx generate` "
-      "takes. device: 'cpu' or 'cuda' (in CUDA builds); threads: CPU threads, 0 for one per hardware thread. "
+      "Engine(model_dir, device='cpu', threads=0, weights='f32'): a model and its tokenizer, with every policy "
+      "`oryx generate` takes. device: 'cpu' or 'cuda' (in CUDA builds); threads: CPU threads, 0 for one per "
+      "hardware thread; weights: the CPU projections as 'f32', 'bf16' or 'int8' (fewer bytes per token). "
       "Safe to use from several Python threads: calls take turns on the engine (a stream between its steps), "
       "with the GIL released while it runs.");
-  engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0);
+  engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0, "weights"_a = "f32");
   const auto args = GenerateArgs();
   std::apply(
       [&](auto... options) {
