@@ -304,28 +304,6 @@ double StepBytes(const ModelConfig& c, Mode mode, int64_t context, int64_t batch
   return 2.0 * matrices + 4.0 * vectors + batch * per_sequence;
 }
 
-absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, LinearMixer mixer, int64_t max_position) {
-  ModelConfig c;
-  if (name == "130m") {
-    c.d_model = 768, c.n_layers = 24, c.n_heads = 12, c.head_dim = 64;
-  } else if (name == "1.4b") {
-    c.d_model = 2048, c.n_layers = 24, c.n_heads = 16, c.head_dim = 128;
-  } else {
-    return absl::InvalidArgumentError(Cat("unknown config '", name, "' (130m, 1.4b)"));
-  }
-  c.vocab_size = 32000;
-  c.mlp_hidden = static_cast<int64_t>(std::round(8.0 * c.d_model / 3 / 64)) * 64;
-  c.linear_mixer = mixer;
-  c.conv_activation = mixer == LinearMixer::kGdn ? ConvActivation::kSilu : ConvActivation::kIdentity;
-  c.rope_theta = 10000;
-  c.norm_eps = 1e-6;
-  c.tie_embeddings = false;
-  c.max_position = max_position;
-  c.bos_id = 2;
-  c.eos_id = 3;
-  return c;
-}
-
 absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   int64_t max_context = 0;
   for (int64_t c : o.contexts) max_context = std::max(max_context, c);

@@ -6,11 +6,6 @@
 
 namespace oryx::bench {
 
-// The random-weight configs of the paper's scales, as bench/torch_reference.py builds them: vocab 32000,
-// SwiGLU hidden 8/3 d_model rounded to a multiple of 64, rope_theta 1e4, norm_eps 1e-6, untied LM head.
-//   130m: d 768, 24 layers, 12 heads x 64;  1.4b: d 2048, 24 layers, 16 heads x 128.
-absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, LinearMixer mixer, int64_t max_position);
-
 // Bytes a decode step must move at least (the roofline's numerator): every weight it uses read once (not
 // the unused query projection of the mode, only the batch's embedding rows), the KV cache read (attention)
 // and the new entries written (bf16), the recurrent state and conv window read and written (fp32), the

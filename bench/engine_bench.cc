@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <random>
 
@@ -68,6 +69,28 @@ ModelConfig DecodeBenchConfig(int64_t max_position) {
   return c;
 }
 
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, LinearMixer mixer, int64_t max_position) {
+  ModelConfig c;
+  if (name == "130m") {
+    c.d_model = 768, c.n_layers = 24, c.n_heads = 12, c.head_dim = 64;
+  } else if (name == "1.4b") {
+    c.d_model = 2048, c.n_layers = 24, c.n_heads = 16, c.head_dim = 128;
+  } else {
+    return absl::InvalidArgumentError(Cat("unknown config '", name, "' (130m, 1.4b)"));
+  }
+  c.vocab_size = 32000;
+  c.mlp_hidden = static_cast<int64_t>(std::round(8.0 * c.d_model / 3 / 64)) * 64;
+  c.linear_mixer = mixer;
+  c.conv_activation = mixer == LinearMixer::kGdn ? ConvActivation::kSilu : ConvActivation::kIdentity;
+  c.rope_theta = 10000;
+  c.norm_eps = 1e-6;
+  c.tie_embeddings = false;
+  c.max_position = max_position;
+  c.bos_id = 2;
+  c.eos_id = 3;
+  return c;
+}
+
 absl::Status WriteRandomCheckpoint(const std::string& dir, const ModelConfig& config, uint32_t seed,
                                    const std::string& tokenizer_path) {
   std::mt19937 rng(seed);
@@ -115,7 +138,9 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
 #endif
   }
   if (o.device != "cpu") return absl::InvalidArgumentError(Cat("bench decode: unknown device '", o.device, "' (cpu, cuda)"));
-  if (!o.preset.empty()) return absl::InvalidArgumentError("bench decode: --config is for --device cuda");
+  if (!o.preset.empty() && !o.model_dir.empty()) {
+    return absl::InvalidArgumentError("bench decode: --config makes random weights; it does not go with --model");
+  }
   int64_t max_context = 0, max_batch = 0;
   for (int64_t c : o.contexts) max_context = std::max(max_context, c);
   for (int64_t b : o.batches) max_batch = std::max(max_batch, b);
@@ -123,7 +148,11 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   std::string scratch;
   if (dir.empty()) {
     scratch = Cat("/tmp/oryx_bench_decode_", getpid());
-    ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, DecodeBenchConfig(max_context + o.steps + 1), 1));
+    ModelConfig config = DecodeBenchConfig(max_context + o.steps + 1);
+    if (!o.preset.empty()) {
+      ORYX_ASSIGN_OR_RETURN(config, PresetConfig(o.preset, o.mixer, max_context + o.steps + 1));
+    }
+    ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, config, 1));
     dir = scratch;
   }
   ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat format, ParseWeightFormat(o.weights));

@@ -24,6 +24,10 @@ using Emit = std::function<void(const nlohmann::json&)>;
 // The ~20M-parameter config the decode benchmark uses without --model: d 512, 4 layers, 8 heads of 64,
 // MLP 1408, vocab 8192, tied embeddings, mamba2.
 ModelConfig DecodeBenchConfig(int64_t max_position);
+// The random-weight configs of the paper's scales, as bench/torch_reference.py builds them: vocab 32000,
+// SwiGLU hidden 8/3 d_model rounded to a multiple of 64, rope_theta 1e4, norm_eps 1e-6, untied LM head.
+//   130m: d 768, 24 layers, 12 heads x 64;  1.4b: d 2048, 24 layers, 16 heads x 128.
+absl::StatusOr<ModelConfig> PresetConfig(const std::string& name, LinearMixer mixer, int64_t max_position);
 
 // Writes a checkpoint of `config` with small random weights (for timing, and for tests of what any model
 // may emit) into `dir`, with the given tokenizer (or, when empty, a placeholder file: no text).

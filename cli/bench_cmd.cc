@@ -87,7 +87,7 @@ int BenchDecode(const Args& rest) {
   std::string mixer = "mamba2";
   f.String("device", &o.device, "cpu | cuda (the CUDA backend, roofline against the device's copy bandwidth)");
   f.String("weights", &o.weights, "cpu: projection weights f32 | bf16 | int8 (per-row scales)");
-  f.String("config", &o.preset, "cuda without --model: random weights of 130m | 1.4b (default 130m)");
+  f.String("config", &o.preset, "without --model: random weights of 130m | 1.4b (cuda's default 130m; cpu's a 19M config)");
   f.String("mixer", &mixer, "linear mixer of --config: mamba2 | gdn");
   f.Int("prefill-max-attention", &o.prefill_max_attention, "cuda: time attention-mode prefill up to this context", 0);
   std::vector<std::string> spec_ks;
