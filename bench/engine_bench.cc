@@ -174,10 +174,11 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   const double dram_bandwidth = ReadBandwidth(1024.0 * (1 << 20));
   // Weight bytes a step reads: every weight but an untied embedding table (a row per sequence; tied, it is the
   // head and read whole), the projections (in_proj, o_proj, MLP, head) in their format, the rest fp32.
-  const double packed_params = static_cast<double>(c.n_layers) * (InProjLayout::For(c).width * c.d_model +
-                                                                   c.d_model * c.qk_dim() + 3 * c.mlp_hidden * c.d_model) +
-                               static_cast<double>(c.vocab_size) * c.d_model;
-  const double bytes_per_weight = format == kernels::WeightFormat::kInt8 ? 1 : format == kernels::WeightFormat::kBf16 ? 2 : 4;
+  const double packed_params =
+      static_cast<double>(c.n_layers) *
+          (InProjLayout::For(c).width * c.d_model + c.d_model * c.qk_dim() + 3 * c.mlp_hidden * c.d_model) +
+      static_cast<double>(c.vocab_size) * c.d_model;
+  const double bytes_per_weight = kernels::BytesPerWeight(format);
   const double embedding = c.tie_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.d_model;
   const double weight_bytes = 4.0 * (params - embedding - packed_params) + bytes_per_weight * packed_params;
   const double L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());

@@ -128,7 +128,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
 void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w, int64_t n, float* y,
                         int64_t x_stride, int64_t y_stride) {
   constexpr int64_t kPanel = 64;
-  const int64_t bytes_per_weight = w.format == k::WeightFormat::kBf16 ? 2 : 1;
+  const int64_t bytes_per_weight = k::BytesPerWeight(w.format);
   const float* f32 = w.format != k::WeightFormat::kF32 ? nullptr : w.f32.empty() ? embed_.data() : w.f32.data();
   pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -146,7 +146,7 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
 
 void CpuBackend::Matrix::Pack(int64_t rows, int64_t cols, k::WeightFormat to) {
   format = to;
-  packed.resize(rows * cols * (to == k::WeightFormat::kBf16 ? 2 : 1));
+  packed.resize(rows * cols * k::BytesPerWeight(to));
   if (to == k::WeightFormat::kInt8) scale.resize(rows);
   k::cpu::PackWeights(f32.data(), rows, cols, to, packed.data(), scale.data());
   Floats().swap(f32);

@@ -193,23 +193,31 @@ class DeviceKvBlocks {
     }
   }
   void TrimLocked() {
+    // With spare_ sorted, a slab's free blocks are one run of it; the slab goes back when that run is all of it.
     std::sort(spare_.begin(), spare_.end());
-    std::vector<bf16*> kept;
-    std::vector<Slab> slabs;
+    std::vector<std::pair<size_t, size_t>> gone;  // runs [begin, end) of spare_ whose slabs went back
+    std::vector<Slab> kept;
     for (const Slab& slab : slabs_) {
-      const auto* first = reinterpret_cast<bf16*>(slab.base);
       const auto* end = reinterpret_cast<bf16*>(slab.base + slab.blocks * block_bytes_);
-      auto lo = std::lower_bound(spare_.begin(), spare_.end(), first);
-      auto hi = std::lower_bound(lo, spare_.end(), end);
-      if (hi - lo == slab.blocks) {
-        memory_.Free(slab.base);
-        std::fill(lo, hi, nullptr);
-      } else {
-        slabs.push_back(slab);
+      const auto lo = std::lower_bound(spare_.begin(), spare_.end(), reinterpret_cast<bf16*>(slab.base));
+      const auto hi = std::lower_bound(lo, spare_.end(), end);
+      if (hi - lo < slab.blocks) {
+        kept.push_back(slab);
+        continue;
       }
+      memory_.Free(slab.base);
+      gone.emplace_back(lo - spare_.begin(), hi - spare_.begin());
     }
-    std::erase(spare_, nullptr);
-    slabs_ = std::move(slabs);
+    std::sort(gone.begin(), gone.end());
+    std::vector<bf16*> spare;
+    size_t at = 0;
+    for (const auto& [begin, end] : gone) {
+      spare.insert(spare.end(), spare_.begin() + at, spare_.begin() + begin);
+      at = end;
+    }
+    spare.insert(spare.end(), spare_.begin() + at, spare_.end());
+    spare_ = std::move(spare);
+    slabs_ = std::move(kept);
   }
 
   mutable std::mutex mu_;

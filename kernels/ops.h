@@ -37,6 +37,9 @@ struct MatMulParams {
 // [-127, 127], scale = max |w[o, :]| / 127). Decode reads 2 or 4 times fewer weight bytes; the activations stay
 // fp32 and so do the sums.
 enum class WeightFormat : uint8_t { kF32, kBf16, kInt8 };
+constexpr int64_t BytesPerWeight(WeightFormat format) {
+  return format == WeightFormat::kInt8 ? 1 : format == WeightFormat::kBf16 ? 2 : 4;
+}
 
 // y = x · dequant(W)^T over weights in a WeightFormat other than kF32. Rows are contiguous (row stride k).
 struct PackedMatMulParams {

@@ -88,10 +88,12 @@ void DotRows(const PackedMatMulParams& p) {
     }
     for (; i + 16 <= p.k; i += 16) {
       const __m512 w = Load16<F>(row, i);
-      for (int r = 0; r < M; ++r) acc[r][0] = _mm512_fmadd_ps(w, _mm512_loadu_ps(p.x_ptr + r * p.x_row_stride + i), acc[r][0]);
+      for (int r = 0; r < M; ++r)
+        acc[r][0] = _mm512_fmadd_ps(w, _mm512_loadu_ps(p.x_ptr + r * p.x_row_stride + i), acc[r][0]);
     }
     for (int r = 0; r < M; ++r) {
-      sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
+      sums[r] =
+          _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
     }
 #else
     for (int r = 0; r < M; ++r) sums[r] = 0.f;

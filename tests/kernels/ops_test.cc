@@ -68,7 +68,7 @@ TEST(PackedMatMulCpu, MatchesReferenceAndPacksWithinHalfAStep) {
   for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8}) {
     for (Shape s : {Shape{1, 1, 1, 0}, Shape{1, 17, 33, 0}, Shape{1, 64, 512, 0}, Shape{3, 40, 200, 2},
                     Shape{6, 33, 129, 1}, Shape{7, 65, 96, 0}, Shape{16, 8, 64, 5}}) {
-      const int64_t xs = s.k + s.pad, ys = s.n + s.pad, bytes = format == WeightFormat::kBf16 ? 2 : 1;
+      const int64_t xs = s.k + s.pad, ys = s.n + s.pad, bytes = BytesPerWeight(format);
       const std::vector<float> x = RandomVector(s.m * xs, 1), w = RandomVector(s.n * s.k, 2);
       std::vector<uint8_t> packed(s.n * s.k * bytes);
       std::vector<float> scale(s.n), y(s.m * ys, 0.f), y_ref(s.m * ys, 0.f);
