@@ -11,7 +11,7 @@ namespace oryx::cli {
 
 int RunTrainRouter(const Args& args) {
   policies::TrainRouterOptions o;
-  std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1", drafts;
+  std::string lengths = "256,512,1024", hidden = "32,32", lambdas = "1", drafts, rules = "budget:0.1,match:8";
   int64_t seed = static_cast<int64_t>(o.seed), threads = 0;
   FlagSet f("oryx train-router --model DIR --out FILE --data DIR|--haystack FILE... [--lambda L1,L2...]",
             "Trains a routing policy for learned:FILE. Episodes run through the engine: needle-in-a-haystack\n"
@@ -24,7 +24,9 @@ int RunTrainRouter(const Args& args) {
             "labels (each decision of prefill-linear flipped once; each draft length tried), then REINFORCE\n"
             "with a leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
             "(FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for --resume) as it goes; with\n"
-            "--eval-examples, ends with a held-out comparison against the rule policies.");
+            "--eval-examples, ends with a held-out comparison against the rule policies, and over the\n"
+            "tasks together, which rules a learned policy dominates (higher quality at no more cost).\n"
+            "--eval-only runs that comparison on the files of a finished run.");
   f.String("model", &o.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("out", &o.out_path, "the policy file to write (.safetensors)", true);
   f.String("data", &o.data_dir, "prepared corpus: haystacks from its train split (held out from the benchmark)");
@@ -36,6 +38,8 @@ int RunTrainRouter(const Args& args) {
   f.String("draft-lengths", &drafts, "draft lengths the policy chooses from in decode, e.g. 0,2,4 (0: no speculation)");
   f.Int("continuation", &o.continuation, "tokens a text episode generates", 1, 1 << 16);
   f.Int("eval-examples", &o.eval_examples, "held-out examples per task for the final comparison (0: none)", 0, 1 << 20);
+  f.String("eval-rules", &rules, "rule policies in the comparison, comma-separated (entropy:TAU budget:F match:L random:F)");
+  f.Bool("eval-only", &o.eval_only, "train nothing: evaluate the policy files of a finished run (needs --eval-examples)");
   f.Int("segment-len", &o.segment_len, "prefill tokens per routing decision", 1, 1 << 20);
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
@@ -65,6 +69,7 @@ int RunTrainRouter(const Args& args) {
       if (!absl::SimpleAtoi(item, &k)) return absl::InvalidArgumentError("--draft-lengths: '" + item + "' is not an integer");
       o.draft_lengths.push_back(k);
     }
+    o.eval_rules = SplitList({rules});
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
     o.lambdas.clear();
     for (const std::string& item : SplitList({lambdas})) {

@@ -44,7 +44,7 @@ router::Decision RandomRouter::Decide(const router::RouterContext& c) const {
   return {Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
 }
 
-absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {
+absl::StatusOr<std::unique_ptr<router::Router>> MakeRuleRouter(std::string_view policy) {
   const size_t colon = policy.find(':');
   const std::string_view kind = policy.substr(0, colon);
   double value = 0;
@@ -72,6 +72,11 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy)
   } else {
     return absl::InvalidArgumentError(Cat("not a rule policy: '", policy, "'"));
   }
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<router::Router> r, MakeRuleRouter(policy));
   return std::unique_ptr<Decoder>(new router::RouterDecoder(std::move(r), {}));
 }
 

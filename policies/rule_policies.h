@@ -65,6 +65,8 @@ class RandomRouter final : public router::Router {
 };
 
 // Parses entropy:TAU, budget:FRACTION, match:L and random:FRACTION; InvalidArgument naming the policy for anything else.
+absl::StatusOr<std::unique_ptr<router::Router>> MakeRuleRouter(std::string_view policy);
+// The same rule as a decoder (router::RouterDecoder), for the policy registry.
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);
 void RegisterPolicies(PolicyRegistry& registry);
 // Every policy `oryx generate` and `oryx serve` take: speculative/'s (speculative[:K], speculative:ngram[:K])

@@ -18,7 +18,9 @@
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "policies/learned_policy.h"
+#include "policies/rule_policies.h"
 #include "policies/task_episodes.h"
 #include "router/cost_model.h"
 #include "router/features.h"
@@ -461,17 +463,46 @@ absl::Status ValidateOptions(const TrainRouterOptions& o) {
       }
     }
   }
+  for (const std::string& rule : o.eval_rules) ORYX_RETURN_IF_ERROR(MakeRuleRouter(rule).status());
+  if (o.eval_only) {
+    if (o.eval_examples < 1) return absl::InvalidArgumentError("--eval-only needs --eval-examples N (N >= 1)");
+    for (size_t li = 0; li < o.lambdas.size(); ++li) {
+      const std::string path = PolicyPathFor(o, li);
+      if (!std::filesystem::exists(path)) {
+        return absl::NotFoundError(Cat("--eval-only: no policy file ", path, " (lambda ", o.lambdas[li], ")"));
+      }
+    }
+  }
   return ParseCost(o.cost).status();
 }
 
 // Per (task, policy) sums of the held-out evaluation.
 struct EvalTotal {
-  double n = 0, quality = 0, correct = 0, attention = 0, cost = 0, drafted = 0, accepted = 0;
+  double n = 0, quality = 0, quality_sq = 0, correct = 0, attention = 0, cost = 0, drafted = 0, accepted = 0;
   void Add(const Episode& e) {
-    n += 1, quality += e.quality, correct += e.correct, attention += e.attention_fraction, cost += e.cost;
+    n += 1, quality += e.quality, quality_sq += e.quality * e.quality, correct += e.correct;
+    attention += e.attention_fraction, cost += e.cost;
     drafted += static_cast<double>(e.drafted), accepted += static_cast<double>(e.accepted);
   }
+  // The standard error of the mean quality.
+  double QualityError() const {
+    if (n < 2) return 0;
+    const double mean = quality / n, var = std::max(0.0, (quality_sq - n * mean * mean) / (n - 1));
+    return std::sqrt(var / n);
+  }
 };
+
+// A policy over the mixed workload: each task's means, averaged with equal weights.
+struct MixedPoint {
+  std::string policy;
+  bool learned = false;
+  double quality = 0, quality_error = 0, attention = 0, cost = 0;
+};
+
+// Whether a is at least as good as b on both axes and better on one.
+bool Dominates(const MixedPoint& a, const MixedPoint& b) {
+  return a.quality >= b.quality && a.cost <= b.cost && (a.quality > b.quality || a.cost < b.cost);
+}
 
 }  // namespace
 
@@ -928,6 +959,11 @@ absl::Status RouterTrainer::Evaluate() {
   add_rule("attention", [](const router::RouterContext&) { return router::Decision{Mode::kAttention}; });
   add_rule("linear", [](const router::RouterContext&) { return router::Decision{Mode::kLinear}; });
   add_rule("prefill-linear", [](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c); });
+  for (const std::string& rule : o.eval_rules) {
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<router::Router> r, MakeRuleRouter(rule));
+    std::shared_ptr<const router::Router> shared = std::move(r);
+    add_rule(rule, [shared](const router::RouterContext& c) { return shared->Decide(c); });
+  }
   for (int64_t k : o.draft_lengths) {
     if (k == 0) continue;
     add_rule(Cat("speculative:", k), [k](const router::RouterContext& c) {
@@ -944,19 +980,28 @@ absl::Status RouterTrainer::Evaluate() {
                           return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));
                         }});
   }
+  const size_t num_learned = o.lambdas.size(), num_rules = policies.size() - num_learned;
+  std::vector<MixedPoint> mixed(policies.size());
+  for (size_t p = 0; p < policies.size(); ++p) mixed[p].policy = policies[p].first, mixed[p].learned = p >= num_rules;
+  const double share = 1.0 / static_cast<double>(o.tasks.size());
   std::fprintf(stderr, "\n%-16s %-22s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
                "cost", "acceptance");
   for (size_t t = 0; t < o.tasks.size(); ++t) {
     ORYX_ASSIGN_OR_RETURN(std::vector<Example> held_out, Examples(0x65766131, 0, o.eval_examples, t));
     std::vector<const Example*> ptrs;
     for (const Example& e : held_out) ptrs.push_back(&e);
-    for (const auto& [name, make] : policies) {
+    for (size_t p = 0; p < policies.size(); ++p) {
+      const auto& [name, make] = policies[p];
       ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, make));
       EvalTotal sum;
       for (const Episode& e : episodes) sum.Add(e);
+      MixedPoint& m = mixed[p];
+      m.quality += share * sum.quality / sum.n, m.attention += share * sum.attention / sum.n;
+      m.cost += share * sum.cost / sum.n;
+      m.quality_error += share * share * sum.QualityError() * sum.QualityError();  // a variance until the end
       const double acceptance = sum.drafted > 0 ? sum.accepted / sum.drafted : -1;
       Record({{"phase", "eval"}, {"task", o.tasks[t]}, {"policy", name}, {"examples", sum.n}, {"cost_kind", o.cost},
-              {"quality", sum.quality / sum.n}, {"accuracy", sum.correct / sum.n},
+              {"quality", sum.quality / sum.n}, {"quality_error", sum.QualityError()}, {"accuracy", sum.correct / sum.n},
               {"attention_fraction", sum.attention / sum.n}, {"cost", sum.cost / sum.n},
               {"acceptance", sum.drafted > 0 ? nlohmann::json(acceptance) : nlohmann::json(nullptr)}});
       std::fprintf(stderr, "%-16s %-22s %8.3f %9.3f %10.3f %8.3f %10s\n", o.tasks[t].c_str(), name.c_str(),
@@ -964,6 +1009,31 @@ absl::Status RouterTrainer::Evaluate() {
                    acceptance < 0 ? "-" : Cat(acceptance).substr(0, 5).c_str());
     }
   }
+  // The mixed workload: every task alike. Then each rule against the learned policies.
+  std::fprintf(stderr, "\nmixed workload (%zu tasks, %lld held-out examples each)\n%-22s %8s %8s %10s %8s\n",
+               o.tasks.size(), static_cast<long long>(o.eval_examples), "policy", "quality", "+-", "attention",
+               "cost");
+  for (MixedPoint& m : mixed) {
+    m.quality_error = std::sqrt(m.quality_error);
+    Record({{"phase", "eval_mixed"}, {"policy", m.policy}, {"tasks", o.tasks}, {"examples", o.eval_examples},
+            {"cost_kind", o.cost}, {"quality", m.quality}, {"quality_error", m.quality_error},
+            {"attention_fraction", m.attention}, {"cost", m.cost}});
+    std::fprintf(stderr, "%-22s %8.3f %8.3f %10.3f %8.3f\n", m.policy.c_str(), m.quality, m.quality_error,
+                 m.attention, m.cost);
+  }
+  int64_t dominated = 0;
+  for (size_t r = 0; r < num_rules; ++r) {
+    std::vector<std::string> by;
+    for (size_t l = num_rules; l < mixed.size(); ++l) {
+      if (Dominates(mixed[l], mixed[r])) by.push_back(mixed[l].policy);
+    }
+    dominated += by.empty() ? 0 : 1;
+    Record({{"phase", "pareto"}, {"rule", mixed[r].policy}, {"dominated_by", by}});
+    std::fprintf(stderr, "%-22s %s\n", mixed[r].policy.c_str(),
+                 by.empty() ? "not dominated" : Cat("dominated by ", absl::StrJoin(by, ", ")).c_str());
+  }
+  std::fprintf(stderr, "%lld of %zu rules dominated by a learned policy\n", static_cast<long long>(dominated),
+               num_rules);
   return absl::OkStatus();
 }
 
@@ -974,6 +1044,7 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   if (o.threads > 0) torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<RouterTrainer> trainer, RouterTrainer::Create(o));
+  if (o.eval_only) return trainer->Evaluate();
   ORYX_RETURN_IF_ERROR(trainer->CollectCounterfactuals());
   // The state file's cursor says where a resumed run goes on: (lambda index, iteration), iteration -1 when
   // that lambda's warm start has not run.
