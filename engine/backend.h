@@ -227,6 +227,10 @@ struct CudaSwitches {
   bool programmatic_launch = true;  // PDL: programmatic dependent launch (a Hopper or later)
   bool split_ragged_gemm = true;    // SPLIT_GEMM: cuBLAS products of a ragged output count as two products
   int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
+  // GRAPH_AFTER: a forward or round shape is captured as a CUDA graph at its n-th use (earlier uses run its
+  // launches directly). A server meets shapes (batch size x draft length) that never come back; capturing each
+  // on first use costs more than running it.
+  int graph_after = 2;
   bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
   static CudaSwitches FromEnvironment();
 };

@@ -104,6 +104,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   chunked_scan_ = switches.chunked_scan;
   tiled_attention_ = switches.tiled_attention;
   gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
+  graph_after_ = switches.graph_after;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,
@@ -341,16 +342,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     RunModel(plan);
     Draw(plan, draws);
   };
-  if (plan.graph) {
-    cudaGraphExec_t& exec = sc.graphs[plan];
-    if (exec == nullptr) {
-      exec = Capture(ctx.stream, run);
-      ++graphs_recorded_;
-    }
-    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
-  } else {
-    run();
-  }
+  if (!plan.graph || !ReplayOrCapture(sc.graphs[plan], graph_after_, ctx.stream, run, &graphs_recorded_)) run();
   clock.Device(1);
   // Back to the host: the drawn tokens (or the key), else the logits asked for.
   if (draws.on) {
@@ -483,17 +475,10 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
                           .workspace_ptr = sc.sample_workspace}, ctx.stream);
     }
   };
-  if (graph) {
-    // (The sampling parameters are baked into the launches, so they are part of the key.)
-    cudaGraphExec_t& exec = sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}];
-    if (exec == nullptr) {
-      exec = Capture(ctx.stream, round);
-      ++graphs_recorded_;
-    }
-    ORYX_CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
-  } else {
-    round();
-  }
+  // (The sampling parameters are baked into the launches, so they are part of the key.)
+  GraphSlot* slot = graph ? &sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}]
+                          : nullptr;
+  if (slot == nullptr || !ReplayOrCapture(*slot, graph_after_, ctx.stream, round, &graphs_recorded_)) round();
   // The drafts and the results come back in one synchronisation.
   auto* span_host = reinterpret_cast<int32_t*>(sc.meta_host + verify_base);
   auto* results_host = reinterpret_cast<int32_t*>(sc.meta_host + result_base);

@@ -525,6 +525,29 @@ cudaGraphExec_t Capture(cudaStream_t stream, F&& launch) {
   return exec;
 }
 
+// One shape's graph, captured at the shape's `after`-th use (CudaSwitches::graph_after).
+struct GraphSlot {
+  cudaGraphExec_t exec = nullptr;
+  int uses = 0;
+  void Destroy() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    exec = nullptr, uses = 0;
+  }
+};
+
+// Replays the slot's graph, capturing it first at the shape's `after`-th use (then ++*recorded); false, with
+// nothing launched, before that use: the caller runs `launch` itself.
+template <typename F>
+bool ReplayOrCapture(GraphSlot& slot, int after, cudaStream_t stream, F&& launch, std::atomic<int64_t>* recorded) {
+  if (slot.exec == nullptr) {
+    if (++slot.uses < after) return false;
+    slot.exec = Capture(stream, launch);
+    recorded->fetch_add(1, std::memory_order_relaxed);
+  }
+  ORYX_CUDA_CHECK(cudaGraphLaunch(slot.exec, stream));
+  return true;
+}
+
 }  // namespace cuda_internal
 
 
@@ -639,16 +662,16 @@ struct CudaBackend::Scratch {
   std::vector<void*> owned;
   // Forwards of up to kMaxGraphRows rows replayed as CUDA graphs, by plan. The graphs bake in the scratch
   // pointers above, so any growth of the scratch drops them.
-  std::map<Plan, cudaGraphExec_t> graphs;
+  std::map<Plan, cuda_internal::GraphSlot> graphs;
   // Whole speculative rounds, by (draft step plan, verify plan, k, temperature (0: greedy), top_k, top_p).
-  std::map<std::tuple<Plan, Plan, int64_t, float, int64_t, float>, cudaGraphExec_t> round_graphs;
+  std::map<std::tuple<Plan, Plan, int64_t, float, int64_t, float>, cuda_internal::GraphSlot> round_graphs;
   float* round_q = nullptr;  // sampled rounds: the drafts' distributions [B, k, V]
   int64_t round_q_cap = 0;
   void* sample_workspace = nullptr;
   int64_t sample_workspace_cap = 0;
   void DropGraphs() {
-    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
-    for (auto& [key, exec] : round_graphs) cudaGraphExecDestroy(exec);
+    for (auto& [key, slot] : graphs) slot.Destroy();
+    for (auto& [key, slot] : round_graphs) slot.Destroy();
     graphs.clear();
     round_graphs.clear();
   }
