@@ -332,6 +332,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                 // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
                 {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
                 {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},  // the budget in force
+                {"kv_pool_mib", static_cast<double>(after.kv_pool_bytes) / (1 << 20)},  // the pool's memory
                 {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
                 {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
                 // The share of decode rows that ran in a prefill's forward (GenerationBatch).

@@ -26,6 +26,9 @@ enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 // Positions per host KV block: attention runs a GEMM per block, and a clone copies at most one block.
 inline constexpr int64_t kHostKvBlockTokens = 64;
 
+// A host KV pool for this model with room for `sequences` full-length sequences before it first grows.
+std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& config, int64_t sequences);
+
 // A sequence's state held by a device backend (the CUDA one), opaque here so that no device types appear in
 // this header. SequenceState forwards its copies, reservations and rollback to it; the backend that made
 // it is the only one that reads it.
@@ -65,7 +68,10 @@ struct ForwardItem;
 // span's conv inputs, so Truncate() can go back to any position inside that span without running the model.
 class SequenceState {
  public:
+  // A host sequence with a KV pool of its own (shared with its clones).
   explicit SequenceState(const ModelConfig& config);
+  // A host sequence whose KV blocks come from `kv_pool` (a backend's, shared by all its sequences).
+  SequenceState(const ModelConfig& config, std::shared_ptr<HostKvPool> kv_pool);
   // A sequence whose KV cache and recurrent state live in `device` (made by a device backend).
   SequenceState(const ModelConfig& config, std::unique_ptr<DeviceSequence> device);
   SequenceState(SequenceState&&) = default;
@@ -260,6 +266,15 @@ class Backend {
   // Device memory free for sequences (and what the backend holds for reuse); 0 for a host backend, whose
   // sequences take host memory as they need it.
   virtual int64_t AvailableDeviceBytes() const { return 0; }
+  // Sizes the backend's KV pool at start: memory for `bytes` of KV blocks allocated now, from which its
+  // sequences take their blocks first (a server's --kv-memory). The pool may still grow past it while memory
+  // allows. ResourceExhausted, naming the shortage, when that memory is not there.
+  virtual absl::Status ReserveKv(int64_t bytes) {
+    (void)bytes;
+    return absl::OkStatus();
+  }
+  // Bytes of memory the backend's KV pool holds (blocks in use and free ones kept for reuse); 0 where unknown.
+  virtual int64_t KvPoolBytes() const { return 0; }
   // CUDA graphs (or the like) recorded so far. Recording one costs far more than launching it, so a caller that
   // times its forwards (the draft-length controller) leaves out the ones during which this count moved.
   virtual int64_t graphs_recorded() const { return 0; }

@@ -9,6 +9,8 @@
 #include <new>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "engine/checkpoint.h"
 #include "engine/sampler.h"
 #include "base/status_macros.h"
@@ -118,8 +120,22 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
     b->head_.Pack(c.vocab_size, c.d_model, weights);
   }
   b->pool_ = std::make_unique<k::cpu::ThreadPool>(threads);
+  b->kv_pool_ = NewHostKvPool(c, 1);
   b->scratch_ = std::make_unique<Scratch>();
   return b;
+}
+
+absl::Status CpuBackend::ReserveKv(int64_t bytes) {
+  // The blocks' memory is written when allocated: more than the host has would be the kernel's OOM killer's.
+  const int64_t page = sysconf(_SC_PAGESIZE), available = sysconf(_SC_AVPHYS_PAGES) * page;
+  if (page > 0 && available > 0 && bytes - KvPoolBytes() > available) {
+    return absl::ResourceExhaustedError(Cat("--kv-memory ", bytes >> 20, " MiB: the host has ", available >> 20,
+                                            " MiB of memory free"));
+  }
+  const int64_t blocks = (std::max<int64_t>(0, bytes) + kv_pool_->block_bytes() - 1) / kv_pool_->block_bytes();
+  absl::Status s = kv_pool_->Reserve(blocks);
+  if (!s.ok()) return absl::ResourceExhaustedError(Cat("--kv-memory ", bytes >> 20, " MiB: ", s.message()));
+  return absl::OkStatus();
 }
 
 // y[M, N] = x[M, K] W^T, split over panels of output features on the pool. The panels are fixed (kPanel

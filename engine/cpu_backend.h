@@ -36,6 +36,10 @@ class CpuBackend final : public Backend {
     return blocks * kHostKvBlockTokens * 2 * config_.n_layers * config_.n_heads * config_.head_dim *
            static_cast<int64_t>(sizeof(float));
   }
+  // Its sequences' KV blocks come from one pool (kv_pool_), grown as they need.
+  SequenceState NewSequence() const override { return SequenceState(config_, kv_pool_); }
+  absl::Status ReserveKv(int64_t bytes) override;
+  int64_t KvPoolBytes() const override { return kv_pool_->allocated() * kv_pool_->block_bytes(); }
   using Backend::Forward;
   absl::Status Forward(std::span<const ForwardItem> batch) override;
 
@@ -80,6 +84,7 @@ class CpuBackend final : public Backend {
   Matrix head_;  // [V, D]: the lm_head, or the embedding's copy when tied (f32 empty then: embed_ serves)
   std::vector<Layer> layers_;
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  std::shared_ptr<HostKvPool> kv_pool_;  // every sequence's KV blocks
   struct Scratch;  // per-forward buffers, grown to the largest batch seen and reused: no allocation per token
   std::unique_ptr<Scratch> scratch_;
   std::mutex forward_mu_;  // one forward at a time (it owns the scratch and the pool)

@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
   void set_decode_mixer(bool on) { decode_mixer_ = on; }
   // Free device memory plus what the state pool holds for reuse.
   int64_t AvailableDeviceBytes() const override;
+  // The KV blocks' slabs allocated now, up to `bytes` (the pool's size at start).
+  absl::Status ReserveKv(int64_t bytes) override;
+  int64_t KvPoolBytes() const override;
   std::string DeviceName() const;
   // Blocks until the backend's stream has finished its work (for timing).
   void Synchronize() const;

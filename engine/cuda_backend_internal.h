@@ -162,6 +162,25 @@ class DeviceKvBlocks {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int64_t>(spare_.size()) * block_bytes_;
   }
+  // Slabs added until the pool holds at least `bytes` (ResourceExhausted, naming the shortage and keeping
+  // what it added, when the device has no room).
+  absl::Status Reserve(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (PoolBytesLocked() < bytes) {
+      if (!AddSlab(/*may_trim=*/false)) {
+        size_t free = 0, total = 0;
+        (void)cudaMemGetInfo(&free, &total);
+        return absl::ResourceExhaustedError(Cat("KV pool: reserved ", PoolBytesLocked() >> 20, " of ", bytes >> 20,
+                                                " MiB; the device has ", free >> 20, " MiB free"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Bytes of the slabs it holds.
+  int64_t pool_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return PoolBytesLocked();
+  }
   // Gives every slab whose blocks are all free back to the DevicePool.
   void Trim() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -173,12 +192,18 @@ class DeviceKvBlocks {
     char* base;
     int64_t blocks;
   };
-  // A slab of up to kSlabBytes (fewer blocks when the device has less room); false when not even one fits.
-  bool AddSlab() {
+  int64_t PoolBytesLocked() const {
+    int64_t blocks = 0;
+    for (const Slab& s : slabs_) blocks += s.blocks;
+    return blocks * block_bytes_;
+  }
+  // A slab of up to kSlabBytes (fewer blocks when the device has less room); false when not even one fits,
+  // after giving back the slabs no block uses (may_trim) and trying once more.
+  bool AddSlab(bool may_trim = true) {
     static constexpr int64_t kSlabBytes = int64_t{64} << 20;
     for (int64_t n = std::max<int64_t>(1, kSlabBytes / block_bytes_);; n = n / 2) {
       void* slab = memory_.Alloc(n * block_bytes_, /*may_reclaim=*/false);
-      if (slab == nullptr && n == 1) {
+      if (slab == nullptr && n == 1 && may_trim) {
         TrimLocked();  // (this lock is held: the pool cannot call Trim)
         slab = memory_.Alloc(n * block_bytes_, /*may_reclaim=*/false);
       }

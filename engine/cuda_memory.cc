@@ -28,6 +28,10 @@ int64_t CudaBackend::KvBytes(int64_t positions) const {
          static_cast<int64_t>(sizeof(bf16));
 }
 
+absl::Status CudaBackend::ReserveKv(int64_t bytes) { return ctx_->kv->Reserve(bytes); }
+
+int64_t CudaBackend::KvPoolBytes() const { return ctx_->kv->pool_bytes(); }
+
 int64_t CudaBackend::AvailableDeviceBytes() const {
   size_t free = 0, total = 0;
   ORYX_CUDA_CHECK(cudaMemGetInfo(&free, &total));

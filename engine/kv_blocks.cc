@@ -138,17 +138,20 @@ HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, i
       max_capacity_(max_capacity),
       storage_(static_cast<size_t>(capacity)) {}
 
-absl::StatusOr<int32_t> HostKvPool::Allocate() {
+void HostKvPool::GrowLocked(int64_t more) {  // storage_ moves, but each block's memory stays put
+  blocks_.Grow(more);
+  storage_.resize(static_cast<size_t>(blocks_.capacity()));
+}
+
+absl::StatusOr<int32_t> HostKvPool::AllocateLocked() {
   const int64_t room = max_capacity_ == 0 ? blocks_.capacity() : max_capacity_ - blocks_.capacity();
-  if (blocks_.available() == 0 && room > 0) {  // storage_ moves, but each block's memory stays put
-    blocks_.Grow(std::min(blocks_.capacity(), room));
-    storage_.resize(static_cast<size_t>(blocks_.capacity()));
-  }
+  if (blocks_.available() == 0 && room > 0) GrowLocked(std::min(blocks_.capacity(), room));
   ORYX_ASSIGN_OR_RETURN(const int32_t block, blocks_.Allocate());
   kernels::AlignedVector<float>& memory = storage_[block];
   if (memory.empty()) {
     try {
       memory.resize(static_cast<size_t>(block_floats_));
+      ++allocated_;
     } catch (const std::bad_alloc&) {
       blocks_.Unref(block);
       return absl::ResourceExhaustedError(Cat("out of host memory for a KV block of ", block_bytes(), " bytes"));
@@ -157,8 +160,62 @@ absl::StatusOr<int32_t> HostKvPool::Allocate() {
   return block;
 }
 
+absl::StatusOr<int32_t> HostKvPool::Allocate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return AllocateLocked();
+}
+
+void HostKvPool::Ref(int32_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  blocks_.Ref(block);
+}
+
+void HostKvPool::Unref(int32_t block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  blocks_.Unref(block);
+}
+
+int32_t HostKvPool::refs(int32_t block) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocks_.refs(block);
+}
+
+bool HostKvPool::Shared(int32_t block) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocks_.refs(block) > 1 || blocks_.is_cached(block);
+}
+
+int64_t HostKvPool::referenced() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocks_.referenced();
+}
+
+int64_t HostKvPool::allocated() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocated_;
+}
+
+absl::Status HostKvPool::Reserve(int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (max_capacity_ > 0) blocks = std::min(blocks, max_capacity_);
+  if (blocks > blocks_.capacity()) GrowLocked(blocks - blocks_.capacity());
+  for (int64_t b = 0; b < blocks_.capacity() && allocated_ < blocks; ++b) {
+    kernels::AlignedVector<float>& memory = storage_[b];
+    if (!memory.empty()) continue;
+    try {
+      memory.resize(static_cast<size_t>(block_floats_));
+      ++allocated_;
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(Cat("out of host memory reserving ", blocks, " KV blocks of ", block_bytes(),
+                                              " bytes (", allocated_, " allocated)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> HostKvPool::CopyOf(int32_t block) {
-  ORYX_ASSIGN_OR_RETURN(const int32_t copy, Allocate());
+  std::lock_guard<std::mutex> lock(mu_);
+  ORYX_ASSIGN_OR_RETURN(const int32_t copy, AllocateLocked());
   std::copy(storage_[block].begin(), storage_[block].end(), storage_[copy].begin());
   blocks_.Unref(block);
   return copy;
@@ -178,7 +235,7 @@ HostKvTable& HostKvTable::operator=(HostKvTable&& other) noexcept {
 
 void HostKvTable::Clear() {
   if (pool_) {
-    for (int32_t b : ids_) pool_->blocks().Unref(b);
+    for (int32_t b : ids_) pool_->Unref(b);
   }
   ids_.clear();
 }
@@ -186,7 +243,7 @@ void HostKvTable::Clear() {
 HostKvTable HostKvTable::Share(int64_t n) const {
   HostKvTable copy(pool_);
   copy.ids_.assign(ids_.begin(), ids_.begin() + n);
-  for (int32_t b : copy.ids_) pool_->blocks().Ref(b);
+  for (int32_t b : copy.ids_) pool_->Ref(b);
   return copy;
 }
 
@@ -202,7 +259,7 @@ absl::Status HostKvTable::Grow(int64_t n) {
     absl::StatusOr<int32_t> block = pool_->Allocate();
     if (!block.ok()) {
       while (size() > had) {
-        pool_->blocks().Unref(ids_.back());
+        pool_->Unref(ids_.back());
         ids_.pop_back();
       }
       return absl::ResourceExhaustedError(Cat(n, " KV blocks of ", pool_->block_bytes(),
@@ -214,15 +271,14 @@ absl::Status HostKvTable::Grow(int64_t n) {
 }
 
 absl::Status HostKvTable::Own(int64_t j) {
-  const BlockPool& blocks = pool_->blocks();
-  if (blocks.refs(ids_[j]) == 1 && !blocks.is_cached(ids_[j])) return absl::OkStatus();
+  if (!pool_->Shared(ids_[j])) return absl::OkStatus();
   ORYX_ASSIGN_OR_RETURN(ids_[j], pool_->CopyOf(ids_[j]));
   return absl::OkStatus();
 }
 
 int64_t HostKvTable::shared() const {
   if (!pool_) return 0;
-  return std::count_if(ids_.begin(), ids_.end(), [&](int32_t b) { return pool_->blocks().refs(b) > 1; });
+  return std::count_if(ids_.begin(), ids_.end(), [&](int32_t b) { return pool_->refs(b) > 1; });
 }
 
 }  // namespace oryx

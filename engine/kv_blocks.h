@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -88,19 +89,33 @@ class BlockPool {
 
 // Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
 // block_tokens rows of values, row_floats floats each ([layers][2][block_tokens][row_floats]); its memory is
-// allocated the first time the block is handed out and kept for reuse. With max_capacity 0 the pool doubles
-// when every block is held (a sequence's own pool, bounded by the host's memory only); otherwise it stops
-// at max_capacity blocks.
+// allocated the first time the block is handed out (or by Reserve) and kept for reuse. With max_capacity 0
+// the pool doubles when every block is held (bounded by the host's memory only); otherwise it stops at
+// max_capacity blocks. A backend's sequences share one pool (CpuBackend), and may be used from several
+// threads: every method locks, and a block's memory never moves.
 class HostKvPool {
  public:
   HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats, int64_t max_capacity = 0);
-  BlockPool& blocks() { return blocks_; }
+  // The bookkeeping, unlocked: for tests and single-threaded tools.
   const BlockPool& blocks() const { return blocks_; }
   int64_t block_tokens() const { return blocks_.block_tokens(); }
   int64_t block_bytes() const { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
   // BlockPool::Allocate, with the block's memory; ResourceExhausted when the pool or the host has no room.
   absl::StatusOr<int32_t> Allocate();
-  float* keys(int32_t block, int64_t layer) { return storage_[block].data() + layer * layer_stride(); }
+  void Ref(int32_t block);
+  void Unref(int32_t block);
+  int32_t refs(int32_t block) const;
+  // Whether a writer must copy the block first: another holder has it, or the prefix cache names it.
+  bool Shared(int32_t block) const;
+  // Memory for at least `blocks` blocks allocated now (the pool's size at start; ResourceExhausted, and what
+  // was allocated kept, when the host has no room).
+  absl::Status Reserve(int64_t blocks);
+  int64_t referenced() const;  // blocks held
+  int64_t allocated() const;   // blocks with memory
+  float* keys(int32_t block, int64_t layer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return storage_[block].data() + layer * layer_stride();
+  }
   float* values(int32_t block, int64_t layer) { return keys(block, layer) + layer_floats_; }
   // Floats from one layer's keys in a block to the next layer's.
   int64_t layer_stride() const { return 2 * layer_floats_; }
@@ -108,10 +123,14 @@ class HostKvPool {
   absl::StatusOr<int32_t> CopyOf(int32_t block);
 
  private:
+  absl::StatusOr<int32_t> AllocateLocked();
+  void GrowLocked(int64_t more);
+  mutable std::mutex mu_;
   BlockPool blocks_;
   int64_t layer_floats_, block_floats_;  // block_tokens * row_floats; all layers' keys and values
   int64_t max_capacity_;
   std::vector<kernels::AlignedVector<float>> storage_;  // by block, empty until first handed out
+  int64_t allocated_ = 0;
 };
 
 // A sequence's KV blocks from a host pool, in position order: block j holds positions [j * block_tokens,

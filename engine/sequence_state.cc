@@ -10,17 +10,23 @@
 #include "engine/backend.h"
 
 namespace oryx {
-SequenceState::SequenceState(const ModelConfig& c)
+SequenceState::SequenceState(const ModelConfig& c, std::shared_ptr<HostKvPool> kv_pool)
     : layers_(c.n_layers), heads_(c.n_heads), head_dim_(c.head_dim), conv_rows_(c.conv_width - 1) {
   for (Layer& l : layers_) {
     l.s.assign(c.n_heads * c.head_dim * c.head_dim, 0.f);
     l.conv.assign(conv_rows_ * 2 * c.qk_dim(), 0.f);
   }
-  // A pool of its own, shared with its clones, that grows as they need (its blocks' memory is allocated only
-  // when handed out).
+  kv_ = HostKvTable(std::move(kv_pool));
+}
+
+// A pool of its own, shared with its clones, that grows as they need (its blocks' memory is allocated only
+// when handed out).
+SequenceState::SequenceState(const ModelConfig& c) : SequenceState(c, NewHostKvPool(c, 1)) {}
+
+std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& c, int64_t sequences) {
   const int64_t per_sequence = (c.max_position + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
-  kv_ = HostKvTable(
-      std::make_shared<HostKvPool>(per_sequence + 1, kHostKvBlockTokens, c.n_layers, c.n_heads * c.head_dim));
+  return std::make_shared<HostKvPool>(sequences * per_sequence + 1, kHostKvBlockTokens, c.n_layers,
+                                      c.n_heads * c.head_dim);
 }
 
 absl::Status SequenceState::PrepareKv(int64_t end) {

@@ -470,6 +470,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(Engine& engine, Se
   }
   auto impl = std::make_unique<Impl>(engine, std::move(options));
   Impl& s = *impl;
+  // The KV pool sized at start to the budget: its memory is there before the first request.
+  if (const int64_t kv = s.scheduler.stats().kv_memory; kv > 0) {
+    if (absl::Status r = engine.backend().ReserveKv(kv); !r.ok()) {
+      return absl::ResourceExhaustedError(Cat("serve: cannot set aside the KV memory: ", r.message(),
+                                              " (a smaller --kv-memory?)"));
+    }
+  }
   if (s.options.tls_cert.empty()) {
     s.http = std::make_unique<httplib::Server>();
   } else {

@@ -28,6 +28,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"waiting_for_memory", waiting},
           {"kv_mib", static_cast<double>(kv_bytes) / (1 << 20)},
           {"kv_memory_mib", static_cast<double>(kv_memory) / (1 << 20)},
+          {"kv_pool_mib", static_cast<double>(kv_pool_bytes) / (1 << 20)},
           {"max_admitted", max_admitted},
           {"generated_tokens", generated_tokens}};
 }
@@ -143,8 +144,11 @@ void Scheduler::Stop() {
 }
 
 SchedulerStats Scheduler::stats() const {
+  const int64_t pool = engine_.backend().KvPoolBytes();
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  SchedulerStats s = stats_;
+  s.kv_pool_bytes = pool;
+  return s;
 }
 
 void Scheduler::TakeCancelled(RunningMap& running, std::vector<Done>& ended) {

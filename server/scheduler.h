@@ -51,6 +51,7 @@ struct SchedulerStats {
   int64_t kv_bytes = 0;       // KV cache held by the admitted requests, after the last step
   int64_t max_admitted = 0;   // requests holding memory at once, at most
   int64_t kv_memory = 0;      // the budget in force (SchedulerOptions::kv_memory or its default)
+  int64_t kv_pool_bytes = 0;  // memory the backend's KV pool holds (Backend::KvPoolBytes), in use or kept
   nlohmann::json ToJson() const;
 };
 

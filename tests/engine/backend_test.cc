@@ -293,6 +293,46 @@ TEST_P(PagedKvTest, SpansAcrossBlocksClonesAndRollbackIntoSharedBlocks) {
   ExpectNear(Logits(kept, probe), Fresh(Cat(a, b), probe), 1e-5f, "the clone of the rolled-back sequence");
 }
 
+// The backend's sequences take their blocks from one pool, sized at start by ReserveKv: the reserved memory is
+// there before any sequence, sequences use it without the pool growing, a sequence's blocks go back for the
+// next one, and sequences that take turns in the pool give the logits of a sequence alone.
+TEST_P(PagedKvTest, SequencesShareOnePoolSizedAtStart) {
+  std::mt19937 rng(29);
+  const int64_t bt = backend_->NewSequence().kv_block_tokens();
+  const int64_t block_bytes = backend_->KvBytes(bt);
+  EXPECT_EQ(backend_->KvPoolBytes(), 0);  // no block has memory yet
+  ASSERT_TRUE(backend_->ReserveKv(10 * block_bytes - 1).ok());
+  EXPECT_EQ(backend_->KvPoolBytes(), 10 * block_bytes);
+  const Tokens a = RandomTokens(rng, 2 * bt + 5), b = RandomTokens(rng, bt + 1), probe = RandomTokens(rng, 2);
+  const std::vector<float> alone = Fresh(a, probe);
+  {
+    // Three blocks and two: the reservation holds them.
+    SequenceState first = backend_->NewSequence(), second = backend_->NewSequence();
+    for (int64_t i = 0; i < 2 * bt + 5; i += bt / 2) {  // interleaved, so that their blocks alternate in the pool
+      const int64_t n = std::min<int64_t>(bt / 2, 2 * bt + 5 - i);
+      Logits(first, Tokens{{a.tokens.begin() + i, a.tokens.begin() + i + n}, {a.modes.begin() + i, a.modes.begin() + i + n}});
+      if (i < bt + 1) {
+        const int64_t m = std::min<int64_t>(bt / 2, bt + 1 - i);
+        Logits(second, Tokens{{b.tokens.begin() + i, b.tokens.begin() + i + m}, {b.modes.begin() + i, b.modes.begin() + i + m}});
+      }
+    }
+    ExpectNear(Logits(first, probe), alone, 1e-5f, "a sequence whose blocks alternate with another's");
+    EXPECT_EQ(backend_->KvPoolBytes(), 10 * block_bytes);
+  }
+  // Past the reservation the pool grows, and what it holds stays for the next sequences.
+  std::vector<SequenceState> many;
+  for (int i = 0; i < 5; ++i) {
+    many.push_back(backend_->NewSequence());
+    Logits(many.back(), a);
+  }
+  EXPECT_EQ(backend_->KvPoolBytes(), 15 * block_bytes);
+  many.clear();
+  SequenceState again = backend_->NewSequence();
+  Logits(again, a);
+  EXPECT_EQ(backend_->KvPoolBytes(), 15 * block_bytes);
+  ExpectNear(Logits(again, probe), alone, 1e-5f, "a sequence in blocks others used before");
+}
+
 INSTANTIATE_TEST_SUITE_P(Mixers, PagedKvTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn));
 
 // The same batch on the same states gives the same bits however the states' buffers happen to lie in
