@@ -86,7 +86,8 @@ int BenchDecode(const Args& rest) {
         "time LibTorch's decode only up to this context (it prefills token by token)", 0);
   std::string mixer = "mamba2";
   f.String("device", &o.device, "cpu | cuda (the CUDA backend, roofline against the device's copy bandwidth)");
-  f.String("weights", &o.weights, "cpu: projection weights f32 | bf16 | int8 (per-row scales)");
+  f.String("weights", &o.weights,
+           "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too)");
   f.String("config", &o.preset, "without --model: random weights of 130m | 1.4b (cuda's default 130m; cpu's a 19M config)");
   f.String("mixer", &mixer, "linear mixer of --config: mamba2 | gdn");
   f.Int("prefill-max-attention", &o.prefill_max_attention, "cuda: time attention-mode prefill up to this context", 0);

@@ -101,7 +101,8 @@ int RunEval(const Args& args) {
     f.String("backend", &common.backend, "engine (the CPU engine) | libtorch (the reference model)");
     f.String("device", &common.device, "libtorch backend: auto | cpu | cuda");
     f.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
-    f.String("weights", &common.weights, "engine backend: projection weights f32 | bf16 | int8 (per-row scales)");
+    f.String("weights", &common.weights,
+             "engine backend: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too)");
     f.Int("seed", &seed, "seed of schedules and task examples", 0);
     f.Bool("json", &json, "print one JSON object instead of a table");
     f.String("out", &out_file, "also write the JSON object to this file (atomically)");

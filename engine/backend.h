@@ -326,7 +326,7 @@ absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const For
 
 // Loads a checkpoint directory (DESIGN.md §4) onto the device the options name.
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options);
-// "f32" | "bf16" | "int8" (BackendOptions::weights); InvalidArgument naming the choices otherwise.
+// "f32" | "bf16" | "int8" | "w8a8" (BackendOptions::weights); InvalidArgument naming the choices otherwise.
 absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name);
 
 }  // namespace oryx

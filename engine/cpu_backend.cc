@@ -146,6 +146,15 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
   constexpr int64_t kPanel = 64;
   const int64_t bytes_per_weight = k::BytesPerWeight(w.format);
   const float* f32 = w.format != k::WeightFormat::kF32 ? nullptr : w.f32.empty() ? embed_.data() : w.f32.data();
+  // w8a8: x quantised once for every panel.
+  thread_local std::vector<uint8_t> xq;
+  thread_local std::vector<float> xq_scale;
+  if (w.format == k::WeightFormat::kW8A8) {
+    xq.resize(static_cast<size_t>(m * kdim));
+    xq_scale.resize(static_cast<size_t>(m));
+    k::cpu::QuantizeRows(x, m, kdim, x_stride, xq.data(), xq_scale.data());
+  }
+  const bool quantized = w.format == k::WeightFormat::kW8A8;
   pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kPanel, n1 = std::min(n, n0 + kPanel);
@@ -154,7 +163,8 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
       } else {
         k::cpu::PackedMatMul({m, n1 - n0, kdim, x_stride, y_stride, w.format, x,
                               w.packed.data() + n0 * kdim * bytes_per_weight,
-                              w.scale.empty() ? nullptr : w.scale.data() + n0, y + n0});
+                              w.scale.empty() ? nullptr : w.scale.data() + n0, y + n0,
+                              quantized ? xq.data() : nullptr, quantized ? xq_scale.data() : nullptr});
       }
     }
   });
@@ -163,7 +173,7 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
 void CpuBackend::Matrix::Pack(int64_t rows, int64_t cols, k::WeightFormat to) {
   format = to;
   packed.resize(rows * cols * k::BytesPerWeight(to));
-  if (to == k::WeightFormat::kInt8) scale.resize(rows);
+  if (k::IsInt8(to)) scale.resize(rows);
   k::cpu::PackWeights(f32.data(), rows, cols, to, packed.data(), scale.data());
   Floats().swap(f32);
 }

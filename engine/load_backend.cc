@@ -38,7 +38,8 @@ absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name) {
   if (name == "f32") return kernels::WeightFormat::kF32;
   if (name == "bf16") return kernels::WeightFormat::kBf16;
   if (name == "int8") return kernels::WeightFormat::kInt8;
-  return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8)"));
+  if (name == "w8a8") return kernels::WeightFormat::kW8A8;
+  return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8, w8a8)"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
@@ -48,8 +49,9 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
     return std::unique_ptr<Backend>(std::move(cpu));
   }
   if (options.device == "cuda") {
-    if (format == kernels::WeightFormat::kInt8) {
-      return absl::InvalidArgumentError("weights 'int8': the CUDA backend runs bf16 weights (f32 or bf16)");
+    if (kernels::IsInt8(format)) {
+      return absl::InvalidArgumentError(
+          Cat("weights '", options.weights, "': the CUDA backend runs bf16 weights (f32 or bf16)"));
     }
 #ifdef ORYX_HAVE_CUDA
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir, options.cuda));

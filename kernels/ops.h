@@ -35,10 +35,13 @@ struct MatMulParams {
 // Weights in fewer bytes than fp32, for the CPU backend's projections: bf16 (fp32 rounded to nearest even,
 // its upper 16 bits) or int8 with one fp32 scale per output row (symmetric: w[o, i] ~ scale[o] * q[o, i], q in
 // [-127, 127], scale = max |w[o, :]| / 127). Decode reads 2 or 4 times fewer weight bytes; the activations stay
-// fp32 and so do the sums.
-enum class WeightFormat : uint8_t { kF32, kBf16, kInt8 };
+// fp32 and so do the sums. kW8A8 packs the weights as kInt8 and quantises each activation row too, to int8
+// with one scale per row (x[r, i] ~ sx[r] * q, sx = max |x[r, :]| / 127), so that the products are integer dot
+// products (AVX-512 VNNI: 64 multiply-adds an instruction) summed exactly in int32, then scaled.
+enum class WeightFormat : uint8_t { kF32, kBf16, kInt8, kW8A8 };
+constexpr bool IsInt8(WeightFormat format) { return format == WeightFormat::kInt8 || format == WeightFormat::kW8A8; }
 constexpr int64_t BytesPerWeight(WeightFormat format) {
-  return format == WeightFormat::kInt8 ? 1 : format == WeightFormat::kBf16 ? 2 : 4;
+  return IsInt8(format) ? 1 : format == WeightFormat::kBf16 ? 2 : 4;
 }
 
 // y = x · dequant(W)^T over weights in a WeightFormat other than kF32. Rows are contiguous (row stride k).
@@ -48,8 +51,12 @@ struct PackedMatMulParams {
   WeightFormat format;
   const float* x_ptr;      // [M, K]
   const void* w_ptr;       // [N, K] uint16_t (bf16) or int8_t
-  const float* scale_ptr;  // [N] (int8; unused for bf16)
+  const float* scale_ptr;  // [N] (int8, w8a8; unused for bf16)
   float* y_ptr;            // [M, N]
+  // w8a8: x already quantised by QuantizeRows (q [M, K], row scales [M]), as when one x feeds many panels;
+  // null: quantised here.
+  const uint8_t* xq_ptr = nullptr;
+  const float* xq_scale_ptr = nullptr;
 };
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row of d values.
@@ -177,8 +184,11 @@ void MatMulReference(const MatMulParams& p);
 // Dot products over the packed rows for up to a few x rows (decode, verify spans); more rows dequantise the
 // weights block by block into fp32 and multiply with MatMul.
 void PackedMatMul(const PackedMatMulParams& p);
+// w8a8's activations: row r of x [m, k] (row stride `stride`) as q[r * k + i] = round(x / scale[r]) + 128 in
+// [1, 255], scale[r] = max |x[r, :]| / 127 (1 for a zero row).
+void QuantizeRows(const float* x, int64_t m, int64_t k, int64_t stride, uint8_t* q, float* scale);
 void PackedMatMulReference(const PackedMatMulParams& p);
-// w [n, k] fp32 packed: bf16 -> uint16_t out[n * k]; int8 -> int8_t out[n * k] and scale[n].
+// w [n, k] fp32 packed: bf16 -> uint16_t out[n * k]; int8 and w8a8 -> int8_t out[n * k] and scale[n].
 void PackWeights(const float* w, int64_t n, int64_t k, WeightFormat format, void* out, float* scale);
 void RmsNorm(const RmsNormParams& p);
 void RmsNormReference(const RmsNormParams& p);

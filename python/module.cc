@@ -183,7 +183,7 @@ void DefineEngine(nb::module_& module) {
       module, "Engine",
       "Engine(model_dir, device='cpu', threads=0, weights='f32'): a model and its tokenizer, with every policy "
       "`oryx generate` takes. device: 'cpu' or 'cuda' (in CUDA builds); threads: CPU threads, 0 for one per "
-      "hardware thread; weights: the CPU projections as 'f32', 'bf16' or 'int8' (fewer bytes per token). "
+      "hardware thread; weights: the CPU projections as 'f32', 'bf16', 'int8' or 'w8a8' (fewer bytes per token). "
       "Safe to use from several Python threads: calls take turns on the engine (a stream between its steps), "
       "with the GIL released while it runs.");
   engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0, "weights"_a = "f32");

@@ -3,6 +3,9 @@
 // of them and widened to fp32 in registers: with AVX-512, 16 values a load and four independent sums per x row
 // (one FMA chain would cap a core at 16 weights per FMA latency); elsewhere a plain loop. More x rows (prefill)
 // widen the rows into fp32 once per call and take MatMul's GEMM.
+// w8a8: each x row is quantised to int8 first (QuantizeRows), and for a few rows the dot products are integer:
+// with AVX-512 VNNI, vpdpbusd multiplies 64 (x + 128) bytes by 64 weight bytes and adds them into 16 int32
+// sums, and a vpdpbusd of 1-bytes by the same weights sums the row, to take the 128 offset back out.
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -132,16 +135,119 @@ void Widened(const PackedMatMulParams& p) {
   MatMul({p.m, p.n, p.k, p.x_row_stride, p.k, p.y_row_stride, p.x_ptr, w.data(), p.y_ptr});
 }
 
+// QuantizeRows into vectors sized for p.
+void QuantizeInto(const PackedMatMulParams& p, std::vector<uint8_t>& q, std::vector<float>& sx) {
+  q.resize(static_cast<size_t>(p.m * p.k));
+  sx.resize(static_cast<size_t>(p.m));
+  QuantizeRows(p.x_ptr, p.m, p.k, p.x_row_stride, q.data(), sx.data());
+}
+
+// w8a8 for up to kSmallM rows: y[r, o] = sx[r] * scale[o] * (sum_i (q[r, i] + 128) w[o, i] - 128 sum_i w[o, i]),
+// the sums exact in int32 (|sum| <= 255 * 127 * k, far inside int32 for any k a model has).
+template <int M>
+void DotRowsW8A8(const PackedMatMulParams& p, const uint8_t* q, const float* sx) {
+  for (int64_t o = 0; o < p.n; ++o) {
+    const int8_t* row = static_cast<const int8_t*>(p.w_ptr) + o * p.k;
+    int32_t sums[M], wsum = 0;
+    int64_t i = 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i acc[M], acc_w = _mm512_setzero_si512();
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_si512();
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (; i < p.k; i += 64) {
+      const __mmask64 mask = p.k - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (p.k - i)) - 1;
+      const __m512i w = _mm512_maskz_loadu_epi8(mask, row + i);
+      acc_w = _mm512_dpbusd_epi32(acc_w, ones, w);
+      for (int r = 0; r < M; ++r) {
+        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_maskz_loadu_epi8(mask, q + r * p.k + i), w);
+      }
+    }
+    for (int r = 0; r < M; ++r) sums[r] = _mm512_reduce_add_epi32(acc[r]);
+    wsum = _mm512_reduce_add_epi32(acc_w);
+#else
+    for (int r = 0; r < M; ++r) sums[r] = 0;
+#endif
+    for (; i < p.k; ++i) {
+      wsum += row[i];
+      for (int r = 0; r < M; ++r) sums[r] += int32_t{q[r * p.k + i]} * row[i];
+    }
+    for (int r = 0; r < M; ++r) {
+      p.y_ptr[r * p.y_row_stride + o] = static_cast<float>(sums[r] - 128 * wsum) * (sx[r] * p.scale_ptr[o]);
+    }
+  }
+}
+
+// w8a8 for more rows: the quantised rows (as fp32 values) through the int8 GEMM path.
+void WidenedW8A8(const PackedMatMulParams& p, const uint8_t* q, const float* sx) {
+  thread_local std::vector<float> x;
+  x.resize(static_cast<size_t>(p.m * p.k));
+  for (int64_t r = 0; r < p.m; ++r) {
+    for (int64_t i = 0; i < p.k; ++i) x[r * p.k + i] = (static_cast<float>(q[r * p.k + i]) - 128.f) * sx[r];
+  }
+  PackedMatMulParams widened = p;
+  widened.x_ptr = x.data(), widened.x_row_stride = p.k;
+  Widened<WeightFormat::kInt8>(widened);
+}
+
+void W8A8(const PackedMatMulParams& p) {
+  thread_local std::vector<uint8_t> own_q;
+  thread_local std::vector<float> own_sx;
+  if (p.xq_ptr == nullptr) QuantizeInto(p, own_q, own_sx);
+  const uint8_t* q = p.xq_ptr != nullptr ? p.xq_ptr : own_q.data();
+  const float* sx = p.xq_ptr != nullptr ? p.xq_scale_ptr : own_sx.data();
+  switch (p.m) {
+    case 1: return DotRowsW8A8<1>(p, q, sx);
+    case 2: return DotRowsW8A8<2>(p, q, sx);
+    case 3: return DotRowsW8A8<3>(p, q, sx);
+    case 4: return DotRowsW8A8<4>(p, q, sx);
+    case 5: return DotRowsW8A8<5>(p, q, sx);
+    case 6: return DotRowsW8A8<6>(p, q, sx);
+    default: return WidenedW8A8(p, q, sx);
+  }
+}
+
 }  // namespace
+
+void QuantizeRows(const float* x, int64_t m, int64_t k, int64_t stride, uint8_t* q, float* scale) {
+  for (int64_t r = 0; r < m; ++r, x += stride, q += k) {
+    int64_t i = 0;
+    float largest = 0.f;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    __m512 top = _mm512_setzero_ps();
+    for (; i + 16 <= k; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    largest = _mm512_reduce_max_ps(top);
+#endif
+    for (; i < k; ++i) largest = std::max(largest, std::fabs(x[i]));
+    const float s = largest > 0.f ? largest / 127.f : 1.f, inv = 1.f / s;
+    scale[r] = s;
+    i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    // x * inv is within [-127, 127] (up to rounding, clamped); rounded to nearest even as std::nearbyint does.
+    const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f), inv16 = _mm512_set1_ps(inv);
+    const __m512i offset = _mm512_set1_epi32(128);
+    for (; i + 16 <= k; i += 16) {
+      const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv16)));
+      const __m512i n = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                         offset);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(n));
+    }
+#endif
+    for (; i < k; ++i) q[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.f, 127.f) + 128.f);
+  }
+}
 
 void PackedMatMul(const PackedMatMulParams& p) {
   assert(p.format != WeightFormat::kF32 && p.x_row_stride >= p.k && p.y_row_stride >= p.n);
+  if (p.format == WeightFormat::kW8A8) return W8A8(p);
   const bool bf16 = p.format == WeightFormat::kBf16;
   if (p.m <= kSmallM) return bf16 ? SmallM<WeightFormat::kBf16>(p) : SmallM<WeightFormat::kInt8>(p);
   return bf16 ? Widened<WeightFormat::kBf16>(p) : Widened<WeightFormat::kInt8>(p);
 }
 
 void PackedMatMulReference(const PackedMatMulParams& p) {
+  std::vector<uint8_t> q;
+  std::vector<float> sx;
+  if (p.format == WeightFormat::kW8A8) QuantizeInto(p, q, sx);
   for (int64_t r = 0; r < p.m; ++r) {
     for (int64_t o = 0; o < p.n; ++o) {
       double acc = 0.0;
@@ -149,7 +255,9 @@ void PackedMatMulReference(const PackedMatMulParams& p) {
         const double w = p.format == WeightFormat::kBf16
                              ? Bf16ToFloat(static_cast<const uint16_t*>(p.w_ptr)[o * p.k + i])
                              : static_cast<const int8_t*>(p.w_ptr)[o * p.k + i] * double{p.scale_ptr[o]};
-        acc += double{p.x_ptr[r * p.x_row_stride + i]} * w;
+        const double x = p.format == WeightFormat::kW8A8 ? (q[r * p.k + i] - 128.0) * sx[r]
+                                                         : double{p.x_ptr[r * p.x_row_stride + i]};
+        acc += x * w;
       }
       p.y_ptr[r * p.y_row_stride + o] = static_cast<float>(acc);
     }

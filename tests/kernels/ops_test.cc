@@ -62,10 +62,10 @@ TEST(MatMulCpu, HandComputed) {
 // Packed weights: the fast kernel (dot products for up to 6 rows, widened weights and GEMM beyond) against the
 // double-accumulating reference over the same packed values, at shapes with k tails past the 64- and 16-wide
 // loops; and the packing itself: bf16 rounds to nearest even, int8 keeps every weight within half a step of
-// its row's scale.
+// its row's scale. w8a8's reference quantises the activation rows the same way (QuantizeRows).
 TEST(PackedMatMulCpu, MatchesReferenceAndPacksWithinHalfAStep) {
   struct Shape { int64_t m, n, k, pad; };
-  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8}) {
+  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kInt8, WeightFormat::kW8A8}) {
     for (Shape s : {Shape{1, 1, 1, 0}, Shape{1, 17, 33, 0}, Shape{1, 64, 512, 0}, Shape{3, 40, 200, 2},
                     Shape{6, 33, 129, 1}, Shape{7, 65, 96, 0}, Shape{16, 8, 64, 5}}) {
       const int64_t xs = s.k + s.pad, ys = s.n + s.pad, bytes = BytesPerWeight(format);
@@ -105,6 +105,55 @@ TEST(PackedMatMulCpu, MatchesReferenceAndPacksWithinHalfAStep) {
   cpu::PackedMatMul({1, 2, 2, 2, 2, WeightFormat::kInt8, x.data(), q.data(), scale.data(), y.data()});
   EXPECT_NEAR(y[0], (2 * 64 - 127) * 2.f / 127, 1e-6);
   EXPECT_NEAR(y[1], (2 * 127 + 64) * 0.5f / 127, 1e-6);
+  // w8a8: x = [2, 1] -> scale 2/127, q = [127, 64]; y = sx * scale[o] * (q . q_w[o]).
+  cpu::PackedMatMul({1, 2, 2, 2, 2, WeightFormat::kW8A8, x.data(), q.data(), scale.data(), y.data()});
+  EXPECT_NEAR(y[0], 0.f, 1e-6);                                             // 127 * 64 - 64 * 127
+  EXPECT_NEAR(y[1], (127.f * 127 + 64 * 64) * (2.f / 127) * (0.5f / 127), 1e-6);  // 1.2540 for 1.25
+}
+
+// w8a8 against the fp32 product it approximates: each output within the error the two roundings allow,
+// sum_i |x_i| * scale / 2 + |w_i| * sx / 2 (+ their product), for the fast kernel at 1-6 rows and beyond.
+TEST(PackedMatMulCpu, W8A8IsWithinItsQuantisationErrorOfFp32) {
+  for (int64_t m : {1, 4, 6, 9}) {
+    const int64_t n = 37, k = 300;
+    const std::vector<float> x = RandomVector(m * k, 5, -3.f, 3.f), w = RandomVector(n * k, 6);
+    std::vector<int8_t> q(n * k);
+    std::vector<float> scale(n), y(m * n);
+    cpu::PackWeights(w.data(), n, k, WeightFormat::kW8A8, q.data(), scale.data());
+    cpu::PackedMatMul({m, n, k, k, n, WeightFormat::kW8A8, x.data(), q.data(), scale.data(), y.data()});
+    for (int64_t r = 0; r < m; ++r) {
+      float largest = 0.f;
+      for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(x[r * k + i]));
+      const double sx = largest / 127.0;
+      for (int64_t o = 0; o < n; ++o) {
+        double exact = 0, bound = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double xi = x[r * k + i], wi = w[o * k + i];
+          exact += xi * wi;
+          bound += std::fabs(xi) * scale[o] / 2 + std::fabs(wi) * sx / 2 + sx * scale[o] / 4;
+        }
+        EXPECT_LE(std::fabs(y[r * n + o] - exact), bound * 1.001 + 1e-5) << "m=" << m << " r=" << r << " o=" << o;
+        EXPECT_GT(std::fabs(exact), 0.0);
+      }
+    }
+    // The vector quantiser against the scalar rule (k = 300 leaves a tail past its 16-wide loop), and a given
+    // quantisation (xq_ptr) against the kernel's own.
+    std::vector<uint8_t> xq(m * k);
+    std::vector<float> xs(m), y2(m * n);
+    cpu::QuantizeRows(x.data(), m, k, k, xq.data(), xs.data());
+    for (int64_t r = 0; r < m; ++r) {
+      float largest = 0.f;
+      for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(x[r * k + i]));
+      ASSERT_EQ(xs[r], largest / 127.f);
+      for (int64_t i = 0; i < k; ++i) {
+        const float want = std::clamp(std::nearbyint(x[r * k + i] * (1.f / xs[r])), -127.f, 127.f) + 128.f;
+        ASSERT_EQ(xq[r * k + i], static_cast<uint8_t>(want)) << "r=" << r << " i=" << i;
+      }
+    }
+    cpu::PackedMatMul({m, n, k, k, n, WeightFormat::kW8A8, x.data(), q.data(), scale.data(), y2.data(), xq.data(),
+                       xs.data()});
+    EXPECT_EQ(y2, y);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------- norms

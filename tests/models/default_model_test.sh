@@ -6,7 +6,7 @@
 #   2. perplexity of four 1024-token stretches of held-out text (tests/data/default_model: four 4096-token
 #      stretches of the corpus's validation split, two of kernel C and two of prose) lies in the stated
 #      range: attention mode 5.5-7.5, linear mode above attention and at most 8.5 (measured: attention 6.53,
-#      linear 7.37);
+#      linear 7.37), and with --weights w8a8 within 0.5% of it in both modes;
 #   3. on multi-key needle-in-a-haystack at 384 and 768 tokens (haystack: the same text, 40 examples), linear
 #      prefill + attention generation beats all-linear by at least 0.30 (measured 0.900 vs 0.125) with under
 #      5% of the tokens in attention mode (measured 0.9%);
@@ -48,6 +48,19 @@ ppl = {r["schedule"]: r["ppl"] for r in json.load(open(sys.argv[1]))["results"]}
 print(f"perplexity: attention {ppl['attention']:.2f}, linear {ppl['linear']:.2f}")
 assert 5.5 <= ppl["attention"] <= 7.5, ppl
 assert ppl["attention"] < ppl["linear"] <= 8.5, ppl
+PY
+# The same with the projections packed to int8 and the activations quantised to int8 too (w8a8): within 0.5%
+# of fp32's perplexity in both modes (measured on the corpus: +0.07% and +0.10%).
+"$ORYX" eval ppl --model "$MODEL" --text "$SRC"/tests/data/default_model/val-*.txt --seq-len 1024 --sequences 4 \
+  --schedules attention linear --weights w8a8 --json >"$TMP/ppl-w8a8.json"
+python3 - "$TMP/ppl.json" "$TMP/ppl-w8a8.json" <<'PY' || fail "w8a8 perplexity"
+import json, sys
+f32, w8a8 = ({r["schedule"]: r["ppl"] for r in json.load(open(f))["results"]} for f in sys.argv[1:3])
+print(f"perplexity with w8a8: attention {w8a8['attention']:.3f} ({f32['attention']:.3f} fp32), "
+      f"linear {w8a8['linear']:.3f} ({f32['linear']:.3f})")
+for mode in ("attention", "linear"):
+    assert abs(w8a8[mode] / f32[mode] - 1) <= 0.005, (mode, w8a8[mode], f32[mode])
+    assert w8a8[mode] != f32[mode], "w8a8 gave fp32's perplexity exactly: the activations were not quantised"
 PY
 
 # 3. Linear prefill keeps the retrieval that all-linear loses.
