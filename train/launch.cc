@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -185,29 +186,42 @@ absl::Status LaunchLocalRanks(const LaunchOptions& o) {
     pids[r] = pid;
   }
 
-  int running = o.nproc;
-  while (running > 0) {
+  // The first rank to end badly stops the job. Others may have ended by then too (a rank that lost its
+  // peer fails soon after it): they are reported with it, a killed rank first, as the likelier cause.
+  std::vector<std::pair<bool, std::string>> failed;  // (killed by a signal, what happened)
+  auto reaped = [&](pid_t pid, int status) {
+    int rank = 0;
+    while (rank < o.nproc && pids[rank] != pid) ++rank;
+    if (rank == o.nproc) return;  // not a rank
+    pids[rank] = -1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    failed.emplace_back(WIFSIGNALED(status),
+                        absl::StrCat("rank ", rank, " of ", o.nproc, " (pid ", pid, ") ", HowItEnded(status),
+                                     WIFSIGNALED(status) ? "" : " (its error is above)"));
+  };
+  auto running = [&] { return std::count_if(pids.begin(), pids.end(), [](pid_t p) { return p > 0; }); };
+  while (running() > 0 && failed.empty()) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, 0);
     if (pid < 0) {
       if (errno == EINTR) continue;
+      StopRanks(pids, o.grace_s);
       return absl::InternalError(absl::StrCat("waiting for the ranks: ", std::strerror(errno)));
     }
-    int rank = 0;
-    while (rank < o.nproc && pids[rank] != pid) ++rank;
-    if (rank == o.nproc) continue;  // not a rank
-    pids[rank] = -1;
-    --running;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    const int others = running;
-    StopRanks(pids, o.grace_s);
-    return absl::AbortedError(
-        absl::StrCat("rank ", rank, " of ", o.nproc, " (pid ", pid, ") ", HowItEnded(status),
-                     WIFSIGNALED(status) ? "" : " (its error is above)",
-                     others > 0 ? absl::StrCat("; stopped the other ", others, " rank", others == 1 ? "" : "s") : "",
-                     WIFSIGNALED(status) ? ". The run continues from its last checkpoint with --resume" : ""));
+    reaped(pid, status);
   }
-  return absl::OkStatus();
+  if (failed.empty()) return absl::OkStatus();
+  int status = 0;
+  for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) reaped(pid, status);
+  const auto others = running();
+  StopRanks(pids, o.grace_s);
+  std::stable_sort(failed.begin(), failed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> what;
+  for (const auto& [killed, text] : failed) what.push_back(text);
+  return absl::AbortedError(
+      absl::StrCat(absl::StrJoin(what, "; "),
+                   others > 0 ? absl::StrCat("; stopped the other ", others, " rank", others == 1 ? "" : "s") : "",
+                   failed[0].first ? ". The run continues from its last checkpoint with --resume" : ""));
 }
 
 }  // namespace oryx::train
