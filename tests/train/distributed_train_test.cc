@@ -26,7 +26,7 @@
 #include "engine/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "train/corpus.h"
+#include "tests/train/testing_corpus.h"
 
 extern char** environ;
 
@@ -46,27 +46,8 @@ std::string Root() {
   return root;
 }
 
-// The repo's tasks/ and engine/ sources, tokenised with a vocabulary of 512.
 const std::string& Corpus() {
-  static const std::string dir = [] {
-    const char* src = std::getenv("ORYX_SOURCE_DIR");
-    EXPECT_NE(src, nullptr) << "ORYX_SOURCE_DIR is not set (run through ctest)";
-    const std::string text = Root() + "/text";
-    fs::create_directories(text);
-    for (const char* sub : {"engine", "tasks"}) {
-      fs::copy(fs::path(src) / sub, fs::path(text) / sub, fs::copy_options::recursive);
-    }
-    PrepareCorpusOptions o;
-    o.out_dir = Root() + "/corpus";
-    o.input_dir = text;
-    o.vocab_size = 512;
-    o.val_fraction = 0.15;
-    o.install_packages = false;
-    o.progress = false;
-    auto summary = PrepareCorpus(o);
-    EXPECT_TRUE(summary.ok()) << summary.status();
-    return o.out_dir;
-  }();
+  static const std::string dir = train::PrepareSourceCorpus(Root());
   return dir;
 }
 
