@@ -1,12 +1,33 @@
-// `oryx train`: fragmented mixed-mode training of an Oryx model on a prepared corpus.
+// `oryx train`: fragmented mixed-mode training of an Oryx model on a prepared corpus, in one process or as
+// the ranks of a data-parallel job (--nproc here, or the torchrun-style environment).
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "base/flags.h"
 #include "engine/config.h"
 #include "base/status_macros.h"
+#include "train/launch.h"
 #include "train/trainer.h"
 
 namespace oryx::cli {
+
+namespace {
+
+// args without `--nproc N` / `--nproc=N`: what each rank of --nproc runs.
+Args WithoutNproc(const Args& args) {
+  Args out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc") {
+      ++i;
+    } else if (args[i].rfind("--nproc=", 0) != 0) {
+      out.push_back(args[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 int RunTrain(const Args& args) {
   train::TrainOptions o;
@@ -21,12 +42,19 @@ int RunTrain(const Args& args) {
   m.tie_embeddings = true;
   std::string config_file, mixer = "mamba2", mixing = "fragment", export_dtype = "f32";
   int64_t seed = 1, threads = 0;
-  FlagSet flags("oryx train --data DIR --out DIR [--config FILE | model flags] [--resume]",
+  FlagSet flags("oryx train --data DIR --out DIR [--config FILE | model flags] [--resume] [--nproc N]",
                 "Trains an Oryx model with fragmented mixed-mode training: each fragment of --fragment-len\n"
                 "tokens runs in attention mode with probability --attn-fraction, else in linear mode.\n"
                 "--attn-fraction 1 trains the Transformer baseline, 0 the pure linear one; --mixing sequence\n"
                 "draws one mode per sequence (the ablation). Writes OUT/checkpoint (training state, swapped\n"
-                "in atomically), OUT/model (the exported checkpoint) and OUT/log.jsonl.");
+                "in atomically), OUT/model (the exported checkpoint) and OUT/log.jsonl.\n"
+                "\n"
+                "Data parallel: --nproc N starts N ranks on this host (one per GPU on CUDA, N processes on the\n"
+                "CPU); across hosts, start one process per rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR\n"
+                "and MASTER_PORT set (torchrun --no-python does). Each step is --batch x --accum sequences per\n"
+                "rank, gradients are averaged over the ranks (NCCL on CUDA, Gloo on the CPU), rank 0 writes OUT;\n"
+                "a checkpoint resumes with another number of ranks when --accum x ranks stays the same. A rank\n"
+                "that dies stops the job (docs/DESIGN.md §3, data-parallel training).");
   flags.String("data", &o.data_dir, "prepared corpus directory (oryx data prepare)", true);
   flags.String("out", &o.out_dir, "output directory", true);
   flags.String("config", &config_file,
@@ -92,6 +120,15 @@ int RunTrain(const Args& args) {
   bool no_cuda_graph = false;
   flags.Bool("no-cuda-graph", &no_cuda_graph,
              "on CUDA, run every micro-batch eagerly instead of replaying a recorded CUDA graph");
+  int64_t nproc = 0;
+  flags.Int("nproc", &nproc, "data parallel: start N ranks on this host (CUDA: one per GPU, cuda:0 .. N-1)", 1, 4096);
+  flags.String("dist-backend", &o.dist.backend, "data parallel: auto (nccl on CUDA, gloo on the CPU) | gloo | nccl");
+  flags.Double("dist-timeout", &o.dist.timeout_s,
+               "data parallel: seconds a rank waits for the others (to join, or in a collective) before failing");
+  flags.Double("bucket-mb", &o.dist.bucket_mb, "data parallel: MiB of gradients per all-reduce");
+  bool no_overlap = false;
+  flags.Bool("no-overlap", &no_overlap,
+             "data parallel: all-reduce the gradients after backward rather than while it runs");
   bool no_save = false;
   flags.Bool("no-save", &no_save, "write no checkpoint or model (throughput measurements)");
   return RunWithFlags(flags, args, [&]() -> absl::Status {
@@ -119,6 +156,26 @@ int RunTrain(const Args& args) {
     o.save = !no_save;
     o.cuda_graph = !no_cuda_graph;
     o.threads = static_cast<int>(threads);
+    o.dist.overlap = !no_overlap;
+    ORYX_ASSIGN_OR_RETURN(o.dist.env, train::DistEnvFromEnvironment());
+    if (nproc > 0) {
+      if (o.dist.env) {
+        return absl::InvalidArgumentError(
+            "--nproc starts its own ranks, but RANK, WORLD_SIZE, ... are set: this process is already a rank of a "
+            "job (drop --nproc, or unset them)");
+      }
+      ORYX_RETURN_IF_ERROR(train::CheckLocalLaunch(o, static_cast<int>(nproc)));
+      std::error_code ec;
+      const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+      if (ec) return absl::InternalError(absl::StrCat("/proc/self/exe: ", ec.message()));
+      Args argv = {self.string(), "train"};
+      for (const std::string& a : WithoutNproc(args)) argv.push_back(a);
+      return train::LaunchLocalRanks({.nproc = static_cast<int>(nproc), .argv = argv});
+    }
+    // One process: the data-parallel flags do nothing, but values given are still checked.
+    if (!o.dist.env && (flags.was_set("dist-backend") || flags.was_set("dist-timeout") || flags.was_set("bucket-mb"))) {
+      ORYX_RETURN_IF_ERROR(train::CheckLocalLaunch(o, 1));
+    }
     return train::Train(o);
   });
 }

@@ -24,6 +24,7 @@
 #include "base/rng.h"
 #include "tasks/task_mix.h"
 #include "train/cuda_step.h"
+#include "train/distributed.h"
 #include "train/model.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -200,6 +201,8 @@ double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
   return 6.0 * params + 6.0 * c.n_layers * c.qk_dim() * seq_len;
 }
 
+int WorldSize(const TrainOptions& o) { return o.dist.env ? o.dist.env->world_size : 1; }
+
 Json TrainingIdentity(const TrainOptions& o) {
   Json mix = {{"needle_lengths", {o.needle_min_length, o.needle_max_length}},
               {"needle_log_uniform", o.needle_log_uniform}, {"multikey_needles", o.multikey_needles},
@@ -209,9 +212,16 @@ Json TrainingIdentity(const TrainOptions& o) {
   if (o.copy_cue_length != 16 || o.copy_answer_length != 32) {
     mix["copy_lengths"] = {o.copy_cue_length, o.copy_answer_length};
   }
-  return {{"seq_len", o.seq_len}, {"batch_size", o.batch_size}, {"grad_accum", o.grad_accum},
-          {"seed", o.seed}, {"mixing", o.mixing == ModeMixing::kSequence ? "sequence" : "fragment"},
-          {"task_fraction", o.task_fraction}, {"answer_only_loss", o.answer_only_loss}, {"task_mix", mix}};
+  // grad_accum counts a step's micro-batches over all ranks (--accum x ranks): the step's data and
+  // arithmetic are the same for every split of them into ranks, so a checkpoint resumes on another count.
+  return {{"seq_len", o.seq_len},
+          {"batch_size", o.batch_size},
+          {"grad_accum", o.grad_accum * WorldSize(o)},
+          {"seed", o.seed},
+          {"mixing", o.mixing == ModeMixing::kSequence ? "sequence" : "fragment"},
+          {"task_fraction", o.task_fraction},
+          {"answer_only_loss", o.answer_only_loss},
+          {"task_mix", mix}};
 }
 
 // A Kineto profile of the host ops and, with cuda, the device's kernels, from construction to Save.
@@ -256,7 +266,16 @@ class Trainer {
   absl::Status Run();
 
  private:
+  absl::Status Connect();
   absl::Status Setup();
+  absl::Status AgreeToStart(const absl::Status& setup);
+  struct StepTotals {
+    double loss;
+    OryxModelImpl::Modes modes;
+    bool out_of_time;
+  };
+  StepTotals SumOverRanks(double loss, const torch::Tensor& device_loss, OryxModelImpl::Modes modes, bool late);
+  absl::Status Finish(bool complete);
   absl::Status Resume();
   absl::Status InitFrom(const std::string& model_dir);
   absl::Status SaveCheckpoint(int64_t step);
@@ -281,15 +300,87 @@ class Trainer {
   Clock::time_point start_ = Clock::now();
   double elapsed_before_ = 0;  // wall seconds of earlier runs (resume)
   std::unique_ptr<std::ofstream> log_;
+  // Data parallel: rank 0 alone (lead_) prints, evaluates and writes OUT; the gradients are buckets_'s views.
+  int rank_ = 0, world_ = 1;
+  bool lead_ = true;
+  std::unique_ptr<DistGroup> group_;
+  std::unique_ptr<GradientBuckets> buckets_;
 };
 
-absl::Status Trainer::Setup() {
+// The device, and for a rank of a job: its GPU (cuda:LOCAL_RANK) or its share of the CPU cores, then the
+// job's process group.
+absl::Status Trainer::Connect() {
   ORYX_ASSIGN_OR_RETURN(device_, ParseDevice(o_.device));
+  int threads = o_.threads;
+  if (const std::optional<DistEnv>& env = o_.dist.env) {
+    rank_ = env->rank;
+    world_ = env->world_size;
+    lead_ = rank_ == 0;
+    ORYX_ASSIGN_OR_RETURN(DistBackend backend, ResolveDistBackend(o_.dist.backend, device_));
+    if (device_.is_cuda()) {
+      ORYX_RETURN_IF_ERROR(UseCudaDevice(env->local_rank));
+      device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+    } else if (threads == 0 && env->local_world_size > 0) {
+      threads = std::max(1, torch::get_num_threads() / env->local_world_size);
+    }
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.dist.timeout_s * 1000));
+    ORYX_ASSIGN_OR_RETURN(group_, DistGroup::Connect(*env, backend, device_, timeout));
+  }
   autocast_ = device_.is_cuda();
   // The chunked scans' products run in fp32 outside autocast: let cuBLAS use TF32 for them (10 mantissa
   // bits, more than the bf16 they had under autocast).
   if (device_.is_cuda()) at::globalContext().setFloat32MatmulPrecision("high");
-  if (o_.threads > 0) torch::set_num_threads(o_.threads);
+  if (threads > 0) torch::set_num_threads(threads);
+  return absl::OkStatus();
+}
+
+// Whether every rank is ready, at the same step: a rank that could not start stops the others here rather
+// than leaving them in the first collective until the timeout. Then rank 0's weights go to all (they are
+// equal already: one seed, or one checkpoint).
+absl::Status Trainer::AgreeToStart(const absl::Status& setup) {
+  const double step = static_cast<double>(start_step_);
+  torch::Tensor flags = torch::tensor({setup.ok() ? 0.0 : 1.0, step, -step}, torch::kFloat64).to(device_);
+  group_->AllReduce(flags, c10d::ReduceOp::MAX);
+  flags = flags.cpu();
+  if (!setup.ok()) return setup;
+  if (flags[0].item<double>() > 0) return absl::AbortedError("another rank could not start (its error says why)");
+  if (flags[1].item<double>() != -flags[2].item<double>()) {
+    return absl::FailedPreconditionError(absl::StrCat("--resume: the ranks' checkpoints are at different steps (",
+                                                      -flags[2].item<double>(), " to ", flags[1].item<double>(),
+                                                      "): every rank must read the same OUT/checkpoint"));
+  }
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& p : (*model_)->parameters()) {
+    torch::Tensor data = p.detach();
+    group_->Broadcast(data, 0);
+  }
+  return absl::OkStatus();
+}
+
+// A step's totals over the ranks: the loss (each rank's is already scaled by 1 / ranks), which modes any
+// rank ran, and whether any rank is out of time, so that all stop at the same step.
+Trainer::StepTotals Trainer::SumOverRanks(double loss, const torch::Tensor& device_loss, OryxModelImpl::Modes modes,
+                                          bool late) {
+  const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+  torch::Tensor local_loss =
+      device_loss.defined() ? device_loss.to(torch::kFloat64).reshape({1}) : torch::full({1}, loss, f64).to(device_);
+  torch::Tensor flags = torch::tensor({modes.any_attn ? 1.0 : 0.0, modes.any_lin ? 1.0 : 0.0, late ? 1.0 : 0.0}, f64);
+  torch::Tensor totals = torch::cat({local_loss, flags.to(device_)});
+  group_->AllReduce(totals, c10d::ReduceOp::SUM);
+  totals = totals.cpu();
+  const auto t = totals.accessor<double, 1>();
+  return {.loss = t[0], .modes = {.any_attn = t[1] > 0, .any_lin = t[2] > 0}, .out_of_time = t[3] > 0};
+}
+
+// The end of a run (complete: all steps done): a rank of a job returns once every rank is here (rank 0's
+// last checkpoint written), so that none tears its connections down under another.
+absl::Status Trainer::Finish(bool complete) {
+  if (group_) group_->Barrier(device_);
+  if (lead_ && complete && o_.save) std::fprintf(stderr, "done: model in %s\n", (out_ / "model").c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Setup() {
   ORYX_ASSIGN_OR_RETURN(CorpusReader train, CorpusReader::Open(o_.data_dir, "train"));
   ORYX_ASSIGN_OR_RETURN(CorpusReader val, CorpusReader::Open(o_.data_dir, "val"));
   train_.emplace(std::move(train));
@@ -366,19 +457,19 @@ absl::Status Trainer::Setup() {
   optimizer_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(o_.lr));
 
   std::error_code ec;
-  fs::create_directories(out_, ec);
+  if (lead_) fs::create_directories(out_, ec);
   if (ec) return absl::InternalError(absl::StrCat(out_.string(), ": cannot create: ", ec.message()));
   if (o_.resume && !o_.init_from.empty()) {
     return absl::InvalidArgumentError("--resume and --init-from exclude each other");
   }
   if (o_.resume) {
     ORYX_RETURN_IF_ERROR(Resume());
-  } else if (fs::exists(out_ / "checkpoint")) {
+  } else if (lead_ && fs::exists(out_ / "checkpoint")) {
     return absl::FailedPreconditionError(absl::StrCat(
         (out_ / "checkpoint").string(), " exists: pass --resume to continue it, or choose another --out"));
   }
   if (!o_.init_from.empty()) ORYX_RETURN_IF_ERROR(InitFrom(o_.init_from));
-  log_ = std::make_unique<std::ofstream>(out_ / "log.jsonl", std::ios::app);
+  if (lead_) log_ = std::make_unique<std::ofstream>(out_ / "log.jsonl", std::ios::app);
   return absl::OkStatus();
 }
 
@@ -391,13 +482,13 @@ absl::Status Trainer::InitFrom(const std::string& model_dir) {
                                                       theirs, "\nthis run:\n  ", ours));
   }
   ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
-  std::fprintf(stderr, "initialised from %s\n", model_dir.c_str());
+  if (lead_) std::fprintf(stderr, "initialised from %s\n", model_dir.c_str());
   return absl::OkStatus();
 }
 
 absl::Status Trainer::Resume() {
   fs::path dir = out_ / "checkpoint";
-  if (!fs::exists(dir)) {
+  if (!fs::exists(dir) && fs::is_directory(out_)) {
     // A crash between the two renames of a swap leaves only the previous checkpoint, renamed.
     for (const auto& e : fs::directory_iterator(out_)) {
       if (e.path().filename().string().rfind("checkpoint.old.", 0) == 0) dir = e.path();
@@ -418,9 +509,10 @@ absl::Status Trainer::Resume() {
                                                       "this run asks for:\n", ToJson(o_.model)));
   }
   if (state["identity"] != TrainingIdentity(o_)) {
-    return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(), " was trained with ",
-                                                      JsonText(state["identity"]), ", this run asks for ",
-                                                      JsonText(TrainingIdentity(o_))));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--resume: ", dir.string(), " was trained with ", JsonText(state["identity"]),
+                     ", this run asks for ", JsonText(TrainingIdentity(o_)),
+                     " (grad_accum counts the micro-batches of a step over all ranks: --accum x ranks)"));
   }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint((dir / "model").string()));
   ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
@@ -431,7 +523,7 @@ absl::Status Trainer::Resume() {
   }
   start_step_ = state["step"].get<int64_t>();
   elapsed_before_ = state.value("elapsed_s", 0.0);
-  std::fprintf(stderr, "resuming from %s at step %lld\n", dir.c_str(), static_cast<long long>(start_step_));
+  if (lead_) std::fprintf(stderr, "resuming from %s at step %lld\n", dir.c_str(), static_cast<long long>(start_step_));
   return absl::OkStatus();
 }
 
@@ -487,7 +579,12 @@ void Trainer::Log(const Json& line) {
 }
 
 absl::Status Trainer::Run() {
-  ORYX_RETURN_IF_ERROR(Setup());
+  ORYX_RETURN_IF_ERROR(Connect());
+  if (group_) {
+    ORYX_RETURN_IF_ERROR(AgreeToStart(Setup()));
+  } else {
+    ORYX_RETURN_IF_ERROR(Setup());
+  }
   // On CUDA the run goes to one side stream (a CUDA graph is recorded on one), the gradients are allocated
   // once and zeroed in place (the graph adds into them), and the optimizer and clipping are multi-tensor
   // kernels.
@@ -498,6 +595,16 @@ absl::Status Trainer::Run() {
   std::unordered_set<const void*> attention_only, linear_only;
   for (const auto& p : (*model_)->AttentionOnlyParameters()) attention_only.insert(p.unsafeGetTensorImpl());
   for (const auto& p : (*model_)->LinearOnlyParameters()) linear_only.insert(p.unsafeGetTensorImpl());
+  // Whether a step whose micro-batches ran these modes trains p: not the parameters of a mode none ran.
+  auto trains = [&](const torch::Tensor& p, OryxModelImpl::Modes modes) {
+    const void* key = p.unsafeGetTensorImpl();
+    return !(attention_only.contains(key) && !modes.any_attn) && !(linear_only.contains(key) && !modes.any_lin);
+  };
+  // Loss scale: the gradient sums over the micro-batches of every rank make the step's mean.
+  const double micro_batches = static_cast<double>(o_.grad_accum * world_);
+  if (group_) {
+    buckets_ = std::make_unique<GradientBuckets>(*group_, params, static_cast<int64_t>(o_.dist.bucket_mb * (1 << 20)));
+  }
   if (cuda) {
     torch::NoGradGuard no_grad;
     for (auto p : params) {
@@ -508,9 +615,10 @@ absl::Status Trainer::Run() {
     if (o_.cuda_graph && o_.mixing == ModeMixing::kFragment) {
       graph_modes_ = {.any_attn = o_.model.attn_fraction > 0, .any_lin = o_.model.attn_fraction < 1};
       graphed_ = std::make_unique<GraphedBackward>(
-          [this](const torch::Tensor& inputs, const torch::Tensor& targets, const torch::Tensor& is_attn) {
+          [this, micro_batches](const torch::Tensor& inputs, const torch::Tensor& targets,
+                                const torch::Tensor& is_attn) {
             Batch b{.inputs = inputs, .targets = targets, .is_attn = is_attn, .modes = graph_modes_};
-            return Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
+            return Loss(*model_, b, autocast_) / micro_batches;
           },
           /*warmup=*/2);
     }
@@ -520,23 +628,41 @@ absl::Status Trainer::Run() {
   double peak = o_.peak_tflops * 1e12;
   std::string device_name = device_.is_cuda() ? "cuda" : "cpu";
   if (peak == 0 && device_.is_cuda()) peak = 989.4e12;  // H100/H200 SXM bf16 dense
-  std::fprintf(stderr, "training %lld parameters on %s%s: %lld steps of %lld x %lld x %lld tokens, from step %lld\n",
-               static_cast<long long>(n_params), device_name.c_str(), graphed_ ? " (CUDA graph)" : "",
-               static_cast<long long>(o_.steps), static_cast<long long>(o_.batch_size),
-               static_cast<long long>(o_.grad_accum), static_cast<long long>(o_.seq_len),
-               static_cast<long long>(start_step_));
-  Log({{"event", "start"}, {"params", n_params}, {"config", Json::parse(ToJson(o_.model))},
-       {"identity", TrainingIdentity(o_)}, {"device", device_name}, {"start_step", start_step_}});
+  std::string ranks;
+  if (group_) {
+    ranks = absl::StrFormat(" x %d ranks (%s, %d gradient bucket%s%s)", world_, DistBackendName(group_->backend()),
+                            buckets_->num_buckets(), buckets_->num_buckets() == 1 ? "" : "s",
+                            o_.dist.overlap ? ", all-reduced during backward" : ", all-reduced after backward");
+  }
+  if (lead_) {
+    std::fprintf(
+        stderr, "training %lld parameters on %s%s: %lld steps of %lld x %lld x %lld%s tokens, from step %lld\n",
+        static_cast<long long>(n_params), device_name.c_str(), graphed_ ? " (CUDA graph)" : "",
+        static_cast<long long>(o_.steps), static_cast<long long>(o_.batch_size), static_cast<long long>(o_.grad_accum),
+        static_cast<long long>(o_.seq_len), ranks.c_str(), static_cast<long long>(start_step_));
+  }
+  Json start = {{"event", "start"},
+                {"params", n_params},
+                {"config", Json::parse(ToJson(o_.model))},
+                {"identity", TrainingIdentity(o_)},
+                {"device", device_name},
+                {"start_step", start_step_}};
+  if (group_) {
+    start["world_size"] = world_;
+    start["dist_backend"] = DistBackendName(group_->backend());
+  }
+  Log(start);
 
   BatchMaker batches(o_, *train_, mixer_ ? &*mixer_ : nullptr);
-  const int64_t tokens_per_step = o_.batch_size * o_.grad_accum * o_.seq_len;
+  const int64_t tokens_per_step = o_.batch_size * o_.grad_accum * world_ * o_.seq_len;  // over all ranks
   start_ = Clock::now();
   auto window_start = Clock::now();
   int64_t window_steps = 0;
+  double window_wait_s = 0;  // waiting for the gradient all-reduces after backward
   int64_t last_good = start_step_;
   // ORYX_PROFILE_TRACE=FILE records steps 4..6 of this run as a Chrome trace: host ops and, on CUDA, the
   // kernels with their GPU times (bench/summarize_trace.py sums them by op).
-  const char* trace_path = std::getenv("ORYX_PROFILE_TRACE");
+  const char* trace_path = lead_ ? std::getenv("ORYX_PROFILE_TRACE") : nullptr;
   std::optional<TraceRecording> profile;
   for (int64_t step = start_step_; step < o_.steps; ++step) {
     if (trace_path != nullptr && step == start_step_ + 3) profile.emplace(cuda);
@@ -546,7 +672,9 @@ absl::Status Trainer::Run() {
     }
     const double lr = LearningRate(o_, step);
     for (auto& g : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-    if (cuda) {
+    if (buckets_) {
+      buckets_->Zero();
+    } else if (cuda) {
       at::_foreach_zero_(grads);
     } else {
       optimizer_->zero_grad();
@@ -555,7 +683,9 @@ absl::Status Trainer::Run() {
     torch::Tensor device_loss;  // CUDA: summed on the device, read once per step
     OryxModelImpl::Modes step_modes{.any_attn = false, .any_lin = false};
     for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
-      ORYX_ASSIGN_OR_RETURN(Batch b, batches.Make((step * o_.grad_accum + micro) * o_.batch_size, o_.batch_size, device_));
+      // The step's samples in order, grad_accum micro-batches per rank: rank r reads the r-th slice.
+      const int64_t first = ((step * world_ + rank_) * o_.grad_accum + micro) * o_.batch_size;
+      ORYX_ASSIGN_OR_RETURN(Batch b, batches.Make(first, o_.batch_size, device_));
       step_modes.any_attn |= b.modes.any_attn;
       step_modes.any_lin |= b.modes.any_lin;
       torch::Tensor loss;
@@ -569,7 +699,8 @@ absl::Status Trainer::Run() {
                                                   " (--no-cuda-graph trains without): ", e.what_without_backtrace()));
         }
       } else {
-        loss = Loss(*model_, b, autocast_) / static_cast<double>(o_.grad_accum);
+        if (buckets_ && o_.dist.overlap && micro + 1 == o_.grad_accum) buckets_->Overlap();
+        loss = Loss(*model_, b, autocast_) / micro_batches;
         loss.backward();
         loss = loss.detach();
       }
@@ -579,7 +710,18 @@ absl::Status Trainer::Run() {
         loss_sum += loss.item<double>();
       }
     }
-    if (cuda) loss_sum = device_loss.item<double>();
+    bool out_of_time_anywhere = false;
+    if (group_) {
+      window_wait_s += buckets_->Finish();
+      const double so_far = std::chrono::duration<double>(Clock::now() - start_).count();
+      const StepTotals totals =
+          SumOverRanks(loss_sum, device_loss, step_modes, o_.time_limit_s > 0 && so_far >= o_.time_limit_s);
+      loss_sum = totals.loss;
+      step_modes = totals.modes;
+      out_of_time_anywhere = totals.out_of_time;
+    } else if (cuda) {
+      loss_sum = device_loss.item<double>();
+    }
     if (!std::isfinite(loss_sum)) {
       return absl::InternalError(absl::StrCat("loss is ", loss_sum, " at step ", step,
                                               "; stopped without saving. Last good checkpoint: ",
@@ -591,29 +733,32 @@ absl::Status Trainer::Run() {
       device_grad_norm = ClipGradNormFused(params, o_.grad_clip);
       // Parameters of a mode no micro-batch of this step ran have a zero gradient here, and none on the
       // CPU path: skip them, as torch::optim::AdamW skips those without a gradient.
-      fused_->Step(lr, [&](const torch::Tensor& p) {
-        const void* key = p.unsafeGetTensorImpl();
-        return !(attention_only.contains(key) && !step_modes.any_attn) &&
-               !(linear_only.contains(key) && !step_modes.any_lin);
-      });
+      fused_->Step(lr, [&](const torch::Tensor& p) { return trains(p, step_modes); });
     } else {
+      // As in one process, where they have none: no gradient for the parameters of a mode no rank ran.
+      if (buckets_) {
+        for (torch::Tensor p : params) {
+          if (!trains(p, step_modes)) p.mutable_grad() = torch::Tensor();
+        }
+      }
       grad_norm = torch::nn::utils::clip_grad_norm_(params, o_.grad_clip);
       optimizer_->step();
     }
     ++window_steps;
     const int64_t done = step + 1;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (done % o_.log_every == 0 || done == o_.steps) {
+    if (lead_ && (done % o_.log_every == 0 || done == o_.steps)) {
       if (cuda) grad_norm = device_grad_norm.item<double>();
       const double window_s = std::chrono::duration<double>(Clock::now() - window_start).count();
       const double tok_s = window_steps * tokens_per_step / window_s;
       const double eta = (o_.steps - done) * window_s / window_steps;
       Json line = {{"event", "step"}, {"step", done}, {"loss", loss_sum}, {"lr", lr}, {"grad_norm", grad_norm},
                    {"tokens_per_s", tok_s}, {"elapsed_s", elapsed_before_ + elapsed}};
+      if (group_) line["allreduce_wait_s"] = window_wait_s / window_steps;
       std::string mfu;
-      if (peak > 0) {
-        line["mfu"] = tok_s * flops_per_token / peak;
-        mfu = absl::StrFormat("  mfu %.1f%%", 100.0 * tok_s * flops_per_token / peak);
+      if (peak > 0) {  // per device
+        line["mfu"] = tok_s * flops_per_token / (peak * world_);
+        mfu = absl::StrFormat("  mfu %.1f%%", 100.0 * tok_s * flops_per_token / (peak * world_));
       }
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  gnorm %.2f  %.1fk tok/s%s  ETA %s\n",
                    static_cast<long long>(done), static_cast<long long>(o_.steps), loss_sum, lr, grad_norm,
@@ -621,26 +766,32 @@ absl::Status Trainer::Run() {
       Log(line);
       window_start = Clock::now();
       window_steps = 0;
+      window_wait_s = 0;
     }
-    if ((o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps) ORYX_RETURN_IF_ERROR(Evaluate(done));
-    const bool out_of_time = o_.time_limit_s > 0 && elapsed >= o_.time_limit_s;
+    if (lead_ && ((o_.eval_every > 0 && done % o_.eval_every == 0) || done == o_.steps)) {
+      ORYX_RETURN_IF_ERROR(Evaluate(done));
+    }
+    const bool out_of_time = group_ ? out_of_time_anywhere : o_.time_limit_s > 0 && elapsed >= o_.time_limit_s;
     const bool due = (o_.checkpoint_every > 0 && done % o_.checkpoint_every == 0) || done == o_.steps || out_of_time;
     if (o_.save && due) {
-      ORYX_RETURN_IF_ERROR(SaveCheckpoint(done));
+      if (lead_) ORYX_RETURN_IF_ERROR(SaveCheckpoint(done));
       last_good = done;
     }
     if (out_of_time && done < o_.steps) {
-      std::fprintf(stderr, "time limit reached at step %lld; continue with --resume\n", static_cast<long long>(done));
-      return absl::OkStatus();
+      if (lead_) {
+        std::fprintf(stderr, "time limit reached at step %lld; continue with --resume\n", static_cast<long long>(done));
+      }
+      return Finish(/*complete=*/false);
     }
   }
-  if (o_.save) std::fprintf(stderr, "done: model in %s\n", (out_ / "model").c_str());
-  return absl::OkStatus();
+  return Finish(/*complete=*/true);
 }
 
 }  // namespace
 
-absl::Status Train(const TrainOptions& options) {
+namespace {
+
+absl::Status TrainThisProcess(const TrainOptions& options) {
   if (options.data_dir.empty() || options.out_dir.empty()) {
     return absl::InvalidArgumentError("--data and --out are required");
   }
@@ -651,6 +802,7 @@ absl::Status Train(const TrainOptions& options) {
         "training options out of range: need batch, accumulation, steps, log interval, scan chunk >= 1, lr > 0, "
         "min lr >= 0, grad clip > 0, task fraction in [0, 1]");
   }
+  if (options.dist.env) ORYX_RETURN_IF_ERROR(CheckDistributedOptions(options.dist));
   try {
     Trainer trainer(options);
     return trainer.Run();
@@ -659,9 +811,23 @@ absl::Status Train(const TrainOptions& options) {
                                                      ": lower --batch (and raise --accum to keep the tokens per "
                                                      "step). LibTorch: ",
                                                      e.what_without_backtrace()));
+  } catch (const c10::DistError& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "a collective operation failed: another rank has most likely stopped (its error, or the launcher's, says "
+        "why); a run that wrote a checkpoint continues from it with --resume. c10d: ",
+        e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("LibTorch: ", e.what_without_backtrace()));
   }
+}
+
+}  // namespace
+
+absl::Status Train(const TrainOptions& options) {
+  absl::Status status = TrainThisProcess(options);
+  if (status.ok() || !options.dist.env) return status;
+  return absl::Status(status.code(), absl::StrCat("rank ", options.dist.env->rank, " of ", options.dist.env->world_size,
+                                                  ": ", status.message()));
 }
 
 }  // namespace oryx::train

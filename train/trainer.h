@@ -7,18 +7,32 @@
 //                    leaves the last good one
 //   OUT/model/       the exported model (DESIGN.md §4 checkpoint, with tokenizer.model)
 //   OUT/log.jsonl    one JSON object per logged step, evaluation and checkpoint
+//
+// Data parallel (docs/DESIGN.md §3): every rank of a job runs Train() with the job's DistEnv. Rank r trains
+// on its own slice of each step's micro-batches, the gradients are averaged over the ranks, and every rank
+// takes the same optimizer step; rank 0 alone evaluates and writes OUT.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/config.h"
 #include "engine/safetensors.h"
+#include "train/launch.h"
 #include "train/mode_sampling.h"
 
 namespace oryx::train {
+
+struct DistributedOptions {
+  std::optional<DistEnv> env;    // the job this process is a rank of; none: a run of one process
+  std::string backend = "auto";  // auto (nccl on CUDA, gloo on the CPU) | gloo | nccl
+  double timeout_s = 600;        // joining the job, or a collective, fails after this long
+  double bucket_mb = 25;         // gradients are all-reduced in buckets of about this size
+  bool overlap = true;           // start a bucket's all-reduce while backward computes the rest
+};
 
 struct TrainOptions {
   std::string data_dir;  // a corpus from `oryx data prepare`
@@ -81,7 +95,10 @@ struct TrainOptions {
   // can give, runs eagerly).
   bool cuda_graph = true;
   int64_t scan_chunk = 64;  // tokens per chunk of the chunked linear scans (a speed knob; same model)
-  int threads = 0;  // CPU intra-op threads (0: LibTorch's default)
+  int threads = 0;          // CPU intra-op threads (0: LibTorch's default; a CPU rank: the cores over the ranks)
+  // Data parallel: each step is the micro-batches of every rank (batch_size x grad_accum x ranks sequences),
+  // so a checkpoint resumes with any number of ranks whose ranks x grad_accum is the same.
+  DistributedOptions dist;
 };
 
 
@@ -89,5 +106,10 @@ struct TrainOptions {
 // data, a resume from another config, a non-finite loss) are reported without touching the last good
 // checkpoint.
 absl::Status Train(const TrainOptions& options);
+
+// What `oryx train --nproc N` checks before it starts N ranks on this host (LaunchLocalRanks): the backend
+// against the device, N against the GPUs on CUDA, the distributed options' ranges.
+absl::Status CheckLocalLaunch(const TrainOptions& options, int nproc);
+absl::Status CheckDistributedOptions(const DistributedOptions& dist);
 
 }  // namespace oryx::train

@@ -134,6 +134,16 @@ if [[ " ${commands[*]} " == *" train "* ]]; then
   expect 1 "train: bad mixer" -- train --data "$TMP" --out "$TMP/run" --mixer lstm
   expect 2 "train: scan chunk 0" -- train --data "$TMP" --out "$TMP/run" --scan-chunk 0
   expect 1 "train: negative peak" -- train --data "$TMP" --out "$TMP/run" --peak-tflops -1
+  expect 2 "train: --nproc 0" -- train --data "$TMP" --out "$TMP/run" --nproc 0
+  expect 1 "train: unknown --dist-backend" -- train --data "$TMP" --out "$TMP/run" --nproc 2 --dist-backend mpi
+  expect 1 "train: nccl on the cpu" -- train --data "$TMP" --out "$TMP/run" --nproc 2 --device cpu --dist-backend nccl
+  expect 1 "train: zero --dist-timeout" -- train --data "$TMP" --out "$TMP/run" --nproc 2 --dist-timeout 0
+  expect 1 "train: bad --bucket-mb without --nproc" -- train --data "$TMP" --out "$TMP/run" --bucket-mb -1
+  RANK=0 WORLD_SIZE=2 expect 1 "train: a partial job environment" -- train --data "$TMP" --out "$TMP/run"
+  RANK=2 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+    expect 1 "train: RANK out of range" -- train --data "$TMP" --out "$TMP/run"
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+    expect 1 "train: --nproc inside a job" -- train --data "$TMP" --out "$TMP/run" --nproc 2
 fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

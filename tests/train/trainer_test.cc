@@ -10,6 +10,7 @@
 #include "base/file_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/train/testing_corpus.h"
 #include "train/corpus.h"
 #include "train/trainer.h"
 
@@ -27,27 +28,9 @@ std::string Root() {
   return root;
 }
 
-// A corpus of the repo's engine/ and tasks/ sources (about 250 KB of C++), tokenised with vocab 512.
+// A corpus of the repo's engine/ and tasks/ sources, tokenised with vocab 512.
 const std::string& Corpus() {
-  static const std::string dir = [] {
-    const char* src = std::getenv("ORYX_SOURCE_DIR");
-    EXPECT_NE(src, nullptr) << "ORYX_SOURCE_DIR is not set (run through ctest)";
-    const std::string text_dir = Root() + "/text";
-    fs::create_directories(text_dir);
-    for (const char* sub : {"engine", "tasks"}) {
-      fs::copy(fs::path(src) / sub, fs::path(text_dir) / sub, fs::copy_options::recursive);
-    }
-    PrepareCorpusOptions o;
-    o.out_dir = Root() + "/corpus";
-    o.input_dir = text_dir;
-    o.vocab_size = 512;
-    o.val_fraction = 0.15;
-    o.install_packages = false;
-    o.progress = false;
-    auto summary = PrepareCorpus(o);
-    EXPECT_TRUE(summary.ok()) << summary.status();
-    return o.out_dir;
-  }();
+  static const std::string dir = PrepareSourceCorpus(Root());
   return dir;
 }
 
