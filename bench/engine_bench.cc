@@ -130,6 +130,10 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   if (o.device == "cuda" && o.weights != "f32") {
     return absl::InvalidArgumentError("bench decode: --weights is for the CPU backend (the CUDA backend runs bf16)");
   }
+  if (o.device == "cuda" && o.kv_block_tokens != 0) {
+    return absl::InvalidArgumentError(
+        "bench decode: --kv-block-tokens is for the CPU backend (the CUDA kernels read 64-token blocks)");
+  }
   if (o.device == "cuda") {
 #ifdef ORYX_HAVE_CUDA
     return RunCudaDecodeBench(o, emit);
@@ -163,6 +167,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   ORYX_RETURN_IF_ERROR(loaded.status());
   ORYX_RETURN_IF_ERROR(reference.status());
   CpuBackend& backend = **loaded;
+  if (o.kv_block_tokens > 0) ORYX_RETURN_IF_ERROR(backend.SetKvBlockTokens(o.kv_block_tokens));
   const ModelConfig& c = backend.config();
   if (max_context + o.steps > c.max_position) {
     return absl::InvalidArgumentError(Cat("context ", max_context, " + ", o.steps, " steps exceed the model's max_position ",
@@ -226,7 +231,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
         const double bandwidth = ReadBandwidth(bytes);
         nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
-                            {"weights", o.weights},
+                            {"weights", o.weights}, {"kv_block_tokens", backend.NewSequence().kv_block_tokens()},
                             {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
                             {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
                             {"prefill_tokens_per_s", context / prefill_s}, {"bytes_per_step", bytes},

@@ -26,8 +26,10 @@ enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 // Positions per host KV block: attention runs a GEMM per block, and a clone copies at most one block.
 inline constexpr int64_t kHostKvBlockTokens = 64;
 
-// A host KV pool for this model with room for `sequences` full-length sequences before it first grows.
-std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& config, int64_t sequences);
+// A host KV pool for this model with room for `sequences` full-length sequences before it first grows, in
+// blocks of `block_tokens` positions.
+std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& config, int64_t sequences,
+                                          int64_t block_tokens = kHostKvBlockTokens);
 
 // A sequence's state held by a device backend (the CUDA one), opaque here so that no device types appear in
 // this header. SequenceState forwards its copies, reservations and rollback to it; the backend that made

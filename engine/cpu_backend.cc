@@ -125,6 +125,17 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
   return b;
 }
 
+absl::Status CpuBackend::SetKvBlockTokens(int64_t block_tokens) {
+  if (block_tokens < 1 || block_tokens > 4096) {
+    return absl::InvalidArgumentError(Cat("KV block size ", block_tokens, " is outside [1, 4096] positions"));
+  }
+  if (kv_pool_->referenced() > 0) {
+    return absl::FailedPreconditionError("the KV block size cannot change while sequences hold blocks");
+  }
+  kv_pool_ = NewHostKvPool(config_, 1, block_tokens);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::ReserveKv(int64_t bytes) {
   // The blocks' memory is written when allocated: more than the host has would be the kernel's OOM killer's.
   const int64_t page = sysconf(_SC_PAGESIZE), available = sysconf(_SC_AVPHYS_PAGES) * page;

@@ -23,10 +23,9 @@ SequenceState::SequenceState(const ModelConfig& c, std::shared_ptr<HostKvPool> k
 // when handed out).
 SequenceState::SequenceState(const ModelConfig& c) : SequenceState(c, NewHostKvPool(c, 1)) {}
 
-std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& c, int64_t sequences) {
-  const int64_t per_sequence = (c.max_position + kHostKvBlockTokens - 1) / kHostKvBlockTokens;
-  return std::make_shared<HostKvPool>(sequences * per_sequence + 1, kHostKvBlockTokens, c.n_layers,
-                                      c.n_heads * c.head_dim);
+std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& c, int64_t sequences, int64_t block_tokens) {
+  const int64_t per_sequence = (c.max_position + block_tokens - 1) / block_tokens;
+  return std::make_shared<HostKvPool>(sequences * per_sequence + 1, block_tokens, c.n_layers, c.n_heads * c.head_dim);
 }
 
 absl::Status SequenceState::PrepareKv(int64_t end) {

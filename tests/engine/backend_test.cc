@@ -350,6 +350,31 @@ TEST_P(PagedKvTest, SequencesShareOnePoolSizedAtStart) {
   ExpectNear(Logits(again, probe), alone, 1e-5f, "a sequence in blocks others used before");
 }
 
+// Any block size gives the same logits (the attention reads each block's run of keys apart): 16, 37 and
+// 128 positions against the default, over spans that cross several blocks; the size cannot change under a
+// sequence that holds blocks.
+TEST_P(PagedKvTest, BlockSizesGiveTheSameLogits) {
+  std::mt19937 rng(31);
+  const Tokens a = RandomTokens(rng, 150), b = RandomTokens(rng, 40), probe = RandomTokens(rng, 1);
+  auto run = [&] {
+    SequenceState seq = backend_->NewSequence();
+    Logits(seq, a);
+    Logits(seq, b);
+    return Logits(seq, probe);
+  };
+  const std::vector<float> want = run();
+  for (int64_t bt : {16, 37, 128}) {
+    ASSERT_TRUE(backend_->SetKvBlockTokens(bt).ok());
+    EXPECT_EQ(backend_->NewSequence().kv_block_tokens(), bt);
+    EXPECT_EQ(backend_->KvBytes(bt + 1), 2 * backend_->KvBytes(bt));
+    ExpectNear(run(), want, 1e-5f, "blocks of " + std::to_string(bt));
+  }
+  SequenceState holder = backend_->NewSequence();
+  Logits(holder, a);
+  EXPECT_EQ(backend_->SetKvBlockTokens(64).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend_->SetKvBlockTokens(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Mixers, PagedKvTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn));
 
 // The same batch on the same states gives the same bits however the states' buffers happen to lie in
