@@ -29,6 +29,8 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"kv_mib", static_cast<double>(kv_bytes) / (1 << 20)},
           {"kv_memory_mib", static_cast<double>(kv_memory) / (1 << 20)},
           {"kv_pool_mib", static_cast<double>(kv_pool_bytes) / (1 << 20)},
+          {"kv_blocks_used", kv_block_bytes > 0 ? kv_bytes / kv_block_bytes : 0},
+          {"kv_blocks_free", kv_block_bytes > 0 ? std::max<int64_t>(0, kv_memory - kv_bytes) / kv_block_bytes : 0},
           {"max_admitted", max_admitted},
           {"generated_tokens", generated_tokens}};
 }
@@ -51,6 +53,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options)
       options_(WithKvMemory(engine, options)),
       batch_(std::make_unique<GenerationBatch>(engine, options.max_prefill_tokens)) {
   stats_.kv_memory = options_.kv_memory;
+  stats_.kv_block_bytes = engine.backend().KvBytes(1);
   batch_->set_kv_memory(options_.kv_memory);
   thread_ = std::thread([this] { Loop(); });
 }

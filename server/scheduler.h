@@ -52,6 +52,7 @@ struct SchedulerStats {
   int64_t max_admitted = 0;   // requests holding memory at once, at most
   int64_t kv_memory = 0;      // the budget in force (SchedulerOptions::kv_memory or its default)
   int64_t kv_pool_bytes = 0;  // memory the backend's KV pool holds (Backend::KvPoolBytes), in use or kept
+  int64_t kv_block_bytes = 0;  // one KV block (Backend::KvBytes(1)): the above in blocks, in the JSON
   nlohmann::json ToJson() const;
 };
 

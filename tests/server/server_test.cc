@@ -1156,6 +1156,10 @@ TEST_F(ServerTest, ASmallKvMemoryQueuesAndPreemptsAndNeverFails) {
   EXPECT_GT(scheduler["preemptions"].get<int64_t>(), 0);
   EXPECT_EQ(scheduler["kv_mib"], 0.0);
   EXPECT_EQ(scheduler["waiting_for_memory"], 0);
+  // The pool was sized to the three blocks at start; all three are free again.
+  EXPECT_EQ(scheduler["kv_blocks_used"], 0);
+  EXPECT_EQ(scheduler["kv_blocks_free"], 3);
+  EXPECT_GE(scheduler["kv_pool_mib"].get<double>(), scheduler["kv_memory_mib"].get<double>());
 }
 
 // A client that goes away while its (non-streaming) request runs cancels it: the request leaves the batch,
