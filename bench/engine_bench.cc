@@ -231,7 +231,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
         const double bandwidth = ReadBandwidth(bytes);
         nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
-                            {"weights", o.weights}, {"kv_block_tokens", backend.NewSequence().kv_block_tokens()},
+                            {"weights", o.weights}, {"kv_block_tokens", backend.kv_block_tokens()},
                             {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
                             {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
                             {"prefill_tokens_per_s", context / prefill_s}, {"bytes_per_step", bytes},

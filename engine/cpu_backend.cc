@@ -160,12 +160,12 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
   // w8a8: x quantised once for every panel.
   thread_local std::vector<uint8_t> xq;
   thread_local std::vector<float> xq_scale;
-  if (w.format == k::WeightFormat::kW8A8) {
+  const bool quantized = w.format == k::WeightFormat::kW8A8;
+  if (quantized) {
     xq.resize(static_cast<size_t>(m * kdim));
     xq_scale.resize(static_cast<size_t>(m));
     k::cpu::QuantizeRows(x, m, kdim, x_stride, xq.data(), xq_scale.data());
   }
-  const bool quantized = w.format == k::WeightFormat::kW8A8;
   pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kPanel, n1 = std::min(n, n0 + kPanel);
@@ -343,15 +343,11 @@ void CpuBackend::GatherKvBlocks(std::span<const ForwardItem> batch) {
   for (int64_t b = 0; b < B; ++b) {
     if (!sc.spans[b].any_attention) continue;
     SequenceState& seq = *batch[b].seq;
-    HostKvPool& pool = *seq.kv_.pool();
     const int64_t blocks = seq.kv_.size();
-    scores = std::max<int64_t>(scores, sc.spans[b].len * blocks * pool.block_tokens());
+    scores = std::max<int64_t>(scores, sc.spans[b].len * blocks * seq.kv_.pool()->block_tokens());
     sc.key_blocks[b].resize(blocks);
     sc.value_blocks[b].resize(blocks);
-    for (int64_t j = 0; j < blocks; ++j) {
-      sc.key_blocks[b][j] = pool.keys(seq.kv_[j], 0);
-      sc.value_blocks[b][j] = pool.values(seq.kv_[j], 0);
-    }
+    seq.kv_.Locate(sc.key_blocks[b].data(), sc.value_blocks[b].data());
   }
   sc.attention.resize(pool_->num_threads());
   for (Floats& buffer : sc.attention) AtLeast(buffer, scores);

@@ -32,13 +32,14 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   const ModelConfig& config() const override { return config_; }
   int64_t KvBytes(int64_t positions) const override {
-    const int64_t bt = kv_pool_->block_tokens(), blocks = (positions + bt - 1) / bt;
+    const int64_t bt = kv_block_tokens(), blocks = (positions + bt - 1) / bt;
     return blocks * bt * 2 * config_.n_layers * config_.n_heads * config_.head_dim *
            static_cast<int64_t>(sizeof(float));
   }
   // Positions per KV block of the sequences made from now on (default kHostKvBlockTokens): for measuring the
   // block size. FailedPrecondition while a sequence holds blocks of the pool; InvalidArgument outside [1, 4096].
   absl::Status SetKvBlockTokens(int64_t block_tokens);
+  int64_t kv_block_tokens() const { return kv_pool_->block_tokens(); }
   // Its sequences' KV blocks come from one pool (kv_pool_), grown as they need.
   SequenceState NewSequence() const override { return SequenceState(config_, kv_pool_); }
   absl::Status ReserveKv(int64_t bytes) override;

@@ -476,9 +476,11 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     }
   };
   // (The sampling parameters are baked into the launches, so they are part of the key.)
-  GraphSlot* slot = graph ? &sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}]
-                          : nullptr;
-  if (slot == nullptr || !ReplayOrCapture(*slot, graph_after_, ctx.stream, round, &graphs_recorded_)) round();
+  if (!graph ||
+      !ReplayOrCapture(sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}],
+                       graph_after_, ctx.stream, round, &graphs_recorded_)) {
+    round();
+  }
   // The drafts and the results come back in one synchronisation.
   auto* span_host = reinterpret_cast<int32_t*>(sc.meta_host + verify_base);
   auto* results_host = reinterpret_cast<int32_t*>(sc.meta_host + result_base);

@@ -213,6 +213,14 @@ absl::Status HostKvPool::Reserve(int64_t blocks) {
   return absl::OkStatus();
 }
 
+void HostKvPool::Locate(std::span<const int32_t> ids, const float** keys, const float** values) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    keys[j] = storage_[ids[j]].data();
+    values[j] = keys[j] + layer_floats_;
+  }
+}
+
 absl::StatusOr<int32_t> HostKvPool::CopyOf(int32_t block) {
   std::lock_guard<std::mutex> lock(mu_);
   ORYX_ASSIGN_OR_RETURN(const int32_t copy, AllocateLocked());

@@ -117,6 +117,8 @@ class HostKvPool {
     return storage_[block].data() + layer * layer_stride();
   }
   float* values(int32_t block, int64_t layer) { return keys(block, layer) + layer_floats_; }
+  // Layer 0's keys and values of each block of `ids`, under one lock (a forward gathers whole tables).
+  void Locate(std::span<const int32_t> ids, const float** keys, const float** values);
   // Floats from one layer's keys in a block to the next layer's.
   int64_t layer_stride() const { return 2 * layer_floats_; }
   // A block with `block`'s contents that only the caller holds, in place of the caller's reference to it.
@@ -146,6 +148,8 @@ class HostKvTable {
   HostKvPool* pool() const { return pool_.get(); }  // null: no host cache (a device sequence)
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
   int32_t operator[](int64_t j) const { return ids_[j]; }
+  // Layer 0's keys and values of every block, in order (HostKvPool::Locate).
+  void Locate(const float** keys, const float** values) const { pool_->Locate(ids_, keys, values); }
   // A table on the same pool that holds the first n blocks too.
   HostKvTable Share(int64_t n) const;
   // At least n blocks; ResourceExhausted, the table as it was, when the pool has no room.

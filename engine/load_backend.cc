@@ -1,4 +1,5 @@
 // LoadBackend (engine/backend.h): a checkpoint onto the device the options name.
+#include <algorithm>
 #include <cstdlib>
 
 #include "base/status_macros.h"
@@ -28,7 +29,9 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.programmatic_launch = on("ORYX_CUDA_PDL");
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) s.gemv_rows_per_warp = std::atoi(env);
-  if (const char* env = std::getenv("ORYX_CUDA_GRAPH_AFTER"); env != nullptr) s.graph_after = std::max(1, std::atoi(env));
+  if (const char* env = std::getenv("ORYX_CUDA_GRAPH_AFTER"); env != nullptr) {
+    s.graph_after = std::max(1, std::atoi(env));
+  }
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");
   s.profile = profile != nullptr && profile[0] == '1';
   return s;

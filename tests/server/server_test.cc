@@ -1041,15 +1041,20 @@ TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
                            "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + key + " -out " + cert +
                            " >/dev/null 2>&1";
   ASSERT_EQ(std::system(make.c_str()), 0) << "openssl (scripts/setup installs it) could not make a certificate";
-  std::unique_ptr<HttpServer> server = Serve(*engine_, [&](ServerOptions& o) {
+  const auto with_tls = [&](ServerOptions& o) {
     o.tls_cert = cert;
     o.tls_key = key;
-  });
+  };
+  // A client of the server on `port` that trusts the certificate `ca` only.
+  const auto trusting = [](int port, const std::string& ca) {
+    auto client = std::make_unique<httplib::SSLClient>("127.0.0.1", port);
+    client->set_ca_cert_path(ca.c_str());
+    client->enable_server_certificate_verification(true);
+    return client;
+  };
+  std::unique_ptr<HttpServer> server = Serve(*engine_, with_tls);
   ASSERT_NE(server, nullptr);
-  httplib::SSLClient tls("127.0.0.1", server->port());
-  tls.set_ca_cert_path(cert.c_str());
-  tls.enable_server_certificate_verification(true);
-  auto res = tls.Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
+  auto res = trusting(server->port(), cert)->Post("/v1/completions", R"({"prompt": "the", "max_tokens": 3})", "application/json");
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 200) << res->body;
   EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 3);
@@ -1061,10 +1066,7 @@ TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
   const std::string other = dir.Join("other.pem"), other_key = dir.Join("other-key.pem");
   ASSERT_EQ(std::system(("openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -keyout " +
                          other_key + " -out " + other + " >/dev/null 2>&1").c_str()), 0);
-  httplib::SSLClient wary("127.0.0.1", server->port());
-  wary.set_ca_cert_path(other.c_str());
-  wary.enable_server_certificate_verification(true);
-  EXPECT_FALSE(wary.Get("/health"));
+  EXPECT_FALSE(trusting(server->port(), other)->Get("/health"));
   server->Stop();
 
   // A client that gives up waiting mid-request cancels it over TLS too: the close shows on the socket under the
@@ -1072,18 +1074,13 @@ TEST_F(ServerTest, TlsServesHttpsWithTheGivenCertificate) {
   testutil::ScratchDir long_scratch;
   auto endless = EndlessEngine(long_scratch);
   ASSERT_TRUE(endless.ok()) << endless.status();
-  std::unique_ptr<HttpServer> long_server = Serve(*endless, [&](ServerOptions& o) {
-    o.tls_cert = cert;
-    o.tls_key = key;
-  });
+  std::unique_ptr<HttpServer> long_server = Serve(*endless, with_tls);
   ASSERT_NE(long_server, nullptr);
-  httplib::SSLClient leaving("127.0.0.1", long_server->port());
-  leaving.set_ca_cert_path(cert.c_str());
-  leaving.enable_server_certificate_verification(true);
-  leaving.set_read_timeout(std::chrono::milliseconds(500));
-  EXPECT_FALSE(leaving.Post("/v1/completions",
-                            absl::StrFormat(R"({"prompt": "the", "max_tokens": %d, "ignore_eos": true})", kEndless),
-                            "application/json"));
+  auto leaving = trusting(long_server->port(), cert);
+  leaving->set_read_timeout(std::chrono::milliseconds(500));
+  EXPECT_FALSE(leaving->Post("/v1/completions",
+                             absl::StrFormat(R"({"prompt": "the", "max_tokens": %d, "ignore_eos": true})", kEndless),
+                             "application/json"));
   EXPECT_TRUE(Eventually([&] { return long_server->stats().cancelled == 1; }, 30)) << "the request ran on";
   EXPECT_EQ(long_server->stats().completed, 0);
   long_server->Stop();
