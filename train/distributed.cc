@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
+#include <signal.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +44,17 @@ c10::intrusive_ptr<c10d::Backend> MakeGlooBackend(const c10::intrusive_ptr<c10d:
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, options);
 }
 #endif
+
+// Gloo writes to its sockets with writev, which cannot take MSG_NOSIGNAL: once a peer has died, a write to
+// it raises SIGPIPE, whose default action kills this rank before Gloo can turn the broken connection into an
+// error (Python ignores SIGPIPE at start, so PyTorch's own jobs never see this). A rank ignores it, and the
+// write fails with EPIPE instead.
+void IgnoreSigpipe() {
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
 
 }  // namespace
 
@@ -80,6 +93,7 @@ absl::StatusOr<std::unique_ptr<DistGroup>> DistGroup::Connect(const DistEnv& env
   std::unique_ptr<DistGroup> group(new DistGroup(env.rank, env.world_size, backend));
   const std::string where = absl::StrCat(env.master_addr, ":", env.master_port);
   const double seconds = std::chrono::duration<double>(timeout).count();
+  IgnoreSigpipe();
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(env.master_port);
