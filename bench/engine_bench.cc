@@ -130,6 +130,10 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   if (o.device == "cuda" && o.weights != "f32") {
     return absl::InvalidArgumentError("bench decode: --weights is for the CPU backend (the CUDA backend runs bf16)");
   }
+  if (o.device == "cuda" && o.kv_dtype != "f32") {
+    return absl::InvalidArgumentError(
+        "bench decode: --kv-dtype is for the CPU backend (the CUDA backend's cache is bf16)");
+  }
   if (o.device == "cuda" && o.kv_block_tokens != 0) {
     return absl::InvalidArgumentError(
         "bench decode: --kv-block-tokens is for the CPU backend (the CUDA kernels read 64-token blocks)");
@@ -160,6 +164,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
     dir = scratch;
   }
   ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat format, ParseWeightFormat(o.weights));
+  ORYX_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format, ParseKvFormat(o.kv_dtype));
   auto loaded = CpuBackend::Load(dir, o.threads, format);
   absl::StatusOr<ReferenceTimer> reference = ReferenceTimer();
   if (loaded.ok() && o.reference) reference = o.reference(dir);
@@ -168,6 +173,8 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   ORYX_RETURN_IF_ERROR(reference.status());
   CpuBackend& backend = **loaded;
   if (o.kv_block_tokens > 0) ORYX_RETURN_IF_ERROR(backend.SetKvBlockTokens(o.kv_block_tokens));
+  ORYX_RETURN_IF_ERROR(backend.SetKvFormat(kv_format));
+  const double kv_element_bytes = kv_format == kernels::KvFormat::kBf16 ? 2 : 4;
   const ModelConfig& c = backend.config();
   if (max_context + o.steps > c.max_position) {
     return absl::InvalidArgumentError(Cat("context ", max_context, " + ", o.steps, " steps exceed the model's max_position ",
@@ -227,15 +234,25 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         const double step = Median(steps);
         // Bytes a step must move: every weight once; per sequence the KV cache it reads (attention), its
         // new KV entries, and the recurrent state read and written.
-        const double kv_read = mode == Mode::kAttention ? 2.0 * 4 * L * HD * (context + 1) : 0.0;
-        const double bytes = weight_bytes + batch * (kv_read + 2.0 * 4 * L * HD + 2 * state_bytes);
+        const double kv_read = mode == Mode::kAttention ? 2.0 * kv_element_bytes * L * HD * (context + 1) : 0.0;
+        const double bytes = weight_bytes + batch * (kv_read + 2.0 * kv_element_bytes * L * HD + 2 * state_bytes);
         const double bandwidth = ReadBandwidth(bytes);
-        nlohmann::json r = {{"bench", "decode"}, {"backend", backend.name()}, {"threads", backend.num_threads()},
-                            {"weights", o.weights}, {"kv_block_tokens", backend.kv_block_tokens()},
-                            {"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"params", params},
-                            {"decode_ms_per_step", step * 1e3}, {"decode_tokens_per_s", batch / step},
-                            {"prefill_tokens_per_s", context / prefill_s}, {"bytes_per_step", bytes},
-                            {"read_bandwidth_gb_s", bandwidth / 1e9}, {"roofline_fraction", bytes / bandwidth / step},
+        nlohmann::json r = {{"bench", "decode"},
+                            {"backend", backend.name()},
+                            {"threads", backend.num_threads()},
+                            {"weights", o.weights},
+                            {"kv_block_tokens", backend.kv_block_tokens()},
+                            {"kv_dtype", o.kv_dtype},
+                            {"mode", ModeName(mode)},
+                            {"context", context},
+                            {"batch", batch},
+                            {"params", params},
+                            {"decode_ms_per_step", step * 1e3},
+                            {"decode_tokens_per_s", batch / step},
+                            {"prefill_tokens_per_s", context / prefill_s},
+                            {"bytes_per_step", bytes},
+                            {"read_bandwidth_gb_s", bandwidth / 1e9},
+                            {"roofline_fraction", bytes / bandwidth / step},
                             {"dram_read_bandwidth_gb_s", dram_bandwidth / 1e9},
                             {"dram_roofline_fraction", bytes / dram_bandwidth / step}};
         if (*reference) {

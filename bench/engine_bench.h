@@ -49,6 +49,7 @@ struct DecodeBenchOptions {
   int threads = 0;
   std::string weights = "f32";  // cpu: the projections' format (BackendOptions::weights)
   int64_t kv_block_tokens = 0;  // cpu: positions per KV block (CpuBackend::SetKvBlockTokens); 0: the default
+  std::string kv_dtype = "f32";  // cpu: the KV cache's element type (CpuBackend::SetKvFormat)
   ReferenceFactory reference;  // optional
   std::string device = "cpu";  // cpu | cuda (bench/cuda_bench.h, in CUDA builds)
   // cuda only: without model_dir, random weights of this preset (130m, 1.4b) and mixer; attention-mode

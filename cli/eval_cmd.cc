@@ -103,6 +103,7 @@ int RunEval(const Args& args) {
     f.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
     f.String("weights", &common.weights,
              "engine backend: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too)");
+    f.String("kv-dtype", &common.kv_dtype, "engine backend: the KV cache's element type f32 | bf16");
     f.Int("seed", &seed, "seed of schedules and task examples", 0);
     f.Bool("json", &json, "print one JSON object instead of a table");
     f.String("out", &out_file, "also write the JSON object to this file (atomically)");
@@ -124,6 +125,7 @@ int RunEval(const Args& args) {
   auto open_model = [&]() -> absl::StatusOr<std::unique_ptr<train::SequenceModel>> {
     if (common.backend == "engine") return train::OpenEngineModel(common);
     if (common.weights != "f32") return absl::InvalidArgumentError("--weights is for --backend engine");
+    if (common.kv_dtype != "f32") return absl::InvalidArgumentError("--kv-dtype is for --backend engine");
 #ifdef ORYX_HAVE_TORCH
     if (common.backend == "libtorch") return train::OpenTorchModel(common);
 #endif

@@ -38,7 +38,7 @@ std::string StatsLine(const GenerateResult& r) {
 }  // namespace
 
 int RunGenerate(const Args& args) {
-  std::string model_dir, prompt, prompt_file, device = "cpu", weights = "f32";
+  std::string model_dir, prompt, prompt_file, device = "cpu", weights = "f32", kv_dtype;
   std::vector<std::string> stop;
   int64_t max_tokens = 128, top_k = 0, seed = 0, threads = 0;
   double temperature = 0, top_p = 1;
@@ -78,6 +78,9 @@ int RunGenerate(const Args& args) {
   f.String("weights", &weights,
            "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too): fewer bytes per "
            "token");
+  f.String("kv-dtype", &kv_dtype,
+           "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); "
+           "cuda: bf16 only (default: f32 on the CPU)");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
@@ -108,9 +111,11 @@ int RunGenerate(const Args& args) {
     request.stop_at_eos = !ignore_eos;
     request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
-    const BackendOptions backend{
-        .device = device, .threads = static_cast<int>(threads), .weights = weights,
-        .cuda = CudaSwitches::FromEnvironment()};
+    const BackendOptions backend{.device = device,
+                                 .threads = static_cast<int>(threads),
+                                 .weights = weights,
+                                 .kv_dtype = kv_dtype,
+                                 .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());

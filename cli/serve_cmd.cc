@@ -26,7 +26,7 @@
 namespace oryx::cli {
 
 int RunServe(const Args& args) {
-  std::string model_dir, device = "cpu", weights = "f32", name;
+  std::string model_dir, device = "cpu", weights = "f32", kv_dtype, name;
   server::ServerOptions o;
   int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
   int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0, kv_memory_mib = 0;
@@ -69,6 +69,9 @@ int RunServe(const Args& args) {
   f.String("weights", &weights,
            "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too): fewer bytes per "
            "token");
+  f.String("kv-dtype", &kv_dtype,
+           "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); "
+           "cuda: bf16 only (default: f32 on the CPU)");
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
@@ -107,9 +110,11 @@ int RunServe(const Args& args) {
     if (o.tls_cert.empty() != o.tls_key.empty()) {  // before the model loads
       return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
     }
-    const BackendOptions backend{
-        .device = device, .threads = static_cast<int>(threads), .weights = weights,
-        .cuda = CudaSwitches::FromEnvironment()};
+    const BackendOptions backend{.device = device,
+                                 .threads = static_cast<int>(threads),
+                                 .weights = weights,
+                                 .kv_dtype = kv_dtype,
+                                 .cuda = CudaSwitches::FromEnvironment()};
     ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
     ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
     policies::RegisterAllPolicies(engine.policies());

@@ -27,9 +27,10 @@ enum class Mode : uint8_t { kLinear = 0, kAttention = 1 };
 inline constexpr int64_t kHostKvBlockTokens = 64;
 
 // A host KV pool for this model with room for `sequences` full-length sequences before it first grows, in
-// blocks of `block_tokens` positions.
+// blocks of `block_tokens` positions of `format` elements.
 std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& config, int64_t sequences,
-                                          int64_t block_tokens = kHostKvBlockTokens);
+                                          int64_t block_tokens = kHostKvBlockTokens,
+                                          kernels::KvFormat format = kernels::KvFormat::kF32);
 
 // A sequence's state held by a device backend (the CUDA one), opaque here so that no device types appear in
 // this header. SequenceState forwards its copies, reservations and rollback to it; the backend that made
@@ -136,13 +137,18 @@ class SequenceState {
   // Host KV cache: blocks of kv_block_tokens() positions, each holding every layer's rotated keys and
   // values (kv_); blocks past the position are reserved room. A clone shares the blocks (reference
   // counts); a block shared or published to the prefix cache is copied before it is written (PrepareKv).
-  float* KeyRow(int64_t layer, int64_t position) {
-    const int64_t b = kv_.pool()->block_tokens();
-    return kv_.pool()->keys(kv_[position / b], layer) + (position % b) * heads_ * head_dim_;
+  // A position's row of a layer's keys or values, in the pool's format (float or uint16_t elements).
+  void* KeyRow(int64_t layer, int64_t position) {
+    HostKvPool& pool = *kv_.pool();
+    const int64_t b = pool.block_tokens();
+    return static_cast<std::byte*>(pool.keys(kv_[position / b], layer)) +
+           (position % b) * heads_ * head_dim_ * pool.element_bytes();
   }
-  float* ValueRow(int64_t layer, int64_t position) {
-    const int64_t b = kv_.pool()->block_tokens();
-    return kv_.pool()->values(kv_[position / b], layer) + (position % b) * heads_ * head_dim_;
+  void* ValueRow(int64_t layer, int64_t position) {
+    HostKvPool& pool = *kv_.pool();
+    const int64_t b = pool.block_tokens();
+    return static_cast<std::byte*>(pool.values(kv_[position / b], layer)) +
+           (position % b) * heads_ * head_dim_ * pool.element_bytes();
   }
   // Blocks for positions [0, end), those from the position on writable by this sequence alone.
   absl::Status PrepareKv(int64_t end);
@@ -249,6 +255,9 @@ struct BackendOptions {
   // The CPU backend's projection weights: "f32" (as loaded), "bf16" or "int8" (per-row scales): fewer bytes
   // read per token (kernels/ops.h WeightFormat). The CUDA backend runs bf16 and accepts only "f32" or "bf16".
   std::string weights = "f32";
+  // The CPU backend's KV cache: "f32", or "bf16" (half the bytes an attention step reads from it). The CUDA
+  // backend's is bf16 and accepts only "bf16"; "" takes the backend's own (f32 on the CPU).
+  std::string kv_dtype = {};
   // A backend that can run whole speculative rounds (Backend::runs_rounds) does, when asked; off: the
   // decoder runs them forward by forward.
   bool device_rounds = true;
@@ -330,5 +339,7 @@ absl::Status ValidateForwardBatch(const ModelConfig& config, std::span<const For
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options);
 // "f32" | "bf16" | "int8" | "w8a8" (BackendOptions::weights); InvalidArgument naming the choices otherwise.
 absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name);
+// "f32" | "bf16" (BackendOptions::kv_dtype); InvalidArgument naming the choices otherwise.
+absl::StatusOr<kernels::KvFormat> ParseKvFormat(std::string_view name);
 
 }  // namespace oryx

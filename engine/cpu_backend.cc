@@ -48,9 +48,12 @@ struct CpuBackend::Span {
 
 struct CpuBackend::Scratch {
   Floats x, u, proj, qkv, gate_a, gate_b, o_lin, o_attn, y, tmp, mlp, head_rows, logits;
-  std::vector<Floats> attention;  // per pool thread: the [T, Tk] scores of one (sequence, head)
-  // Per item: its KV blocks, where layer 0's keys and values start (a layer adds layer_stride()).
-  std::vector<std::vector<const float*>> key_blocks, value_blocks;
+  // Per pool thread: the [T, Tk] scores of one (sequence, head), then (bf16 cache) a block's rows widened to
+  // fp32 [block_tokens, dh], or (writing a bf16 cache) a span's keys rotated in fp32 [T, HD].
+  std::vector<Floats> attention;
+  std::vector<Floats> kv_rows;
+  // Per item: its KV blocks, where layer 0's keys and values start (a layer adds layer_stride() elements).
+  std::vector<std::vector<const void*>> key_blocks, value_blocks;
   std::vector<Span> spans;
 };
 
@@ -132,7 +135,16 @@ absl::Status CpuBackend::SetKvBlockTokens(int64_t block_tokens) {
   if (kv_pool_->referenced() > 0) {
     return absl::FailedPreconditionError("the KV block size cannot change while sequences hold blocks");
   }
-  kv_pool_ = NewHostKvPool(config_, 1, block_tokens);
+  kv_pool_ = NewHostKvPool(config_, 1, block_tokens, kv_pool_->format());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SetKvFormat(k::KvFormat format) {
+  if (format == kv_pool_->format()) return absl::OkStatus();
+  if (kv_pool_->referenced() > 0) {
+    return absl::FailedPreconditionError("the KV cache's format cannot change while sequences hold blocks");
+  }
+  kv_pool_ = NewHostKvPool(config_, 1, kv_pool_->block_tokens(), format);
   return absl::OkStatus();
 }
 
@@ -190,6 +202,13 @@ void CpuBackend::Matrix::Pack(int64_t rows, int64_t cols, k::WeightFormat to) {
 }
 
 absl::Status CpuBackend::Validate(std::span<const ForwardItem> batch) const {
+  for (const ForwardItem& it : batch) {
+    if (it.seq != nullptr && it.seq->has_kv_ && it.seq->kv_.pool() != nullptr &&
+        it.seq->kv_.pool()->format() != kv_pool_->format()) {
+      return absl::InvalidArgumentError(
+          "a sequence's KV cache is not in this backend's KV format (make sequences with NewSequence)");
+    }
+  }
   return ValidateForwardBatch(config_, batch, nullptr);
 }
 
@@ -255,20 +274,28 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
         std::copy(q, q + HD, out + t * 3 * HD);
       }
       SequenceState& seq = *batch[b].seq;
-      if (seq.has_kv_) {  // the blocks are there (PrepareKv)
+      if (seq.has_kv_ && kv_pool_->format() == k::KvFormat::kF32) {  // the blocks are there (PrepareKv)
         for (int64_t t = 0; t < T; ++t) {
           const float* kv = out + t * 3 * HD + HD;
-          std::copy(kv, kv + HD, seq.KeyRow(il, pos + t));
-          std::copy(kv + HD, kv + 2 * HD, seq.ValueRow(il, pos + t));
+          std::copy(kv, kv + HD, static_cast<float*>(seq.KeyRow(il, pos + t)));
+          std::copy(kv + HD, kv + 2 * HD, static_cast<float*>(seq.ValueRow(il, pos + t)));
         }
         const int64_t bt = seq.kv_block_tokens();
         for (int64_t t = 0, run = 0; c.rope_theta > 0 && t < T; t += run) {  // a run of rows per block
           run = std::min(T - t, bt - (pos + t) % bt);
-          k::cpu::Rope({run, H, dh, pos + t, c.rope_theta, HD, seq.KeyRow(il, pos + t)});
+          k::cpu::Rope({run, H, dh, pos + t, c.rope_theta, HD, static_cast<float*>(seq.KeyRow(il, pos + t))});
         }
-        if (s.any_attention && c.rope_theta > 0) {
-          k::cpu::Rope({T, H, dh, pos, c.rope_theta, P, proj + s.row * P + col_qa});
+      } else if (seq.has_kv_) {  // bf16: the keys rotated in fp32, then each row rounded once
+        float* keys = sc.kv_rows[k::cpu::ThreadPool::ThreadIndex()].data();
+        for (int64_t t = 0; t < T; ++t) std::copy(out + t * 3 * HD + HD, out + t * 3 * HD + 2 * HD, keys + t * HD);
+        if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, keys});
+        for (int64_t t = 0; t < T; ++t) {
+          k::cpu::RoundToBf16(keys + t * HD, HD, static_cast<uint16_t*>(seq.KeyRow(il, pos + t)));
+          k::cpu::RoundToBf16(out + t * 3 * HD + 2 * HD, HD, static_cast<uint16_t*>(seq.ValueRow(il, pos + t)));
         }
+      }
+      if (seq.has_kv_ && s.any_attention && c.rope_theta > 0) {
+        k::cpu::Rope({T, H, dh, pos, c.rope_theta, P, proj + s.row * P + col_qa});
       }
     }
   });
@@ -301,14 +328,26 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
       }
       if (s.any_attention) {
         const int64_t kv_len = seq.position_ + T;
+        const int thread = k::cpu::ThreadPool::ThreadIndex();
         float* oa = o_attn + s.row * HD + h * dh;
-        k::cpu::Attention({.q_tokens = T, .kv_tokens = kv_len, .heads = 1, .head_dim = dh, .q_token_stride = P,
-                           .kv_token_stride = HD, .out_token_stride = HD, .q_ptr = proj + s.row * P + col_qa + h * dh,
-                           .k_ptr = nullptr, .v_ptr = nullptr, .out_ptr = oa,
-                           .scratch_ptr = sc.attention[k::cpu::ThreadPool::ThreadIndex()].data(),
-                           .kv_block_tokens = seq.kv_block_tokens(), .k_blocks = sc.key_blocks[b].data(),
+        k::cpu::Attention({.q_tokens = T,
+                           .kv_tokens = kv_len,
+                           .heads = 1,
+                           .head_dim = dh,
+                           .q_token_stride = P,
+                           .kv_token_stride = HD,
+                           .out_token_stride = HD,
+                           .q_ptr = proj + s.row * P + col_qa + h * dh,
+                           .k_ptr = nullptr,
+                           .v_ptr = nullptr,
+                           .out_ptr = oa,
+                           .scratch_ptr = sc.attention[thread].data(),
+                           .kv_block_tokens = seq.kv_block_tokens(),
+                           .k_blocks = sc.key_blocks[b].data(),
                            .v_blocks = sc.value_blocks[b].data(),
-                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * dh});
+                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * dh,
+                           .kv_format = kv_pool_->format(),
+                           .widen_ptr = sc.kv_rows[thread].data()});
         for (int64_t t = 0; t < T; ++t) {
           if (batch[b].modes[t] == Mode::kAttention) std::copy(oa + t * HD, oa + t * HD + dh, o + t * HD);
         }
@@ -351,6 +390,14 @@ void CpuBackend::GatherKvBlocks(std::span<const ForwardItem> batch) {
   }
   sc.attention.resize(pool_->num_threads());
   for (Floats& buffer : sc.attention) AtLeast(buffer, scores);
+  sc.kv_rows.resize(pool_->num_threads());
+  if (kv_pool_->format() != k::KvFormat::kF32) {
+    int64_t span = 0;
+    for (int64_t b = 0; b < B; ++b) span = std::max(span, sc.spans[b].len);
+    const int64_t floats =
+        std::max(span * config_.n_heads * config_.head_dim, kv_pool_->block_tokens() * config_.head_dim);
+    for (Floats& buffer : sc.kv_rows) AtLeast(buffer, floats);
+  }
 }
 
 absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {

@@ -130,12 +130,13 @@ std::vector<int32_t> BlockPool::MatchPrefix(std::span<const int32_t> tokens, std
   return blocks;
 }
 
-HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats,
-                       int64_t max_capacity)
+HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_elements,
+                       int64_t max_capacity, kernels::KvFormat format)
     : blocks_(capacity, block_tokens),
-      layer_floats_(block_tokens * row_floats),
-      block_floats_(layers * 2 * block_tokens * row_floats),
+      layer_elements_(block_tokens * row_elements),
+      block_elements_(layers * 2 * block_tokens * row_elements),  // even: whole floats in bf16 too
       max_capacity_(max_capacity),
+      format_(format),
       storage_(static_cast<size_t>(capacity)) {}
 
 void HostKvPool::GrowLocked(int64_t more) {  // storage_ moves, but each block's memory stays put
@@ -150,7 +151,7 @@ absl::StatusOr<int32_t> HostKvPool::AllocateLocked() {
   kernels::AlignedVector<float>& memory = storage_[block];
   if (memory.empty()) {
     try {
-      memory.resize(static_cast<size_t>(block_floats_));
+      memory.resize(static_cast<size_t>(StorageFloats()));
       ++allocated_;
     } catch (const std::bad_alloc&) {
       blocks_.Unref(block);
@@ -203,7 +204,7 @@ absl::Status HostKvPool::Reserve(int64_t blocks) {
     kernels::AlignedVector<float>& memory = storage_[b];
     if (!memory.empty()) continue;
     try {
-      memory.resize(static_cast<size_t>(block_floats_));
+      memory.resize(static_cast<size_t>(StorageFloats()));
       ++allocated_;
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError(Cat("out of host memory reserving ", blocks, " KV blocks of ", block_bytes(),
@@ -213,11 +214,11 @@ absl::Status HostKvPool::Reserve(int64_t blocks) {
   return absl::OkStatus();
 }
 
-void HostKvPool::Locate(std::span<const int32_t> ids, const float** keys, const float** values) {
+void HostKvPool::Locate(std::span<const int32_t> ids, const void** keys, const void** values) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t j = 0; j < ids.size(); ++j) {
-    keys[j] = storage_[ids[j]].data();
-    values[j] = keys[j] + layer_floats_;
+    keys[j] = Bytes(ids[j]);
+    values[j] = Bytes(ids[j]) + layer_elements_ * element_bytes();
   }
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -21,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/aligned_vector.h"
+#include "kernels/ops.h"
 
 namespace oryx {
 
@@ -88,18 +90,21 @@ class BlockPool {
 };
 
 // Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
-// block_tokens rows of values, row_floats floats each ([layers][2][block_tokens][row_floats]); its memory is
-// allocated the first time the block is handed out (or by Reserve) and kept for reuse. With max_capacity 0
-// the pool doubles when every block is held (bounded by the host's memory only); otherwise it stops at
-// max_capacity blocks. A backend's sequences share one pool (CpuBackend), and may be used from several
-// threads: every method locks, and a block's memory never moves.
+// block_tokens rows of values, row_elements elements each ([layers][2][block_tokens][row_elements]), fp32 or
+// bf16 (kernels::KvFormat); its memory is allocated the first time the block is handed out (or by Reserve)
+// and kept for reuse. With max_capacity 0 the pool doubles when every block is held (bounded by the host's
+// memory only); otherwise it stops at max_capacity blocks. A backend's sequences share one pool (CpuBackend),
+// and may be used from several threads: every method locks, and a block's memory never moves.
 class HostKvPool {
  public:
-  HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_floats, int64_t max_capacity = 0);
+  HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, int64_t row_elements, int64_t max_capacity = 0,
+             kernels::KvFormat format = kernels::KvFormat::kF32);
   // The bookkeeping, unlocked: for tests and single-threaded tools.
   const BlockPool& blocks() const { return blocks_; }
   int64_t block_tokens() const { return blocks_.block_tokens(); }
-  int64_t block_bytes() const { return block_floats_ * static_cast<int64_t>(sizeof(float)); }
+  kernels::KvFormat format() const { return format_; }
+  int64_t element_bytes() const { return format_ == kernels::KvFormat::kBf16 ? 2 : 4; }
+  int64_t block_bytes() const { return block_elements_ * element_bytes(); }
   // BlockPool::Allocate, with the block's memory; ResourceExhausted when the pool or the host has no room.
   absl::StatusOr<int32_t> Allocate();
   void Ref(int32_t block);
@@ -112,15 +117,18 @@ class HostKvPool {
   absl::Status Reserve(int64_t blocks);
   int64_t referenced() const;  // blocks held
   int64_t allocated() const;   // blocks with memory
-  float* keys(int32_t block, int64_t layer) {
+  // A layer's keys and values in a block: format() elements (float or uint16_t).
+  void* keys(int32_t block, int64_t layer) {
     std::lock_guard<std::mutex> lock(mu_);
-    return storage_[block].data() + layer * layer_stride();
+    return Bytes(block) + layer * layer_stride() * element_bytes();
   }
-  float* values(int32_t block, int64_t layer) { return keys(block, layer) + layer_floats_; }
+  void* values(int32_t block, int64_t layer) {
+    return static_cast<std::byte*>(keys(block, layer)) + layer_elements_ * element_bytes();
+  }
   // Layer 0's keys and values of each block of `ids`, under one lock (a forward gathers whole tables).
-  void Locate(std::span<const int32_t> ids, const float** keys, const float** values);
-  // Floats from one layer's keys in a block to the next layer's.
-  int64_t layer_stride() const { return 2 * layer_floats_; }
+  void Locate(std::span<const int32_t> ids, const void** keys, const void** values);
+  // Elements from one layer's keys in a block to the next layer's.
+  int64_t layer_stride() const { return 2 * layer_elements_; }
   // A block with `block`'s contents that only the caller holds, in place of the caller's reference to it.
   absl::StatusOr<int32_t> CopyOf(int32_t block);
 
@@ -129,9 +137,12 @@ class HostKvPool {
   void GrowLocked(int64_t more);
   mutable std::mutex mu_;
   BlockPool blocks_;
-  int64_t layer_floats_, block_floats_;  // block_tokens * row_floats; all layers' keys and values
+  std::byte* Bytes(int32_t block) { return reinterpret_cast<std::byte*>(storage_[block].data()); }
+  int64_t StorageFloats() const { return block_bytes() / static_cast<int64_t>(sizeof(float)); }
+  int64_t layer_elements_, block_elements_;  // block_tokens * row_elements; all layers' keys and values
   int64_t max_capacity_;
-  std::vector<kernels::AlignedVector<float>> storage_;  // by block, empty until first handed out
+  kernels::KvFormat format_;
+  std::vector<kernels::AlignedVector<float>> storage_;  // by block (block_bytes()), empty until first handed out
   int64_t allocated_ = 0;
 };
 
@@ -149,7 +160,7 @@ class HostKvTable {
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
   int32_t operator[](int64_t j) const { return ids_[j]; }
   // Layer 0's keys and values of every block, in order (HostKvPool::Locate).
-  void Locate(const float** keys, const float** values) const { pool_->Locate(ids_, keys, values); }
+  void Locate(const void** keys, const void** values) const { pool_->Locate(ids_, keys, values); }
   // A table on the same pool that holds the first n blocks too.
   HostKvTable Share(int64_t n) const;
   // At least n blocks; ResourceExhausted, the table as it was, when the pool has no room.

@@ -45,13 +45,24 @@ absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name) {
   return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8, w8a8)"));
 }
 
+absl::StatusOr<kernels::KvFormat> ParseKvFormat(std::string_view name) {
+  if (name == "f32") return kernels::KvFormat::kF32;
+  if (name == "bf16") return kernels::KvFormat::kBf16;
+  return absl::InvalidArgumentError(Cat("unknown KV cache type '", name, "' (f32, bf16)"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
   ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat format, ParseWeightFormat(options.weights));
+  if (!options.kv_dtype.empty()) ORYX_RETURN_IF_ERROR(ParseKvFormat(options.kv_dtype).status());
   if (options.device == "cpu") {
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> cpu, CpuBackend::Load(model_dir, options.threads, format));
+    if (!options.kv_dtype.empty()) ORYX_RETURN_IF_ERROR(cpu->SetKvFormat(*ParseKvFormat(options.kv_dtype)));
     return std::unique_ptr<Backend>(std::move(cpu));
   }
   if (options.device == "cuda") {
+    if (options.kv_dtype == "f32") {
+      return absl::InvalidArgumentError("KV cache type 'f32': the CUDA backend's KV cache is bf16");
+    }
     if (kernels::IsInt8(format)) {
       return absl::InvalidArgumentError(
           Cat("weights '", options.weights, "': the CUDA backend runs bf16 weights (f32 or bf16)"));

@@ -104,6 +104,10 @@ struct CausalConvParams {
   float* out_ptr;                   // [T, C]
 };
 
+// The element type of the CPU backend's KV cache: fp32, or bf16 (fp32 rounded to nearest even, its upper 16
+// bits), which halves the bytes an attention step reads from the cache. Scores and sums stay fp32.
+enum class KvFormat : uint8_t { kF32, kBf16 };
+
 // Softmax attention of the last Tq positions of a Tk-long KV cache (Tq <= Tk): query i sees keys
 // 0 .. Tk - Tq + i, scale 1/sqrt(dh), max-subtracted softmax. q is already RoPE'd, as are cached keys.
 struct AttentionParams {
@@ -114,12 +118,15 @@ struct AttentionParams {
   const float* v_ptr;  // [Tk, H, dh]
   float* out_ptr;      // [Tq, H, dh]
   float* scratch_ptr;  // [Tq, Tk] working space for the scores (the caller owns it, so calls allocate nothing)
-  // A paged KV cache when kv_block_tokens > 0: key s of head h is at k_blocks[s / kv_block_tokens] + kv_col +
-  // h * dh + (s % kv_block_tokens) * kv_token_stride, and likewise its value; k_ptr and v_ptr are unused.
+  // A paged KV cache when kv_block_tokens > 0: key s of head h is element kv_col + h * dh + (s % kv_block_tokens)
+  // * kv_token_stride of k_blocks[s / kv_block_tokens], and likewise its value; k_ptr and v_ptr are unused. The
+  // blocks hold kv_format elements (float or uint16_t bf16; a contiguous cache is fp32).
   int64_t kv_block_tokens = 0;
-  const float* const* k_blocks = nullptr;
-  const float* const* v_blocks = nullptr;
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
   int64_t kv_col = 0;
+  KvFormat kv_format = KvFormat::kF32;
+  float* widen_ptr = nullptr;  // bf16: [kv_block_tokens, dh] working space for one block's rows in fp32
 };
 
 // Recurrent state S [H, dh, dh] fp32, S[h][i][j] pairs key feature i with value feature j; Read = S^T q.
@@ -190,6 +197,9 @@ void QuantizeRows(const float* x, int64_t m, int64_t k, int64_t stride, uint8_t*
 void PackedMatMulReference(const PackedMatMulParams& p);
 // w [n, k] fp32 packed: bf16 -> uint16_t out[n * k]; int8 and w8a8 -> int8_t out[n * k] and scale[n].
 void PackWeights(const float* w, int64_t n, int64_t k, WeightFormat format, void* out, float* scale);
+// bf16 <-> fp32 over n values: rounded to nearest even (NaN stays NaN), and widened exactly.
+void RoundToBf16(const float* in, int64_t n, uint16_t* out);
+void WidenBf16(const uint16_t* in, int64_t n, float* out);
 void RmsNorm(const RmsNormParams& p);
 void RmsNormReference(const RmsNormParams& p);
 void GatedRmsNorm(const GatedRmsNormParams& p);

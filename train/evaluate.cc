@@ -82,7 +82,9 @@ double Fraction(const std::vector<uint8_t>& modes) {
 
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon& common) {
   ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat weights, ParseWeightFormat(common.weights));
+  ORYX_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format, ParseKvFormat(common.kv_dtype));
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Load(common.model_dir, common.threads, weights));
+  ORYX_RETURN_IF_ERROR(backend->SetKvFormat(kv_format));
   return std::unique_ptr<SequenceModel>(new EngineModel(std::move(backend)));
 }
 

@@ -34,6 +34,7 @@ struct EvalCommon {
   std::string backend = "engine";  // engine (the CPU engine) | libtorch (the reference model)
   std::string device = "auto";     // libtorch only: auto | cpu | cuda
   int threads = 0;
+  std::string kv_dtype = "f32";  // engine only: the KV cache's element type (BackendOptions::kv_dtype)
   std::string weights = "f32";  // engine only: the projections' format (BackendOptions::weights)
   uint64_t seed = 1;
 };

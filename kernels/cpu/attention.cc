@@ -1,7 +1,9 @@
 // Softmax attention of Tq queries over a Tk-long KV cache, causal inside the span (queries are the last Tq
 // positions). Per head: scores = Q K^T (a GEMM per block of a paged cache, or one for a contiguous one),
-// masked, stable softmax, P V (summed over the blocks). Single-threaded; heads are independent and would be
-// the axis to split.
+// masked, stable softmax, P V (summed over the blocks); a bf16 cache's blocks are widened to fp32 a block at a
+// time. Single-threaded; heads are independent and would be the axis to split.
+#include <immintrin.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cassert>
@@ -12,25 +14,122 @@
 #include "kernels/ops.h"
 
 namespace oryx::kernels::cpu {
+namespace {
+
+#ifdef __AVX512F__
+// 16 keys or values from a row, as fp32 (a bf16 row widened in registers).
+__m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+__m512 Load16(const uint16_t* p) {
+  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+
+constexpr int64_t kMaxDecodeChunks = 8;  // head_dim up to 128 in registers
+
+// A decode step of head h (one query) over a paged cache of T elements, for head_dim a multiple of 16 up to
+// 128: the scores four rows at a time (four FMA chains, then one reduction each), the softmax, then the value
+// rows weighted into an output held in registers. At one query a block is a 64 x dh matrix-vector product,
+// small enough that a library call's overhead costs more than its arithmetic.
+template <typename T>
+void DecodeHead(const AttentionParams& p, int64_t h) {
+  const int64_t tk = p.kv_tokens, dh = p.head_dim, bt = p.kv_block_tokens, chunks = dh / 16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  const float* q = p.q_ptr + h * dh;
+  float* scores = p.scratch_ptr;
+  __m512 qv[kMaxDecodeChunks];
+  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
+    const T* k = static_cast<const T*>(p.k_blocks[j]) + p.kv_col + h * dh;
+    const int64_t rows = std::min(bt, tk - start), stride = p.kv_token_stride;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      // The rows lie a token's width apart (all heads' keys in between), a stride the hardware prefetcher
+      // follows poorly: ask for the rows eight ahead.
+      for (int64_t ahead = r + 8; ahead < std::min(rows, r + 12); ++ahead) {
+        const char* line = reinterpret_cast<const char*>(k + ahead * stride);
+        for (int64_t b = 0; b < dh * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
+      }
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        a0 = _mm512_fmadd_ps(qv[c], Load16(k + r * stride + 16 * c), a0);
+        a1 = _mm512_fmadd_ps(qv[c], Load16(k + (r + 1) * stride + 16 * c), a1);
+        a2 = _mm512_fmadd_ps(qv[c], Load16(k + (r + 2) * stride + 16 * c), a2);
+        a3 = _mm512_fmadd_ps(qv[c], Load16(k + (r + 3) * stride + 16 * c), a3);
+      }
+      scores[start + r] = _mm512_reduce_add_ps(a0) * scale;
+      scores[start + r + 1] = _mm512_reduce_add_ps(a1) * scale;
+      scores[start + r + 2] = _mm512_reduce_add_ps(a2) * scale;
+      scores[start + r + 3] = _mm512_reduce_add_ps(a3) * scale;
+    }
+    for (; r < rows; ++r) {
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) a = _mm512_fmadd_ps(qv[c], Load16(k + r * stride + 16 * c), a);
+      scores[start + r] = _mm512_reduce_add_ps(a) * scale;
+    }
+  }
+  Eigen::Map<Eigen::ArrayXf> row(scores, tk);
+  row = (row - row.maxCoeff()).exp();
+  row /= row.sum();
+  __m512 acc[kMaxDecodeChunks];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
+    const T* v = static_cast<const T*>(p.v_blocks[j]) + p.kv_col + h * dh;
+    const int64_t rows = std::min(bt, tk - start);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 w = _mm512_set1_ps(scores[start + r]);
+      const T* vr = v + r * p.kv_token_stride;
+      if (r + 8 < rows) {
+        const char* line = reinterpret_cast<const char*>(vr + 8 * p.kv_token_stride);
+        for (int64_t b = 0; b < dh * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
+      }
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(w, Load16(vr + 16 * c), acc[c]);
+    }
+  }
+  float* out = p.out_ptr + h * dh;
+  for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+#endif
+
+}  // namespace
 
 void Attention(const AttentionParams& p) {
   assert(p.q_tokens <= p.kv_tokens);
+#ifdef __AVX512F__
+  if (p.q_tokens == 1 && p.kv_block_tokens > 0 && p.head_dim % 16 == 0 && p.head_dim <= 16 * kMaxDecodeChunks) {
+    for (int64_t h = 0; h < p.heads; ++h) {
+      if (p.kv_format == KvFormat::kBf16) {
+        DecodeHead<uint16_t>(p, h);
+      } else {
+        DecodeHead<float>(p, h);
+      }
+    }
+    return;
+  }
+#endif
   const int64_t tq = p.q_tokens, tk = p.kv_tokens, dh = p.head_dim, offset = tk - tq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  assert(p.kv_format == KvFormat::kF32 || (p.kv_block_tokens > 0 && p.widen_ptr != nullptr));
   // The keys in pieces of contiguous rows: the whole cache, or its blocks.
   const int64_t piece = p.kv_block_tokens > 0 ? p.kv_block_tokens : tk;
-  auto keys = [&](int64_t j, int64_t h) {
-    return p.kv_block_tokens > 0 ? p.k_blocks[j] + p.kv_col + h * dh : p.k_ptr + h * dh;
-  };
-  auto values = [&](int64_t j, int64_t h) {
-    return p.kv_block_tokens > 0 ? p.v_blocks[j] + p.kv_col + h * dh : p.v_ptr + h * dh;
+  // Rows of head h in piece j of the keys or the values, as fp32: where they are, or widened from bf16 into
+  // widen_ptr (valid until the next call).
+  auto rows_of = [&](const void* const* blocks, const float* contiguous, int64_t j, int64_t h, int64_t rows) {
+    if (p.kv_block_tokens == 0)
+      return ConstMatrixMap(contiguous + h * dh, rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
+    if (p.kv_format == KvFormat::kF32) {
+      return ConstMatrixMap(static_cast<const float*>(blocks[j]) + p.kv_col + h * dh, rows, dh,
+                            Eigen::OuterStride<>(p.kv_token_stride));
+    }
+    const uint16_t* packed = static_cast<const uint16_t*>(blocks[j]) + p.kv_col + h * dh;
+    for (int64_t r = 0; r < rows; ++r) WidenBf16(packed + r * p.kv_token_stride, dh, p.widen_ptr + r * dh);
+    return ConstMatrixMap(p.widen_ptr, rows, dh, Eigen::OuterStride<>(dh));
   };
   MatrixMap scores(p.scratch_ptr, tq, tk, Eigen::OuterStride<>(tk));
   for (int64_t h = 0; h < p.heads; ++h) {
     ConstMatrixMap q(p.q_ptr + h * dh, tq, dh, Eigen::OuterStride<>(p.q_token_stride));
     for (int64_t j = 0, start = 0; start < tk; ++j, start += piece) {
       const int64_t rows = std::min(piece, tk - start);
-      ConstMatrixMap k(keys(j, h), rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
+      ConstMatrixMap k = rows_of(p.k_blocks, p.k_ptr, j, h, rows);
       if (tq == 1) {  // a decode step: a matrix-vector product over the block's key rows
         Eigen::Map<const Eigen::VectorXf> qv(p.q_ptr + h * dh, dh);
         Eigen::Map<Eigen::VectorXf>(p.scratch_ptr + start, rows).noalias() = (k * qv) * scale;
@@ -48,7 +147,7 @@ void Attention(const AttentionParams& p) {
     MatrixMap out(p.out_ptr + h * dh, tq, dh, Eigen::OuterStride<>(p.out_token_stride));
     for (int64_t j = 0, start = 0; start < tk; ++j, start += piece) {
       const int64_t rows = std::min(piece, tk - start);
-      ConstMatrixMap v(values(j, h), rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
+      ConstMatrixMap v = rows_of(p.v_blocks, p.v_ptr, j, h, rows);
       if (tq == 1) {  // a decode step: the block's value rows weighted by the probabilities
         Eigen::Map<Eigen::VectorXf> o(p.out_ptr + h * dh, dh);
         Eigen::Map<const Eigen::VectorXf> w(p.scratch_ptr + start, rows);
@@ -68,12 +167,14 @@ void Attention(const AttentionParams& p) {
 
 void AttentionReference(const AttentionParams& p) {
   const int64_t tq = p.q_tokens, tk = p.kv_tokens, dh = p.head_dim, b = p.kv_block_tokens;
-  // Row s of the keys or values (at the head's column 0).
-  auto key = [&](int64_t s) {
-    return b > 0 ? p.k_blocks[s / b] + p.kv_col + (s % b) * p.kv_token_stride : p.k_ptr + s * p.kv_token_stride;
-  };
-  auto value = [&](int64_t s) {
-    return b > 0 ? p.v_blocks[s / b] + p.kv_col + (s % b) * p.kv_token_stride : p.v_ptr + s * p.kv_token_stride;
+  // Element c of row s of the keys or values (c counted from the head's column 0), as fp32.
+  auto element = [&](const void* const* blocks, const float* contiguous, int64_t s, int64_t c) -> float {
+    if (b == 0) return contiguous[s * p.kv_token_stride + c];
+    const int64_t at = p.kv_col + (s % b) * p.kv_token_stride + c;
+    if (p.kv_format == KvFormat::kF32) return static_cast<const float*>(blocks[s / b])[at];
+    float widened;
+    WidenBf16(static_cast<const uint16_t*>(blocks[s / b]) + at, 1, &widened);
+    return widened;
   };
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   std::vector<double> weights(tk);
@@ -83,9 +184,8 @@ void AttentionReference(const AttentionParams& p) {
       const float* q = p.q_ptr + i * p.q_token_stride + h * dh;
       double max_score = -INFINITY;
       for (int64_t s = 0; s <= last_key; ++s) {
-        const float* k = key(s) + h * dh;
         double dot = 0.0;
-        for (int64_t d = 0; d < dh; ++d) dot += double{q[d]} * k[d];
+        for (int64_t d = 0; d < dh; ++d) dot += double{q[d]} * element(p.k_blocks, p.k_ptr, s, h * dh + d);
         weights[s] = dot * scale;
         max_score = std::max(max_score, weights[s]);
       }
@@ -93,7 +193,7 @@ void AttentionReference(const AttentionParams& p) {
       for (int64_t s = 0; s <= last_key; ++s) total += weights[s] = std::exp(weights[s] - max_score);
       for (int64_t d = 0; d < dh; ++d) {
         double acc = 0.0;
-        for (int64_t s = 0; s <= last_key; ++s) acc += weights[s] * value(s)[h * dh + d];
+        for (int64_t s = 0; s <= last_key; ++s) acc += weights[s] * element(p.v_blocks, p.v_ptr, s, h * dh + d);
         p.out_ptr[i * p.out_token_stride + h * dh + d] = static_cast<float>(acc / total);
       }
     }

@@ -281,4 +281,12 @@ void PackWeights(const float* w, int64_t n, int64_t k, WeightFormat format, void
   }
 }
 
+void RoundToBf16(const float* in, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+}
+
+void WidenBf16(const uint16_t* in, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
 }  // namespace oryx::kernels::cpu

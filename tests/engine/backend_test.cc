@@ -54,12 +54,12 @@ Tokens RandomTokens(std::mt19937& rng, int64_t n) {
   return r;
 }
 
-class BackendTest : public ::testing::TestWithParam<LinearMixer> {
+// What the fixtures share: a CPU backend on a random tiny checkpoint, and the logits of a span.
+class BackendFixture {
  protected:
-  void SetUp() override {
-    const ModelConfig config = testutil::TinyConfig(GetParam());
-    testutil::WriteTinyCheckpoint(scratch_.Join("m"), config, testutil::RandomTensors(config, DType::kF32, 7));
-    auto b = CpuBackend::Load(scratch_.Join("m"), /*threads=*/2);
+  void Load(const ModelConfig& config, const std::string& name, uint32_t seed) {
+    testutil::WriteTinyCheckpoint(scratch_.Join(name), config, testutil::RandomTensors(config, DType::kF32, seed));
+    auto b = CpuBackend::Load(scratch_.Join(name), /*threads=*/2);
     ASSERT_TRUE(b.ok()) << b.status();
     backend_ = std::move(*b);
   }
@@ -72,6 +72,11 @@ class BackendTest : public ::testing::TestWithParam<LinearMixer> {
   }
   testutil::ScratchDir scratch_;
   std::unique_ptr<CpuBackend> backend_;
+};
+
+class BackendTest : public ::testing::TestWithParam<LinearMixer>, protected BackendFixture {
+ protected:
+  void SetUp() override { Load(testutil::TinyConfig(GetParam()), "m", 7); }
 };
 
 void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, float tol, const std::string& what) {
@@ -239,15 +244,17 @@ TEST_P(BackendTest, CloneIsASnapshotThatRestoresExactly) {
 // context: spans that cross block boundaries, clones that share blocks and then write into the shared one
 // (copy on write), and a rollback into a block a clone holds, each give the logits of a fresh sequence fed
 // the same tokens in one span.
-class PagedKvTest : public BackendTest {
+// The paged cache's guarantees hold in both KV formats: a bf16 cache rounds each key and value once, when it
+// is written, so that every way of reaching a state (spans, clones, rollback, pool reuse, block sizes) reads
+// the same rounded values.
+class PagedKvTest : public ::testing::TestWithParam<std::tuple<LinearMixer, kernels::KvFormat>>,
+                    protected BackendFixture {
  protected:
   void SetUp() override {
-    ModelConfig config = testutil::TinyConfig(GetParam());
+    ModelConfig config = testutil::TinyConfig(std::get<0>(GetParam()));
     config.max_position = 512;
-    testutil::WriteTinyCheckpoint(scratch_.Join("long"), config, testutil::RandomTensors(config, DType::kF32, 9));
-    auto b = CpuBackend::Load(scratch_.Join("long"), /*threads=*/2);
-    ASSERT_TRUE(b.ok()) << b.status();
-    backend_ = std::move(*b);
+    ASSERT_NO_FATAL_FAILURE(Load(config, "long", 9));
+    ASSERT_TRUE(backend_->SetKvFormat(std::get<1>(GetParam())).ok());
   }
   static Tokens Cat(const Tokens& a, const Tokens& b) {
     Tokens r = a;
@@ -375,7 +382,50 @@ TEST_P(PagedKvTest, BlockSizesGiveTheSameLogits) {
   EXPECT_EQ(backend_->SetKvBlockTokens(0).code(), absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Mixers, PagedKvTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn));
+// A bf16 cache gives logits near the fp32 cache's (keys and values rounded to 8 bits of mantissa: a relative
+// error of at most 2^-9 each), and not the same ones (a bf16 setting that still ran fp32 would); the KvBytes of
+// a position halve; the format cannot change under a sequence that holds blocks.
+class Bf16KvTest : public PagedKvTest {};
+
+TEST_P(Bf16KvTest, NearTheFp32CacheInHalfTheBytes) {
+  std::mt19937 rng(37);
+  Tokens a = RandomTokens(rng, 150), probe = RandomTokens(rng, 4);
+  for (Mode& m : probe.modes) m = Mode::kAttention;
+  auto run = [&] {
+    SequenceState seq = backend_->NewSequence();
+    Logits(seq, a);
+    return Logits(seq, probe);
+  };
+  const std::vector<float> bf16 = run();
+  const int64_t bf16_bytes = backend_->KvBytes(64);
+  {  // a sequence with an fp32 cache of its own is refused, not read in the wrong format
+    SequenceState foreign(backend_->config());
+    std::vector<float> out;
+    ForwardItem item{&foreign, probe.tokens, probe.modes, LogitsRows::kAll, &out, false};
+    EXPECT_EQ(backend_->Forward(std::span(&item, 1)).code(), absl::StatusCode::kInvalidArgument);
+  }
+  ASSERT_TRUE(backend_->SetKvFormat(kernels::KvFormat::kF32).ok());
+  const std::vector<float> f32 = run();
+  EXPECT_EQ(backend_->KvBytes(64), 2 * bf16_bytes);
+  ASSERT_EQ(bf16.size(), f32.size());
+  float scale = 0.f, worst = 0.f;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    scale = std::max(scale, std::abs(f32[i]));
+    worst = std::max(worst, std::abs(bf16[i] - f32[i]));
+  }
+  EXPECT_LE(worst, 1e-2f * scale);
+  EXPECT_GT(worst, 1e-6f * scale) << "the bf16 cache gave the fp32 cache's logits exactly";
+  SequenceState holder = backend_->NewSequence();
+  Logits(holder, a);
+  EXPECT_EQ(backend_->SetKvFormat(kernels::KvFormat::kBf16).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+INSTANTIATE_TEST_SUITE_P(MixersAndKvFormats, PagedKvTest,
+                         ::testing::Combine(::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
+                                            ::testing::Values(kernels::KvFormat::kF32, kernels::KvFormat::kBf16)));
+INSTANTIATE_TEST_SUITE_P(Mixers, Bf16KvTest,
+                         ::testing::Combine(::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
+                                            ::testing::Values(kernels::KvFormat::kBf16)));
 
 // The same batch on the same states gives the same bits however the states' buffers happen to lie in
 // memory: a sequence rebuilt after other allocations moved the heap, forwarded again, matches exactly.

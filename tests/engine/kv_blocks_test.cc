@@ -151,9 +151,9 @@ TEST(BlockPool, EvictsReleasedCachedBlocksLeastRecentlyReleasedFirst) {
 // A sequence's own pool doubles when full, and the blocks handed out keep their memory; a pool with a
 // maximum stops there.
 TEST(HostKvPool, GrowsUpToItsMaximumAndKeepsBlocksInPlace) {
-  HostKvPool own(2, 4, /*layers=*/2, /*row_floats=*/3);
+  HostKvPool own(2, 4, /*layers=*/2, /*row_elements=*/3);
   const int32_t first = *own.Allocate();
-  float* keys = own.keys(first, 1);
+  float* keys = static_cast<float*>(own.keys(first, 1));
   keys[0] = 42.f;
   std::vector<int32_t> got = {first};
   for (int i = 0; i < 9; ++i) got.push_back(*own.Allocate());
@@ -161,6 +161,11 @@ TEST(HostKvPool, GrowsUpToItsMaximumAndKeepsBlocksInPlace) {
   EXPECT_EQ(own.keys(first, 1), keys);
   EXPECT_EQ(keys[0], 42.f);
   EXPECT_EQ(own.block_bytes(), 2 * 2 * 4 * 3 * 4);
+  HostKvPool halves(2, 4, 2, 3, /*max_capacity=*/0, kernels::KvFormat::kBf16);
+  EXPECT_EQ(halves.block_bytes(), 2 * 2 * 4 * 3 * 2);
+  const int32_t block = *halves.Allocate();  // layer 1's values end where the block's memory ends
+  EXPECT_EQ(static_cast<std::byte*>(halves.values(block, 1)) + 4 * 3 * 2,
+            static_cast<std::byte*>(halves.keys(block, 0)) + halves.block_bytes());
 
   HostKvPool capped(2, 4, 2, 3, /*max_capacity=*/3);
   EXPECT_TRUE(capped.Allocate().ok());

@@ -316,32 +316,93 @@ TEST(AttentionCpu, PagedCacheMatchesContiguous) {
   struct Shape { int64_t tq, tk, block; };
   for (Shape s : {Shape{1, 1, 4}, Shape{1, 9, 4}, Shape{3, 10, 4}, Shape{16, 40, 16}, Shape{1, 300, 64},
                   Shape{33, 64, 64}, Shape{5, 130, 64}}) {
-    const int64_t heads = 2, dh = 8, width = heads * dh, q_stride = 3 * width;
+    for (int64_t dh : {8, 64}) {  // 64: one query takes the vectorised decode path
+      const int64_t heads = 2, width = heads * dh, q_stride = 3 * width;
+      const int64_t row = 3 * width, col = width;  // a block row holds [pad | k or v | pad]
+      std::vector<float> q = RandomVector(s.tq * q_stride, 40, -2.f, 2.f);
+      std::vector<float> k = RandomVector(s.tk * width, 41, -2.f, 2.f), v = RandomVector(s.tk * width, 42);
+      const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
+      std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(s.block * row, 99.f)), vb = kb;
+      std::vector<const void*> kp, vp;
+      for (int64_t j = 0; j < n_blocks; ++j) {
+        for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
+          std::copy_n(k.data() + (j * s.block + r) * width, width, kb[j].data() + r * row + col);
+          std::copy_n(v.data() + (j * s.block + r) * width, width, vb[j].data() + r * row + col);
+        }
+        kp.push_back(kb[j].data());
+        vp.push_back(vb[j].data());
+      }
+      std::vector<float> out(s.tq * width), paged_ref(s.tq * width), contiguous_ref(s.tq * width), scratch(s.tq * s.tk);
+      AttentionParams paged{s.tq,    s.tk,      heads,     dh,      q_stride,   row,
+                            width,   q.data(),  nullptr,   nullptr, out.data(), scratch.data(),
+                            s.block, kp.data(), vp.data(), col};
+      cpu::Attention(paged);
+      paged.out_ptr = paged_ref.data();
+      cpu::AttentionReference(paged);
+      cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(),
+                               contiguous_ref.data(), nullptr});
+      EXPECT_EQ(paged_ref, contiguous_ref) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block << " dh=" << dh;
+      EXPECT_LE(RelErr(out, contiguous_ref), kTol)
+          << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block << " dh=" << dh;
+    }
+  }
+}
+
+// A bf16 paged cache: the kernel widens each block and computes what the reference computes over the same
+// bf16 blocks, and that is exactly the reference over an fp32 cache holding the rounded values.
+TEST(AttentionCpu, Bf16PagedCacheMatchesTheRoundedFp32Cache) {
+  struct Shape {
+    int64_t tq, tk, block;
+  };
+  for (Shape s :
+       {Shape{1, 1, 4}, Shape{1, 9, 4}, Shape{3, 10, 4}, Shape{1, 300, 64}, Shape{33, 64, 64}, Shape{5, 130, 64}}) {
+    const int64_t heads = 2, dh = 64, width = heads * dh, q_stride = 3 * width;
     const int64_t row = 3 * width, col = width;  // a block row holds [pad | k or v | pad]
-    std::vector<float> q = RandomVector(s.tq * q_stride, 40, -2.f, 2.f);
-    std::vector<float> k = RandomVector(s.tk * width, 41, -2.f, 2.f), v = RandomVector(s.tk * width, 42);
+    std::vector<float> q = RandomVector(s.tq * q_stride, 50, -2.f, 2.f);
+    std::vector<float> k = RandomVector(s.tk * width, 51, -2.f, 2.f), v = RandomVector(s.tk * width, 52);
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    cpu::RoundToBf16(k.data(), k.size(), k16.data());
+    cpu::RoundToBf16(v.data(), v.size(), v16.data());
+    std::vector<float> k_rounded(k.size()), v_rounded(v.size());
+    cpu::WidenBf16(k16.data(), k16.size(), k_rounded.data());
+    cpu::WidenBf16(v16.data(), v16.size(), v_rounded.data());
+    EXPECT_NE(k_rounded, k);  // the cache does round
     const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
-    std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(s.block * row, 99.f)), vb = kb;
-    std::vector<const float*> kp, vp;
+    std::vector<std::vector<uint16_t>> kb(n_blocks, std::vector<uint16_t>(s.block * row, 0x7fc0)), vb = kb;
+    std::vector<const void*> kp, vp;
     for (int64_t j = 0; j < n_blocks; ++j) {
       for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
-        std::copy_n(k.data() + (j * s.block + r) * width, width, kb[j].data() + r * row + col);
-        std::copy_n(v.data() + (j * s.block + r) * width, width, vb[j].data() + r * row + col);
+        std::copy_n(k16.data() + (j * s.block + r) * width, width, kb[j].data() + r * row + col);
+        std::copy_n(v16.data() + (j * s.block + r) * width, width, vb[j].data() + r * row + col);
       }
       kp.push_back(kb[j].data());
       vp.push_back(vb[j].data());
     }
-    std::vector<float> out(s.tq * width), paged_ref(s.tq * width), contiguous_ref(s.tq * width), scratch(s.tq * s.tk);
-    AttentionParams paged{s.tq, s.tk, heads, dh, q_stride, row, width, q.data(), nullptr, nullptr, out.data(),
-                               scratch.data(), s.block, kp.data(), vp.data(), col};
+    std::vector<float> out(s.tq * width), paged_ref(s.tq * width), rounded_ref(s.tq * width), scratch(s.tq * s.tk);
+    std::vector<float> widen(s.block * dh);
+    AttentionParams paged{s.tq,    s.tk,      heads,     dh,      q_stride,        row,
+                          width,   q.data(),  nullptr,   nullptr, out.data(),      scratch.data(),
+                          s.block, kp.data(), vp.data(), col,     KvFormat::kBf16, widen.data()};
     cpu::Attention(paged);
     paged.out_ptr = paged_ref.data();
     cpu::AttentionReference(paged);
-    cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(),
-                             contiguous_ref.data(), nullptr});
-    EXPECT_EQ(paged_ref, contiguous_ref) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
-    EXPECT_LE(RelErr(out, contiguous_ref), kTol) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
+    cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k_rounded.data(),
+                             v_rounded.data(), rounded_ref.data(), nullptr});
+    EXPECT_EQ(paged_ref, rounded_ref) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
+    EXPECT_LE(RelErr(out, rounded_ref), kTol) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block;
   }
+}
+
+TEST(Bf16, RoundsToNearestEvenAndWidensExactly) {
+  const float in[] = {1.0f, 1.00390625f, 1.01171875f, -2.5f, 0.f, 3.0e38f};
+  // 1 + 2^-8 lies halfway between bf16 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8 halfway up: to 1 + 2^-6.
+  const float want[] = {1.0f, 1.0f, 1.015625f, -2.5f, 0.f};
+  uint16_t packed[6];
+  float back[6];
+  cpu::RoundToBf16(in, 6, packed);
+  cpu::WidenBf16(packed, 6, back);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(back[i], want[i]) << in[i];
+  EXPECT_LE(std::abs(back[5] - in[5]), std::ldexp(in[5], -9)) << "more than half a bf16 step (8 bits) away";
 }
 
 TEST(AttentionCpu, OneKeyReturnsItsValue) {
