@@ -37,12 +37,13 @@ nb::dict Policies() {
 }
 
 void Init(EngineHandle* self, const std::string& model_dir, const std::string& device, int threads,
-          const std::string& weights) {
+          const std::string& weights, const std::string& kv_dtype) {
   absl::StatusOr<Engine> loaded = [&] {
     nb::gil_scoped_release no_gil;
     return Engine::Load(model_dir, {.device = device,
                                     .threads = threads,
                                     .weights = weights,
+                                    .kv_dtype = kv_dtype,
                                     .cuda = CudaSwitches::FromEnvironment()});
   }();
   Engine engine = ValueOrThrow(std::move(loaded));
@@ -183,10 +184,12 @@ void DefineEngine(nb::module_& module) {
       module, "Engine",
       "Engine(model_dir, device='cpu', threads=0, weights='f32'): a model and its tokenizer, with every policy "
       "`oryx generate` takes. device: 'cpu' or 'cuda' (in CUDA builds); threads: CPU threads, 0 for one per "
-      "hardware thread; weights: the CPU projections as 'f32', 'bf16', 'int8' or 'w8a8' (fewer bytes per token). "
+      "hardware thread; weights: the CPU projections as 'f32', 'bf16', 'int8' or 'w8a8' (fewer bytes per token); "
+      "kv_dtype: the CPU KV cache as 'f32' or 'bf16' (half its memory; '' for the backend's own). "
       "Safe to use from several Python threads: calls take turns on the engine (a stream between its steps), "
       "with the GIL released while it runs.");
-  engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0, "weights"_a = "f32");
+  engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0, "weights"_a = "f32",
+             "kv_dtype"_a = "");
   const auto args = GenerateArgs();
   std::apply(
       [&](auto... options) {

@@ -24,6 +24,8 @@ def test_a_bad_model_path_device_or_thread_count(tmp_path):
             oryx.Engine(MODEL_DIR, threads=threads)
     with pytest.raises(oryx.InvalidArgumentError, match=r"unknown weight format 'int4' \(f32, bf16, int8, w8a8\)"):
         oryx.Engine(MODEL_DIR, weights="int4")
+    with pytest.raises(oryx.InvalidArgumentError, match=r"unknown KV cache type 'fp8' \(f32, bf16\)"):
+        oryx.Engine(MODEL_DIR, kv_dtype="fp8")
 
 
 def test_a_bad_policy(engine):

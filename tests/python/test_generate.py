@@ -38,6 +38,12 @@ def test_greedy_generate_equals_the_command(engine, policy):
     assert_same_result(got, cli_generate(PROMPTS[0], policy, MAX_TOKENS))
 
 
+def test_a_bf16_kv_cache_generates_what_the_command_generates_with_one():
+    bf16 = oryx.Engine(str(SOURCE_DIR / "models" / "default"), kv_dtype="bf16")
+    got = bf16.generate(PROMPTS[0], policy="speculative:4", max_tokens=MAX_TOKENS)
+    assert_same_result(got, cli_generate(PROMPTS[0], "speculative:4", MAX_TOKENS, "--kv-dtype", "bf16"))
+
+
 def test_speculative_results_carry_the_speculation_statistics(engine):
     stats = engine.generate(PROMPTS[0], policy="speculative:4", max_tokens=MAX_TOKENS).stats
     assert stats["spec"]["drafted"] > 0
