@@ -30,4 +30,11 @@ int ExecTorchBinary(const std::string& command, const Args& args);
 // Whether args hold `--NAME VALUE` or `--NAME=VALUE`.
 bool HasFlagValue(const Args& args, const std::string& name, const std::string& value);
 
+// The help of the backend flags that generate and serve share.
+inline constexpr const char* kWeightsHelp =
+    "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too): fewer bytes per token";
+inline constexpr const char* kKvDtypeHelp =
+    "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); cuda: bf16 "
+    "only (default: f32 on the CPU)";
+
 }  // namespace oryx::cli

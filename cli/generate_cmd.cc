@@ -75,12 +75,8 @@ int RunGenerate(const Args& args) {
   f.Bool("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token");
   f.String("device", &device, "cpu | cuda");
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
-  f.String("weights", &weights,
-           "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too): fewer bytes per "
-           "token");
-  f.String("kv-dtype", &kv_dtype,
-           "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); "
-           "cuda: bf16 only (default: f32 on the CPU)");
+  f.String("weights", &weights, kWeightsHelp);
+  f.String("kv-dtype", &kv_dtype, kKvDtypeHelp);
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");

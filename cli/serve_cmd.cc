@@ -66,12 +66,8 @@ int RunServe(const Args& args) {
         "--http-threads or more: no cap, as behind a proxy, where every client has the proxy's address)",
         0, 1 << 20);
   f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
-  f.String("weights", &weights,
-           "cpu: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too): fewer bytes per "
-           "token");
-  f.String("kv-dtype", &kv_dtype,
-           "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); "
-           "cuda: bf16 only (default: f32 on the CPU)");
+  f.String("weights", &weights, kWeightsHelp);
+  f.String("kv-dtype", &kv_dtype, kKvDtypeHelp);
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
   PrefixCacheFlags prefix_cache;
   prefix_cache.Add(f);
