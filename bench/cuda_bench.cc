@@ -288,12 +288,16 @@ absl::Status RunSpecPoint(CudaBackend& backend, const DecodeBenchOptions& o, con
 }
 }  // namespace
 
-double StepBytes(const ModelConfig& c, Mode mode, int64_t context, int64_t batch) {
+double StepBytes(const ModelConfig& c, Mode mode, int64_t context, int64_t batch, bool fp8_weights) {
   const double L = c.n_layers, D = c.d_model, H = c.n_heads, dh = c.head_dim, HD = c.qk_dim(), F = c.mlp_hidden,
                V = c.vocab_size, W = c.conv_width - 1, G = c.linear_mixer == LinearMixer::kGdn ? 2 * H : H;
-  // bf16 matrices: per layer the input projections but the unused query (k, v, g, gates and one of q_attn /
-  // q_linear), o_proj and the MLP; the LM head; only the batch's rows of the embedding.
-  const double matrices = L * ((4 * HD + G) * D + D * HD + 3 * F * D) + V * D + batch * D;
+  // Matrices (bf16, or FP8 with an fp32 scale per row): per layer the input projections but the unused query
+  // (k, v, g, gates and one of q_attn / q_linear), o_proj and the MLP; the LM head; only the batch's rows of
+  // the (bf16) embedding.
+  const double matrices = L * ((4 * HD + G) * D + D * HD + 3 * F * D) + V * D;
+  const double matrix_rows = L * ((4 * HD + G) + D + 3 * F) + V;
+  const double matrix_bytes =
+      fp8_weights ? matrices + 4.0 * matrix_rows + 2.0 * batch * D : 2.0 * (matrices + batch * D);
   // fp32 vectors: norms, conv weights and bias, gate norm, dt_bias, A_log, D_skip; the final norm.
   const double vectors = L * (2 * D + 2 * HD * c.conv_width + 2 * HD + dh + 3 * H) + D;
   const double kv_read = mode == Mode::kAttention ? 2.0 * 2 * L * HD * (context + 1) : 0.0;
@@ -301,7 +305,7 @@ double StepBytes(const ModelConfig& c, Mode mode, int64_t context, int64_t batch
                               + 2.0 * 4 * L * H * dh * dh               // recurrent state read and written
                               + 2.0 * 4 * L * W * 2 * HD                // conv window read and written
                               + 4.0 * V;                                // logits written (fp32)
-  return 2.0 * matrices + 4.0 * vectors + batch * per_sequence;
+  return matrix_bytes + 4.0 * vectors + batch * per_sequence;
 }
 
 absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
@@ -317,15 +321,17 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   }
   // Positions past the context that the timed steps and rounds of one point may write.
   const int64_t growth = std::max(kPasses * (o.steps + 2), SpecGrowth(o)) + 8;
+  ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat weight_format, ParseWeightFormat(o.weights));
   std::unique_ptr<CudaBackend> backend;
   std::string model = o.model_dir;
   if (o.model_dir.empty()) {
     const std::string preset = o.preset.empty() ? "130m" : o.preset;
     ORYX_ASSIGN_OR_RETURN(ModelConfig config, PresetConfig(preset, o.mixer, max_context + growth + 8));
-    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::CreateRandom(config, 1, CudaSwitches::FromEnvironment()));
+    ORYX_ASSIGN_OR_RETURN(backend,
+                          CudaBackend::CreateRandom(config, 1, CudaSwitches::FromEnvironment(), weight_format));
     model = Cat("random-", preset, "-", o.mixer == LinearMixer::kGdn ? "gdn" : "mamba2");
   } else {
-    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::Load(o.model_dir, CudaSwitches::FromEnvironment()));
+    ORYX_ASSIGN_OR_RETURN(backend, CudaBackend::Load(o.model_dir, CudaSwitches::FromEnvironment(), weight_format));
   }
   const ModelConfig& c = backend->config();
   if (max_context + growth > c.max_position) {
@@ -348,10 +354,12 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   }
   const double bandwidth = backend->MeasureCopyBandwidth();
   const double weights = static_cast<double>(backend->weight_bytes());
-  std::cerr << "bench decode (cuda " << backend->DeviceName() << "): " << model << ", " << weights / 1e9
-            << " GB of bf16 weights, copy bandwidth " << bandwidth / 1e9 << " GB/s\n";
+  const std::string weight_type = backend->fp8_weights() ? "fp8" : "bf16";
+  std::cerr << "bench decode (cuda " << backend->DeviceName() << "): " << model << ", " << weights / 1e9 << " GB of "
+            << weight_type << " weights, copy bandwidth " << bandwidth / 1e9 << " GB/s\n";
   nlohmann::json base = {{"bench", "decode"}, {"backend", "cuda"}, {"device", backend->DeviceName()}, {"model", model},
-                         {"weight_bytes", weights}, {"copy_bandwidth_gb_s", bandwidth / 1e9}};
+                         {"weights", weight_type}, {"weight_bytes", weights},
+                         {"copy_bandwidth_gb_s", bandwidth / 1e9}};
   base.update(Provenance());
 
   // Prefill throughput by mode, from an empty sequence, in chunks of 2048 tokens (attention mode only up to
@@ -430,7 +438,7 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
           }
           const double step = Median(steps);
           if (device_draw) step_s[mode == Mode::kLinear] = step;
-          const double bytes = StepBytes(c, mode, context, batch);
+          const double bytes = StepBytes(c, mode, context, batch, backend->fp8_weights());
           nlohmann::json r = base;
           r.update({{"mode", ModeName(mode)}, {"context", context}, {"batch", batch}, {"steps", o.steps},
                     {"cuda_graph", graphs}, {"next_token", device_draw ? "device" : "host"},

@@ -10,8 +10,8 @@ namespace oryx::bench {
 // the unused query projection of the mode, only the batch's embedding rows), the KV cache read (attention)
 // and the new entries written (bf16), the recurrent state and conv window read and written (fp32), the
 // logits written (fp32). The same count as bench/torch_reference.py's step_bytes, but for the fp32 logits
-// and small fp32 vectors.
-double StepBytes(const ModelConfig& config, Mode mode, int64_t context, int64_t batch);
+// and small fp32 vectors. fp8_weights: the matrices in FP8 and their fp32 row scales.
+double StepBytes(const ModelConfig& config, Mode mode, int64_t context, int64_t batch, bool fp8_weights = false);
 
 // Decode step time by mode, context and batch (contexts filled by linear-mode prefill: every token writes
 // the KV cache whatever its mode), and prefill throughput by mode; JSON lines as RunDecodeBench's.

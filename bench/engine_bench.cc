@@ -127,9 +127,6 @@ double ReadBandwidth(double bytes) {
 }
 
 absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
-  if (o.device == "cuda" && o.weights != "f32") {
-    return absl::InvalidArgumentError("bench decode: --weights is for the CPU backend (the CUDA backend runs bf16)");
-  }
   if (o.device == "cuda" && o.kv_dtype != "f32") {
     return absl::InvalidArgumentError(
         "bench decode: --kv-dtype is for the CPU backend (the CUDA backend's cache is bf16)");

@@ -98,12 +98,11 @@ int RunEval(const Args& args) {
     f.String("model", &common.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
     f.String("data", &data, kind == "mqar" ? "unused by mqar (its examples are synthetic)"
                                             : "corpus directory (oryx data prepare): its validation split is read");
-    f.String("backend", &common.backend, "engine (the CPU engine) | libtorch (the reference model)");
-    f.String("device", &common.device, "libtorch backend: auto | cpu | cuda");
+    f.String("backend", &common.backend, "engine (the engine's CPU or CUDA backend) | libtorch (the reference model)");
+    f.String("device", &common.device, "auto | cpu | cuda (auto: the engine on the CPU, LibTorch on CUDA if present)");
     f.Int("threads", &threads, "CPU threads (0: default)", 0, 1024);
-    f.String("weights", &common.weights,
-             "engine backend: projection weights f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations too)");
-    f.String("kv-dtype", &common.kv_dtype, "engine backend: the KV cache's element type f32 | bf16");
+    f.String("weights", &common.weights, absl::StrCat("engine backend: ", kWeightsHelp));
+    f.String("kv-dtype", &common.kv_dtype, absl::StrCat("engine backend: ", kKvDtypeHelp));
     f.Int("seed", &seed, "seed of schedules and task examples", 0);
     f.Bool("json", &json, "print one JSON object instead of a table");
     f.String("out", &out_file, "also write the JSON object to this file (atomically)");
@@ -125,7 +124,7 @@ int RunEval(const Args& args) {
   auto open_model = [&]() -> absl::StatusOr<std::unique_ptr<train::SequenceModel>> {
     if (common.backend == "engine") return train::OpenEngineModel(common);
     if (common.weights != "f32") return absl::InvalidArgumentError("--weights is for --backend engine");
-    if (common.kv_dtype != "f32") return absl::InvalidArgumentError("--kv-dtype is for --backend engine");
+    if (!common.kv_dtype.empty()) return absl::InvalidArgumentError("--kv-dtype is for --backend engine");
 #ifdef ORYX_HAVE_TORCH
     if (common.backend == "libtorch") return train::OpenTorchModel(common);
 #endif

@@ -252,8 +252,9 @@ struct CudaSwitches {
 struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda (the CUDA backend, in builds with ORYX_CUDA)
   int threads = 0;             // CPU worker threads; 0: one per hardware thread
-  // The CPU backend's projection weights: "f32" (as loaded), "bf16" or "int8" (per-row scales): fewer bytes
-  // read per token (kernels/ops.h WeightFormat). The CUDA backend runs bf16 and accepts only "f32" or "bf16".
+  // The projection weights: fewer bytes read per token (kernels/ops.h WeightFormat). The CPU backend's "f32"
+  // (as loaded), "bf16", "int8" (per-row scales) or "w8a8"; the CUDA backend's "bf16" (also "f32": as loaded,
+  // in bf16) or "fp8" (e4m3, a scale per row).
   std::string weights = "f32";
   // The CPU backend's KV cache: "f32", or "bf16" (half the bytes an attention step reads from it). The CUDA
   // backend's is bf16 and accepts only "bf16"; "" takes the backend's own (f32 on the CPU).

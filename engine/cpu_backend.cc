@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Load(const std::string& 
     return absl::InvalidArgumentError(
         Cat("threads must be in [0, ", kMaxCpuThreads, "] (0: one per hardware thread), got ", threads));
   }
+  if (weights == k::WeightFormat::kFp8) {
+    return absl::InvalidArgumentError("weights 'fp8' are the CUDA backend's; the CPU runs f32, bf16, int8 or w8a8");
+  }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CpuBackend> b(new CpuBackend());
   b->config_ = ckpt.config();

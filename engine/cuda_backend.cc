@@ -44,16 +44,20 @@ CudaBackend::~CudaBackend() {
   profiler_.reset();
   scratch_.reset();
   for (Layer& l : layers_) {
-    for (void* p : {static_cast<void*>(l.in_proj), static_cast<void*>(l.o_proj), static_cast<void*>(l.mlp_in),
-                    static_cast<void*>(l.mlp_down), static_cast<void*>(l.attn_norm), static_cast<void*>(l.mlp_norm),
-                    static_cast<void*>(l.conv_weight), static_cast<void*>(l.conv_bias),
-                    static_cast<void*>(l.gate_norm), static_cast<void*>(l.dt_bias), static_cast<void*>(l.a_log),
-                    static_cast<void*>(l.d_skip)}) {
+    for (Weight* w : {&l.in_proj, &l.o_proj, &l.mlp_in, &l.mlp_down}) {
+      cudaFree(w->data);
+      cudaFree(w->scale);
+    }
+    for (void* p : {static_cast<void*>(l.attn_norm), static_cast<void*>(l.mlp_norm), static_cast<void*>(l.conv_weight),
+                    static_cast<void*>(l.conv_bias), static_cast<void*>(l.gate_norm), static_cast<void*>(l.dt_bias),
+                    static_cast<void*>(l.a_log), static_cast<void*>(l.d_skip)}) {
       cudaFree(p);
     }
   }
-  if (lm_head_ != embed_) cudaFree(lm_head_);
+  if (lm_head_.data != embed_) cudaFree(lm_head_.data);
+  cudaFree(lm_head_.scale);
   cudaFree(embed_);
+  cudaFree(fp8_scratch_);
   cudaFree(final_norm_);
   cudaFree(rope_freq_);
 }
@@ -130,7 +134,11 @@ void UploadBf16(const std::vector<float>& host, bf16** dst) {
 }
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string& dir, const CudaSwitches& switches) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string& dir, const CudaSwitches& switches,
+                                                               kernels::WeightFormat weights) {
+  if (kernels::IsInt8(weights)) {
+    return absl::InvalidArgumentError("the CUDA backend runs bf16 or fp8 weights (f32 and bf16 load as bf16)");
+  }
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   ORYX_RETURN_IF_ERROR(b->Init(ckpt.config(), switches));
@@ -140,22 +148,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string
     ORYX_ASSIGN_OR_RETURN(out, ckpt.TensorAsFloats(name));
     return absl::OkStatus();
   };
-  int64_t bf16_elements = 0;
-  auto bf16_upload = [&](const std::vector<float>& v, bf16** dst) {
-    UploadBf16(v, dst);
-    bf16_elements += static_cast<int64_t>(v.size());
+  auto bf16_upload = [&](const std::vector<float>& v, Weight* dst) {
+    bf16* p = nullptr;
+    UploadBf16(v, &p);
+    dst->data = p;
   };
   ORYX_RETURN_IF_ERROR(get(kEmbedWeight, host));
   bf16* embed = nullptr;
-  bf16_upload(host, &embed);
+  UploadBf16(host, &embed);
   b->embed_ = embed;
   if (c.tie_embeddings) {
-    b->lm_head_ = embed;
+    b->lm_head_.data = embed;
   } else {
     ORYX_RETURN_IF_ERROR(get(kLmHeadWeight, host));
-    bf16* lm = nullptr;
-    bf16_upload(host, &lm);
-    b->lm_head_ = lm;
+    bf16_upload(host, &b->lm_head_);
   }
   ORYX_RETURN_IF_ERROR(get(kFinalNormWeight, host));
   Upload(host, &b->final_norm_);
@@ -189,12 +195,49 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Load(const std::string
     ORYX_RETURN_IF_ERROR(layer(kMlpDown, host));
     bf16_upload(host, &l.mlp_down);
   }
-  b->weight_bytes_ = bf16_elements * static_cast<int64_t>(sizeof(bf16));
+  ORYX_RETURN_IF_ERROR(b->SetWeightFormat(weights));
   return b;
 }
 
+absl::Status CudaBackend::SetWeightFormat(kernels::WeightFormat weights) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, V = c.vocab_size, P = in_proj_.width;
+  const bool fp8 = weights == kernels::WeightFormat::kFp8;
+  cudaStream_t s = ctx_->stream;
+  int64_t bytes = V * D * static_cast<int64_t>(sizeof(bf16)), largest = 0;  // the embedding table
+  auto convert = [&](Weight& w, int64_t rows, int64_t cols) {
+    largest = std::max(largest, rows * cols);
+    if (!fp8) {
+      if (w.data != embed_) bytes += rows * cols * static_cast<int64_t>(sizeof(bf16));
+      return;
+    }
+    void* q = nullptr;
+    ORYX_CUDA_CHECK(cudaMalloc(&q, std::max<int64_t>(1, rows * cols)));
+    ORYX_CUDA_CHECK(cudaMalloc(&w.scale, std::max<int64_t>(1, rows) * sizeof(float)));
+    kc::QuantizeRowsFp8(static_cast<const bf16*>(w.data), rows, cols, static_cast<kc::fp8*>(q), w.scale, s);
+    ORYX_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (w.data != embed_) cudaFree(w.data);
+    w.data = q;
+    bytes += rows * cols + rows * static_cast<int64_t>(sizeof(float));
+  };
+  convert(lm_head_, V, D);
+  for (Layer& l : layers_) {
+    convert(l.in_proj, P, D);
+    convert(l.o_proj, D, HD);
+    convert(l.mlp_in, 2 * F, D);
+    convert(l.mlp_down, D, F);
+  }
+  if (fp8) ORYX_CUDA_CHECK(cudaMalloc(&fp8_scratch_, largest * sizeof(bf16)));
+  weight_bytes_ = bytes;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const ModelConfig& config, uint32_t seed,
-                                                                      const CudaSwitches& switches) {
+                                                                       const CudaSwitches& switches,
+                                                                       kernels::WeightFormat weights) {
+  if (kernels::IsInt8(weights)) {
+    return absl::InvalidArgumentError("the CUDA backend runs bf16 or fp8 weights (f32 and bf16 load as bf16)");
+  }
   ORYX_RETURN_IF_ERROR(ValidateModelConfig(config, "random model"));
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   ORYX_RETURN_IF_ERROR(b->Init(config, switches));
@@ -203,14 +246,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const Mod
   const int64_t P = b->in_proj_.width;
   cudaStream_t s = b->ctx_->stream;
   uint32_t next = seed * 1000003u;
-  int64_t bf16_elements = 0;
   auto matrix = [&](int64_t rows, int64_t cols) {
     bf16* p = nullptr;
     ORYX_CUDA_CHECK(cudaMalloc(&p, rows * cols * sizeof(bf16)));
     const float bound = 1.f / std::sqrt(static_cast<float>(cols));
     kc::FillUniform(p, rows * cols, next++, -bound, bound, s);
-    bf16_elements += rows * cols;
-    return p;
+    return Weight{.data = p};
   };
   auto vec = [&](int64_t n, float lo, float hi) {
     float* p = nullptr;
@@ -218,9 +259,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const Mod
     kc::FillUniform(p, n, next++, lo, hi, s);
     return p;
   };
-  bf16* embed = matrix(V, D);
-  b->embed_ = embed;
-  b->lm_head_ = c.tie_embeddings ? static_cast<void*>(embed) : static_cast<void*>(matrix(V, D));
+  b->embed_ = matrix(V, D).data;
+  b->lm_head_ = c.tie_embeddings ? Weight{.data = b->embed_} : matrix(V, D);
   b->final_norm_ = vec(D, 1.f, 1.f);
   for (Layer& l : b->layers_) {
     l.in_proj = matrix(P, D);
@@ -237,10 +277,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::CreateRandom(const Mod
     if (c.linear_mixer == LinearMixer::kMamba2) l.d_skip = vec(H, 0.f, 1.f);
   }
   ORYX_CUDA_CHECK(cudaStreamSynchronize(s));
-  b->weight_bytes_ = bf16_elements * static_cast<int64_t>(sizeof(bf16));
+  ORYX_RETURN_IF_ERROR(b->SetWeightFormat(weights));
   return b;
 }
-
 
 std::string CudaBackend::DeviceName() const {
   int device = 0;

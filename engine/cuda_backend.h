@@ -18,13 +18,17 @@ namespace oryx {
 
 class CudaBackend final : public Backend {
  public:
-  // Loads a checkpoint onto the current CUDA device (weights converted to bf16). FailedPrecondition when
-  // there is no CUDA device.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Load(const std::string& dir, const CudaSwitches& switches = {});
+  // Loads a checkpoint onto the current CUDA device. `weights`: the projections and the LM head in bf16 (kF32,
+  // kBf16) or FP8 (kFp8: e4m3 with a power-of-two scale per row, kernels::cuda::QuantizeRowsFp8); int8 is
+  // InvalidArgument. FailedPrecondition when there is no CUDA device.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Load(
+      const std::string& dir, const CudaSwitches& switches = {},
+      kernels::WeightFormat weights = kernels::WeightFormat::kBf16);
   // Random weights of `config` made on the device (uniform, small; for benchmarks at sizes whose
-  // checkpoints would be slow to write and read).
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateRandom(const ModelConfig& config, uint32_t seed,
-                                                                   const CudaSwitches& switches = {});
+  // checkpoints would be slow to write and read), in `weights` as Load's.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> CreateRandom(
+      const ModelConfig& config, uint32_t seed, const CudaSwitches& switches = {},
+      kernels::WeightFormat weights = kernels::WeightFormat::kBf16);
   ~CudaBackend() override;
 
   std::string_view name() const override { return "cuda"; }
@@ -50,8 +54,10 @@ class CudaBackend final : public Backend {
     return std::clamp<int64_t>(8192 / std::max<int64_t>(1, sequences), 256, 2048);
   }
 
-  // Bytes of bf16 weights on the device.
+  // Bytes of the weight matrices on the device (bf16, or FP8 and their scales), the embedding table's included.
   int64_t weight_bytes() const { return weight_bytes_; }
+  // The projections and the LM head are FP8 (Load's `weights`).
+  bool fp8_weights() const { return fp8_scratch_ != nullptr; }
   // Copy bandwidth of the device in bytes/s (read + write over the time of a large copy, best of 10).
   double MeasureCopyBandwidth() const;
   // Forwards of short spans (decode steps, verify spans) replayed as CUDA graphs, one per shape (default on).
@@ -85,11 +91,18 @@ class CudaBackend final : public Backend {
   struct Context;  // the stream, cuBLAS handle and memory pool shared with the device sequences
 
  private:
+  // A weight matrix [N, K] on the device: bf16, or FP8 e4m3 with one scale per row.
+  struct Weight {
+    void* data = nullptr;
+    float* scale = nullptr;  // set: FP8
+  };
   struct Layer;
   struct Scratch;
   struct Profiler;
   CudaBackend();
   absl::Status Init(const ModelConfig& config, const CudaSwitches& switches);
+  // Load's and CreateRandom's end: the matrices to FP8 (kFp8, the bf16 freed) or kept, weight_bytes_ counted.
+  absl::Status SetWeightFormat(kernels::WeightFormat weights);
   struct Plan;
   // A forward in steps: its plan (the sequences' capacity made), the scratch for it, its metadata written
   // at `base` as the plan lays it out (positions shifted by pos_shift), the device views of it, the launches,
@@ -117,7 +130,9 @@ class CudaBackend final : public Backend {
   std::shared_ptr<Context> ctx_;
   std::vector<Layer> layers_;
   void* embed_ = nullptr;       // bf16 [V, D]
-  void* lm_head_ = nullptr;     // bf16 [V, D] (= embed_ when tied)
+  Weight lm_head_;              // [V, D] (data = embed_ when tied and bf16)
+  // FP8 weights: a bf16 copy of one matrix, made in front of each cuBLAS product (kc::GemmParams).
+  void* fp8_scratch_ = nullptr;
   float* final_norm_ = nullptr;  // [D]
   double* rope_freq_ = nullptr;  // [dh/2] (rope_theta > 0)
   std::unique_ptr<Scratch> scratch_;

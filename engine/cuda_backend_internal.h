@@ -627,10 +627,10 @@ struct CudaBackend::Profiler {
 };
 
 struct CudaBackend::Layer {
-  bf16* in_proj = nullptr;   // [P, D] rows k, v, q_linear, g, gates, q_attn
-  bf16* o_proj = nullptr;    // [D, HD]
-  bf16* mlp_in = nullptr;    // [2F, D] gate rows, then up rows
-  bf16* mlp_down = nullptr;  // [D, F]
+  Weight in_proj;                                       // [P, D] rows k, v, q_linear, g, gates, q_attn
+  Weight o_proj;                                        // [D, HD]
+  Weight mlp_in;                                        // [2F, D] gate rows, then up rows
+  Weight mlp_down;                                      // [D, F]
   float *attn_norm = nullptr, *mlp_norm = nullptr;      // [D]
   float *conv_weight = nullptr, *conv_bias = nullptr;   // [2HD, w], [2HD]
   float* gate_norm = nullptr;                           // [dh]

@@ -17,6 +17,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const int32_t layer = static_cast<int32_t>(il);
   const int64_t N = plan.N, B = plan.B, NA = plan.NA;
   const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
+  bf16* const fp8_scratch = static_cast<bf16*>(fp8_scratch_);  // FP8 weights on the cuBLAS path (kc::GemmParams)
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
@@ -26,15 +27,17 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   if (plan.fused) {
     kc::FusedGemvParams in{.m = N, .n = P_used, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
         .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = P, .in_ptr = sc.x, .gate_ptr = nullptr,
-        .weight_ptr = w.attn_norm, .w_ptr = w.in_proj, .y_ptr = sc.proj, .accumulate = false};
+        .weight_ptr = w.attn_norm, .w_ptr = w.in_proj.data, .y_ptr = sc.proj, .accumulate = false,
+        .w_scale = w.in_proj.scale};
     if (plan.skip_q_linear) in.n -= HD, in.skip_begin = in_proj_.q_linear, in.skip_rows = HD;
     in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
   } else {
     // u = RMSNorm(x) was written by the previous step.
-    kc::Gemm({.m = N, .n = P_used, .k = D, .x_row_stride = D, .y_row_stride = P, .x_ptr = sc.u, .w_ptr = w.in_proj,
-              .y_ptr = sc.proj}, ctx.cublas);
+    kc::Gemm({.m = N, .n = P_used, .k = D, .x_row_stride = D, .y_row_stride = P, .x_ptr = sc.u,
+              .w_ptr = w.in_proj.data, .y_ptr = sc.proj, .w_scale = w.in_proj.scale, .w_bf16_scratch = fp8_scratch},
+             ctx.cublas);
     mark("in_proj");
   }
   if (plan.decode_mixer) {
@@ -78,8 +81,8 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   if (plan.fused) {
     kc::FusedGemvParams o_proj{.m = N, .n = D, .k = HD, .input = kc::GemvInput::kGatedNorm, .eps = dims.norm_eps,
         .head_dim = c.head_dim, .in_row_stride = HD, .gate_row_stride = P, .y_row_stride = D, .in_ptr = sc.o,
-        .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj, .y_ptr = sc.x,
-        .accumulate = true};
+        .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .w_ptr = w.o_proj.data, .y_ptr = sc.x,
+        .accumulate = true, .w_scale = w.o_proj.scale};
     o_proj.rows_per_warp = gemv_rows_per_warp_;
     o_proj.y_written_earlier = true;  // x: last written by the previous layer's down projection (or Embed)
     o_proj.gate_written_earlier = true;  // the gate: by the input projection, the mixer at least between
@@ -89,13 +92,15 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     // product adds into the residual.
     kc::FusedGemvParams mlp_in{.m = N, .n = 2 * F, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
         .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = F, .in_ptr = sc.x, .gate_ptr = nullptr,
-        .weight_ptr = w.mlp_norm, .w_ptr = w.mlp_in, .y_ptr = nullptr, .accumulate = false};
+        .weight_ptr = w.mlp_norm, .w_ptr = w.mlp_in.data, .y_ptr = nullptr, .accumulate = false,
+        .w_scale = w.mlp_in.scale};
     mlp_in.maybe_swiglu_ptr = sc.act;
     mlp_in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(mlp_in, s);
     mark("mlp_in+swiglu (norm fused)");
     kc::GemmParams down{.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
-        .w_ptr = w.mlp_down, .y_ptr = sc.x, .accumulate = true};
+        .w_ptr = w.mlp_down.data, .y_ptr = sc.x, .accumulate = true, .w_scale = w.mlp_down.scale,
+        .w_bf16_scratch = fp8_scratch};
     down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
     kc::Gemm(down, ctx.cublas);
     mark("mlp_down (residual fused)");
@@ -104,19 +109,21 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
                  .o_ptr = sc.o, .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
   mark("gated_norm");
-  kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj,
-            .y_ptr = sc.tmp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj.data,
+            .y_ptr = sc.tmp, .w_scale = w.o_proj.scale, .w_bf16_scratch = fp8_scratch}, ctx.cublas);
   mark("o_proj");
   kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
                   .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
   mark("add_rmsnorm");
-  kc::Gemm({.m = N, .n = 2 * F, .k = D, .x_row_stride = D, .y_row_stride = 2 * F, .x_ptr = sc.u, .w_ptr = w.mlp_in,
-            .y_ptr = sc.mlp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = 2 * F, .k = D, .x_row_stride = D, .y_row_stride = 2 * F, .x_ptr = sc.u,
+            .w_ptr = w.mlp_in.data, .y_ptr = sc.mlp, .w_scale = w.mlp_in.scale, .w_bf16_scratch = fp8_scratch},
+           ctx.cublas);
   mark("mlp_in");
   kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
   mark("swiglu");
-  kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act, .w_ptr = w.mlp_down,
-            .y_ptr = sc.tmp}, ctx.cublas);
+  kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
+            .w_ptr = w.mlp_down.data, .y_ptr = sc.tmp, .w_scale = w.mlp_down.scale, .w_bf16_scratch = fp8_scratch},
+           ctx.cublas);
   mark("mlp_down");
   if (il + 1 < c.n_layers) {
     kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
@@ -131,6 +138,7 @@ void CudaBackend::RunModel(const Plan& plan) {
   Context& ctx = *ctx_;
   const int64_t D = c.d_model, V = c.vocab_size;
   const float eps = ctx.dims.norm_eps;
+  bf16* const fp8_scratch = static_cast<bf16*>(fp8_scratch_);
   if (profiler_) profiler_->Mark("start", ctx.stream);
   kc::Embed({.rows = plan.N, .d = D, .tokens_ptr = sc.tokens, .table_ptr = static_cast<const bf16*>(embed_),
              .x_ptr = sc.x, .tokens_stride = sc.tokens_stride}, ctx.stream);
@@ -145,7 +153,7 @@ void CudaBackend::RunModel(const Plan& plan) {
                     .maybe_delta_ptr = plan.fused ? nullptr : sc.tmp, .weight_ptr = final_norm_,
                     .maybe_rows_ptr = sc.logit_rows, .y_ptr = sc.head}, ctx.stream);
     kc::GemmParams head{.m = plan.NL, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = sc.head,
-        .w_ptr = static_cast<const bf16*>(lm_head_), .y_ptr = sc.logits};
+        .w_ptr = lm_head_.data, .y_ptr = sc.logits, .w_scale = lm_head_.scale, .w_bf16_scratch = fp8_scratch};
     head.maybe_argmax_key = sc.argmax_key;
     kc::Gemm(head, ctx.cublas);
     if (profiler_) profiler_->Mark("final_norm+lm_head", ctx.stream);

@@ -80,8 +80,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.max_chunks = std::max<int64_t>(1, (max_keys + plan.chunk - 1) / plan.chunk);
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
   plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;
-  plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D) && kc::FusedGemvApplies(plan.N, HD) &&
-               kc::FusedGemvApplies(plan.N, F);
+  const bool fp8 = fp8_weights();
+  plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D, fp8) && kc::FusedGemvApplies(plan.N, HD, fp8) &&
+               kc::FusedGemvApplies(plan.N, F, fp8);
   plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
   if (chunked_scan_) {
     for (const ForwardItem& it : batch) {
@@ -149,7 +150,7 @@ CudaBackend::DrawLayout CudaBackend::LayOutDraws(const Plan& plan, int64_t meta_
   // (The scratch's buffers are whole device allocations, so the LM head's input and output are aligned.)
   d.key = !d.sampled && plan.NL == 1 &&
           kc::GemvApplies({.m = 1, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = nullptr,
-                           .w_ptr = static_cast<const bf16*>(lm_head_), .y_ptr = nullptr});
+                           .w_ptr = lm_head_.data, .y_ptr = nullptr, .w_scale = lm_head_.scale});
   d.tokens = meta_bytes;
   d.uniforms = d.tokens + AlignMeta(plan.NL * 4);  // (room for the key too)
   d.meta_bytes = d.uniforms + (d.sampled ? AlignMeta(plan.NL * 8) : 0);

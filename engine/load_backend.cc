@@ -42,7 +42,8 @@ absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name) {
   if (name == "bf16") return kernels::WeightFormat::kBf16;
   if (name == "int8") return kernels::WeightFormat::kInt8;
   if (name == "w8a8") return kernels::WeightFormat::kW8A8;
-  return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8, w8a8)"));
+  if (name == "fp8") return kernels::WeightFormat::kFp8;
+  return absl::InvalidArgumentError(Cat("unknown weight format '", name, "' (f32, bf16, int8, w8a8, fp8)"));
 }
 
 absl::StatusOr<kernels::KvFormat> ParseKvFormat(std::string_view name) {
@@ -65,10 +66,10 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
     }
     if (kernels::IsInt8(format)) {
       return absl::InvalidArgumentError(
-          Cat("weights '", options.weights, "': the CUDA backend runs bf16 weights (f32 or bf16)"));
+          Cat("weights '", options.weights, "': the CUDA backend runs bf16 (f32 or bf16) or fp8 weights"));
     }
 #ifdef ORYX_HAVE_CUDA
-    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir, options.cuda));
+    ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Load(model_dir, options.cuda, format));
     cuda->set_runs_rounds(options.device_rounds);
     return std::unique_ptr<Backend>(std::move(cuda));
 #else

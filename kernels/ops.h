@@ -37,8 +37,9 @@ struct MatMulParams {
 // [-127, 127], scale = max |w[o, :]| / 127). Decode reads 2 or 4 times fewer weight bytes; the activations stay
 // fp32 and so do the sums. kW8A8 packs the weights as kInt8 and quantises each activation row too, to int8
 // with one scale per row (x[r, i] ~ sx[r] * q, sx = max |x[r, :]| / 127), so that the products are integer dot
-// products (AVX-512 VNNI: 64 multiply-adds an instruction) summed exactly in int32, then scaled.
-enum class WeightFormat : uint8_t { kF32, kBf16, kInt8, kW8A8 };
+// products (AVX-512 VNNI: 64 multiply-adds an instruction) summed exactly in int32, then scaled. kFp8 is the
+// CUDA backend's (e4m3 with a power-of-two scale per row: kernels/cuda/ops_cuda.h QuantizeRowsFp8).
+enum class WeightFormat : uint8_t { kF32, kBf16, kInt8, kW8A8, kFp8 };
 constexpr bool IsInt8(WeightFormat format) { return format == WeightFormat::kInt8 || format == WeightFormat::kW8A8; }
 constexpr int64_t BytesPerWeight(WeightFormat format) {
   return IsInt8(format) ? 1 : format == WeightFormat::kBf16 ? 2 : 4;

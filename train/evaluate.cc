@@ -47,7 +47,7 @@ std::vector<double> TokenNll(std::span<const float> logits, std::span<const int3
 
 class EngineModel final : public SequenceModel {
  public:
-  explicit EngineModel(std::unique_ptr<CpuBackend> backend) : backend_(std::move(backend)) {}
+  explicit EngineModel(std::unique_ptr<Backend> backend) : backend_(std::move(backend)) {}
   const ModelConfig& config() const override { return backend_->config(); }
   absl::StatusOr<std::vector<float>> Logits(std::span<const int32_t> ids, std::span<const uint8_t> modes,
                                             int64_t first_row) override {
@@ -69,7 +69,7 @@ class EngineModel final : public SequenceModel {
   }
 
  private:
-  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Backend> backend_;
 };
 
 double Fraction(const std::vector<uint8_t>& modes) {
@@ -81,10 +81,11 @@ double Fraction(const std::vector<uint8_t>& modes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon& common) {
-  ORYX_ASSIGN_OR_RETURN(const kernels::WeightFormat weights, ParseWeightFormat(common.weights));
-  ORYX_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format, ParseKvFormat(common.kv_dtype));
-  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Load(common.model_dir, common.threads, weights));
-  ORYX_RETURN_IF_ERROR(backend->SetKvFormat(kv_format));
+  const BackendOptions options{.device = common.device == "auto" ? "cpu" : common.device,
+                               .threads = common.threads,
+                               .weights = common.weights,
+                               .kv_dtype = common.kv_dtype};
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, LoadBackend(common.model_dir, options));
   return std::unique_ptr<SequenceModel>(new EngineModel(std::move(backend)));
 }
 

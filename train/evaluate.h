@@ -31,15 +31,15 @@ class SequenceModel {
 
 struct EvalCommon {
   std::string model_dir;
-  std::string backend = "engine";  // engine (the CPU engine) | libtorch (the reference model)
-  std::string device = "auto";     // libtorch only: auto | cpu | cuda
+  std::string backend = "engine";  // engine (the engine's backends) | libtorch (the reference model)
+  std::string device = "auto";     // auto | cpu | cuda (auto: the engine's cpu, LibTorch's choice)
   int threads = 0;
-  std::string kv_dtype = "f32";  // engine only: the KV cache's element type (BackendOptions::kv_dtype)
+  std::string kv_dtype;  // engine only: the KV cache's element type (BackendOptions::kv_dtype; "": the backend's)
   std::string weights = "f32";  // engine only: the projections' format (BackendOptions::weights)
   uint64_t seed = 1;
 };
 
-// The CPU engine as a SequenceModel.
+// The engine's backend on common.device as a SequenceModel.
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenEngineModel(const EvalCommon& common);
 // The LibTorch reference as a SequenceModel (defined in the LibTorch build only).
 absl::StatusOr<std::unique_ptr<SequenceModel>> OpenTorchModel(const EvalCommon& common);

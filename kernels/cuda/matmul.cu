@@ -2,7 +2,9 @@
 // mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
 // matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
 // column-major y^T = W x^T, hence (T, N) below). cuBLAS is faster from 2 rows on (measured in docs/CUDA.md).
+// FP8 weights (QuantizeRowsFp8) take the GEMVs up to 8 rows, and cuBLAS over a bf16 copy beyond.
 #include <cublas_v2.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -42,20 +44,48 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float* out) {
   }
 }
 
-// y (+)= W x for one row x. kSplit warps per output feature n (a block of kGemvWarps warps covers
-// kGemvWarps / kSplit features): lanes stride over K in 8-element (16-byte) pieces of W[n] and of x; with
-// kSplit > 1 the warps of a feature take every kSplit-th stretch of 32 pieces and add up through shared
-// memory. Splitting keeps enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
-template <int kSplit, int kBatch>
+// A piece of a weight row: 16 bytes, 8 bf16 weights or 16 FP8 e4m3 ones (whose row scale the caller applies
+// to the row's sum), unpacked kParts times 8 weights at a time against 8-element pieces of x.
+template <bool kFp8>
+struct WeightPiece {
+  static constexpr int kWeights = 8, kParts = 1;
+  static __device__ __forceinline__ void Unpack(const uint4& raw, int /*part*/, float* out) { Unpack8(raw, out); }
+};
+template <>
+struct WeightPiece<true> {
+  static constexpr int kWeights = 16, kParts = 2;
+  static __device__ __forceinline__ void Unpack(const uint4& raw, int part, float* out) {
+    const uint2 half = part == 0 ? make_uint2(raw.x, raw.y) : make_uint2(raw.z, raw.w);
+    const __nv_fp8x2_storage_t* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&half);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[e], __NV_E4M3)));
+      out[2 * e] = f.x;
+      out[2 * e + 1] = f.y;
+    }
+  }
+};
+// Weight row `row` of [N, K] as 16-byte pieces (K a multiple of the piece's weights).
+template <bool kFp8>
+__device__ __forceinline__ const uint4* WeightRow(const void* w, int64_t row, int64_t k) {
+  return reinterpret_cast<const uint4*>(static_cast<const char*>(w) + row * k * (kFp8 ? 1 : 2));
+}
+
+// y (+)= W x for one row x (a decode step). kSplit warps per output feature n (a block of kGemvWarps warps
+// covers kGemvWarps / kSplit features): lanes stride over K in 16-byte pieces of W[n] (against 8-element pieces
+// of x); with kSplit > 1 the warps of a feature take every kSplit-th stretch of 32 pieces and add up through
+// shared memory. Splitting keeps enough loads in flight when N is small (N / 8 blocks would not fill the GPU).
+template <int kSplit, int kBatch, bool kFp8>
 __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKernel(GemmParams p) {
+  using Piece = WeightPiece<kFp8>;
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   __shared__ float partial[kGemvWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % kSplit;
   const int64_t n = int64_t(blockIdx.x) * kRowsPerBlock + warp / kSplit;
   const bool active = n < p.n;
-  const uint4* w = reinterpret_cast<const uint4*>(p.w_ptr + (active ? n : 0) * p.k);
+  const uint4* w = WeightRow<kFp8>(p.w_ptr, active ? n : 0, p.k);
   const uint4* x = reinterpret_cast<const uint4*>(p.x_ptr);
-  const int64_t pieces = active ? p.k / 8 : 0;
+  const int64_t pieces = active ? p.k / Piece::kWeights : 0;
   constexpr int64_t kStride = 32 * kSplit;
   // kBatch pieces of the row per lane in flight at once (all issued before any is used); the first batch
   // before the wait for the previous kernel (see EarlyLoads).
@@ -67,6 +97,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
       raw[b] = i < pieces ? LoadWeight(w + i) : make_uint4(0, 0, 0, 0);
     }
   };
+  // The row's scale (a weight: readable before the wait).
+  const float scale = kFp8 && active && part == 0 && lane == 0 ? __ldg(p.w_scale + n) : 1.f;
   const int64_t first = part * 32 + lane;
   // The residual this feature adds to, before the wait where the caller says y was written two or more
   // kernels ago (the thread that writes it reads it).
@@ -93,11 +125,15 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
     for (int b = 0; b < kBatch; ++b) {
       const int64_t i = base + kStride * b;
       if (i >= pieces) break;
-      float wf[8], xf[8];
-      Unpack8(raw[b], wf);
-      Unpack8(stage ? xs[i] : __ldg(x + i), xf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
+      for (int part8 = 0; part8 < Piece::kParts; ++part8) {
+        const int64_t xi = i * Piece::kParts + part8;
+        float wf[8], xf[8];
+        Piece::Unpack(raw[b], part8, wf);
+        Unpack8(stage ? xs[xi] : __ldg(x + xi), xf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
+      }
     }
   }
   acc = WarpSum(acc);
@@ -109,6 +145,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
     }
   }
   const bool owner = active && lane == 0 && part == 0;  // holds feature n's sum
+  if constexpr (kFp8) acc *= scale;
   float y = 0.f;
   if (owner) p.y_ptr[n] = y = p.accumulate ? (early_prior ? prior : p.y_ptr[n]) + acc : acc;
   if (p.maybe_argmax_key != nullptr) {  // the block's best (y, n), then one atomic per block
@@ -120,6 +157,108 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
       for (int w = 0; w < kGemvWarps; ++w) key = max(key, best[w]);
       atomicMax(p.maybe_argmax_key, key);
     }
+  }
+}
+
+// Input rows of the several-row FP8 GEMV, at most.
+constexpr int kMaxGemvRows = 8;
+// Several-row GEMV layout: each warp takes kMultiRowWeightRows weight rows against all kM input rows, so that
+// each piece of x read from shared memory serves 4 weight rows; the 4 warps of a quarter of the block split K.
+// (With one weight row per warp the 1.4b linear step at batch 8 took 3.9 ms against 1.7 ms with bf16 weights
+// through cuBLAS: 8 rows of x read for every weight byte ask more of shared memory than it delivers, by our
+// estimate.)
+constexpr int kMultiRowWeightRows = 4, kMultiRowSplit = 4, kMultiRowBlocksPerSm = 2;
+
+// y[m] (+)= W x[m] for 2..8 rows of x and FP8 weights (decode steps of a batch, verify spans): the weights
+// read once for all the rows. x staged in shared memory where it fits (kMaxFusedInputBytes), else read
+// through L1.
+template <int kM>
+__global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRowGemvKernel(GemmParams p) {
+  using Piece = WeightPiece<true>;
+  constexpr int kR = kMultiRowWeightRows, kBatch = kM <= 4 ? 2 : 1;  // (more would spill the sums)
+  __shared__ float partial[kGemvWarps][kR][kM];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % kMultiRowSplit;
+  const int64_t n0 = (int64_t(blockIdx.x) * (kGemvWarps / kMultiRowSplit) + warp / kMultiRowSplit) * kR;
+  const int64_t K = p.k, pieces = K / Piece::kWeights;
+  const uint4* w[kR];
+  float scale[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int64_t row = n0 + r < p.n ? n0 + r : 0;  // (past the end: row 0, not written)
+    w[r] = WeightRow<true>(p.w_ptr, row, K);
+    scale[r] = __ldg(p.w_scale + row);
+  }
+  constexpr int64_t kStride = 32 * kMultiRowSplit;
+  const int64_t first = part * 32 + lane;
+  uint4 raw[kBatch][kR];
+  auto load = [&](int64_t base) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + kStride * b;
+#pragma unroll
+      for (int r = 0; r < kR; ++r) raw[b][r] = i < pieces ? LoadWeight(w[r] + i) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (p.early_loads) load(first);
+  AfterPrevious();
+  extern __shared__ __align__(16) uint4 xs[];  // [kM][K / 8] where staged
+  const bool stage = kM * K * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
+  if (stage) {
+    for (int m = 0; m < kM; ++m) {
+      CopyToSharedAsync(reinterpret_cast<float*>(xs + m * (K / 8)),
+                        reinterpret_cast<const float*>(p.x_ptr + m * p.x_row_stride), K / 2);
+    }
+    WaitCopies();
+    __syncthreads();
+  }
+  float acc[kR][kM] = {};
+  for (int64_t base = first; base < pieces; base += kStride * kBatch) {
+    if (!p.early_loads || base != first) load(base);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + kStride * b;
+      if (i >= pieces) break;
+#pragma unroll
+      for (int part8 = 0; part8 < Piece::kParts; ++part8) {
+        const int64_t xi = i * Piece::kParts + part8;
+        float wf[kR][8];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) Piece::Unpack(raw[b][r], part8, wf[r]);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          float xf[8];
+          Unpack8(
+              stage ? xs[m * (K / 8) + xi] : __ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + xi),
+              xf);
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][m] += wf[r][e] * xf[e];
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) acc[r][m] = WarpSum(acc[r][m]);
+  }
+  if (lane == 0) {
+    for (int r = 0; r < kR; ++r) {
+      for (int m = 0; m < kM; ++m) partial[warp][r][m] = acc[r][m];
+    }
+  }
+  __syncthreads();
+  // The split's first warp adds up the others' sums and writes the outputs, its lanes over (row, input).
+  if (part != 0) return;
+  for (int j = lane; j < kR * kM; j += 32) {
+    const int r = j / kM, m = j % kM;
+    if (n0 + r >= p.n) continue;
+    float sum = 0.f;
+    for (int s = 0; s < kMultiRowSplit; ++s) sum += partial[warp + s][r][m];
+    float* out = p.y_ptr + m * p.y_row_stride + n0 + r;
+    *out = p.accumulate ? *out + sum * scale[r] : sum * scale[r];
   }
 }
 
@@ -151,20 +290,42 @@ int GemvSplit(int64_t n) {
 void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   GemmParams p = p_in;
   p.early_loads = EarlyLoads();
-  constexpr int kBatch = 8;
+  if (p.m > 1) {  // FP8 weights (GemvApplies)
+    WithRowCount(p.m, [&](auto rows) {
+      auto kernel = MultiRowGemvKernel<decltype(rows)::value>;
+      static const bool configured = [&] {
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kMaxFusedInputBytes)));
+        return true;
+      }();
+      (void)configured;
+      const int64_t x_bytes = p.m * p.k * static_cast<int64_t>(sizeof(bf16));
+      const int64_t rows_per_block = kMultiRowWeightRows * (kGemvWarps / kMultiRowSplit);
+      LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, rows_per_block)), 32 * kGemvWarps,
+                          x_bytes <= kMaxFusedInputBytes ? static_cast<size_t>(x_bytes) : 0, stream, p);
+    });
+    return;
+  }
+  constexpr int kBatch = 8;  // 16-byte pieces in flight per lane
   const size_t x_bytes = GemvStagesX(p.k) ? p.k * sizeof(bf16) : 0;
   auto launch = [&](auto kernel, int split) {
     LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, kGemvWarps / split)), 32 * kGemvWarps, x_bytes,
                         stream, p);
   };
-  switch (GemvSplit(p.n)) {
-    case 1: return launch(GemvKernel<1, kBatch>, 1);
-    case 2: return launch(GemvKernel<2, kBatch>, 2);
-    default: return launch(GemvKernel<4, kBatch>, 4);
-  }
+  auto with = [&](auto fp8) {
+    constexpr bool kFp8 = decltype(fp8)::value;
+    switch (GemvSplit(p.n)) {
+      case 1:
+        return launch(GemvKernel<1, kBatch, kFp8>, 1);
+      case 2:
+        return launch(GemvKernel<2, kBatch, kFp8>, 2);
+      default:
+        return launch(GemvKernel<4, kBatch, kFp8>, 4);
+    }
+  };
+  if (p.w_scale != nullptr) return with(std::true_type{});
+  with(std::false_type{});
 }
-
-
 
 // The decode-step GEMV with its input computed in the block's prologue (see ops_cuda.h): the M input rows
 // are normalised / gated into shared memory as bf16 (what the separate kernels would have written), then
@@ -172,18 +333,20 @@ void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
 // spread the prologue over more weight bytes; fewer give more blocks to fill the GPU (DefaultRowsPerWarp).
 // kSwiGluOut: the warp's rows are kRows / 2 pairs (gate row j, up row j + n/2) and it writes
 // bf16(SiLU(gate) * up) for feature j instead of the two products.
-template <int kM, int kRows, bool kSwiGluOut, int kBatch, int kBlocksPerSm = kFusedGemvBlocksPerSm>
+template <int kM, int kRows, bool kSwiGluOut, int kBatch, int kBlocksPerSm, bool kFp8>
 __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel(FusedGemvParams p) {
   static_assert(!kSwiGluOut || kRows % 2 == 0);
+  using Piece = WeightPiece<kFp8>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [kM, K]
   __shared__ float scratch[32];
-  const int64_t K = p.k, pieces = K / 8;
+  const int64_t K = p.k, pieces = K / Piece::kWeights;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // This warp's weight rows (an index past the product's rows reads row 0 and is not written).
   const int64_t unit = int64_t(blockIdx.x) * kGemvWarps + warp, features = kSwiGluOut ? p.n / 2 : p.n;
   int64_t out[kRows];
   const uint4* w[kRows];
+  float scale[kRows];  // FP8: each row's scale (weights: read before the wait)
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
     int64_t row;
@@ -196,7 +359,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
       row = i < features ? out[k] : 0;
       if (i >= features) out[k] = -1;
     }
-    w[k] = reinterpret_cast<const uint4*>(p.w_ptr + row * K);
+    w[k] = WeightRow<kFp8>(p.w_ptr, row, K);
+    scale[k] = kFp8 ? __ldg(p.w_scale + row) : 1.f;
   }
   // kBatch pieces of each of the kRows rows per lane in flight at once (all issued before any is used); the
   // first batch before the wait for the previous kernel (see EarlyLoads), so that it streams during that
@@ -329,15 +493,18 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
       const int64_t i = base + 32 * b;
       if (i >= pieces) break;
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float xf[8];
-        Unpack8(reinterpret_cast<const uint4*>(xs + m * K)[i], xf);
+      for (int part8 = 0; part8 < Piece::kParts; ++part8) {
 #pragma unroll
-        for (int k = 0; k < kRows; ++k) {
-          float wf[8];
-          Unpack8(raw[b][k], wf);
+        for (int m = 0; m < kM; ++m) {
+          float xf[8];
+          Unpack8(reinterpret_cast<const uint4*>(xs + m * K)[i * Piece::kParts + part8], xf);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[k][m] += wf[e] * xf[e];
+          for (int k = 0; k < kRows; ++k) {
+            float wf[8];
+            Piece::Unpack(raw[b][k], part8, wf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[k][m] += wf[e] * xf[e];
+          }
         }
       }
     }
@@ -345,7 +512,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) acc[k][m] = WarpSum(acc[k][m]);
+    for (int m = 0; m < kM; ++m) acc[k][m] = WarpSum(acc[k][m]) * scale[k];
   }
   if (lane != 0) return;
 #pragma unroll
@@ -392,11 +559,11 @@ size_t StageBytes(const FusedGemvParams& p, int64_t m) {
 // kWide: a grid of at most 3 blocks per SM, whose blocks may then take 85 registers a thread: 1.5x the weight
 // pieces in flight per lane, so 1.5x the bytes requested before the wait (4 rows per warp only; measured in
 // docs/CUDA.md).
-template <int kM, int kRows, bool kSwiGluOut, bool kWide = false>
+template <int kM, int kRows, bool kSwiGluOut, bool kWide = false, bool kFp8 = false>
 void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
   // (Several input rows, only in tests, hold their accumulators too: two pieces per row at once.)
   constexpr int kBatchOf = kM == 1 ? (kWide ? BatchFor(kRows) * 3 / 2 : BatchFor(kRows)) : 2;
-  auto kernel = FusedGemvKernel<kM, kRows, kSwiGluOut, kBatchOf, kWide ? 3 : kFusedGemvBlocksPerSm>;
+  auto kernel = FusedGemvKernel < kM, kRows, kSwiGluOut, kBatchOf, kWide ? 3 : kFusedGemvBlocksPerSm, kFp8 > ;
   // Up to kMaxFusedInputBytes of staged input (more than the default 48 KiB), configured once.
   static const bool configured = [&] {
     ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -414,21 +581,24 @@ void LaunchFusedGemvAs(const FusedGemvParams& p, cudaStream_t stream) {
                       input_bytes + (q.stage ? stage_bytes : 0), stream, q);
 }
 
-
 // Single rows (the decode steps) take 1, 2, 4 or 8 weight rows per warp; the kernel's other row counts (in
-// tests) one row, or one pair with the SwiGLU output.
+// tests) one row, or one pair with the SwiGLU output. FP8 weights: single rows only (FusedGemvApplies).
 template <int kM>
 void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
   const bool swiglu = p.maybe_swiglu_ptr != nullptr;
   int rows = p.rows_per_warp > 0 ? p.rows_per_warp : DefaultRowsPerWarp(p.n);
   if (swiglu) rows = std::max(rows, 2);
   if constexpr (kM == 1) {
-    auto launch = [&](auto kRows, auto kWide) {
+    auto as = [&](auto kRows, auto kWide, auto kFp8) {
       if (swiglu) {
-        LaunchFusedGemvAs<kM, kRows.value, true, kWide.value>(p, stream);
+        LaunchFusedGemvAs<kM, kRows.value, true, kWide.value, kFp8.value>(p, stream);
       } else {
-        LaunchFusedGemvAs<kM, kRows.value, false, kWide.value>(p, stream);
+        LaunchFusedGemvAs<kM, kRows.value, false, kWide.value, kFp8.value>(p, stream);
       }
+    };
+    auto launch = [&](auto kRows, auto kWide) {
+      if (p.w_scale != nullptr) return as(kRows, kWide, std::true_type{});
+      as(kRows, kWide, std::false_type{});
     };
     const std::false_type narrow;
     if (rows >= 8) return launch(std::integral_constant<int, 8>{}, narrow);
@@ -437,8 +607,10 @@ void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
     }
     if (rows >= 4) return launch(std::integral_constant<int, 4>{}, narrow);
     if (rows >= 2) return launch(std::integral_constant<int, 2>{}, narrow);
+    if (p.w_scale != nullptr) return LaunchFusedGemvAs<kM, 1, false, false, true>(p, stream);
     return LaunchFusedGemvAs<kM, 1, false>(p, stream);  // (swiglu has rows >= 2)
   } else {
+    if (p.w_scale != nullptr) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (FusedGemvApplies: single rows)
     if (swiglu) return LaunchFusedGemvAs<kM, 2, true>(p, stream);
     LaunchFusedGemvAs<kM, 1, false>(p, stream);
   }
@@ -448,13 +620,18 @@ void LaunchFusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
 
 bool GemvApplies(const GemmParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.m == 1 && p.k % 8 == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr);
+  const bool fp8 = p.w_scale != nullptr;
+  // FP8 weights take the GEMV up to kMaxGemvRows rows: it reads each weight once for all of them, where
+  // cuBLAS would read a bf16 copy made in front of it (5 bytes a weight instead of 1).
+  const int64_t max_rows = fp8 && p.maybe_argmax_key == nullptr ? kMaxGemvRows : 1;
+  return p.m >= 1 && p.m <= max_rows && p.k % (fp8 ? 16 : 8) == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) &&
+         aligned(p.w_ptr);
 }
 
-bool FusedGemvApplies(int64_t m, int64_t k) {
+bool FusedGemvApplies(int64_t m, int64_t k, bool fp8) {
   // Only single rows: each block recomputes the input op for its rows, which at M > 1 costs more than the
   // separate kernels it saves (measured on an H200: 1.4b batch 4, 6.4 vs 4.2 ms of ops per step).
-  return m == 1 && k % 8 == 0 && m * k * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
+  return m == 1 && k % (fp8 ? 16 : 8) == 0 && m * k * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
 }
 
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
@@ -490,17 +667,77 @@ void GemmCublas(const GemmParams& p, void* cublas_handle) {
   // prefill chunks that took the projection from 5.5 to 4.2 ms a forward, and prefill 1-11% faster
   // (results/2026-12-02-h200-split-gemm); still 4.5x the MLP's product of about its size.
   constexpr int64_t kAligned = 64;
+  if (p.w_scale != nullptr) {
+    // FP8 weights: a bf16 copy in front of the product (cuBLAS's FP8 GEMMs would want FP8 inputs too).
+    if (p.w_bf16_scratch == nullptr) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (the backend provides it)
+    cudaStream_t stream = nullptr;
+    ORYX_CUBLAS_CHECK(cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
+    DequantizeRowsFp8(static_cast<const fp8*>(p.w_ptr), p.w_scale, p.n, p.k, p.w_bf16_scratch, stream);
+    GemmParams q = p;
+    q.w_ptr = p.w_bf16_scratch;
+    q.w_scale = nullptr;
+    return GemmCublas(q, cublas_handle);
+  }
   if (GetKernelSwitches().split_ragged_gemm && p.n > kAligned && p.n % kAligned != 0) {
     GemmParams main = p, rest = p;
     main.n = p.n - p.n % kAligned;
     rest.n = p.n % kAligned;
-    rest.w_ptr = p.w_ptr + main.n * p.k;
+    rest.w_ptr = static_cast<const bf16*>(p.w_ptr) + main.n * p.k;
     rest.y_ptr = p.y_ptr + main.n;
     GemmCublasOnce(main, cublas_handle);
     GemmCublasOnce(rest, cublas_handle);
     return;
   }
   GemmCublasOnce(p, cublas_handle);
+}
+
+namespace {
+// One block per row: the row's largest |w|, then the row in e4m3 under a power-of-two scale.
+__global__ void QuantizeRowsFp8Kernel(const bf16* src, int64_t cols, fp8* dst, float* scale) {
+  __shared__ float scratch[32];
+  const bf16* in = src + int64_t(blockIdx.x) * cols;
+  float amax = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(__bfloat162float(in[c])));
+  amax = BlockMax(amax, scratch);
+  const float s = Fp8RowScale(amax);
+  fp8* out = dst + int64_t(blockIdx.x) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    out[c] = __nv_cvt_float_to_fp8(__bfloat162float(in[c]) / s, __NV_SATFINITE, __NV_E4M3);
+  }
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+}
+
+// Pieces of kPiece weights (one scale each: cols % kPiece == 0), grid-strided.
+template <int kPiece>
+__global__ void DequantizeRowsFp8Kernel(const fp8* src, const float* scale, int64_t rows, int64_t cols, bf16* dst) {
+  const int64_t pieces = rows * cols / kPiece, row_pieces = cols / kPiece;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < pieces; i += int64_t(gridDim.x) * blockDim.x) {
+    const float s = scale[i / row_pieces];
+#pragma unroll
+    for (int e = 0; e < kPiece; ++e) {
+      const int64_t j = i * kPiece + e;
+      dst[j] = __float2bfloat16(s * __half2float(__half(__nv_cvt_fp8_to_halfraw(src[j], __NV_E4M3))));
+    }
+  }
+}
+}  // namespace
+
+void QuantizeRowsFp8(const bf16* src, int64_t rows, int64_t cols, fp8* dst, float* scale, cudaStream_t stream) {
+  if (rows == 0) return;
+  QuantizeRowsFp8Kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(src, cols, dst, scale);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t cols, bf16* dst, cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  const int piece = cols % 8 == 0 ? 8 : 1;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(rows * cols / piece, 256), 16 * 1024));
+  if (piece == 8) {
+    DequantizeRowsFp8Kernel<8><<<blocks, 256, 0, stream>>>(src, scale, rows, cols, dst);
+  } else {
+    DequantizeRowsFp8Kernel<1><<<blocks, 256, 0, stream>>>(src, scale, rows, cols, dst);
+  }
+  ORYX_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace oryx::kernels::cuda

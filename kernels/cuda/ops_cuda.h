@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -52,14 +53,35 @@ struct ModelDims {
   double rope_theta;   // 0: no RoPE
 };
 
-// y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16), fp32 accumulation. `handle` is a cublasHandle_t bound
-// to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple of 8, 16-byte
-// aligned operands), cuBLAS otherwise; GemmCublas always cuBLAS (the GEMV's reference in tests).
+// Weights in FP8 (`--weights fp8`): W[n, k] = row_scale[n] * e4m3[n, k], the scale a power of two chosen per
+// row so that the row's largest |w| lands in e4m3's top binade. Power-of-two scales cost nothing in precision
+// (a float format's relative step does not depend on the scale) and make every dequantised weight exactly a
+// bf16, so the GEMV (which reads the FP8 bytes) and the cuBLAS path (which reads a bf16 copy made in front of
+// it) multiply by the same weights.
+using fp8 = uint8_t;  // __nv_fp8_e4m3's storage
+// The scale of a row whose largest |w| is amax: the smallest power of two 2^e with amax / 2^e <= 448 (e4m3's
+// largest finite value), computed exactly (the same on the host); 1 for a zero row.
+__host__ __device__ inline float Fp8RowScale(float amax) {
+  if (!(amax > 0.f)) return 1.f;
+  int e = 0;
+  const float f = frexpf(amax / 448.f, &e);  // amax / 448 = f 2^e, f in [0.5, 1)
+  return ldexpf(1.f, f == 0.5f ? e - 1 : e);
+}
+// dst[r, :] = e4m3(src[r, :] / scale[r]) (round to nearest even, saturating), scale[r] = Fp8RowScale(max |src[r, :]|).
+void QuantizeRowsFp8(const bf16* src, int64_t rows, int64_t cols, fp8* dst, float* scale, cudaStream_t stream);
+// dst[r, :] = bf16(scale[r] * e4m3 src[r, :]) (exact).
+void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t cols, bf16* dst, cudaStream_t stream);
+
+// y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16, or FP8 with w_scale), fp32 accumulation. `handle` is a
+// cublasHandle_t bound to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple
+// of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16); cuBLAS otherwise;
+// GemmCublas always cuBLAS (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first
+// dequantised into w_bf16_scratch ([N, K], required then).
 struct GemmParams {
   int64_t m, n, k;
   int64_t x_row_stride, y_row_stride;
   const bf16* x_ptr;  // [M, K]
-  const bf16* w_ptr;  // [N, K] contiguous
+  const void* w_ptr;  // [N, K] contiguous: bf16, or fp8 where w_scale is set
   float* y_ptr;       // [M, N]
   bool accumulate = false;  // y += x W^T (a residual add)
   bool early_loads = false;  // set by Gemm (EarlyLoads in common.cuh)
@@ -70,6 +92,8 @@ struct GemmParams {
   // product's outputs, so that the argmax of y comes out of the product itself (a greedy decode step's LM
   // head: no kernel over the logits after it). The caller zeroes the key first; ArgmaxToken reads it.
   unsigned long long* maybe_argmax_key = nullptr;
+  const float* w_scale = nullptr;  // [N]: w_ptr holds FP8 e4m3 (see QuantizeRowsFp8)
+  bf16* w_bf16_scratch = nullptr;  // FP8 on the cuBLAS path: room for [N, K] bf16
 };
 // A float's bits as an unsigned key with the floats' order (-0 is +0, so that equal values have equal keys).
 __host__ __device__ inline uint32_t OrderedBits(float value) {
@@ -90,7 +114,8 @@ __host__ __device__ inline int32_t ArgmaxToken(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu));
 }
 void Gemm(const GemmParams& p, void* cublas_handle);
-// Whether Gemm takes the GEMV kernel: one row, K a multiple of 8, x and W 16-byte aligned.
+// Whether Gemm takes the GEMV kernel: one row (up to 8 for FP8 weights, without an argmax key), K a multiple
+// of 8 (16 for FP8), x and W 16-byte aligned, x's row stride a multiple of 8.
 bool GemvApplies(const GemmParams& p);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
 
@@ -99,8 +124,9 @@ void GemmCublas(const GemmParams& p, void* cublas_handle);
 //     kRmsNorm:   RMSNorm(x) * weight                        (in: x [M, K] fp32, weight [K])
 //     kGatedNorm: RMSNormPerHead(o) * weight * SiLU(gate)    (in: o [M, K = H*dh], gate, weight [dh])
 // exactly what AddRmsNorm / GatedNorm write, so the result is the unfused path's up to summation order.
-// accumulate: y += (the residual add). Taken for single rows with K a multiple of 8 (FusedGemvApplies); the
-// kernel itself takes 1 <= M <= 8. (The SwiGLU goes in the up projection's epilogue: maybe_swiglu_ptr.)
+// accumulate: y += (the residual add). Taken for single rows with K a multiple of 8, 16 for FP8 weights
+// (FusedGemvApplies); the kernel itself takes 1 <= M <= 8 of bf16 weights, one row of FP8. (The SwiGLU goes
+// in the up projection's epilogue: maybe_swiglu_ptr.)
 enum class GemvInput : uint8_t { kRmsNorm, kGatedNorm };
 struct FusedGemvParams {
   int64_t m, n, k;
@@ -111,9 +137,10 @@ struct FusedGemvParams {
   const float* in_ptr;       // [M, K]
   const float* gate_ptr;     // kGatedNorm: [M, K] at gate_row_stride
   const float* weight_ptr;   // kRmsNorm: [K]; kGatedNorm: [dh]
-  const bf16* w_ptr;         // [N, K]
+  const void* w_ptr;         // [N, K]: bf16, or fp8 where w_scale is set
   float* y_ptr;              // [M, N]
   bool accumulate;
+  const float* w_scale = nullptr;  // [N]: w_ptr holds FP8 e4m3 (see QuantizeRowsFp8)
   // Rows [skip_begin, skip_begin + skip_rows) of the weight are skipped: the kernel computes n rows, row i
   // from weight row i (i < skip_begin) or i + skip_rows, written to the same column of y.
   int64_t skip_begin = 0, skip_rows = 0;
@@ -128,7 +155,7 @@ struct FusedGemvParams {
   // read before the programmatic-launch wait (staged into shared memory with the norm weight).
   bool gate_written_earlier = false;
 };
-bool FusedGemvApplies(int64_t m, int64_t k);
+bool FusedGemvApplies(int64_t m, int64_t k, bool fp8 = false);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
 
 // x[r] = embed[tokens[r]] (bf16 table to the fp32 residual stream). Parallel over (row, feature).

@@ -21,6 +21,8 @@
 // the split-KV kernels' to 1e-4 of their scale: three samples of the row's sensitivity were too few.)
 #include "engine/cuda_backend.h"
 
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -29,10 +31,10 @@
 #include <random>
 #include <span>
 
+#include "base/status_macros.h"
 #include "engine/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
-#include "base/status_macros.h"
 #include "engine/tensor_names.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_check.h"
@@ -247,10 +249,11 @@ ModelConfig HeadDim128Config(LinearMixer mixer) {
 }
 
 // A CUDA backend of ScaledTensors(config, seed), loaded from a checkpoint written for it.
-absl::StatusOr<std::unique_ptr<CudaBackend>> LoadScaled(const ModelConfig& config, uint32_t seed) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> LoadScaled(const ModelConfig& config, uint32_t seed,
+                                                        kernels::WeightFormat weights = kernels::WeightFormat::kBf16) {
   testutil::ScratchDir scratch;
   testutil::WriteTinyCheckpoint(scratch.path(), config, ScaledTensors(config, seed));
-  return CudaBackend::Load(scratch.path());
+  return CudaBackend::Load(scratch.path(), {}, weights);
 }
 
 // Prompt tokens: Tokens with no BOS or EOS ids among them (4 .. vocab - 1).
@@ -261,8 +264,9 @@ std::vector<int32_t> PromptTokens(std::mt19937& rng, int64_t n, int64_t vocab) {
 }
 
 // An engine on the CUDA backend of LoadScaled's model, with the speculative policies registered.
-absl::StatusOr<Engine> SpeculativeGpuEngine(const ModelConfig& config, uint32_t seed) {
-  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, LoadScaled(config, seed));
+absl::StatusOr<Engine> SpeculativeGpuEngine(const ModelConfig& config, uint32_t seed,
+                                            kernels::WeightFormat weights = kernels::WeightFormat::kBf16) {
+  ORYX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, LoadScaled(config, seed, weights));
   Engine engine(std::move(gpu), std::nullopt);
   speculative::RegisterPolicies(engine.policies());
   return engine;
@@ -365,9 +369,10 @@ TEST_P(CudaParityTest, ClonesShareKvBlocksAndWriteIntoCopiesOnTheGpu) {
   EXPECT_EQ(seq.kv_shared_blocks(), 1);  // the first block; each wrote its own copy of the second
 }
 
-TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
-  const ModelConfig config = HeadDim64Config(GetParam());
-  auto made = SpeculativeGpuEngine(config, 3);
+// Greedy speculative decoding (drafts in linear mode, verified in attention mode) gives attention mode's tokens.
+void ExpectSpeculativeGreedyIsAttentionMode(LinearMixer mixer, kernels::WeightFormat weights) {
+  const ModelConfig config = HeadDim64Config(mixer);
+  auto made = SpeculativeGpuEngine(config, 3, weights);
   ASSERT_TRUE(made.ok()) << made.status();
   Engine& engine = *made;
   std::mt19937 rng(5);
@@ -411,6 +416,10 @@ TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
     }
   }
   EXPECT_GT(rounds, 0);
+}
+
+TEST_P(CudaParityTest, SpeculativeGreedyOutputEqualsAttentionModeOnTheGpu) {
+  ExpectSpeculativeGreedyIsAttentionMode(GetParam(), kernels::WeightFormat::kBf16);
 }
 
 // Greedy speculative decoding with whole rounds on the device (CudaBackend::SpeculativeRound) against the same
@@ -654,6 +663,78 @@ TEST(CudaBackend, FullDeviceGivesStatusesNotAborts) {
   ASSERT_TRUE(gpu->Forward(seq, kThreeTokens, kThreeModes, false, &from_seq).ok());
   ASSERT_TRUE(gpu->Forward(copy, kThreeTokens, kThreeModes, false, &from_copy).ok());
   EXPECT_EQ(from_seq, from_copy);
+}
+
+// The values the CUDA backend's FP8 conversion gives a [rows, cols] matrix of bf16 values: the host's copy
+// of kc::QuantizeRowsFp8 then DequantizeRowsFp8 (power-of-two row scales, round to nearest even, saturating).
+std::vector<float> Fp8Values(std::vector<float> w, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::abs(w[r * cols + c]));
+    const float scale = kernels::cuda::Fp8RowScale(amax);
+    for (int64_t c = 0; c < cols; ++c) {
+      float& x = w[r * cols + c];
+      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+      x = scale * __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+    }
+  }
+  return w;
+}
+
+// FP8 weights change the model by their rounding alone: the CUDA backend loaded with kFp8 gives, within the
+// bf16 parity tolerance, the CPU backend's logits for a checkpoint that holds every quantised matrix (the
+// projections and the LM head; not the embedding or the conv weights) as its FP8 values. Those differ from
+// the bf16 weights by up to 2^-4 relative, so running the bf16 weights instead fails this test.
+TEST_P(CudaParityTest, Fp8WeightsGiveTheLogitsOfTheirQuantisedValues) {
+  const ModelConfig config = HeadDim64Config(GetParam());
+  ASSERT_FALSE(config.tie_embeddings);
+  const std::vector<HostTensor> tensors = ScaledTensors(config, 7);
+  // The quantised model in fp32; with noise > 0, every tensor perturbed as ScaledTensors perturbs (the
+  // yardsticks of CompareScenario: how far the CPU's fp32 logits move when the weights move by 1/512).
+  auto quantised = [&](float noise, uint32_t noise_seed) {
+    std::mt19937 rng(1000 + noise_seed);
+    std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+    std::vector<HostTensor> out;
+    for (const HostTensor& t : tensors) {
+      std::vector<float> v = TensorToFloats(t.view());
+      if (t.shape.size() == 2 && t.name != kEmbedWeight && !t.name.ends_with(kConvWeight)) {
+        v = Fp8Values(std::move(v), t.shape[0], t.shape[1]);
+      }
+      for (float& x : v) x *= 1.f + noise * uniform(rng);
+      out.push_back(MakeHostTensor(t.name, t.shape, v, DType::kF32));
+    }
+    return out;
+  };
+  testutil::ScratchDir original, reference;
+  testutil::WriteTinyCheckpoint(original.path(), config, tensors);
+  testutil::WriteTinyCheckpoint(reference.path(), config, quantised(0, 0));
+  auto cpu = CpuBackend::Load(reference.path(), 1);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = CudaBackend::Load(original.path(), {}, kernels::WeightFormat::kFp8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE((*gpu)->fp8_weights());
+  std::vector<std::unique_ptr<Backend>> yardsticks;
+  std::vector<Backend*> views;
+  for (uint32_t noise_seed = 0; noise_seed < 5; ++noise_seed) {
+    testutil::ScratchDir perturbed;
+    testutil::WriteTinyCheckpoint(perturbed.path(), config, quantised(1.f / 512, noise_seed));
+    auto loaded = CpuBackend::Load(perturbed.path(), 1);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    yardsticks.push_back(std::move(*loaded));
+    views.push_back(yardsticks.back().get());
+  }
+  CompareScenario(**cpu, **gpu, 11, 600, 300, views);
+  EXPECT_EQ(CudaBackend::Load(original.path(), {}, kernels::WeightFormat::kInt8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Drafts and verification read the same FP8 weights, so greedy speculative decoding still gives attention
+// mode's tokens (up to near-ties, as with bf16), with rounds on the device and from the host alike.
+TEST_P(CudaParityTest, SpeculativeGreedyOutputIsExactWithFp8Weights) {
+  ExpectSpeculativeGreedyIsAttentionMode(GetParam(), kernels::WeightFormat::kFp8);
+  auto gpu = LoadScaled(HeadDim64Config(GetParam()), 3, kernels::WeightFormat::kFp8);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ExpectBackendRoundsEqualHostRounds(std::move(*gpu), 3, 48);
 }
 
 INSTANTIATE_TEST_SUITE_P(Mixers, CudaParityTest, ::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),

@@ -252,6 +252,136 @@ TEST(OpsCuda, FusedGemvMatchesNormThenMatMulReferences) {
   }
 }
 
+// FP8 weights (QuantizeRowsFp8): a matrix whose rows span six orders of magnitude (RowMagnitude), quantised
+// on the device.
+float RowMagnitude(int64_t row) { return std::pow(10.f, static_cast<float>(row % 7) - 4.f); }  // 1e-4 .. 100
+// Outputs [M, N] divided by their weight row's magnitude, so that one tolerance fits every row.
+std::vector<float> PerRowMagnitude(std::vector<float> y, int64_t n) {
+  for (size_t i = 0; i < y.size(); ++i) y[i] /= RowMagnitude(static_cast<int64_t>(i) % n);
+  return y;
+}
+struct Fp8Matrix {
+  std::vector<float> dequantised;  // what every product must multiply by: scale[r] * e4m3[r, c]
+  std::unique_ptr<DeviceBuffer<cuda::fp8>> q;
+  std::unique_ptr<DeviceBuffer<float>> scale;
+};
+Fp8Matrix QuantizedRandom(int64_t n, int64_t k, uint32_t seed) {
+  std::vector<float> w = Random(n * k, seed);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c) w[r * k + c] *= RowMagnitude(r);
+  }
+  w = RoundBf16(w);
+  DeviceBuffer<bf16> dw(ToBf16(w));
+  Fp8Matrix m;
+  m.q = std::make_unique<DeviceBuffer<cuda::fp8>>(n * k);
+  m.scale = std::make_unique<DeviceBuffer<float>>(n);
+  cuda::QuantizeRowsFp8(dw.get(), n, k, m.q->get(), m.scale->get(), nullptr);
+  DeviceBuffer<bf16> back(n * k);
+  cuda::DequantizeRowsFp8(m.q->get(), m.scale->get(), n, k, back.get(), nullptr);
+  m.dequantised = ToFloat(back.Host());
+  // Each weight within half an e4m3 step of the original: 2^-4 relative (3 mantissa bits), or half the
+  // smallest subnormal step (2^-10 of the scale) near zero; each scale a power of two that puts the row's
+  // largest |w| in (224, 448].
+  const std::vector<float> scale = m.scale->Host();
+  for (int64_t r = 0; r < n; ++r) {
+    int exponent = 0;
+    EXPECT_EQ(std::frexp(scale[r], &exponent), 0.5f) << "row " << r << "'s scale " << scale[r];
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::abs(w[r * k + c]));
+    EXPECT_GT(amax / scale[r], 224.f) << "row " << r;
+    EXPECT_LE(amax / scale[r], 448.f) << "row " << r;
+    for (int64_t c = 0; c < k; ++c) {
+      const float a = w[r * k + c], b = m.dequantised[r * k + c];
+      EXPECT_LE(std::abs(a - b), std::max(std::abs(a) / 16, scale[r] / 1024)) << "row " << r << " col " << c;
+    }
+  }
+  return m;
+}
+
+// FP8 weights in every product: the GEMV (up to 8 rows; it reads the bytes and applies the row's scale), its
+// argmax key, the fused GEMV at every row count per warp with skipped rows and the SwiGLU epilogue, and cuBLAS
+// (more rows, or K not a multiple of 16: a bf16 copy made in front) -- all against MatMulReference over the
+// dequantised weights, which are exact bf16 values, so the tolerances are the bf16 products'. 6 rows of
+// K = 24592 are past what the several-row GEMV stages in shared memory, so it reads x from global memory.
+TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 300, 256},
+                                                                           {1, 8200, 64},
+                                                                           {1, 2048, 512},
+                                                                           {1, 40, 24592},
+                                                                           {3, 77, 64},
+                                                                           {8, 300, 5440},
+                                                                           {5, 2048, 2048},
+                                                                           {6, 40, 24592},
+                                                                           {9, 130, 520},
+                                                                           {2, 17, 10},
+                                                                           {1, 24, 40}}) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    Fp8Matrix w = QuantizedRandom(n, k, 60);
+    if (HasFailure()) return;
+    const std::vector<float> x = RoundBf16(Random(m * k, 61));
+    std::vector<float> ref(m * n);
+    cpu::MatMulReference({m, n, k, k, k, n, x.data(), w.dequantised.data(), ref.data()});
+    DeviceBuffer<bf16> dx(ToBf16(x)), scratch(n * k);
+    DeviceBuffer<float> dy(m * n), dy2(m * n);
+    DeviceBuffer<unsigned long long> key(1);
+    cuda::GemmParams p{m, n, k, k, n, dx.get(), w.q->get(), dy.get()};
+    p.w_scale = w.scale->get(), p.w_bf16_scratch = scratch.get();
+    if (m == 1 && k % 16 == 0) p.maybe_argmax_key = key.get();
+    EXPECT_EQ(cuda::GemvApplies(p), m <= 8 && k % 16 == 0);
+    cuda::Gemm(p, Cublas());
+    const std::vector<float> y = dy.Host();
+    ExpectClose(PerRowMagnitude(y, n), PerRowMagnitude(ref, n), kFp32Tol, "Gemm", std::sqrt(double(k)));
+    if (p.maybe_argmax_key != nullptr) {
+      EXPECT_EQ(cuda::ArgmaxToken(key.Host()[0]), std::max_element(y.begin(), y.end()) - y.begin());
+    }
+    cuda::GemmParams c = p;
+    c.y_ptr = dy2.get(), c.maybe_argmax_key = nullptr;
+    cuda::GemmCublas(c, Cublas());
+    ExpectClose(PerRowMagnitude(dy2.Host(), n), PerRowMagnitude(ref, n), kFp32Tol, "GemmCublas", std::sqrt(double(k)));
+  }
+  const int64_t K = 2560, N = 72, dh = 64;
+  Fp8Matrix w = QuantizedRandom(N, K, 62);
+  const std::vector<float> in = Random(K, 63, -2, 2), weight = Random(K, 64, 0.5f, 1.5f);
+  std::vector<float> y0 = Random(N, 65);  // the residual, on each row's scale
+  for (int64_t i = 0; i < N; ++i) y0[i] *= RowMagnitude(i);
+  std::vector<float> x(K);
+  cpu::RmsNormReference({1, K, 1e-6f, K, K, in.data(), weight.data(), x.data()});
+  x = RoundBf16(x);
+  std::vector<float> product(N);
+  cpu::MatMulReference({1, N, K, K, K, N, x.data(), w.dequantised.data(), product.data()});
+  DeviceBuffer<float> din(in), dweight(weight);
+  const double scale = std::sqrt(double(K));
+  for (int rows : {0, 1, 2, 4, 8}) {
+    SCOPED_TRACE("rows per warp " + std::to_string(rows));
+    DeviceBuffer<float> dy(y0);
+    cuda::FusedGemvParams p{
+        1,          N,        K,   cuda::GemvInput::kRmsNorm, 1e-6f, dh, K, 0, N, din.get(), nullptr, dweight.get(),
+        w.q->get(), dy.get(), true};
+    p.w_scale = w.scale->get(), p.rows_per_warp = rows;
+    cuda::FusedGemv(p, nullptr);
+    std::vector<float> want(N);
+    for (int64_t i = 0; i < N; ++i) want[i] = y0[i] + product[i];
+    ExpectClose(PerRowMagnitude(dy.Host(), N), PerRowMagnitude(want, N), 10 * kFp32Tol, "FusedGemv", scale);
+    DeviceBuffer<float> dskip(y0);
+    cuda::FusedGemvParams skip = p;
+    skip.n = N - 16, skip.y_ptr = dskip.get(), skip.skip_begin = 24, skip.skip_rows = 16;
+    cuda::FusedGemv(skip, nullptr);
+    for (int64_t i = 24; i < 40; ++i) want[i] = y0[i];
+    ExpectClose(PerRowMagnitude(dskip.Host(), N), PerRowMagnitude(want, N), 10 * kFp32Tol,
+                "FusedGemv with skipped rows", scale);
+    DeviceBuffer<bf16> dact(N / 2);
+    cuda::FusedGemvParams swiglu = p;
+    swiglu.accumulate = false, swiglu.y_row_stride = N / 2, swiglu.maybe_swiglu_ptr = dact.get();
+    cuda::FusedGemv(swiglu, nullptr);
+    std::vector<float> act_want(N / 2);
+    for (int64_t j = 0; j < N / 2; ++j) {
+      const float g = product[j], u = product[N / 2 + j];
+      act_want[j] = g / (1 + std::exp(-g)) * u;
+    }
+    ExpectClose(ToFloat(dact.Host()), act_want, kBf16Tol, "FusedGemv with the SwiGLU epilogue");
+  }
+}
+
 // d = 300 and 2048 hold the row in registers (up to 2 16-byte pieces a thread); 2050 (not a multiple of 4)
 // and 2052 (too long) take the loop.
 TEST(OpsCuda, AddRmsNormMatchesRmsNormReference) {

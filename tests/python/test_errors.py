@@ -22,8 +22,10 @@ def test_a_bad_model_path_device_or_thread_count(tmp_path):
     for threads in [-1, 100000]:
         with pytest.raises(oryx.InvalidArgumentError, match=rf"threads must be in \[0, 1024\].*got {threads}"):
             oryx.Engine(MODEL_DIR, threads=threads)
-    with pytest.raises(oryx.InvalidArgumentError, match=r"unknown weight format 'int4' \(f32, bf16, int8, w8a8\)"):
+    with pytest.raises(oryx.InvalidArgumentError, match=r"unknown weight format 'int4' \(f32, bf16, int8, w8a8, fp8\)"):
         oryx.Engine(MODEL_DIR, weights="int4")
+    with pytest.raises(oryx.InvalidArgumentError, match=r"weights 'fp8' are the CUDA backend's"):
+        oryx.Engine(MODEL_DIR, weights="fp8")
     with pytest.raises(oryx.InvalidArgumentError, match=r"unknown KV cache type 'fp8' \(f32, bf16\)"):
         oryx.Engine(MODEL_DIR, kv_dtype="fp8")
 
