@@ -191,6 +191,67 @@ class ChunkOutputFunction : public torch::autograd::Function<ChunkOutputFunction
   }
 };
 
+class GdnMatrixFunction : public torch::autograd::Function<GdnMatrixFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& k_in,
+                               const torch::Tensor& g_in, const torch::Tensor& beta_in) {
+    auto k = k_in.contiguous(), g = g_in.contiguous(), beta = beta_in.contiguous();
+    const int C = static_cast<int>(k.size(-2)), D = static_cast<int>(k.size(-1));
+    auto sizes = k.sizes().vec();
+    sizes.back() = C;
+    auto l = torch::empty(sizes, k.options());
+    Check(cuda::GdnMatrixForward(k.scalar_type() == torch::kFloat64, C, D, k.numel() / (C * D), k.data_ptr(),
+                                 g.data_ptr(), beta.data_ptr(), l.data_ptr(), StreamOf(k)),
+          "gdn matrix forward");
+    ctx->save_for_backward({k, g, beta});
+    return l;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &k = saved[0], &g = saved[1], &beta = saved[2];
+    auto dl = grads[0].contiguous();
+    auto dk = torch::empty_like(k), dg = torch::empty_like(g), dbeta = torch::empty_like(beta);
+    const int C = static_cast<int>(k.size(-2)), D = static_cast<int>(k.size(-1));
+    Check(cuda::GdnMatrixBackward(k.scalar_type() == torch::kFloat64, C, D, k.numel() / (C * D), k.data_ptr(),
+                                  g.data_ptr(), beta.data_ptr(), dl.data_ptr(), dk.data_ptr(), dg.data_ptr(),
+                                  dbeta.data_ptr(), StreamOf(k)),
+          "gdn matrix backward");
+    return {dk, dg, dbeta};
+  }
+};
+
+class UnitLowerSolveFunction : public torch::autograd::Function<UnitLowerSolveFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& l_in,
+                               const torch::Tensor& r_in) {
+    auto l = l_in.contiguous(), x = Solve(l, r_in.contiguous(), /*transpose=*/false);
+    ctx->save_for_backward({l, x});
+    return x;
+  }
+
+  // x = (I + L)^-1 r: dr = (I + L)^-T dx, and dL = -dr x^T below the diagonal.
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &l = saved[0], &x = saved[1];
+    auto dr = Solve(l, grads[0].contiguous(), /*transpose=*/true);
+    auto dl = -torch::matmul(dr, x.transpose(-1, -2)).tril(-1);
+    return {dl, dr};
+  }
+
+ private:
+  static torch::Tensor Solve(const torch::Tensor& l, const torch::Tensor& r, bool transpose) {
+    auto x = torch::empty_like(r);
+    const int C = static_cast<int>(r.size(-2)), W = static_cast<int>(r.size(-1));
+    Check(cuda::UnitLowerSolve(r.scalar_type() == torch::kFloat64, transpose, C, W, r.numel() / (C * W), l.data_ptr(),
+                               r.data_ptr(), x.data_ptr(), StreamOf(r)),
+          transpose ? "unit lower solve backward" : "unit lower solve forward");
+    return x;
+  }
+};
+
 // t [..., cols] as [rows, cols] with unit column stride and one row stride, copied when it is not.
 torch::Tensor AsRows(const torch::Tensor& t) {
   auto rows = t.dim() == 1 ? t.unsqueeze(0) : t.flatten(0, -2);
@@ -454,6 +515,91 @@ torch::Tensor ChunkOutput(const torch::Tensor& q, const torch::Tensor& k, const 
   return ChunkOutputFunction::apply(q, k, u, g, s0);
 }
 
+torch::Tensor GdnMatrix(const torch::Tensor& k, const torch::Tensor& g, const torch::Tensor& beta) {
+  TORCH_CHECK(ChunkOutputAvailable(k), "GdnMatrix: no kernel for ", k.sizes(), " ", k.scalar_type(), " on ",
+              k.device());
+  const int64_t C = k.size(-2), D = k.size(-1);
+  TORCH_CHECK(g.numel() == k.numel() / D && g.size(-1) == C && beta.sizes() == g.sizes() &&
+                  g.scalar_type() == k.scalar_type() && beta.scalar_type() == k.scalar_type() &&
+                  g.device() == k.device() && beta.device() == k.device(),
+              "GdnMatrix: g and beta must be [..., ", C, "] of k's dtype and device, got ", g.sizes(), " and ",
+              beta.sizes());
+  return GdnMatrixFunction::apply(k, g, beta);
+}
+
+bool UnitLowerSolveAvailable(const torch::Tensor& r) {
+  const bool f64 = r.scalar_type() == torch::kFloat64;
+  return r.is_cuda() && (f64 || r.scalar_type() == torch::kFloat32) && r.dim() >= 2 &&
+         cuda::UnitLowerSolveSupported(f64, static_cast<int>(r.size(-2)), static_cast<int>(r.size(-1)));
+}
+
+torch::Tensor UnitLowerSolve(const torch::Tensor& l, const torch::Tensor& r) {
+  TORCH_CHECK(UnitLowerSolveAvailable(r), "UnitLowerSolve: no kernel for ", r.sizes(), " ", r.scalar_type(), " on ",
+              r.device());
+  const int64_t C = r.size(-2);
+  TORCH_CHECK(l.dim() == r.dim() && l.size(-1) == C && l.size(-2) == C &&
+                  l.numel() / (C * C) == r.numel() / r.size(-1) / C && l.scalar_type() == r.scalar_type() &&
+                  l.device() == r.device(),
+              "UnitLowerSolve: l must be [..., ", C, ", ", C, "] matching r ", r.sizes(), ", got ", l.sizes());
+  return UnitLowerSolveFunction::apply(l, r);
+}
+
+bool GdnStatesKernelAvailable(const torch::Tensor& x) {
+  const bool f64 = x.scalar_type() == torch::kFloat64;
+  return x.is_cuda() && (f64 || x.scalar_type() == torch::kFloat32) && x.dim() == 5 && x.size(-1) % 2 == 0 &&
+         cuda::GdnStatesSupported(f64, static_cast<int>(x.size(3)), static_cast<int>(x.size(4) / 2));
+}
+
+namespace {
+
+// Checks GdnStates* operands: [B, H, N, C, 2dh] x and the rest to match, packed, one dtype and device.
+void CheckGdnOperands(const torch::Tensor& x,
+                      std::initializer_list<std::pair<const torch::Tensor*, std::vector<int64_t>>> expected) {
+  TORCH_CHECK(GdnStatesKernelAvailable(x) && x.is_contiguous(), "GdnStates: no kernel for x ", x.sizes(), " ",
+              x.scalar_type(), " on ", x.device());
+  for (const auto& [t, sizes] : expected) {
+    if (!t->defined()) continue;
+    TORCH_CHECK(t->sizes() == c10::IntArrayRef(sizes) && t->is_contiguous() && t->scalar_type() == x.scalar_type() &&
+                    t->device() == x.device(),
+                "GdnStates: an operand is ", t->sizes(), " ", t->scalar_type(), ", expected packed ", sizes, " ",
+                x.scalar_type());
+  }
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor& x, const torch::Tensor& k_end,
+                                                  const torch::Tensor& decay, const torch::Tensor& initial) {
+  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), C = x.size(3), dh = x.size(4) / 2;
+  CheckGdnOperands(x, {{&k_end, {B, H, N, C, dh}}, {&decay, {B, H, N}}, {&initial, {B, H, dh, dh}}});
+  auto s0 = x.new_empty({B, H, N, dh, dh}), u = x.new_empty({B, H, N, C, dh}), last = x.new_empty({B, H, dh, dh});
+  Check(cuda::GdnStatesForward(x.scalar_type() == torch::kFloat64, static_cast<int>(C), static_cast<int>(dh), B * H,
+                               static_cast<int>(N), x.data_ptr(), k_end.data_ptr(), decay.data_ptr(),
+                               DataOrNull(initial), s0.data_ptr(), u.data_ptr(), last.data_ptr(), StreamOf(x)),
+        "gdn states forward");
+  return {s0, u, last};
+}
+
+std::vector<torch::Tensor> GdnStatesKernelBackward(const torch::Tensor& x, const torch::Tensor& k_end,
+                                                   const torch::Tensor& decay, const torch::Tensor& gs0,
+                                                   const torch::Tensor& gu, const torch::Tensor& gfinal,
+                                                   bool want_initial) {
+  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), C = x.size(3), dh = x.size(4) / 2;
+  CheckGdnOperands(x, {{&k_end, {B, H, N, C, dh}},
+                       {&decay, {B, H, N}},
+                       {&gs0, {B, H, N, dh, dh}},
+                       {&gu, {B, H, N, C, dh}},
+                       {&gfinal, {B, H, dh, dh}}});
+  auto ds_next = x.new_empty({B, H, N, dh, dh}), du = x.new_empty({B, H, N, C, dh});
+  auto dinitial = want_initial ? x.new_empty({B, H, dh, dh}) : torch::Tensor();
+  Check(cuda::GdnStatesBackward(x.scalar_type() == torch::kFloat64, static_cast<int>(C), static_cast<int>(dh), B * H,
+                                static_cast<int>(N), x.data_ptr(), k_end.data_ptr(), decay.data_ptr(), DataOrNull(gs0),
+                                DataOrNull(gu), DataOrNull(gfinal), ds_next.data_ptr(), du.data_ptr(),
+                                DataOrNull(dinitial), StreamOf(x)),
+        "gdn states backward");
+  return {ds_next, du, dinitial};
+}
+
 torch::Tensor FusedSiluMul(const torch::Tensor& gate, const torch::Tensor& x) {
   TORCH_CHECK(gate.is_cuda() && x.is_cuda() && gate.sizes() == x.sizes() && gate.scalar_type() == x.scalar_type() &&
                   x.dim() >= 1 && x.size(-1) <= std::numeric_limits<int>::max(),
@@ -514,6 +660,29 @@ bool ChunkOutputAvailable(const torch::Tensor&) { return false; }
 torch::Tensor ChunkOutput(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                           const torch::Tensor&) {
   TORCH_CHECK(false, "ChunkOutput: this build has no CUDA kernels for the trainer");
+}
+
+torch::Tensor GdnMatrix(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "GdnMatrix: this build has no CUDA kernels for the trainer");
+}
+
+bool UnitLowerSolveAvailable(const torch::Tensor&) { return false; }
+
+torch::Tensor UnitLowerSolve(const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "UnitLowerSolve: this build has no CUDA kernels for the trainer");
+}
+
+bool GdnStatesKernelAvailable(const torch::Tensor&) { return false; }
+
+std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                                  const torch::Tensor&) {
+  TORCH_CHECK(false, "GdnStatesKernelForward: this build has no CUDA kernels for the trainer");
+}
+
+std::vector<torch::Tensor> GdnStatesKernelBackward(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                                   const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                                   bool) {
+  TORCH_CHECK(false, "GdnStatesKernelBackward: this build has no CUDA kernels for the trainer");
 }
 
 torch::Tensor FusedSiluMul(const torch::Tensor&, const torch::Tensor&) {

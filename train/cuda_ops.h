@@ -59,4 +59,32 @@ bool ChunkOutputAvailable(const torch::Tensor& q);
 torch::Tensor ChunkOutput(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& u,
                           const torch::Tensor& g, const torch::Tensor& s0);
 
+// GDN's chunk-to-chunk state passing, one kernel each way (the math: train/cuda_train_kernels.h), for
+// ScanChunked's autograd function, which has a LibTorch form of both for other shapes and devices. All
+// packed, of one dtype: x [B, H, N, C, 2 dh] ([U0 W] per chunk), k_end [B, H, N, C, dh], decay [B, H, N],
+// initial [B, H, dh, dh] or undefined (zero). Shapes and dtypes as ChunkOutputAvailable.
+bool GdnStatesKernelAvailable(const torch::Tensor& x);
+// -> {s0 [B, H, N, dh, dh], u [B, H, N, C, dh], final state [B, H, dh, dh]}
+std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor& x, const torch::Tensor& k_end,
+                                                  const torch::Tensor& decay, const torch::Tensor& initial);
+// From the outputs' gradients (each may be undefined) -> {ds_next (the gradient of the state after each
+// chunk), du (u's whole gradient), dinitial (undefined unless want_initial)}.
+std::vector<torch::Tensor> GdnStatesKernelBackward(const torch::Tensor& x, const torch::Tensor& k_end,
+                                                   const torch::Tensor& decay, const torch::Tensor& gs0,
+                                                   const torch::Tensor& gu, const torch::Tensor& gfinal,
+                                                   bool want_initial);
+
+// GDN's UT-transform matrix per chunk, one kernel each way: from k [..., C, dh], g [..., C] (cumulative log
+// decay within the chunk) and beta [..., C], all of one dtype on the GPU,
+//   L[t][s] = beta_t exp(g_t - g_s) (k_t . k_s) for s < t, else 0          ([..., C, C])
+// Differentiable in all three. Available as ChunkOutputAvailable(k).
+torch::Tensor GdnMatrix(const torch::Tensor& k, const torch::Tensor& g, const torch::Tensor& beta);
+
+// GDN's UT transform, x = (I + L)^-1 r per chunk, as one kernel each way: l [..., C, C] with only its
+// strictly lower triangle read (the rest takes no gradient), r [..., C, W]; both of one dtype on the GPU.
+// The backward is the transposed solve and one product. UnitLowerSolveAvailable says whether a kernel
+// exists for r's device, dtype and (C, W): fp32 (64, 128), fp64 (16, 16) for tests.
+bool UnitLowerSolveAvailable(const torch::Tensor& r);
+torch::Tensor UnitLowerSolve(const torch::Tensor& l, const torch::Tensor& r);
+
 }  // namespace oryx::train

@@ -1258,6 +1258,358 @@ unsigned PrepBlocks(const ChunkPrepShape& s) {
   return static_cast<unsigned>(blocks < (int64_t{1} << 20) ? blocks : (int64_t{1} << 20));
 }
 
+// ---- GDN's state passing from chunk to chunk (train/linear_mixers.cc) ----------------------------------
+// With [U0 W] the chunk's solved right-hand sides and Ke = diag(to_end) K, chunk n maps the state entering
+// it, S_n [D x D], to
+//   u_n = U0_n - W_n S_n          S_n+1 = a_n S_n + Ke_n^T u_n
+// and the backward runs the same two products from the last chunk to the first:
+//   du_n = gu_n + Ke_n dS_n+1     dS_n = gs0_n + a_n dS_n+1 - W_n^T du_n
+// One block per head walks its chunks in order. Each thread owns a 4 x 4 tile of both products (4 rows,
+// 4 neighbouring columns), so that every quad it reads from shared memory feeds 16 multiply-adds; the state
+// tile stays in its registers. The next chunk's W and Ke (and the thread's tile of U0, or of the
+// gradients) are loaded into registers while this chunk computes.
+constexpr int kGdnThreads = 256;
+
+template <typename T>
+struct alignas(4 * sizeof(T)) Quad {
+  T v[4];
+};
+
+template <typename T, int C, int D>
+struct GdnLayout {
+  static constexpr int kLd = D + 4;  // padded rows: quads stay aligned, the 4 rows of a tile in other banks
+  static constexpr int kColGroups = D / 4;
+  static constexpr int kStaged = (C * D / 4 + kGdnThreads - 1) / kGdnThreads;  // quads a thread stages
+  static_assert(D % 4 == 0 && kGdnThreads % kColGroups == 0, "head dim");
+  static_assert(kGdnThreads / kColGroups * 4 >= C && kGdnThreads / kColGroups * 4 >= D, "one tile per thread");
+  static constexpr size_t kSmem = sizeof(T) * (3 * C + D) * kLd;  // W, Ke, the state, u
+};
+
+template <typename T>
+__device__ inline Quad<T> QuadAt(const T* p) {
+  return *reinterpret_cast<const Quad<T>*>(p);
+}
+
+// kBackward = false: x [heads, chunks, C, 2D] ([U0 W]), k_end [heads, chunks, C, D], decay [heads, chunks],
+// first = the initial state or null; writes states = s0 (each S_n), rows = u, last = the final state.
+// kBackward = true: row_grad = gu, state_grad = gs0 (null: none), first = dfinal or null; writes states =
+// ds_next (each dS_n+1), rows = du, last = dinitial (may be null). Grid: heads.
+template <typename T, int C, int D, bool kBackward>
+__global__ void __launch_bounds__(kGdnThreads) GdnStatesKernel(int chunks, const T* x, const T* k_end,
+                                                               const T* decay, const T* row_grad,
+                                                               const T* state_grad, const T* first, T* states,
+                                                               T* rows, T* last) {
+  using L = GdnLayout<T, C, D>;
+  constexpr int LD = L::kLd;
+  extern __shared__ unsigned char smem_raw[];
+  T* W = reinterpret_cast<T*>(smem_raw);  // [C][LD]
+  T* Ke = W + C * LD;                      // [C][LD]
+  T* S = Ke + C * LD;                      // [D][LD]: the state (its gradient, backward)
+  T* Un = S + D * LD;                      // [C][LD]: u (du)
+  // P1 = the C x D product (u or du), P2 = the D x D one (the state update); A1, A2 their shared operands.
+  T* A1 = kBackward ? Ke : W;
+  T* A2 = kBackward ? W : Ke;
+  const int c0 = threadIdx.x % L::kColGroups * 4, r0 = threadIdx.x / L::kColGroups * 4;
+  const bool p1 = r0 < C, p2 = r0 < D;
+  const int64_t head = blockIdx.x;
+
+  Quad<T> staged_w[L::kStaged], staged_k[L::kStaged], tile_next[4], state_next[4];
+  auto stage = [&](int n) {  // chunk n's operands into registers
+    const int64_t chunk = head * chunks + n;
+    const T* xn = x + chunk * C * 2 * D;
+#pragma unroll
+    for (int m = 0; m < L::kStaged; ++m) {
+      const int e = (threadIdx.x + m * kGdnThreads) * 4;
+      if (e < C * D) {
+        staged_w[m] = QuadAt(xn + (e / D) * 2 * D + D + e % D);
+        staged_k[m] = QuadAt(k_end + chunk * C * D + e);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const T* src = kBackward ? row_grad : xn;
+      const int64_t at = kBackward ? (chunk * C + r0 + i) * D + c0 : (r0 + i) * 2 * D + c0;
+      tile_next[i] = (p1 && src != nullptr) ? QuadAt(src + at) : Quad<T>{};
+      state_next[i] = (kBackward && p2 && state_grad != nullptr)
+                          ? QuadAt(state_grad + (chunk * D + r0 + i) * D + c0)
+                          : Quad<T>{};
+    }
+  };
+
+  T s[4][4];  // this thread's tile of the state: rows r0.., columns c0..
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const Quad<T> q = (p2 && first != nullptr) ? QuadAt(first + (head * D + r0 + i) * D + c0) : Quad<T>{};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[i][j] = q.v[j];
+  }
+  const int n_first = kBackward ? chunks - 1 : 0, step = kBackward ? -1 : 1;
+  stage(n_first);
+  for (int it = 0, n = n_first; it < chunks; ++it, n += step) {
+    const int64_t chunk = head * chunks + n;
+#pragma unroll
+    for (int m = 0; m < L::kStaged; ++m) {
+      const int e = (threadIdx.x + m * kGdnThreads) * 4;
+      if (e < C * D) {
+        *reinterpret_cast<Quad<T>*>(W + (e / D) * LD + e % D) = staged_w[m];
+        *reinterpret_cast<Quad<T>*>(Ke + (e / D) * LD + e % D) = staged_k[m];
+      }
+    }
+    Quad<T> tile[4], state_add[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tile[i] = tile_next[i], state_add[i] = state_next[i];
+    if (p2) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        Quad<T> q;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q.v[j] = s[i][j];
+        *reinterpret_cast<Quad<T>*>(S + (r0 + i) * LD + c0) = q;
+        *reinterpret_cast<Quad<T>*>(states + (chunk * D + r0 + i) * D + c0) = q;  // the state entering chunk n
+      }
+    }
+    __syncthreads();  // W, Ke and S are staged
+    if (it + 1 < chunks) stage(n + step);
+    if (p1) {  // u = U0 - W S, or du = gu + Ke dS
+      T acc[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = tile[i].v[j];
+      }
+#pragma unroll 4
+      for (int k = 0; k < D; k += 4) {
+        Quad<T> a[4], b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = QuadAt(A1 + (r0 + i) * LD + k);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) b[kk] = QuadAt(S + (k + kk) * LD + c0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (kBackward) {
+                acc[i][j] += a[i].v[kk] * b[kk].v[j];
+              } else {
+                acc[i][j] -= a[i].v[kk] * b[kk].v[j];
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        Quad<T> q;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q.v[j] = acc[i][j];
+        *reinterpret_cast<Quad<T>*>(Un + (r0 + i) * LD + c0) = q;
+        *reinterpret_cast<Quad<T>*>(rows + (chunk * C + r0 + i) * D + c0) = q;
+      }
+    }
+    __syncthreads();  // u is complete
+    if (p2) {  // S = a S + Ke^T u, or dS = gs0 + a dS - W^T du
+      const T a = decay[chunk];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[i][j] = a * s[i][j] + state_add[i].v[j];
+      }
+#pragma unroll 4
+      for (int c = 0; c < C; ++c) {
+        const Quad<T> ai = QuadAt(A2 + c * LD + r0), bj = QuadAt(Un + c * LD + c0);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (kBackward) {
+              s[i][j] -= ai.v[i] * bj.v[j];
+            } else {
+              s[i][j] += ai.v[i] * bj.v[j];
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // before the next chunk's W, Ke and S overwrite this one's
+  }
+  if (p2 && last != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      Quad<T> q;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q.v[j] = s[i][j];
+      *reinterpret_cast<Quad<T>*>(last + (head * D + r0 + i) * D + c0) = q;
+    }
+  }
+}
+
+template <typename T, int C, int D, bool kBackward>
+cudaError_t LaunchGdnStates(int64_t heads, int chunks, const void* x, const void* k_end, const void* decay,
+                            const void* row_grad, const void* state_grad, const void* first, void* states, void* rows,
+                            void* last, cudaStream_t stream) {
+  constexpr size_t smem = GdnLayout<T, C, D>::kSmem;
+  static const cudaError_t attr = cudaFuncSetAttribute(GdnStatesKernel<T, C, D, kBackward>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  GdnStatesKernel<T, C, D, kBackward><<<static_cast<unsigned>(heads), kGdnThreads, smem, stream>>>(
+      chunks, static_cast<const T*>(x), static_cast<const T*>(k_end), static_cast<const T*>(decay),
+      static_cast<const T*>(row_grad), static_cast<const T*>(state_grad), static_cast<const T*>(first),
+      static_cast<T*>(states), static_cast<T*>(rows), static_cast<T*>(last));
+  return cudaGetLastError();
+}
+
+// ---- GDN's UT transform: X = (I + L)^-1 R in each chunk, L strictly lower triangular -----------------
+// One block per chunk and one thread per column of R: substitution along the column, which lives in
+// registers (C unrolled), with L's entries read from shared memory (all threads one address: a broadcast).
+// No thread reads another's column, so the substitution needs no barrier. kTranspose solves
+// (I + L)^T X = R instead (the backward's solve): with the rows in reverse order, (I + L)^T is unit lower
+// triangular too, with entries L'[t][s] = L[C-1-s][C-1-t], so the same substitution serves.
+template <typename T, int C, int W, bool kTranspose>
+__global__ void __launch_bounds__(W) UnitLowerSolveKernel(const T* l, const T* r, T* x) {
+  __shared__ T Ls[C * C];
+  const int64_t chunk = blockIdx.x;
+  const T* lc = l + chunk * C * C;
+  for (int i = threadIdx.x; i < C * C; i += W) {
+    Ls[i] = kTranspose ? lc[(C - 1 - i % C) * C + (C - 1 - i / C)] : lc[i];
+  }
+  const int j = threadIdx.x;
+  auto row = [](int t) { return kTranspose ? C - 1 - t : t; };
+  T col[C];
+#pragma unroll
+  for (int t = 0; t < C; ++t) col[t] = r[(chunk * C + row(t)) * W + j];
+  __syncthreads();
+#pragma unroll
+  for (int t = 1; t < C; ++t) {
+    T acc = col[t];
+#pragma unroll
+    for (int s = 0; s < t; ++s) acc -= Ls[t * C + s] * col[s];
+    col[t] = acc;
+  }
+#pragma unroll
+  for (int t = 0; t < C; ++t) x[(chunk * C + row(t)) * W + j] = col[t];
+}
+
+template <typename T, int C, int W>
+cudaError_t LaunchUnitLowerSolve(bool transpose, int64_t chunks, const void* l, const void* r, void* x,
+                                 cudaStream_t stream) {
+  const auto* lt = static_cast<const T*>(l);
+  const auto* rt = static_cast<const T*>(r);
+  auto* xt = static_cast<T*>(x);
+  if (transpose) {
+    UnitLowerSolveKernel<T, C, W, true><<<static_cast<unsigned>(chunks), W, 0, stream>>>(lt, rt, xt);
+  } else {
+    UnitLowerSolveKernel<T, C, W, false><<<static_cast<unsigned>(chunks), W, 0, stream>>>(lt, rt, xt);
+  }
+  return cudaGetLastError();
+}
+
+// ---- GDN's UT-transform matrix: L[t][s] = beta_t exp(G_t - G_s) (k_t . k_s) for s < t, else 0 -----------
+// One block per chunk on CUDA cores (the ChunkOutput kernels' register tiles). Replaces a product, the
+// masked decays (three ops) and two scalings, each with its backward, by one kernel each way.
+// Stages chunk `chunk`'s keys (padded rows), G and beta in shared memory and returns this thread's tile of
+// the Gram matrix M = K K^T in m.
+template <typename T, int C, int D>
+__device__ void GdnGram(int64_t chunk, const T* k, const T* g, const T* beta, T* Kc, T* G, T* Beta,
+                        T (&m)[ThreadTile<C, C>::kRows][ThreadTile<C, C>::kCols]) {
+  constexpr int LD = D + 1;
+  LoadTile(Kc, k + chunk * C * D, C, D);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    G[i] = g[chunk * C + i];
+    Beta[i] = beta[chunk * C + i];
+  }
+  __syncthreads();
+  TileMatMul<C, C, D>([&](int t, int i) { return Kc[t * LD + i]; }, [&](int i, int s) { return Kc[s * LD + i]; }, m);
+}
+
+template <typename T, int C, int D>
+__global__ void GdnMatrixForwardKernel(const T* k, const T* g, const T* beta, T* l) {
+  extern __shared__ unsigned char smem_raw[];
+  T* Kc = reinterpret_cast<T*>(smem_raw);  // [C][D + 1]
+  T* G = Kc + C * (D + 1);                  // [C]
+  T* Beta = G + C;                          // [C]
+  const int64_t chunk = blockIdx.x;
+  using TT = ThreadTile<C, C>;
+  T m[TT::kRows][TT::kCols] = {};
+  GdnGram<T, C, D>(chunk, k, g, beta, Kc, G, Beta, m);
+#pragma unroll
+  for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < TT::kCols; ++j) {
+      const int t = TT::Row(i), s = TT::Col(j);
+      if (TT::Active(i, j)) l[chunk * C * C + t * C + s] = s < t ? Beta[t] * exp(G[t] - G[s]) * m[i][j] : T(0);
+    }
+  }
+}
+
+// With E = exp(G_t - G_s), M = K K^T and R[t][s] = dL E M (s < t):
+//   dbeta_t = sum_s R[t][s]        dG_t = beta_t sum_s R[t][s] - sum_t' beta_t' R[t'][t]
+//   dM = dL beta_t E (s < t)       dK = (dM + dM^T) K
+template <typename T, int C, int D>
+__global__ void GdnMatrixBackwardKernel(const T* k, const T* g, const T* beta, const T* dl, T* dk, T* dg, T* dbeta) {
+  extern __shared__ unsigned char smem_raw[];
+  constexpr int LD = D + 1, LC = C + 1;
+  T* Kc = reinterpret_cast<T*>(smem_raw);  // [C][LD]
+  T* dM = Kc + C * LD;                      // [C][LC]
+  T* R = dM + C * LC;                       // [C][LC]
+  T* G = R + C * LC;                        // [C]
+  T* Beta = G + C;                          // [C]
+  const int64_t chunk = blockIdx.x;
+  {
+    using TT = ThreadTile<C, C>;
+    T m[TT::kRows][TT::kCols] = {};
+    GdnGram<T, C, D>(chunk, k, g, beta, Kc, G, Beta, m);
+#pragma unroll
+    for (int i = 0; i < TT::kRows; ++i) {
+#pragma unroll
+      for (int j = 0; j < TT::kCols; ++j) {
+        const int t = TT::Row(i), s = TT::Col(j);
+        if (!TT::Active(i, j)) continue;
+        const T de = s < t ? dl[chunk * C * C + t * C + s] * exp(G[t] - G[s]) : T(0);
+        dM[t * LC + s] = de * Beta[t];
+        R[t * LC + s] = de * m[i][j];
+      }
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < C; t += blockDim.x) {  // one thread per row (and per column)
+    T row = 0, col = 0;
+    for (int s = 0; s < C; ++s) {
+      row += R[t * LC + s];
+      col += Beta[s] * R[s * LC + t];
+    }
+    dbeta[chunk * C + t] = row;
+    dg[chunk * C + t] = Beta[t] * row - col;
+  }
+  using TT = ThreadTile<C, D>;
+  T acc[TT::kRows][TT::kCols] = {};
+  TileMatMul<C, D, C>([&](int t, int s) { return dM[t * LC + s] + dM[s * LC + t]; },
+                      [&](int s, int i) { return Kc[s * LD + i]; }, acc);
+  StoreThreadTile<TT>(acc, dk + chunk * C * D, D);
+}
+
+template <typename T, int C, int D>
+cudaError_t GdnMatrix(int64_t chunks, const void* k, const void* g, const void* beta, const void* dl, void* l_or_dk,
+                      void* dg, void* dbeta, cudaStream_t stream) {
+  constexpr size_t fwd_smem = sizeof(T) * (C * (D + 1) + 2 * C);
+  constexpr size_t bwd_smem = sizeof(T) * (C * (D + 1) + 2 * C * (C + 1) + 2 * C);
+  static const cudaError_t attr = cudaFuncSetAttribute(GdnMatrixBackwardKernel<T, C, D>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, bwd_smem);
+  if (attr != cudaSuccess) return attr;
+  const auto* kt = static_cast<const T*>(k);
+  const auto* gt = static_cast<const T*>(g);
+  const auto* bt = static_cast<const T*>(beta);
+  if (dl == nullptr) {
+    GdnMatrixForwardKernel<T, C, D><<<static_cast<unsigned>(chunks), kScanThreads, fwd_smem, stream>>>(
+        kt, gt, bt, static_cast<T*>(l_or_dk));
+  } else {
+    GdnMatrixBackwardKernel<T, C, D><<<static_cast<unsigned>(chunks), kScanThreads, bwd_smem, stream>>>(
+        kt, gt, bt, static_cast<const T*>(dl), static_cast<T*>(l_or_dk), static_cast<T*>(dg), static_cast<T*>(dbeta));
+  }
+  return cudaGetLastError();
+}
+
 template <typename F>
 cudaError_t ForActDType(ActDType dtype, F&& f) {
   switch (dtype) {
@@ -1290,6 +1642,53 @@ cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunk
   if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
   return f64 ? ChunkBackward<double, 16, 8>(chunks, q, k, u, g, s0, dout, dq, dk, du, dg, ds0, stream)
              : ChunkBackwardTc(chunks, q, k, u, g, s0, dout, dq, dk, du, dg, ds0, stream);
+}
+
+bool GdnStatesSupported(bool f64, int chunk, int head_dim) { return ChunkOutputSupported(f64, chunk, head_dim); }
+
+cudaError_t GdnStatesForward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
+                             const void* k_end, const void* decay, const void* initial, void* s0, void* u,
+                             void* final_state, cudaStream_t stream) {
+  if (!GdnStatesSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? LaunchGdnStates<double, 16, 8, false>(heads, chunks, x, k_end, decay, nullptr, nullptr, initial, s0, u,
+                                                     final_state, stream)
+             : LaunchGdnStates<float, 64, 64, false>(heads, chunks, x, k_end, decay, nullptr, nullptr, initial, s0, u,
+                                                     final_state, stream);
+}
+
+cudaError_t GdnStatesBackward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
+                              const void* k_end, const void* decay, const void* gs0, const void* gu,
+                              const void* dfinal, void* ds_next, void* du, void* dinitial, cudaStream_t stream) {
+  if (!GdnStatesSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? LaunchGdnStates<double, 16, 8, true>(heads, chunks, x, k_end, decay, gu, gs0, dfinal, ds_next, du,
+                                                    dinitial, stream)
+             : LaunchGdnStates<float, 64, 64, true>(heads, chunks, x, k_end, decay, gu, gs0, dfinal, ds_next, du,
+                                                    dinitial, stream);
+}
+
+cudaError_t GdnMatrixForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* k, const void* g,
+                             const void* beta, void* l, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? GdnMatrix<double, 16, 8>(chunks, k, g, beta, nullptr, l, nullptr, nullptr, stream)
+             : GdnMatrix<float, 64, 64>(chunks, k, g, beta, nullptr, l, nullptr, nullptr, stream);
+}
+
+cudaError_t GdnMatrixBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* k, const void* g,
+                              const void* beta, const void* dl, void* dk, void* dg, void* dbeta, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim) || dl == nullptr) return cudaErrorInvalidValue;
+  return f64 ? GdnMatrix<double, 16, 8>(chunks, k, g, beta, dl, dk, dg, dbeta, stream)
+             : GdnMatrix<float, 64, 64>(chunks, k, g, beta, dl, dk, dg, dbeta, stream);
+}
+
+bool UnitLowerSolveSupported(bool f64, int chunk, int width) {
+  return f64 ? (chunk == 16 && width == 16) : (chunk == 64 && width == 128);
+}
+
+cudaError_t UnitLowerSolve(bool f64, bool transpose, int chunk, int width, int64_t chunks, const void* l,
+                           const void* r, void* x, cudaStream_t stream) {
+  if (!UnitLowerSolveSupported(f64, chunk, width)) return cudaErrorInvalidValue;
+  return f64 ? LaunchUnitLowerSolve<double, 16, 16>(transpose, chunks, l, r, x, stream)
+             : LaunchUnitLowerSolve<float, 64, 128>(transpose, chunks, l, r, x, stream);
 }
 
 cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate, const void* x, void* out,

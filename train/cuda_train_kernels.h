@@ -136,4 +136,40 @@ cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunk
                                 const void* u, const void* g, const void* s0, const void* dout, void* dq, void* dk,
                                 void* du, void* dg, void* ds0, cudaStream_t stream);
 
+// GDN's chunk-to-chunk state passing (train/linear_mixers.cc), over `heads` independent sequences of `chunks`
+// chunks, all packed: x [heads, chunks, chunk, 2 head_dim] holds each chunk's solved right-hand sides [U0 W],
+// k_end [heads, chunks, chunk, head_dim] the keys times their decay to the chunk's end, decay [heads, chunks]
+// the chunk's whole decay a_n, initial [heads, head_dim, head_dim] the first state (null: zero). Chunk n maps
+// the state S_n entering it to
+//   u_n = U0_n - W_n S_n          S_n+1 = a_n S_n + k_end_n^T u_n
+// and the forward writes s0 [heads, chunks, head_dim, head_dim] (each S_n), u [heads, chunks, chunk,
+// head_dim] and final_state (S_chunks). Supported shapes as ChunkOutputSupported.
+bool GdnStatesSupported(bool f64, int chunk, int head_dim);
+cudaError_t GdnStatesForward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
+                             const void* k_end, const void* decay, const void* initial, void* s0, void* u,
+                             void* final_state, cudaStream_t stream);
+// The backward's sequential part: from the gradients of s0, u and final_state (each null when it has none),
+// writes ds_next [heads, chunks, head_dim, head_dim] (the gradient of S_n+1 for each n), du [heads, chunks,
+// chunk, head_dim] (u_n's whole gradient) and dinitial (that of S_0; null: not written).
+cudaError_t GdnStatesBackward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
+                              const void* k_end, const void* decay, const void* gs0, const void* gu, const void* dfinal,
+                              void* ds_next, void* du, void* dinitial, cudaStream_t stream);
+
+// GDN's UT-transform matrix in each of `chunks` chunks, all packed: from k [chunks, chunk, head_dim], g and
+// beta [chunks, chunk] (the cumulative log decay within the chunk, and the write strengths),
+//   l[t][s] = beta_t exp(g_t - g_s) (k_t . k_s) for s < t, else 0      (l [chunks, chunk, chunk])
+// The backward writes dk (like k), dg and dbeta (like g) from dl. Shapes as ChunkOutputSupported.
+cudaError_t GdnMatrixForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* k, const void* g,
+                             const void* beta, void* l, cudaStream_t stream);
+cudaError_t GdnMatrixBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* k, const void* g,
+                              const void* beta, const void* dl, void* dk, void* dg, void* dbeta, cudaStream_t stream);
+
+// GDN's UT transform in each of `chunks` chunks, all packed: x = (I + L)^-1 r with l [chunks, chunk, chunk]
+// (only its strictly lower triangle is read) and r, x [chunks, chunk, width]; transpose solves
+// (I + L)^T x = r. fp32 with chunk 64 and width 128 (twice the head dim: [V K] side by side); fp64 (for
+// tests) with chunk 16 and width 16.
+bool UnitLowerSolveSupported(bool f64, int chunk, int width);
+cudaError_t UnitLowerSolve(bool f64, bool transpose, int chunk, int width, int64_t chunks, const void* l, const void* r,
+                           void* x, cudaStream_t stream);
+
 }  // namespace oryx::train::cuda

@@ -71,6 +71,87 @@ std::pair<torch::Tensor, torch::Tensor> PassStatesLinear(const torch::Tensor& lo
   return {states(0, 0, N), states(1, N, 1).squeeze(2)};
 }
 
+// GDN's chunk-to-chunk state passing as one autograd function (the math: GdnStatesForward in
+// train/cuda_train_kernels.h). Its recurrence runs in one CUDA kernel each way where there is one, else as
+// a loop of LibTorch ops; either way autograd sees one node, not a dozen per chunk. The backward's
+// sequential part yields the state's gradient after each chunk; the weight-like gradients then come from
+// products over all chunks at once.
+// Inputs: x [B,H,N,C,2dh] = [U0 W], k_end [B,H,N,C,dh], decay [B,H,N] (a_n), initial [B,H,dh,dh] (or an
+// empty tensor: zero). Outputs: s0 [B,H,N,dh,dh], u [B,H,N,C,dh], the final state [B,H,dh,dh].
+class GdnStatesFunction : public torch::autograd::Function<GdnStatesFunction> {
+ public:
+  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
+                                              const torch::Tensor& k_end_in, const torch::Tensor& decay_in,
+                                              const torch::Tensor& initial_in) {
+    auto x = x_in.contiguous(), k_end = k_end_in.contiguous(), decay = decay_in.contiguous();
+    const auto initial = initial_in.numel() > 0 ? initial_in.contiguous() : torch::Tensor();
+    torch::Tensor s0, u, last;
+    if (GdnStatesKernelAvailable(x)) {
+      const auto out = GdnStatesKernelForward(x, k_end, decay, initial);
+      s0 = out[0], u = out[1], last = out[2];
+    } else {
+      const int64_t B = x.size(0), H = x.size(1), N = x.size(2), C = x.size(3), dh = x.size(4) / 2;
+      s0 = x.new_empty({B, H, N, dh, dh});
+      u = x.new_empty({B, H, N, C, dh});
+      last = initial.defined() ? initial.clone() : x.new_zeros({B, H, dh, dh});
+      const auto u0 = x.narrow(-1, 0, dh), w = x.narrow(-1, dh, dh);
+      for (int64_t n = 0; n < N; ++n) {
+        s0.select(2, n).copy_(last);
+        auto un = u.select(2, n);
+        torch::sub_out(un, u0.select(2, n), torch::matmul(w.select(2, n), last));
+        last = decay.select(2, n).unsqueeze(-1).unsqueeze(-1) * last +
+               torch::matmul(k_end.select(2, n).transpose(-1, -2), un);
+      }
+    }
+    ctx->save_for_backward({x, k_end, decay, s0, u});
+    ctx->saved_data["initial"] = initial.defined();
+    return {s0, u, last};
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &k_end = saved[1], &decay = saved[2], &s0 = saved[3], &u = saved[4];
+    const bool has_initial = ctx->saved_data["initial"].toBool();
+    auto packed = [](const torch::Tensor& g) { return g.defined() ? g.contiguous() : g; };
+    const auto gs0 = packed(grads[0]), gu = packed(grads[1]), gfinal = packed(grads[2]);
+    torch::Tensor ds_next, du, dinitial;
+    if (GdnStatesKernelAvailable(x)) {
+      const auto out = GdnStatesKernelBackward(x, k_end, decay, gs0, gu, gfinal, has_initial);
+      ds_next = out[0], du = out[1], dinitial = out[2];
+    } else {
+      const int64_t N = x.size(2), dh = x.size(4) / 2;
+      ds_next = torch::empty_like(s0);
+      du = torch::empty_like(u);
+      auto ds = gfinal.defined() ? gfinal : torch::zeros_like(s0.select(2, 0));
+      const auto w = x.narrow(-1, dh, dh);
+      for (int64_t n = N - 1; n >= 0; --n) {
+        ds_next.select(2, n).copy_(ds);
+        auto dun = du.select(2, n);
+        torch::matmul_out(dun, k_end.select(2, n), ds);
+        if (gu.defined()) dun.add_(gu.select(2, n));
+        ds = decay.select(2, n).unsqueeze(-1).unsqueeze(-1) * ds - torch::matmul(w.select(2, n).transpose(-1, -2), dun);
+        if (gs0.defined()) ds = ds + gs0.select(2, n);
+      }
+      if (has_initial) dinitial = ds;
+    }
+    // S_n+1 = a_n S_n + Ke_n^T u_n and u_n = U0_n - W_n S_n, with dS_n+1 and du_n known for every chunk:
+    auto dk_end = torch::matmul(u, ds_next.transpose(-1, -2));
+    auto ddecay = (ds_next * s0).sum({-2, -1});
+    auto dw = -torch::matmul(du, s0.transpose(-1, -2));
+    return {torch::cat({du, dw}, -1), dk_end, ddecay, has_initial ? dinitial : torch::Tensor()};
+  }
+};
+
+// -> (s0, u, final state) of GdnStatesFunction; an undefined initial state is zero.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> PassStatesGdn(const torch::Tensor& x,
+                                                                      const torch::Tensor& k_end,
+                                                                      const torch::Tensor& decay,
+                                                                      const torch::Tensor& initial) {
+  auto out = GdnStatesFunction::apply(x, k_end, decay, initial.defined() ? initial : x.new_empty({0}));
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
 
 ScanResult ScanStep(ScanKind kind, const torch::Tensor& state, const torch::Tensor& q, const torch::Tensor& k,
@@ -136,50 +217,44 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
   // mamba2). GDN's WY/UT form: (I + diag(beta) A) U = diag(beta) (V - diag(gamma) K S0) with
   // A[t,s] = gamma_t/gamma_s k_t.k_s for s < t (gamma = exp(G), the decay from the chunk's start to t),
   // solved once for both right-hand sides.
-  torch::Tensor q, k, u0, k_end, w;  // k_end = diag(to_end) K
-  if (kind == ScanKind::kMamba2 && ChunkPrepareAvailable(in.q, in.k, in.v, sc)) {
+  torch::Tensor q, k, sv, k_end;  // sv = diag(scale) V (mamba2's U0), k_end = diag(to_end) K
+  // GDN's q and k come normalised in fp32 and its v raw: v converted to their dtype so that one kernel
+  // serves (a conversion of v is cheaper than the chunk copies and products it saves, each way).
+  const auto v_in = kind == ScanKind::kGdn ? in.v.to(in.q.scalar_type()) : in.v;
+  if (ChunkPrepareAvailable(in.q, in.k, v_in, sc)) {
     // One kernel each way for the chunk copies and both products (on the GPU).
-    const auto parts = ChunkPrepare(in.q, in.k, in.v, sc, to_end);
-    q = parts[0], k = parts[1], u0 = parts[2], k_end = parts[3];
+    const auto parts = ChunkPrepare(in.q, in.k, v_in, sc, to_end);
+    q = parts[0], k = parts[1], sv = parts[2], k_end = parts[3];
   } else {
     q = chunks(in.q), k = chunks(in.k);
-    const auto v = chunks(in.v);
-    if (kind == ScanKind::kMamba2) {
-      u0 = sc.unsqueeze(-1) * v;
-    } else {
-      auto a_mat = torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
-      auto lhs = torch::eye(C, q.options()) + sc.unsqueeze(-1) * a_mat;
-      auto rhs = torch::cat({sc.unsqueeze(-1) * v, (sc * g.exp()).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
-      auto x = torch::linalg_solve_triangular(lhs, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-      u0 = x.narrow(-1, 0, dh);
-      w = x.narrow(-1, dh, dh);
-    }
+    sv = sc.unsqueeze(-1) * chunks(in.v);
     k_end = to_end.unsqueeze(-1) * k;
   }
-  // State entering each chunk: S_n+1 = a_n S_n + K_n^T diag(to_end) (U0_n - W_n S_n).
-  auto kt_end = k_end.transpose(-1, -2);  // [B,H,N,dh,C]
-  auto contribution = torch::matmul(kt_end, u0);               // [B,H,N,dh,dh]
-  torch::Tensor s0;                                             // [B,H,N,dh,dh]
-  torch::Tensor s;                                              // the final state
-  if (kind == ScanKind::kMamba2) {
-    std::tie(s0, s) = PassStatesLinear(g_last.squeeze(-1), contribution, initial);
-  } else {
-    // GDN's passing is not linear in the state (the W_n S_n term): chunk by chunk. unbind() once rather
-    // than select() per chunk: each select's backward would allocate a full-size zero tensor, unbind's
-    // backward stacks all the slices' gradients in one go.
-    auto chunk_decay = g_last.exp().unsqueeze(-1);  // [B,H,N,1,1]
-    const auto decay_n = chunk_decay.unbind(2), contribution_n = contribution.unbind(2);
-    const auto kt_end_n = kt_end.unbind(2), w_n = w.unbind(2);
-    s = initial.defined() ? initial : torch::zeros({B, H, dh, dh}, q.options());
-    std::vector<torch::Tensor> starts;
-    starts.reserve(N);
-    for (int64_t n = 0; n < N; ++n) {
-      starts.push_back(s);
-      s = decay_n[n] * s + contribution_n[n] - torch::matmul(kt_end_n[n], torch::matmul(w_n[n], s));
-    }
-    s0 = torch::stack(starts, 2);
+  torch::Tensor wu;  // gdn: [U0 W]
+  if (kind == ScanKind::kGdn) {
+    // L = diag(beta) A, strictly lower triangular: one kernel each way on the GPU.
+    auto l = ChunkOutputAvailable(k)
+                 ? GdnMatrix(k, g, sc)
+                 : sc.unsqueeze(-1) * torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
+    auto rhs = torch::cat({sv, (sc * g.exp()).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
+    // One kernel each way on the GPU (LibTorch's batched solve goes through cuBLAS's column-major trsm).
+    wu = UnitLowerSolveAvailable(rhs) ? UnitLowerSolve(l, rhs)
+                                      : torch::linalg_solve_triangular(torch::eye(C, q.options()) + l, rhs,
+                                                                       /*upper=*/false, /*left=*/true,
+                                                                       /*unitriangular=*/true);
   }
-  auto u = kind == ScanKind::kGdn ? u0 - torch::matmul(w, s0) : u0;
+  torch::Tensor s0;  // [B,H,N,dh,dh]: the state entering each chunk
+  torch::Tensor s;   // the final state
+  torch::Tensor u;   // [B,H,N,C,dh]: what each token writes into the state, U0 - W S0
+  if (kind == ScanKind::kMamba2) {
+    // State entering each chunk: S_n+1 = a_n S_n + K_n^T diag(to_end) U0_n.
+    auto contribution = torch::matmul(k_end.transpose(-1, -2), sv);  // [B,H,N,dh,dh]
+    std::tie(s0, s) = PassStatesLinear(g_last.squeeze(-1), contribution, initial);
+    u = sv;
+  } else {
+    // GDN's passing is not linear in the state (the W_n S_n term): chunk by chunk, in one autograd node.
+    std::tie(s0, u, s) = PassStatesGdn(wu, k_end, g_last.squeeze(-1).exp(), initial);
+  }
   // out_t = gamma_t S0^T q_t + sum_{s<=t} gamma_t/gamma_s (q_t.k_s) u_s: one kernel each way on the GPU.
   auto out = ChunkOutputAvailable(q)
                  ? ChunkOutput(q, k, u, g, s0)

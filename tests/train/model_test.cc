@@ -51,20 +51,22 @@ TEST_P(ScanTest, ChunkedEqualsRecurrentForAnyLengthAndInitialState) {
 TEST_P(ScanTest, ChunkedIsDifferentiableAndMatchesRecurrentGradients) {
   const ScanKind kind = GetParam();
   ScanInputs in = RandomScan(kind, 1, 37, 2, 4, 7);
-  for (auto* t : {&in.q, &in.k, &in.v, &in.log_decay, &in.scale}) *t = t->to(torch::kFloat64).requires_grad_();
   auto s0 = torch::randn({1, 2, 4, 4}, torch::kFloat64);
-  auto w = torch::randn({1, 37, 2, 4}, torch::kFloat64);
-  (ScanRecurrent(kind, in, s0).out * w).sum().backward();
+  std::vector<torch::Tensor*> inputs = {&in.q, &in.k, &in.v, &in.log_decay, &in.scale, &s0};
+  for (auto* t : inputs) *t = t->to(torch::kFloat64).requires_grad_();
+  // The loss reads both the outputs and the final state, so gradients come back through both.
+  auto w = torch::randn({1, 37, 2, 4}, torch::kFloat64), w_state = torch::randn({1, 2, 4, 4}, torch::kFloat64);
+  auto loss = [&](const ScanResult& r) { return (r.out * w).sum() + (r.state * w_state).sum(); };
+  loss(ScanRecurrent(kind, in, s0)).backward();
   std::vector<torch::Tensor> ref_grads;
-  for (auto* t : {&in.q, &in.k, &in.v, &in.log_decay, &in.scale}) {
+  for (auto* t : inputs) {
     ref_grads.push_back(t->grad().clone());
     t->mutable_grad().zero_();
   }
-  (ScanChunked(kind, in, s0, 8).out * w).sum().backward();
-  int i = 0;
-  for (auto* t : {&in.q, &in.k, &in.v, &in.log_decay, &in.scale}) {
-    EXPECT_LT(RelativeError(t->grad(), ref_grads[i]), 1e-10) << "input " << i;
-    ++i;
+  loss(ScanChunked(kind, in, s0, 8)).backward();
+  const char* names[] = {"q", "k", "v", "log_decay", "scale", "initial state"};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_LT(RelativeError(inputs[i]->grad(), ref_grads[i]), 1e-10) << names[i];
   }
 }
 

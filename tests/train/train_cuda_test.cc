@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "tests/train/testing_models.h"
 #include "train/cuda_ops.h"
 #include "train/cuda_step.h"
+#include "train/linear_mixers.h"
 #include "train/model.h"
 
 namespace oryx::train {
@@ -429,6 +431,52 @@ TEST(ChunkOutput, EqualsTheLibTorchFormForwardAndBackward) {
     const char* names[] = {"dq", "dk", "du", "dg", "ds0"};
     for (int i = 0; i < 5; ++i) EXPECT_LE(RelativeError(grads[i], ref_grads[i]), c.tol) << names[i] << " " << c.dtype;
   }
+}
+
+// ScanChunked's GDN form on the GPU (its UT transform in UnitLowerSolve, its state passing in GdnStates*
+// kernels, its outputs in the chunk-output kernel) against the same form on the CPU (a loop of LibTorch ops), forward
+// and backward, with a padded last chunk, an initial state, and a loss that reads the final state too.
+TEST(GdnStates, ScanChunkedOnTheGpuEqualsTheCpuForwardAndBackward) {
+  struct Case {
+    torch::Dtype dtype;
+    int64_t chunk, dh;
+    double tol;
+  };
+  // fp64: to rounding. fp32: the chunk-output kernel's TF32 products (see ChunkOutput above).
+  for (const Case& c : {Case{torch::kFloat64, 16, 8, 1e-11}, Case{torch::kFloat32, 64, 64, 5e-3}}) {
+    torch::manual_seed(31);
+    const int64_t B = 2, T = 3 * c.chunk + 5, H = 3;
+    const auto cpu = torch::dtype(torch::kFloat64);
+    auto k = torch::randn({B, T, H, c.dh}, cpu), q = torch::randn({B, T, H, c.dh}, cpu);
+    k = k / k.norm(2, -1, true);
+    q = q / q.norm(2, -1, true) / std::sqrt(static_cast<double>(c.dh));
+    std::vector<torch::Tensor> host = {q,
+                                       k,
+                                       torch::randn({B, T, H, c.dh}, cpu),
+                                       -torch::rand({B, T, H}, cpu) * 0.3,
+                                       torch::rand({B, T, H}, cpu),
+                                       torch::randn({B, H, c.dh, c.dh}, cpu) * 0.3};
+    auto w_out = torch::randn({B, T, H, c.dh}, cpu), w_state = torch::randn({B, H, c.dh, c.dh}, cpu);
+    auto run = [&](torch::Device device, torch::Dtype dtype) {
+      std::vector<torch::Tensor> x;
+      for (const auto& t : host) x.push_back(t.to(device, dtype).requires_grad_(true));
+      ScanResult r = ScanChunked(ScanKind::kGdn, {x[0], x[1], x[2], x[3], x[4]}, x[5], c.chunk);
+      auto loss = (r.out * w_out.to(device, dtype)).sum() + (r.state * w_state.to(device, dtype)).sum();
+      auto grads = torch::autograd::grad({loss}, x);
+      std::vector<torch::Tensor> all = {r.out, r.state};
+      for (auto& g : grads) all.push_back(g.to(torch::kCPU, torch::kFloat64));
+      all[0] = all[0].to(torch::kCPU, torch::kFloat64), all[1] = all[1].to(torch::kCPU, torch::kFloat64);
+      return all;
+    };
+    const auto opts = torch::dtype(c.dtype).device(kCuda);
+    ASSERT_TRUE(GdnStatesKernelAvailable(torch::zeros({1, 1, 1, c.chunk, 2 * c.dh}, opts)));
+    ASSERT_TRUE(UnitLowerSolveAvailable(torch::zeros({1, 1, 1, c.chunk, 2 * c.dh}, opts)));
+    const auto gpu = run(kCuda, c.dtype), ref = run(torch::kCPU, torch::kFloat64);
+    const char* names[] = {"out", "state", "dq", "dk", "dv", "dlog_decay", "dscale", "dinitial"};
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_LE(RelativeError(gpu[i], ref[i]), c.tol) << names[i] << " " << c.dtype;
+  }
+  EXPECT_FALSE(GdnStatesKernelAvailable(torch::zeros({1, 1, 1, 32, 128}, torch::dtype(torch::kFloat32).device(kCuda))));
 }
 
 }  // namespace
