@@ -222,33 +222,37 @@ class GdnMatrixFunction : public torch::autograd::Function<GdnMatrixFunction> {
   }
 };
 
-class UnitLowerSolveFunction : public torch::autograd::Function<UnitLowerSolveFunction> {
+class GdnSolveFunction : public torch::autograd::Function<GdnSolveFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& l_in,
-                               const torch::Tensor& r_in) {
-    auto l = l_in.contiguous(), x = Solve(l, r_in.contiguous(), /*transpose=*/false);
-    ctx->save_for_backward({l, x});
+                               const torch::Tensor& sv_in, const torch::Tensor& k_in, const torch::Tensor& f_in) {
+    auto l = l_in.contiguous(), sv = sv_in.contiguous(), k = k_in.contiguous(), f = f_in.contiguous();
+    const int C = static_cast<int>(k.size(-2)), D = static_cast<int>(k.size(-1));
+    auto sizes = k.sizes().vec();
+    sizes.back() = 2 * D;
+    auto x = torch::empty(sizes, k.options());
+    Check(cuda::GdnSolveForward(k.scalar_type() == torch::kFloat64, C, D, k.numel() / (C * D), l.data_ptr(),
+                                sv.data_ptr(), k.data_ptr(), f.data_ptr(), x.data_ptr(), StreamOf(k)),
+          "gdn solve forward");
+    ctx->save_for_backward({l, x, k, f});
     return x;
   }
 
-  // x = (I + L)^-1 r: dr = (I + L)^-T dx, and dL = -dr x^T below the diagonal.
+  // x = (I + L)^-1 r with r = [sv, diag(f) k]: dr = (I + L)^-T dx, dL = -dr x^T below the diagonal, and
+  // the kernel turns dr's second half into dk and df.
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &l = saved[0], &x = saved[1];
-    auto dr = Solve(l, grads[0].contiguous(), /*transpose=*/true);
+    const auto &l = saved[0], &x = saved[1], &k = saved[2], &f = saved[3];
+    auto dx = grads[0].contiguous();
+    auto dr = torch::empty_like(x), dk = torch::empty_like(k), df = torch::empty_like(f);
+    const int C = static_cast<int>(k.size(-2)), D = static_cast<int>(k.size(-1));
+    Check(cuda::GdnSolveBackward(k.scalar_type() == torch::kFloat64, C, D, k.numel() / (C * D), l.data_ptr(),
+                                 k.data_ptr(), f.data_ptr(), dx.data_ptr(), dr.data_ptr(), dk.data_ptr(), df.data_ptr(),
+                                 StreamOf(k)),
+          "gdn solve backward");
     auto dl = -torch::matmul(dr, x.transpose(-1, -2)).tril(-1);
-    return {dl, dr};
-  }
-
- private:
-  static torch::Tensor Solve(const torch::Tensor& l, const torch::Tensor& r, bool transpose) {
-    auto x = torch::empty_like(r);
-    const int C = static_cast<int>(r.size(-2)), W = static_cast<int>(r.size(-1));
-    Check(cuda::UnitLowerSolve(r.scalar_type() == torch::kFloat64, transpose, C, W, r.numel() / (C * W), l.data_ptr(),
-                               r.data_ptr(), x.data_ptr(), StreamOf(r)),
-          transpose ? "unit lower solve backward" : "unit lower solve forward");
-    return x;
+    return {dl, dr.narrow(-1, 0, D), dk, df};
   }
 };
 
@@ -527,21 +531,19 @@ torch::Tensor GdnMatrix(const torch::Tensor& k, const torch::Tensor& g, const to
   return GdnMatrixFunction::apply(k, g, beta);
 }
 
-bool UnitLowerSolveAvailable(const torch::Tensor& r) {
-  const bool f64 = r.scalar_type() == torch::kFloat64;
-  return r.is_cuda() && (f64 || r.scalar_type() == torch::kFloat32) && r.dim() >= 2 &&
-         cuda::UnitLowerSolveSupported(f64, static_cast<int>(r.size(-2)), static_cast<int>(r.size(-1)));
-}
-
-torch::Tensor UnitLowerSolve(const torch::Tensor& l, const torch::Tensor& r) {
-  TORCH_CHECK(UnitLowerSolveAvailable(r), "UnitLowerSolve: no kernel for ", r.sizes(), " ", r.scalar_type(), " on ",
-              r.device());
-  const int64_t C = r.size(-2);
-  TORCH_CHECK(l.dim() == r.dim() && l.size(-1) == C && l.size(-2) == C &&
-                  l.numel() / (C * C) == r.numel() / r.size(-1) / C && l.scalar_type() == r.scalar_type() &&
-                  l.device() == r.device(),
-              "UnitLowerSolve: l must be [..., ", C, ", ", C, "] matching r ", r.sizes(), ", got ", l.sizes());
-  return UnitLowerSolveFunction::apply(l, r);
+torch::Tensor GdnSolve(const torch::Tensor& l, const torch::Tensor& sv, const torch::Tensor& k,
+                       const torch::Tensor& f) {
+  TORCH_CHECK(ChunkOutputAvailable(k), "GdnSolve: no kernel for ", k.sizes(), " ", k.scalar_type(), " on ", k.device());
+  const int64_t C = k.size(-2);
+  TORCH_CHECK(sv.sizes() == k.sizes() && l.dim() == k.dim() && l.size(-1) == C && l.size(-2) == C &&
+                  l.numel() / C == k.numel() / k.size(-1) && f.numel() == k.numel() / k.size(-1) && f.size(-1) == C,
+              "GdnSolve: l must be [..., ", C, ", ", C, "], sv like k ", k.sizes(), " and f [..., ", C, "], got ",
+              l.sizes(), ", ", sv.sizes(), " and ", f.sizes());
+  for (const auto* t : {&l, &sv, &f}) {
+    TORCH_CHECK(t->scalar_type() == k.scalar_type() && t->device() == k.device(),
+                "GdnSolve: all operands must have k's dtype and device");
+  }
+  return GdnSolveFunction::apply(l, sv, k, f);
 }
 
 bool GdnStatesKernelAvailable(const torch::Tensor& x) {
@@ -666,10 +668,8 @@ torch::Tensor GdnMatrix(const torch::Tensor&, const torch::Tensor&, const torch:
   TORCH_CHECK(false, "GdnMatrix: this build has no CUDA kernels for the trainer");
 }
 
-bool UnitLowerSolveAvailable(const torch::Tensor&) { return false; }
-
-torch::Tensor UnitLowerSolve(const torch::Tensor&, const torch::Tensor&) {
-  TORCH_CHECK(false, "UnitLowerSolve: this build has no CUDA kernels for the trainer");
+torch::Tensor GdnSolve(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+  TORCH_CHECK(false, "GdnSolve: this build has no CUDA kernels for the trainer");
 }
 
 bool GdnStatesKernelAvailable(const torch::Tensor&) { return false; }

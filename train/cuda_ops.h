@@ -80,11 +80,10 @@ std::vector<torch::Tensor> GdnStatesKernelBackward(const torch::Tensor& x, const
 // Differentiable in all three. Available as ChunkOutputAvailable(k).
 torch::Tensor GdnMatrix(const torch::Tensor& k, const torch::Tensor& g, const torch::Tensor& beta);
 
-// GDN's UT transform, x = (I + L)^-1 r per chunk, as one kernel each way: l [..., C, C] with only its
-// strictly lower triangle read (the rest takes no gradient), r [..., C, W]; both of one dtype on the GPU.
-// The backward is the transposed solve and one product. UnitLowerSolveAvailable says whether a kernel
-// exists for r's device, dtype and (C, W): fp32 (64, 128), fp64 (16, 16) for tests.
-bool UnitLowerSolveAvailable(const torch::Tensor& r);
-torch::Tensor UnitLowerSolve(const torch::Tensor& l, const torch::Tensor& r);
+// GDN's UT transform per chunk, one kernel each way: x = (I + L)^-1 [sv, diag(f) k] ([..., C, 2 dh]) from
+// l [..., C, C] (only its strictly lower triangle is read; the rest takes no gradient), sv and k
+// [..., C, dh] and f [..., C], all of one dtype on the GPU. The right-hand side is built as the kernel
+// reads it. Differentiable in all four. Available as ChunkOutputAvailable(k).
+torch::Tensor GdnSolve(const torch::Tensor& l, const torch::Tensor& sv, const torch::Tensor& k, const torch::Tensor& f);
 
 }  // namespace oryx::train

@@ -1460,14 +1460,20 @@ cudaError_t LaunchGdnStates(int64_t heads, int chunks, const void* x, const void
   return cudaGetLastError();
 }
 
-// ---- GDN's UT transform: X = (I + L)^-1 R in each chunk, L strictly lower triangular -----------------
-// One block per chunk and one thread per column of R: substitution along the column, which lives in
-// registers (C unrolled), with L's entries read from shared memory (all threads one address: a broadcast).
-// No thread reads another's column, so the substitution needs no barrier. kTranspose solves
-// (I + L)^T X = R instead (the backward's solve): with the rows in reverse order, (I + L)^T is unit lower
-// triangular too, with entries L'[t][s] = L[C-1-s][C-1-t], so the same substitution serves.
-template <typename T, int C, int W, bool kTranspose>
-__global__ void __launch_bounds__(W) UnitLowerSolveKernel(const T* l, const T* r, T* x) {
+// ---- GDN's UT transform: X = (I + L)^-1 [beta V, f K] in each chunk, L strictly lower triangular --------
+// One block per chunk and one thread per column of the right-hand side: the D columns of sv = diag(beta) V,
+// then the D columns of diag(f) K (f = beta e^G), built as they are read. Substitution along the column,
+// which lives in registers (C unrolled), with L's entries read from shared memory (all threads one
+// address: a broadcast); no thread reads another's column, so it needs no barrier.
+// kTranspose solves (I + L)^T dR = dX instead (the backward): with the rows in reverse order, (I + L)^T is
+// unit lower triangular too, with entries L'[t][s] = L[C-1-s][C-1-t], so the same substitution serves. It
+// writes dR, and the gradients that building the right-hand side owes: dK = diag(f) dR_K and
+// df_t = dR_K[t] . k_t.
+template <typename T, int C, int D, bool kTranspose>
+__global__ void __launch_bounds__(2 * D) GdnSolveKernel(const T* l, const T* sv, const T* k, const T* f,
+                                                        const T* dx, T* out, T* dk, T* df) {
+  constexpr int W = 2 * D;
+  static_assert(C >= D, "the row sums reuse L's tile");
   __shared__ T Ls[C * C];
   const int64_t chunk = blockIdx.x;
   const T* lc = l + chunk * C * C;
@@ -1475,10 +1481,18 @@ __global__ void __launch_bounds__(W) UnitLowerSolveKernel(const T* l, const T* r
     Ls[i] = kTranspose ? lc[(C - 1 - i % C) * C + (C - 1 - i / C)] : lc[i];
   }
   const int j = threadIdx.x;
+  const bool key = j >= D;  // a column of diag(f) K
   auto row = [](int t) { return kTranspose ? C - 1 - t : t; };
+  auto at = [&](int t) { return (chunk * C + row(t)) * D + (key ? j - D : j); };  // in [C][D] operands
   T col[C];
 #pragma unroll
-  for (int t = 0; t < C; ++t) col[t] = r[(chunk * C + row(t)) * W + j];
+  for (int t = 0; t < C; ++t) {
+    if constexpr (kTranspose) {
+      col[t] = dx[(chunk * C + row(t)) * W + j];
+    } else {
+      col[t] = key ? f[chunk * C + t] * k[at(t)] : sv[at(t)];
+    }
+  }
   __syncthreads();
 #pragma unroll
   for (int t = 1; t < C; ++t) {
@@ -1488,19 +1502,38 @@ __global__ void __launch_bounds__(W) UnitLowerSolveKernel(const T* l, const T* r
     col[t] = acc;
   }
 #pragma unroll
-  for (int t = 0; t < C; ++t) x[(chunk * C + row(t)) * W + j] = col[t];
+  for (int t = 0; t < C; ++t) out[(chunk * C + row(t)) * W + j] = col[t];
+  if constexpr (kTranspose) {
+    __syncthreads();  // L's tile is free: it takes the products dR_K[t][i] k_t[i] for the row sums
+#pragma unroll
+    for (int t = 0; t < C; ++t) {
+      if (key) {
+        dk[at(t)] = f[chunk * C + row(t)] * col[t];
+        Ls[row(t) * D + j - D] = col[t] * k[at(t)];
+      }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < C; t += W) {
+      T sum = 0;
+      for (int i = 0; i < D; ++i) sum += Ls[t * D + i];
+      df[chunk * C + t] = sum;
+    }
+  }
 }
 
-template <typename T, int C, int W>
-cudaError_t LaunchUnitLowerSolve(bool transpose, int64_t chunks, const void* l, const void* r, void* x,
-                                 cudaStream_t stream) {
+template <typename T, int C, int D>
+cudaError_t LaunchGdnSolve(int64_t chunks, const void* l, const void* sv, const void* k, const void* f,
+                           const void* dx, void* out, void* dk, void* df, cudaStream_t stream) {
   const auto* lt = static_cast<const T*>(l);
-  const auto* rt = static_cast<const T*>(r);
-  auto* xt = static_cast<T*>(x);
-  if (transpose) {
-    UnitLowerSolveKernel<T, C, W, true><<<static_cast<unsigned>(chunks), W, 0, stream>>>(lt, rt, xt);
+  const auto* svt = static_cast<const T*>(sv);
+  const auto* kt = static_cast<const T*>(k);
+  const auto* ft = static_cast<const T*>(f);
+  if (dx != nullptr) {
+    GdnSolveKernel<T, C, D, true><<<static_cast<unsigned>(chunks), 2 * D, 0, stream>>>(
+        lt, svt, kt, ft, static_cast<const T*>(dx), static_cast<T*>(out), static_cast<T*>(dk), static_cast<T*>(df));
   } else {
-    UnitLowerSolveKernel<T, C, W, false><<<static_cast<unsigned>(chunks), W, 0, stream>>>(lt, rt, xt);
+    GdnSolveKernel<T, C, D, false><<<static_cast<unsigned>(chunks), 2 * D, 0, stream>>>(
+        lt, svt, kt, ft, nullptr, static_cast<T*>(out), nullptr, nullptr);
   }
   return cudaGetLastError();
 }
@@ -1680,15 +1713,18 @@ cudaError_t GdnMatrixBackward(bool f64, int chunk, int head_dim, int64_t chunks,
              : GdnMatrix<float, 64, 64>(chunks, k, g, beta, dl, dk, dg, dbeta, stream);
 }
 
-bool UnitLowerSolveSupported(bool f64, int chunk, int width) {
-  return f64 ? (chunk == 16 && width == 16) : (chunk == 64 && width == 128);
+cudaError_t GdnSolveForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* l, const void* sv,
+                            const void* k, const void* f, void* x, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  return f64 ? LaunchGdnSolve<double, 16, 8>(chunks, l, sv, k, f, nullptr, x, nullptr, nullptr, stream)
+             : LaunchGdnSolve<float, 64, 64>(chunks, l, sv, k, f, nullptr, x, nullptr, nullptr, stream);
 }
 
-cudaError_t UnitLowerSolve(bool f64, bool transpose, int chunk, int width, int64_t chunks, const void* l,
-                           const void* r, void* x, cudaStream_t stream) {
-  if (!UnitLowerSolveSupported(f64, chunk, width)) return cudaErrorInvalidValue;
-  return f64 ? LaunchUnitLowerSolve<double, 16, 16>(transpose, chunks, l, r, x, stream)
-             : LaunchUnitLowerSolve<float, 64, 128>(transpose, chunks, l, r, x, stream);
+cudaError_t GdnSolveBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* l, const void* k,
+                             const void* f, const void* dx, void* dr, void* dk, void* df, cudaStream_t stream) {
+  if (!ChunkOutputSupported(f64, chunk, head_dim) || dx == nullptr) return cudaErrorInvalidValue;
+  return f64 ? LaunchGdnSolve<double, 16, 8>(chunks, l, nullptr, k, f, dx, dr, dk, df, stream)
+             : LaunchGdnSolve<float, 64, 64>(chunks, l, nullptr, k, f, dx, dr, dk, df, stream);
 }
 
 cudaError_t SiluMulForward(ActDType dtype, const GateShape& s, const void* gate, const void* x, void* out,

@@ -164,12 +164,13 @@ cudaError_t GdnMatrixForward(bool f64, int chunk, int head_dim, int64_t chunks, 
 cudaError_t GdnMatrixBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* k, const void* g,
                               const void* beta, const void* dl, void* dk, void* dg, void* dbeta, cudaStream_t stream);
 
-// GDN's UT transform in each of `chunks` chunks, all packed: x = (I + L)^-1 r with l [chunks, chunk, chunk]
-// (only its strictly lower triangle is read) and r, x [chunks, chunk, width]; transpose solves
-// (I + L)^T x = r. fp32 with chunk 64 and width 128 (twice the head dim: [V K] side by side); fp64 (for
-// tests) with chunk 16 and width 16.
-bool UnitLowerSolveSupported(bool f64, int chunk, int width);
-cudaError_t UnitLowerSolve(bool f64, bool transpose, int chunk, int width, int64_t chunks, const void* l, const void* r,
-                           void* x, cudaStream_t stream);
+// GDN's UT transform in each of `chunks` chunks, all packed: x = (I + L)^-1 [sv, diag(f) k] ([chunks, chunk,
+// 2 head_dim]) from l [chunks, chunk, chunk] (only its strictly lower triangle is read), sv and k [chunks,
+// chunk, head_dim] and f [chunks, chunk]. The backward writes dr = (I + L)^-T dx (like x; its first half is
+// sv's gradient), dk = diag(f) dr's second half (like k) and df (like f). Shapes as ChunkOutputSupported.
+cudaError_t GdnSolveForward(bool f64, int chunk, int head_dim, int64_t chunks, const void* l, const void* sv,
+                            const void* k, const void* f, void* x, cudaStream_t stream);
+cudaError_t GdnSolveBackward(bool f64, int chunk, int head_dim, int64_t chunks, const void* l, const void* k,
+                             const void* f, const void* dx, void* dr, void* dk, void* df, cudaStream_t stream);
 
 }  // namespace oryx::train::cuda

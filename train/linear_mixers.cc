@@ -236,12 +236,14 @@ ScanResult ScanChunked(ScanKind kind, const ScanInputs& in, const torch::Tensor&
     auto l = ChunkOutputAvailable(k)
                  ? GdnMatrix(k, g, sc)
                  : sc.unsqueeze(-1) * torch::matmul(k, k.transpose(-1, -2)) * CausalDecay(g, /*strict=*/true);
-    auto rhs = torch::cat({sv, (sc * g.exp()).unsqueeze(-1) * k}, -1);  // [.., C, 2dh]
-    // One kernel each way on the GPU (LibTorch's batched solve goes through cuBLAS's column-major trsm).
-    wu = UnitLowerSolveAvailable(rhs) ? UnitLowerSolve(l, rhs)
-                                      : torch::linalg_solve_triangular(torch::eye(C, q.options()) + l, rhs,
-                                                                       /*upper=*/false, /*left=*/true,
-                                                                       /*unitriangular=*/true);
+    // [U0 W] = (I + L)^-1 [diag(beta) V, diag(beta e^G) K]: one kernel each way on the GPU, which also
+    // builds the right-hand side (LibTorch's batched solve goes through cuBLAS's column-major trsm).
+    auto f = sc * g.exp();
+    wu = ChunkOutputAvailable(k)
+             ? GdnSolve(l, sv, k, f)
+             : torch::linalg_solve_triangular(torch::eye(C, q.options()) + l, torch::cat({sv, f.unsqueeze(-1) * k}, -1),
+                                              /*upper=*/false, /*left=*/true,
+                                              /*unitriangular=*/true);
   }
   torch::Tensor s0;  // [B,H,N,dh,dh]: the state entering each chunk
   torch::Tensor s;   // the final state

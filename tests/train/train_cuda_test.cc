@@ -433,7 +433,7 @@ TEST(ChunkOutput, EqualsTheLibTorchFormForwardAndBackward) {
   }
 }
 
-// ScanChunked's GDN form on the GPU (its UT transform in UnitLowerSolve, its state passing in GdnStates*
+// ScanChunked's GDN form on the GPU (its UT transform in GdnMatrix and GdnSolve, its state passing in GdnStates*
 // kernels, its outputs in the chunk-output kernel) against the same form on the CPU (a loop of LibTorch ops), forward
 // and backward, with a padded last chunk, an initial state, and a loss that reads the final state too.
 TEST(GdnStates, ScanChunkedOnTheGpuEqualsTheCpuForwardAndBackward) {
@@ -470,7 +470,7 @@ TEST(GdnStates, ScanChunkedOnTheGpuEqualsTheCpuForwardAndBackward) {
     };
     const auto opts = torch::dtype(c.dtype).device(kCuda);
     ASSERT_TRUE(GdnStatesKernelAvailable(torch::zeros({1, 1, 1, c.chunk, 2 * c.dh}, opts)));
-    ASSERT_TRUE(UnitLowerSolveAvailable(torch::zeros({1, 1, 1, c.chunk, 2 * c.dh}, opts)));
+    ASSERT_TRUE(ChunkOutputAvailable(torch::zeros({1, 1, 1, c.chunk, c.dh}, opts)));  // GdnMatrix, GdnSolve
     const auto gpu = run(kCuda, c.dtype), ref = run(torch::kCPU, torch::kFloat64);
     const char* names[] = {"out", "state", "dq", "dk", "dv", "dlog_decay", "dscale", "dinitial"};
     for (size_t i = 0; i < ref.size(); ++i)
