@@ -170,8 +170,9 @@ constexpr int kMaxGemvRows = 8;
 constexpr int kMultiRowWeightRows = 4, kMultiRowSplit = 4, kMultiRowBlocksPerSm = 2;
 
 // y[m] (+)= W x[m] for 2..8 rows of x and FP8 weights (decode steps of a batch, verify spans): the weights
-// read once for all the rows. x staged in shared memory where it fits (kMaxFusedInputBytes), else read
-// through L1.
+// read once for all the rows, x through L1. (Staging x in shared memory, as the one-row kernels do, made each
+// block of 8 weight rows copy all kM rows of x first: at 8 rows, twice the bytes of its weights, and the
+// 1.4b linear step at batch 8 took 2.21 ms.)
 template <int kM>
 __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRowGemvKernel(GemmParams p) {
   using Piece = WeightPiece<true>;
@@ -201,16 +202,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
   };
   if (p.early_loads) load(first);
   AfterPrevious();
-  extern __shared__ __align__(16) uint4 xs[];  // [kM][K / 8] where staged
-  const bool stage = kM * K * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
-  if (stage) {
-    for (int m = 0; m < kM; ++m) {
-      CopyToSharedAsync(reinterpret_cast<float*>(xs + m * (K / 8)),
-                        reinterpret_cast<const float*>(p.x_ptr + m * p.x_row_stride), K / 2);
-    }
-    WaitCopies();
-    __syncthreads();
-  }
   float acc[kR][kM] = {};
   for (int64_t base = first; base < pieces; base += kStride * kBatch) {
     if (!p.early_loads || base != first) load(base);
@@ -227,9 +218,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           float xf[8];
-          Unpack8(
-              stage ? xs[m * (K / 8) + xi] : __ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + xi),
-              xf);
+          Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + xi), xf);
 #pragma unroll
           for (int r = 0; r < kR; ++r) {
 #pragma unroll
@@ -292,17 +281,9 @@ void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   p.early_loads = EarlyLoads();
   if (p.m > 1) {  // FP8 weights (GemvApplies)
     WithRowCount(p.m, [&](auto rows) {
-      auto kernel = MultiRowGemvKernel<decltype(rows)::value>;
-      static const bool configured = [&] {
-        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kMaxFusedInputBytes)));
-        return true;
-      }();
-      (void)configured;
-      const int64_t x_bytes = p.m * p.k * static_cast<int64_t>(sizeof(bf16));
       const int64_t rows_per_block = kMultiRowWeightRows * (kGemvWarps / kMultiRowSplit);
-      LaunchAfterPrevious(kernel, static_cast<unsigned>(CeilDiv(p.n, rows_per_block)), 32 * kGemvWarps,
-                          x_bytes <= kMaxFusedInputBytes ? static_cast<size_t>(x_bytes) : 0, stream, p);
+      LaunchAfterPrevious(MultiRowGemvKernel<decltype(rows)::value>,
+                          static_cast<unsigned>(CeilDiv(p.n, rows_per_block)), 32 * kGemvWarps, 0, stream, p);
     });
     return;
   }
