@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
@@ -504,9 +505,18 @@ absl::Status Trainer::Resume() {
   }
   ORYX_ASSIGN_OR_RETURN(ModelConfig saved, ParseModelConfig(state["config"].dump(), (dir / "state.json").string()));
   if (!(saved == o_.model)) {
+    // Name only the fields that differ: the whole config twice buries them.
+    const Json was = Json::parse(ToJson(saved)), asked = Json::parse(ToJson(o_.model));
+    std::vector<std::string> diffs;
+    for (const auto& [key, value] : asked.items()) {
+      if (!was.contains(key) || was[key] != value) {
+        diffs.push_back(absl::StrCat(key, ": checkpoint ", was.contains(key) ? was[key].dump() : "(none)",
+                                     ", this run ", value.dump()));
+      }
+    }
     return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(),
-                                                      " holds a model of another config:\n", ToJson(saved),
-                                                      "this run asks for:\n", ToJson(o_.model)));
+                                                      " holds a model of another config (",
+                                                      absl::StrJoin(diffs, "; "), ")"));
   }
   if (state["identity"] != TrainingIdentity(o_)) {
     return absl::FailedPreconditionError(

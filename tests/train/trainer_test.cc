@@ -145,7 +145,8 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
   o.model.n_layers = 3;
   absl::Status s = Train(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("another config"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("another config (n_layers: checkpoint 2, this run 3)"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("d_model"), std::string::npos) << "fields that agree are not listed: " << s;
 }
 
 TEST(Trainer, ResumeWithAnotherTaskMixIsRefused) {
