@@ -16,8 +16,8 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/file_util.h"
 #include "base/status_macros.h"
 #include "engine/tokenizer.h"
