@@ -546,19 +546,14 @@ torch::Tensor GdnSolve(const torch::Tensor& l, const torch::Tensor& sv, const to
   return GdnSolveFunction::apply(l, sv, k, f);
 }
 
-bool GdnStatesKernelAvailable(const torch::Tensor& x) {
-  const bool f64 = x.scalar_type() == torch::kFloat64;
-  return x.is_cuda() && (f64 || x.scalar_type() == torch::kFloat32) && x.dim() == 5 && x.size(-1) % 2 == 0 &&
-         cuda::GdnStatesSupported(f64, static_cast<int>(x.size(3)), static_cast<int>(x.size(4) / 2));
-}
-
 namespace {
 
-// Checks GdnStates* operands: [B, H, N, C, 2dh] x and the rest to match, packed, one dtype and device.
-void CheckGdnOperands(const torch::Tensor& x,
+// Checks GdnStates* operands: k_end [B, H, N, C, dh] with a kernel (ChunkOutputAvailable), x [B, H, N, C, 2dh]
+// and the rest to match, packed, one dtype and device.
+void CheckGdnOperands(const torch::Tensor& x, const torch::Tensor& k_end,
                       std::initializer_list<std::pair<const torch::Tensor*, std::vector<int64_t>>> expected) {
-  TORCH_CHECK(GdnStatesKernelAvailable(x) && x.is_contiguous(), "GdnStates: no kernel for x ", x.sizes(), " ",
-              x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(ChunkOutputAvailable(k_end) && k_end.dim() == 5, "GdnStates: no kernel for k_end ", k_end.sizes(), " ",
+              k_end.scalar_type(), " on ", k_end.device());
   for (const auto& [t, sizes] : expected) {
     if (!t->defined()) continue;
     TORCH_CHECK(t->sizes() == c10::IntArrayRef(sizes) && t->is_contiguous() && t->scalar_type() == x.scalar_type() &&
@@ -572,8 +567,10 @@ void CheckGdnOperands(const torch::Tensor& x,
 
 std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor& x, const torch::Tensor& k_end,
                                                   const torch::Tensor& decay, const torch::Tensor& initial) {
-  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), C = x.size(3), dh = x.size(4) / 2;
-  CheckGdnOperands(x, {{&k_end, {B, H, N, C, dh}}, {&decay, {B, H, N}}, {&initial, {B, H, dh, dh}}});
+  const int64_t B = k_end.size(0), H = k_end.size(1), N = k_end.size(2), C = k_end.size(3), dh = k_end.size(4);
+  CheckGdnOperands(
+      x, k_end,
+      {{&x, {B, H, N, C, 2 * dh}}, {&k_end, {B, H, N, C, dh}}, {&decay, {B, H, N}}, {&initial, {B, H, dh, dh}}});
   auto s0 = x.new_empty({B, H, N, dh, dh}), u = x.new_empty({B, H, N, C, dh}), last = x.new_empty({B, H, dh, dh});
   Check(cuda::GdnStatesForward(x.scalar_type() == torch::kFloat64, static_cast<int>(C), static_cast<int>(dh), B * H,
                                static_cast<int>(N), x.data_ptr(), k_end.data_ptr(), decay.data_ptr(),
@@ -586,12 +583,14 @@ std::vector<torch::Tensor> GdnStatesKernelBackward(const torch::Tensor& x, const
                                                    const torch::Tensor& decay, const torch::Tensor& gs0,
                                                    const torch::Tensor& gu, const torch::Tensor& gfinal,
                                                    bool want_initial) {
-  const int64_t B = x.size(0), H = x.size(1), N = x.size(2), C = x.size(3), dh = x.size(4) / 2;
-  CheckGdnOperands(x, {{&k_end, {B, H, N, C, dh}},
-                       {&decay, {B, H, N}},
-                       {&gs0, {B, H, N, dh, dh}},
-                       {&gu, {B, H, N, C, dh}},
-                       {&gfinal, {B, H, dh, dh}}});
+  const int64_t B = k_end.size(0), H = k_end.size(1), N = k_end.size(2), C = k_end.size(3), dh = k_end.size(4);
+  CheckGdnOperands(x, k_end,
+                   {{&x, {B, H, N, C, 2 * dh}},
+                    {&k_end, {B, H, N, C, dh}},
+                    {&decay, {B, H, N}},
+                    {&gs0, {B, H, N, dh, dh}},
+                    {&gu, {B, H, N, C, dh}},
+                    {&gfinal, {B, H, dh, dh}}});
   auto ds_next = x.new_empty({B, H, N, dh, dh}), du = x.new_empty({B, H, N, C, dh});
   auto dinitial = want_initial ? x.new_empty({B, H, dh, dh}) : torch::Tensor();
   Check(cuda::GdnStatesBackward(x.scalar_type() == torch::kFloat64, static_cast<int>(C), static_cast<int>(dh), B * H,
@@ -671,8 +670,6 @@ torch::Tensor GdnMatrix(const torch::Tensor&, const torch::Tensor&, const torch:
 torch::Tensor GdnSolve(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
   TORCH_CHECK(false, "GdnSolve: this build has no CUDA kernels for the trainer");
 }
-
-bool GdnStatesKernelAvailable(const torch::Tensor&) { return false; }
 
 std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                                   const torch::Tensor&) {

@@ -62,8 +62,7 @@ torch::Tensor ChunkOutput(const torch::Tensor& q, const torch::Tensor& k, const 
 // GDN's chunk-to-chunk state passing, one kernel each way (the math: train/cuda_train_kernels.h), for
 // ScanChunked's autograd function, which has a LibTorch form of both for other shapes and devices. All
 // packed, of one dtype: x [B, H, N, C, 2 dh] ([U0 W] per chunk), k_end [B, H, N, C, dh], decay [B, H, N],
-// initial [B, H, dh, dh] or undefined (zero). Shapes and dtypes as ChunkOutputAvailable.
-bool GdnStatesKernelAvailable(const torch::Tensor& x);
+// initial [B, H, dh, dh] or undefined (zero). Available as ChunkOutputAvailable(k_end).
 // -> {s0 [B, H, N, dh, dh], u [B, H, N, C, dh], final state [B, H, dh, dh]}
 std::vector<torch::Tensor> GdnStatesKernelForward(const torch::Tensor& x, const torch::Tensor& k_end,
                                                   const torch::Tensor& decay, const torch::Tensor& initial);

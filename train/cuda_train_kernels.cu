@@ -484,16 +484,22 @@ __device__ void TileMatMul(FA a, FB b, A (&acc)[ThreadTile<M, N>::kRows][ThreadT
   }
 }
 
-// Writes this thread's outputs of a TT product to dst (row-major, rows ld elements apart).
-template <typename TT, typename T>
-__device__ void StoreThreadTile(const T (&acc)[TT::kRows][TT::kCols], T* dst, int ld) {
+// Calls f(row, col, value) for each of this thread's outputs of a TT product.
+template <typename TT, typename T, typename F>
+__device__ __forceinline__ void ForEachOutput(const T (&acc)[TT::kRows][TT::kCols], F&& f) {
 #pragma unroll
   for (int i = 0; i < TT::kRows; ++i) {
 #pragma unroll
     for (int j = 0; j < TT::kCols; ++j) {
-      if (TT::Active(i, j)) dst[TT::Row(i) * ld + TT::Col(j)] = acc[i][j];
+      if (TT::Active(i, j)) f(TT::Row(i), TT::Col(j), acc[i][j]);
     }
   }
+}
+
+// Writes this thread's outputs of a TT product to dst (row-major, rows ld elements apart).
+template <typename TT, typename T>
+__device__ void StoreThreadTile(const T (&acc)[TT::kRows][TT::kCols], T* dst, int ld) {
+  ForEachOutput<TT>(acc, [&](int row, int col, T v) { dst[row * ld + col] = v; });
 }
 
 // Shared tiles have rows padded by one element, so that reading a column (threads on consecutive rows)
@@ -1566,14 +1572,9 @@ __global__ void GdnMatrixForwardKernel(const T* k, const T* g, const T* beta, T*
   using TT = ThreadTile<C, C>;
   T m[TT::kRows][TT::kCols] = {};
   GdnGram<T, C, D>(chunk, k, g, beta, Kc, G, Beta, m);
-#pragma unroll
-  for (int i = 0; i < TT::kRows; ++i) {
-#pragma unroll
-    for (int j = 0; j < TT::kCols; ++j) {
-      const int t = TT::Row(i), s = TT::Col(j);
-      if (TT::Active(i, j)) l[chunk * C * C + t * C + s] = s < t ? Beta[t] * exp(G[t] - G[s]) * m[i][j] : T(0);
-    }
-  }
+  ForEachOutput<TT>(m, [&](int t, int s, T kk) {
+    l[chunk * C * C + t * C + s] = s < t ? Beta[t] * exp(G[t] - G[s]) * kk : T(0);
+  });
 }
 
 // With E = exp(G_t - G_s), M = K K^T and R[t][s] = dL E M (s < t):
@@ -1593,17 +1594,11 @@ __global__ void GdnMatrixBackwardKernel(const T* k, const T* g, const T* beta, c
     using TT = ThreadTile<C, C>;
     T m[TT::kRows][TT::kCols] = {};
     GdnGram<T, C, D>(chunk, k, g, beta, Kc, G, Beta, m);
-#pragma unroll
-    for (int i = 0; i < TT::kRows; ++i) {
-#pragma unroll
-      for (int j = 0; j < TT::kCols; ++j) {
-        const int t = TT::Row(i), s = TT::Col(j);
-        if (!TT::Active(i, j)) continue;
-        const T de = s < t ? dl[chunk * C * C + t * C + s] * exp(G[t] - G[s]) : T(0);
-        dM[t * LC + s] = de * Beta[t];
-        R[t * LC + s] = de * m[i][j];
-      }
-    }
+    ForEachOutput<TT>(m, [&](int t, int s, T kk) {
+      const T de = s < t ? dl[chunk * C * C + t * C + s] * exp(G[t] - G[s]) : T(0);
+      dM[t * LC + s] = de * Beta[t];
+      R[t * LC + s] = de * kk;
+    });
   }
   __syncthreads();
   for (int t = threadIdx.x; t < C; t += blockDim.x) {  // one thread per row (and per column)
@@ -1677,12 +1672,10 @@ cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunk
              : ChunkBackwardTc(chunks, q, k, u, g, s0, dout, dq, dk, du, dg, ds0, stream);
 }
 
-bool GdnStatesSupported(bool f64, int chunk, int head_dim) { return ChunkOutputSupported(f64, chunk, head_dim); }
-
 cudaError_t GdnStatesForward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
                              const void* k_end, const void* decay, const void* initial, void* s0, void* u,
                              void* final_state, cudaStream_t stream) {
-  if (!GdnStatesSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
   return f64 ? LaunchGdnStates<double, 16, 8, false>(heads, chunks, x, k_end, decay, nullptr, nullptr, initial, s0, u,
                                                      final_state, stream)
              : LaunchGdnStates<float, 64, 64, false>(heads, chunks, x, k_end, decay, nullptr, nullptr, initial, s0, u,
@@ -1692,7 +1685,7 @@ cudaError_t GdnStatesForward(bool f64, int chunk, int head_dim, int64_t heads, i
 cudaError_t GdnStatesBackward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
                               const void* k_end, const void* decay, const void* gs0, const void* gu,
                               const void* dfinal, void* ds_next, void* du, void* dinitial, cudaStream_t stream) {
-  if (!GdnStatesSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
+  if (!ChunkOutputSupported(f64, chunk, head_dim)) return cudaErrorInvalidValue;
   return f64 ? LaunchGdnStates<double, 16, 8, true>(heads, chunks, x, k_end, decay, gu, gs0, dfinal, ds_next, du,
                                                     dinitial, stream)
              : LaunchGdnStates<float, 64, 64, true>(heads, chunks, x, k_end, decay, gu, gs0, dfinal, ds_next, du,

@@ -144,7 +144,6 @@ cudaError_t ChunkOutputBackward(bool f64, int chunk, int head_dim, int64_t chunk
 //   u_n = U0_n - W_n S_n          S_n+1 = a_n S_n + k_end_n^T u_n
 // and the forward writes s0 [heads, chunks, head_dim, head_dim] (each S_n), u [heads, chunks, chunk,
 // head_dim] and final_state (S_chunks). Supported shapes as ChunkOutputSupported.
-bool GdnStatesSupported(bool f64, int chunk, int head_dim);
 cudaError_t GdnStatesForward(bool f64, int chunk, int head_dim, int64_t heads, int chunks, const void* x,
                              const void* k_end, const void* decay, const void* initial, void* s0, void* u,
                              void* final_state, cudaStream_t stream);

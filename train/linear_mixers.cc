@@ -86,7 +86,7 @@ class GdnStatesFunction : public torch::autograd::Function<GdnStatesFunction> {
     auto x = x_in.contiguous(), k_end = k_end_in.contiguous(), decay = decay_in.contiguous();
     const auto initial = initial_in.numel() > 0 ? initial_in.contiguous() : torch::Tensor();
     torch::Tensor s0, u, last;
-    if (GdnStatesKernelAvailable(x)) {
+    if (ChunkOutputAvailable(k_end)) {
       const auto out = GdnStatesKernelForward(x, k_end, decay, initial);
       s0 = out[0], u = out[1], last = out[2];
     } else {
@@ -116,7 +116,7 @@ class GdnStatesFunction : public torch::autograd::Function<GdnStatesFunction> {
     auto packed = [](const torch::Tensor& g) { return g.defined() ? g.contiguous() : g; };
     const auto gs0 = packed(grads[0]), gu = packed(grads[1]), gfinal = packed(grads[2]);
     torch::Tensor ds_next, du, dinitial;
-    if (GdnStatesKernelAvailable(x)) {
+    if (ChunkOutputAvailable(k_end)) {
       const auto out = GdnStatesKernelBackward(x, k_end, decay, gs0, gu, gfinal, has_initial);
       ds_next = out[0], du = out[1], dinitial = out[2];
     } else {

@@ -71,6 +71,25 @@ __device__ __forceinline__ const uint4* WeightRow(const void* w, int64_t row, in
   return reinterpret_cast<const uint4*>(static_cast<const char*>(w) + row * k * (kFp8 ? 1 : 2));
 }
 
+// A lane's pieces of a weight row, first, first + stride, ... below `pieces`, kBatch at a time: load(base)
+// fills the batch's registers (but for the first batch where it was loaded early), then use(b, part8, xi)
+// runs for each 8-weight part of each piece (b: the piece in the batch; xi: the part's index among x's
+// 8-element pieces).
+template <int kBatch, int kParts, typename Load, typename Use>
+__device__ __forceinline__ void ForEachWeightPart(int64_t first, int64_t stride, int64_t pieces, bool loaded_first,
+                                                  Load&& load, Use&& use) {
+  for (int64_t base = first; base < pieces; base += stride * kBatch) {
+    if (!loaded_first || base != first) load(base);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = base + stride * b;
+      if (i >= pieces) break;
+#pragma unroll
+      for (int part8 = 0; part8 < kParts; ++part8) use(b, part8, i * kParts + part8);
+    }
+  }
+}
+
 // y (+)= W x for one row x (a decode step). kSplit warps per output feature n (a block of kGemvWarps warps
 // covers kGemvWarps / kSplit features): lanes stride over K in 16-byte pieces of W[n] (against 8-element pieces
 // of x); with kSplit > 1 the warps of a feature take every kSplit-th stretch of 32 pieces and add up through
@@ -119,23 +138,13 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
     __syncthreads();
   }
   float acc = 0.f;
-  for (int64_t base = first; base < pieces; base += kStride * kBatch) {
-    if (!p.early_loads || base != first) load(base);
+  ForEachWeightPart<kBatch, Piece::kParts>(first, kStride, pieces, p.early_loads, load, [&](int b, int part8, int64_t xi) {
+    float wf[8], xf[8];
+    Piece::Unpack(raw[b], part8, wf);
+    Unpack8(stage ? xs[xi] : __ldg(x + xi), xf);
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t i = base + kStride * b;
-      if (i >= pieces) break;
-#pragma unroll
-      for (int part8 = 0; part8 < Piece::kParts; ++part8) {
-        const int64_t xi = i * Piece::kParts + part8;
-        float wf[8], xf[8];
-        Piece::Unpack(raw[b], part8, wf);
-        Unpack8(stage ? xs[xi] : __ldg(x + xi), xf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
-      }
-    }
-  }
+    for (int e = 0; e < 8; ++e) acc += wf[e] * xf[e];
+  });
   acc = WarpSum(acc);
   if constexpr (kSplit > 1) {
     if (lane == 0) partial[warp] = acc;
@@ -203,31 +212,21 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
   if (p.early_loads) load(first);
   AfterPrevious();
   float acc[kR][kM] = {};
-  for (int64_t base = first; base < pieces; base += kStride * kBatch) {
-    if (!p.early_loads || base != first) load(base);
+  ForEachWeightPart<kBatch, Piece::kParts>(first, kStride, pieces, p.early_loads, load, [&](int b, int part8, int64_t xi) {
+    float wf[kR][8];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t i = base + kStride * b;
-      if (i >= pieces) break;
+    for (int r = 0; r < kR; ++r) Piece::Unpack(raw[b][r], part8, wf[r]);
 #pragma unroll
-      for (int part8 = 0; part8 < Piece::kParts; ++part8) {
-        const int64_t xi = i * Piece::kParts + part8;
-        float wf[kR][8];
+    for (int m = 0; m < kM; ++m) {
+      float xf[8];
+      Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + xi), xf);
 #pragma unroll
-        for (int r = 0; r < kR; ++r) Piece::Unpack(raw[b][r], part8, wf[r]);
+      for (int r = 0; r < kR; ++r) {
 #pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          float xf[8];
-          Unpack8(__ldg(reinterpret_cast<const uint4*>(p.x_ptr + m * p.x_row_stride) + xi), xf);
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[r][m] += wf[r][e] * xf[e];
-          }
-        }
+        for (int e = 0; e < 8; ++e) acc[r][m] += wf[r][e] * xf[e];
       }
     }
-  }
+  });
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
 #pragma unroll
