@@ -35,7 +35,8 @@ int RunTrainRouter(const Args& args) {
   f.String("lengths", &lengths, "prompt lengths, comma-separated");
   f.String("lambda", &lambdas, "cost weights to sweep, comma-separated (reward = quality - lambda * cost)");
   f.String("cost", &o.cost, "cost of an episode relative to all-attention: attention (token share), time, bytes");
-  f.String("draft-lengths", &drafts, "draft lengths the policy chooses from in decode, e.g. 0,2,4 (0: no speculation)");
+  f.String("draft-lengths", &drafts, "draft lengths the policy chooses from in decode, e.g. 0,2,4 (0: no speculation); the "
+           "comparison adds the rules speculative:K and prefill-linear+speculative:K for each K > 0");
   f.Int("continuation", &o.continuation, "tokens a text episode generates", 1, 1 << 16);
   f.Int("eval-examples", &o.eval_examples, "held-out examples per task for the final comparison (0: none)", 0, 1 << 20);
   f.String("eval-rules", &rules, "rule policies in the comparison, comma-separated (entropy:TAU budget:F match:L random:F)");

@@ -969,6 +969,8 @@ absl::Status RouterTrainer::Evaluate() {
     add_rule(Cat("speculative:", k), [k](const router::RouterContext& c) {
       return router::Decision{Mode::kAttention, c.phase == router::Phase::kDecode ? k : 0};
     });
+    add_rule(Cat("prefill-linear+speculative:", k),
+             [k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); });
   }
   for (size_t li = 0; li < o.lambdas.size(); ++li) {
     ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(PolicyPathFor(o, li)));
@@ -984,7 +986,7 @@ absl::Status RouterTrainer::Evaluate() {
   std::vector<MixedPoint> mixed(policies.size());
   for (size_t p = 0; p < policies.size(); ++p) mixed[p].policy = policies[p].first, mixed[p].learned = p >= num_rules;
   const double share = 1.0 / static_cast<double>(o.tasks.size());
-  std::fprintf(stderr, "\n%-16s %-22s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
+  std::fprintf(stderr, "\n%-16s %-30s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
                "cost", "acceptance");
   for (size_t t = 0; t < o.tasks.size(); ++t) {
     ORYX_ASSIGN_OR_RETURN(std::vector<Example> held_out, Examples(0x65766131, 0, o.eval_examples, t));
@@ -1004,13 +1006,13 @@ absl::Status RouterTrainer::Evaluate() {
               {"quality", sum.quality / sum.n}, {"quality_error", sum.QualityError()}, {"accuracy", sum.correct / sum.n},
               {"attention_fraction", sum.attention / sum.n}, {"cost", sum.cost / sum.n},
               {"acceptance", sum.drafted > 0 ? nlohmann::json(acceptance) : nlohmann::json(nullptr)}});
-      std::fprintf(stderr, "%-16s %-22s %8.3f %9.3f %10.3f %8.3f %10s\n", o.tasks[t].c_str(), name.c_str(),
+      std::fprintf(stderr, "%-16s %-30s %8.3f %9.3f %10.3f %8.3f %10s\n", o.tasks[t].c_str(), name.c_str(),
                    sum.quality / sum.n, sum.correct / sum.n, sum.attention / sum.n, sum.cost / sum.n,
                    acceptance < 0 ? "-" : Cat(acceptance).substr(0, 5).c_str());
     }
   }
   // The mixed workload: every task alike. Then each rule against the learned policies.
-  std::fprintf(stderr, "\nmixed workload (%zu tasks, %lld held-out examples each)\n%-22s %8s %8s %10s %8s\n",
+  std::fprintf(stderr, "\nmixed workload (%zu tasks, %lld held-out examples each)\n%-30s %8s %8s %10s %8s\n",
                o.tasks.size(), static_cast<long long>(o.eval_examples), "policy", "quality", "+-", "attention",
                "cost");
   for (MixedPoint& m : mixed) {
@@ -1018,7 +1020,7 @@ absl::Status RouterTrainer::Evaluate() {
     Record({{"phase", "eval_mixed"}, {"policy", m.policy}, {"tasks", o.tasks}, {"examples", o.eval_examples},
             {"cost_kind", o.cost}, {"quality", m.quality}, {"quality_error", m.quality_error},
             {"attention_fraction", m.attention}, {"cost", m.cost}});
-    std::fprintf(stderr, "%-22s %8.3f %8.3f %10.3f %8.3f\n", m.policy.c_str(), m.quality, m.quality_error,
+    std::fprintf(stderr, "%-30s %8.3f %8.3f %10.3f %8.3f\n", m.policy.c_str(), m.quality, m.quality_error,
                  m.attention, m.cost);
   }
   int64_t dominated = 0;
@@ -1029,7 +1031,7 @@ absl::Status RouterTrainer::Evaluate() {
     }
     dominated += by.empty() ? 0 : 1;
     Record({{"phase", "pareto"}, {"rule", mixed[r].policy}, {"dominated_by", by}});
-    std::fprintf(stderr, "%-22s %s\n", mixed[r].policy.c_str(),
+    std::fprintf(stderr, "%-30s %s\n", mixed[r].policy.c_str(),
                  by.empty() ? "not dominated" : Cat("dominated by ", absl::StrJoin(by, ", ")).c_str());
   }
   std::fprintf(stderr, "%lld of %zu rules dominated by a learned policy\n", static_cast<long long>(dominated),

@@ -47,22 +47,25 @@ grep -q 'lambda 0.5  iter' "$TMP/err" && fail "the resumed run trained the first
 [[ -s "$TMP/r-lambda1.safetensors" ]] || fail "the resumed run wrote no file for the second lambda"
 
 # Speculation as an action: text episodes, a draft head over lengths 0 and 2, the bytes cost, and the
-# held-out comparison at the end (2 tasks x 7 policies: attention, linear, prefill-linear, the default rules
-# budget:0.1 and match:8, speculative:2, the learned one), the mixed workload and the Pareto check.
+# held-out comparison at the end (2 tasks x 8 policies: attention, linear, prefill-linear, the default rules
+# budget:0.1 and match:8, speculative:2, prefill-linear+speculative:2, the learned one), the mixed workload and
+# the Pareto check.
 "$ORYX" train-router --model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks text niah --lengths 128 \
   --continuation 8 --draft-lengths 0,2 --cost bytes --lambda 1 --warm-examples 2 --warm-steps 20 --iterations 1 \
   --batch 2 --samples 2 --eval-examples 2 --threads 2 --out "$TMP/s.safetensors" 2>"$TMP/err" ||
   { fail "train-router with draft lengths exited $?"; cat "$TMP/err"; }
 grep -q '"prefill_linear_by_draft_length"' "$TMP/s.safetensors.log.jsonl" || fail "no draft-length counterfactuals"
-[[ $(grep -c '"phase":"eval"' "$TMP/s.safetensors.log.jsonl") -eq 14 ]] || fail "expected 14 eval log lines"
+[[ $(grep -c '"phase":"eval"' "$TMP/s.safetensors.log.jsonl") -eq 16 ]] || fail "expected 16 eval log lines"
 grep -q '"task":"text","policy":"speculative:2"' <(sed 's/"acceptance":[^,]*,//' "$TMP/s.safetensors.log.jsonl" |
   python3 -c 'import json,sys
 for l in sys.stdin:
     r=json.loads(l)
     if r.get("phase")=="eval": print(json.dumps({"task":r["task"],"policy":r["policy"]},separators=(",",":")))') ||
   fail "no eval line for speculative:2 on text"
-[[ $(grep -c '"phase":"eval_mixed"' "$TMP/s.safetensors.log.jsonl") -eq 7 ]] || fail "expected 7 eval_mixed log lines"
-[[ $(grep -c '"phase":"pareto"' "$TMP/s.safetensors.log.jsonl") -eq 6 ]] || fail "expected a pareto line per rule"
+grep -q '"policy":"prefill-linear+speculative:2"' "$TMP/s.safetensors.log.jsonl" ||
+  fail "no eval line for the rule prefill-linear+speculative:2"
+[[ $(grep -c '"phase":"eval_mixed"' "$TMP/s.safetensors.log.jsonl") -eq 8 ]] || fail "expected 8 eval_mixed log lines"
+[[ $(grep -c '"phase":"pareto"' "$TMP/s.safetensors.log.jsonl") -eq 7 ]] || fail "expected a pareto line per rule"
 grep -q 'rules dominated by a learned policy' "$TMP/err" || fail "no Pareto summary"
 # --eval-only: the same comparison from the finished run's file, with other rules; nothing trained.
 "$ORYX" train-router --model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks text niah --lengths 128 \
@@ -70,7 +73,7 @@ grep -q 'rules dominated by a learned policy' "$TMP/err" || fail "no Pareto summ
   --threads 2 --out "$TMP/s.safetensors" --eval-only --log "$TMP/only.jsonl" 2>"$TMP/err" ||
   { fail "train-router --eval-only exited $?"; cat "$TMP/err"; }
 grep -q '"phase":"reinforce"\|"phase":"counterfactual"' "$TMP/only.jsonl" && fail "--eval-only trained"
-[[ $(grep -c '"phase":"eval"' "$TMP/only.jsonl") -eq 14 ]] || fail "--eval-only: expected 14 eval log lines"
+[[ $(grep -c '"phase":"eval"' "$TMP/only.jsonl") -eq 16 ]] || fail "--eval-only: expected 16 eval log lines"
 grep -q '"policy":"random:0.5"' "$TMP/only.jsonl" || fail "--eval-only: no line for the rule random:0.5"
 head -c 4096 "$TMP/s.safetensors" | grep -aq '"draft.weight"' || fail "the policy file has no draft head"
 "$ORYX" generate --model "$M" --prompt "int main" --max-tokens 8 --policy "learned:$TMP/s.safetensors" >/dev/null \
