@@ -280,21 +280,28 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
       if (seq.has_kv_ && kv_pool_->format() == k::KvFormat::kF32) {  // the blocks are there (PrepareKv)
         for (int64_t t = 0; t < T; ++t) {
           const float* kv = out + t * 3 * HD + HD;
-          std::copy(kv, kv + HD, static_cast<float*>(seq.KeyRow(il, pos + t)));
-          std::copy(kv + HD, kv + 2 * HD, static_cast<float*>(seq.ValueRow(il, pos + t)));
+          for (int64_t h = 0; h < H; ++h) {
+            std::copy_n(kv + h * dh, dh, static_cast<float*>(seq.KeyAt(il, pos + t, h)));
+            std::copy_n(kv + HD + h * dh, dh, static_cast<float*>(seq.ValueAt(il, pos + t, h)));
+          }
         }
         const int64_t bt = seq.kv_block_tokens();
-        for (int64_t t = 0, run = 0; c.rope_theta > 0 && t < T; t += run) {  // a run of rows per block
+        for (int64_t t = 0, run = 0; c.rope_theta > 0 && t < T; t += run) {  // a run of rows per block and head
           run = std::min(T - t, bt - (pos + t) % bt);
-          k::cpu::Rope({run, H, dh, pos + t, c.rope_theta, HD, static_cast<float*>(seq.KeyRow(il, pos + t))});
+          for (int64_t h = 0; h < H; ++h) {
+            k::cpu::Rope({run, 1, dh, pos + t, c.rope_theta, dh, static_cast<float*>(seq.KeyAt(il, pos + t, h))});
+          }
         }
       } else if (seq.has_kv_) {  // bf16: the keys rotated in fp32, then each row rounded once
         float* keys = sc.kv_rows[k::cpu::ThreadPool::ThreadIndex()].data();
         for (int64_t t = 0; t < T; ++t) std::copy(out + t * 3 * HD + HD, out + t * 3 * HD + 2 * HD, keys + t * HD);
         if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, keys});
         for (int64_t t = 0; t < T; ++t) {
-          k::cpu::RoundToBf16(keys + t * HD, HD, static_cast<uint16_t*>(seq.KeyRow(il, pos + t)));
-          k::cpu::RoundToBf16(out + t * 3 * HD + 2 * HD, HD, static_cast<uint16_t*>(seq.ValueRow(il, pos + t)));
+          for (int64_t h = 0; h < H; ++h) {
+            k::cpu::RoundToBf16(keys + t * HD + h * dh, dh, static_cast<uint16_t*>(seq.KeyAt(il, pos + t, h)));
+            k::cpu::RoundToBf16(out + t * 3 * HD + 2 * HD + h * dh, dh,
+                                static_cast<uint16_t*>(seq.ValueAt(il, pos + t, h)));
+          }
         }
       }
       if (seq.has_kv_ && s.any_attention && c.rope_theta > 0) {
@@ -338,7 +345,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                            .heads = 1,
                            .head_dim = dh,
                            .q_token_stride = P,
-                           .kv_token_stride = HD,
+                           .kv_token_stride = dh,
                            .out_token_stride = HD,
                            .q_ptr = proj + s.row * P + col_qa + h * dh,
                            .k_ptr = nullptr,
@@ -348,7 +355,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                            .kv_block_tokens = seq.kv_block_tokens(),
                            .k_blocks = sc.key_blocks[b].data(),
                            .v_blocks = sc.value_blocks[b].data(),
-                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * dh,
+                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * seq.kv_block_tokens() * dh,
                            .kv_format = kv_pool_->format(),
                            .widen_ptr = sc.kv_rows[thread].data()});
         for (int64_t t = 0; t < T; ++t) {

@@ -90,7 +90,8 @@ class BlockPool {
 };
 
 // Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
-// block_tokens rows of values, row_elements elements each ([layers][2][block_tokens][row_elements]), fp32 or
+// block_tokens rows of values, row_elements elements each ([layers][2][block_tokens * row_elements]; the CPU
+// backend orders a layer's keys head by head, SequenceState::KeyAt), fp32 or
 // bf16 (kernels::KvFormat); its memory is allocated the first time the block is handed out (or by Reserve)
 // and kept for reuse. With max_capacity 0 the pool doubles when every block is held (bounded by the host's
 // memory only); otherwise it stops at max_capacity blocks. A backend's sequences share one pool (CpuBackend),

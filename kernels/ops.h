@@ -119,15 +119,18 @@ struct AttentionParams {
   const float* v_ptr;  // [Tk, H, dh]
   float* out_ptr;      // [Tq, H, dh]
   float* scratch_ptr;  // [Tq, Tk] working space for the scores (the caller owns it, so calls allocate nothing)
-  // A paged KV cache when kv_block_tokens > 0: key s of head h is element kv_col + h * dh + (s % kv_block_tokens)
-  // * kv_token_stride of k_blocks[s / kv_block_tokens], and likewise its value; k_ptr and v_ptr are unused. The
-  // blocks hold kv_format elements (float or uint16_t bf16; a contiguous cache is fp32).
+  // A paged KV cache when kv_block_tokens > 0: key s of head h is element kv_col + h * kv_head_stride +
+  // (s % kv_block_tokens) * kv_token_stride of k_blocks[s / kv_block_tokens], and likewise its value; k_ptr and
+  // v_ptr are unused. The blocks hold kv_format elements (float or uint16_t bf16; a contiguous cache is fp32).
   int64_t kv_block_tokens = 0;
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
   int64_t kv_col = 0;
   KvFormat kv_format = KvFormat::kF32;
   float* widen_ptr = nullptr;  // bf16: [kv_block_tokens, dh] working space for one block's rows in fp32
+  // Paged: elements from one head's keys to the next head's in a block; 0 means head_dim (the heads side by
+  // side in a token's row). The CPU backend's blocks hold each head's rows together: block_tokens * dh.
+  int64_t kv_head_stride = 0;
 };
 
 // Recurrent state S [H, dh, dh] fp32, S[h][i][j] pairs key feature i with value feature j; Read = S^T q.

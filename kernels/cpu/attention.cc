@@ -16,6 +16,8 @@
 namespace oryx::kernels::cpu {
 namespace {
 
+int64_t HeadStride(const AttentionParams& p) { return p.kv_head_stride > 0 ? p.kv_head_stride : p.head_dim; }
+
 #ifdef __AVX512F__
 // 16 keys or values from a row, as fp32 (a bf16 row widened in registers).
 __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -25,6 +27,19 @@ __m512 Load16(const uint16_t* p) {
 }
 
 constexpr int64_t kMaxDecodeChunks = 8;  // head_dim up to 128 in registers
+
+// The first eight rows of head h in the block after block j, asked for as block j starts: blocks lie apart in
+// memory, where the hardware prefetcher starts over.
+template <typename T>
+void PrefetchNextBlock(const AttentionParams& p, const void* const* blocks, int64_t j, int64_t h) {
+  const int64_t next = (j + 1) * p.kv_block_tokens;
+  if (next >= p.kv_tokens) return;
+  const T* rows = static_cast<const T*>(blocks[j + 1]) + p.kv_col + h * HeadStride(p);
+  for (int64_t r = 0; r < std::min<int64_t>(8, p.kv_tokens - next); ++r) {
+    const char* line = reinterpret_cast<const char*>(rows + r * p.kv_token_stride);
+    for (int64_t b = 0; b < p.head_dim * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
+  }
+}
 
 // A decode step of head h (one query) over a paged cache of T elements, for head_dim a multiple of 16 up to
 // 128: the scores four rows at a time (four FMA chains, then one reduction each), the softmax, then the value
@@ -39,12 +54,13 @@ void DecodeHead(const AttentionParams& p, int64_t h) {
   __m512 qv[kMaxDecodeChunks];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
   for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
-    const T* k = static_cast<const T*>(p.k_blocks[j]) + p.kv_col + h * dh;
+    const T* k = static_cast<const T*>(p.k_blocks[j]) + p.kv_col + h * HeadStride(p);
     const int64_t rows = std::min(bt, tk - start), stride = p.kv_token_stride;
+    PrefetchNextBlock<T>(p, p.k_blocks, j, h);
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
-      // The rows lie a token's width apart (all heads' keys in between), a stride the hardware prefetcher
-      // follows poorly: ask for the rows eight ahead.
+      // Ask for the rows eight ahead (where a block holds a token's heads side by side, its rows lie a
+      // token's width apart, a stride the hardware prefetcher follows poorly).
       for (int64_t ahead = r + 8; ahead < std::min(rows, r + 12); ++ahead) {
         const char* line = reinterpret_cast<const char*>(k + ahead * stride);
         for (int64_t b = 0; b < dh * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(line + b, _MM_HINT_T0);
@@ -73,8 +89,9 @@ void DecodeHead(const AttentionParams& p, int64_t h) {
   __m512 acc[kMaxDecodeChunks];
   for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
-    const T* v = static_cast<const T*>(p.v_blocks[j]) + p.kv_col + h * dh;
+    const T* v = static_cast<const T*>(p.v_blocks[j]) + p.kv_col + h * HeadStride(p);
     const int64_t rows = std::min(bt, tk - start);
+    PrefetchNextBlock<T>(p, p.v_blocks, j, h);
     for (int64_t r = 0; r < rows; ++r) {
       const __m512 w = _mm512_set1_ps(scores[start + r]);
       const T* vr = v + r * p.kv_token_stride;
@@ -117,10 +134,10 @@ void Attention(const AttentionParams& p) {
     if (p.kv_block_tokens == 0)
       return ConstMatrixMap(contiguous + h * dh, rows, dh, Eigen::OuterStride<>(p.kv_token_stride));
     if (p.kv_format == KvFormat::kF32) {
-      return ConstMatrixMap(static_cast<const float*>(blocks[j]) + p.kv_col + h * dh, rows, dh,
+      return ConstMatrixMap(static_cast<const float*>(blocks[j]) + p.kv_col + h * HeadStride(p), rows, dh,
                             Eigen::OuterStride<>(p.kv_token_stride));
     }
-    const uint16_t* packed = static_cast<const uint16_t*>(blocks[j]) + p.kv_col + h * dh;
+    const uint16_t* packed = static_cast<const uint16_t*>(blocks[j]) + p.kv_col + h * HeadStride(p);
     for (int64_t r = 0; r < rows; ++r) WidenBf16(packed + r * p.kv_token_stride, dh, p.widen_ptr + r * dh);
     return ConstMatrixMap(p.widen_ptr, rows, dh, Eigen::OuterStride<>(dh));
   };
@@ -167,10 +184,10 @@ void Attention(const AttentionParams& p) {
 
 void AttentionReference(const AttentionParams& p) {
   const int64_t tq = p.q_tokens, tk = p.kv_tokens, dh = p.head_dim, b = p.kv_block_tokens;
-  // Element c of row s of the keys or values (c counted from the head's column 0), as fp32.
-  auto element = [&](const void* const* blocks, const float* contiguous, int64_t s, int64_t c) -> float {
-    if (b == 0) return contiguous[s * p.kv_token_stride + c];
-    const int64_t at = p.kv_col + (s % b) * p.kv_token_stride + c;
+  // Element d of head h's row s of the keys or values, as fp32.
+  auto element = [&](const void* const* blocks, const float* contiguous, int64_t s, int64_t h, int64_t d) -> float {
+    if (b == 0) return contiguous[s * p.kv_token_stride + h * dh + d];
+    const int64_t at = p.kv_col + h * HeadStride(p) + (s % b) * p.kv_token_stride + d;
     if (p.kv_format == KvFormat::kF32) return static_cast<const float*>(blocks[s / b])[at];
     float widened;
     WidenBf16(static_cast<const uint16_t*>(blocks[s / b]) + at, 1, &widened);
@@ -185,7 +202,7 @@ void AttentionReference(const AttentionParams& p) {
       double max_score = -INFINITY;
       for (int64_t s = 0; s <= last_key; ++s) {
         double dot = 0.0;
-        for (int64_t d = 0; d < dh; ++d) dot += double{q[d]} * element(p.k_blocks, p.k_ptr, s, h * dh + d);
+        for (int64_t d = 0; d < dh; ++d) dot += double{q[d]} * element(p.k_blocks, p.k_ptr, s, h, d);
         weights[s] = dot * scale;
         max_score = std::max(max_score, weights[s]);
       }
@@ -193,7 +210,7 @@ void AttentionReference(const AttentionParams& p) {
       for (int64_t s = 0; s <= last_key; ++s) total += weights[s] = std::exp(weights[s] - max_score);
       for (int64_t d = 0; d < dh; ++d) {
         double acc = 0.0;
-        for (int64_t s = 0; s <= last_key; ++s) acc += weights[s] * element(p.v_blocks, p.v_ptr, s, h * dh + d);
+        for (int64_t s = 0; s <= last_key; ++s) acc += weights[s] * element(p.v_blocks, p.v_ptr, s, h, d);
         p.out_ptr[i * p.out_token_stride + h * dh + d] = static_cast<float>(acc / total);
       }
     }

@@ -1,5 +1,7 @@
 // Every fast CPU op in kernels/ops.h computes what its slow reference computes (relative Frobenius error for
 // fp32 arithmetic, exact equality where the op only moves or selects values), plus hand-computed cases.
+#include "kernels/ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/ops.h"
 
 namespace oryx::kernels {
 namespace {
@@ -316,34 +317,46 @@ TEST(AttentionCpu, PagedCacheMatchesContiguous) {
   struct Shape { int64_t tq, tk, block; };
   for (Shape s : {Shape{1, 1, 4}, Shape{1, 9, 4}, Shape{3, 10, 4}, Shape{16, 40, 16}, Shape{1, 300, 64},
                   Shape{33, 64, 64}, Shape{5, 130, 64}}) {
-    for (int64_t dh : {8, 64}) {  // 64: one query takes the vectorised decode path
-      const int64_t heads = 2, width = heads * dh, q_stride = 3 * width;
-      const int64_t row = 3 * width, col = width;  // a block row holds [pad | k or v | pad]
-      std::vector<float> q = RandomVector(s.tq * q_stride, 40, -2.f, 2.f);
-      std::vector<float> k = RandomVector(s.tk * width, 41, -2.f, 2.f), v = RandomVector(s.tk * width, 42);
-      const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
-      std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(s.block * row, 99.f)), vb = kb;
-      std::vector<const void*> kp, vp;
-      for (int64_t j = 0; j < n_blocks; ++j) {
-        for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
-          std::copy_n(k.data() + (j * s.block + r) * width, width, kb[j].data() + r * row + col);
-          std::copy_n(v.data() + (j * s.block + r) * width, width, vb[j].data() + r * row + col);
+    for (int64_t dh : {8, 64, 128}) {  // 64, 128: one query takes the vectorised decode path
+      // A block holds a token's heads side by side ([pad | k or v | pad] a row), or each head's rows together
+      // ([pad | head 0's rows | head 1's rows], as the CPU backend's blocks do).
+      for (bool by_head : {false, true}) {
+        const int64_t heads = 2, width = heads * dh, q_stride = 3 * width;
+        const int64_t row = by_head ? dh : 3 * width, col = width, head_stride = by_head ? s.block * dh : 0;
+        std::vector<float> q = RandomVector(s.tq * q_stride, 40, -2.f, 2.f);
+        std::vector<float> k = RandomVector(s.tk * width, 41, -2.f, 2.f), v = RandomVector(s.tk * width, 42);
+        const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
+        std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(col + s.block * 3 * width, 99.f)), vb = kb;
+        std::vector<const void*> kp, vp;
+        for (int64_t j = 0; j < n_blocks; ++j) {
+          for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
+            for (int64_t h = 0; h < heads; ++h) {
+              const int64_t from = (j * s.block + r) * width + h * dh,
+                            to = col + h * (by_head ? head_stride : dh) + r * row;
+              std::copy_n(k.data() + from, dh, kb[j].data() + to);
+              std::copy_n(v.data() + from, dh, vb[j].data() + to);
+            }
+          }
+          kp.push_back(kb[j].data());
+          vp.push_back(vb[j].data());
         }
-        kp.push_back(kb[j].data());
-        vp.push_back(vb[j].data());
+        std::vector<float> out(s.tq * width), paged_ref(s.tq * width), contiguous_ref(s.tq * width),
+            scratch(s.tq * s.tk);
+        AttentionParams paged{s.tq,    s.tk,      heads,     dh,      q_stride,   row,
+                              width,   q.data(),  nullptr,   nullptr, out.data(), scratch.data(),
+                              s.block, kp.data(), vp.data(), col};
+        paged.kv_head_stride = head_stride;
+        cpu::Attention(paged);
+        paged.out_ptr = paged_ref.data();
+        cpu::AttentionReference(paged);
+        cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(),
+                                 contiguous_ref.data(), nullptr});
+        const std::string where = "Tq=" + std::to_string(s.tq) + " Tk=" + std::to_string(s.tk) +
+                                  " block=" + std::to_string(s.block) + " dh=" + std::to_string(dh) +
+                                  (by_head ? " by head" : " by token");
+        EXPECT_EQ(paged_ref, contiguous_ref) << where;
+        EXPECT_LE(RelErr(out, contiguous_ref), kTol) << where;
       }
-      std::vector<float> out(s.tq * width), paged_ref(s.tq * width), contiguous_ref(s.tq * width), scratch(s.tq * s.tk);
-      AttentionParams paged{s.tq,    s.tk,      heads,     dh,      q_stride,   row,
-                            width,   q.data(),  nullptr,   nullptr, out.data(), scratch.data(),
-                            s.block, kp.data(), vp.data(), col};
-      cpu::Attention(paged);
-      paged.out_ptr = paged_ref.data();
-      cpu::AttentionReference(paged);
-      cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k.data(), v.data(),
-                               contiguous_ref.data(), nullptr});
-      EXPECT_EQ(paged_ref, contiguous_ref) << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block << " dh=" << dh;
-      EXPECT_LE(RelErr(out, contiguous_ref), kTol)
-          << "Tq=" << s.tq << " Tk=" << s.tk << " block=" << s.block << " dh=" << dh;
     }
   }
 }
