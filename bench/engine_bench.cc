@@ -171,7 +171,10 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   CpuBackend& backend = **loaded;
   if (o.kv_block_tokens > 0) ORYX_RETURN_IF_ERROR(backend.SetKvBlockTokens(o.kv_block_tokens));
   ORYX_RETURN_IF_ERROR(backend.SetKvFormat(kv_format));
-  const double kv_element_bytes = kv_format == kernels::KvFormat::kBf16 ? 2 : 4;
+  // Bytes of one position's keys (or values) in one layer: int8 rows carry a scale per head.
+  const double kv_row_bytes =
+      static_cast<double>(backend.config().n_heads * kernels::KvHeadRowElements(kv_format, backend.config().head_dim) *
+                          kernels::KvElementBytes(kv_format));
   const ModelConfig& c = backend.config();
   if (max_context + o.steps > c.max_position) {
     return absl::InvalidArgumentError(Cat("context ", max_context, " + ", o.steps, " steps exceed the model's max_position ",
@@ -190,7 +193,7 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
   const double bytes_per_weight = kernels::BytesPerWeight(format);
   const double embedding = c.tie_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.d_model;
   const double weight_bytes = 4.0 * (params - embedding - packed_params) + bytes_per_weight * packed_params;
-  const double L = static_cast<double>(c.n_layers), HD = static_cast<double>(c.qk_dim());
+  const double L = static_cast<double>(c.n_layers);
   const double state_bytes = 4.0 * L * c.n_heads * c.head_dim * c.head_dim;
   for (Mode mode : {Mode::kAttention, Mode::kLinear}) {
     for (int64_t context : o.contexts) {
@@ -231,8 +234,8 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
         const double step = Median(steps);
         // Bytes a step must move: every weight once; per sequence the KV cache it reads (attention), its
         // new KV entries, and the recurrent state read and written.
-        const double kv_read = mode == Mode::kAttention ? 2.0 * kv_element_bytes * L * HD * (context + 1) : 0.0;
-        const double bytes = weight_bytes + batch * (kv_read + 2.0 * kv_element_bytes * L * HD + 2 * state_bytes);
+        const double kv_read = mode == Mode::kAttention ? 2.0 * kv_row_bytes * L * (context + 1) : 0.0;
+        const double bytes = weight_bytes + batch * (kv_read + 2.0 * kv_row_bytes * L + 2 * state_bytes);
         const double bandwidth = ReadBandwidth(bytes);
         nlohmann::json r = {{"bench", "decode"},
                             {"backend", backend.name()},

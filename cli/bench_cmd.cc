@@ -88,7 +88,7 @@ int BenchDecode(const Args& rest) {
   f.String("device", &o.device, "cpu | cuda (the CUDA backend, roofline against the device's copy bandwidth)");
   f.String("weights", &o.weights, kWeightsHelp);
   f.Int("kv-block-tokens", &o.kv_block_tokens, "cpu: positions per KV cache block (0: the engine's 64)", 0, 4096);
-  f.String("kv-dtype", &o.kv_dtype, "cpu: the KV cache's element type f32 | bf16");
+  f.String("kv-dtype", &o.kv_dtype, "cpu: the KV cache's element type f32 | bf16 | int8");
   f.String("config", &o.preset, "without --model: random weights of 130m | 1.4b (cuda's default 130m; cpu's a 19M config)");
   f.String("mixer", &mixer, "linear mixer of --config: mamba2 | gdn");
   f.Int("prefill-max-attention", &o.prefill_max_attention, "cuda: time attention-mode prefill up to this context", 0);

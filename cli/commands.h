@@ -35,7 +35,7 @@ inline constexpr const char* kWeightsHelp =
     "projection weights, fewer bytes per token: cpu f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations "
     "too); cuda bf16 (f32 loads as bf16) | fp8 (e4m3, a power-of-two scale per row)";
 inline constexpr const char* kKvDtypeHelp =
-    "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache); cuda: bf16 "
-    "only (default: f32 on the CPU)";
+    "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache) | int8 (a "
+    "scale per head and position: about a quarter); cuda: bf16 only (default: f32 on the CPU)";
 
 }  // namespace oryx::cli

@@ -137,20 +137,20 @@ class SequenceState {
   // Host KV cache: blocks of kv_block_tokens() positions, each holding every layer's rotated keys and
   // values (kv_); blocks past the position are reserved room. A clone shares the blocks (reference
   // counts); a block shared or published to the prefix cache is copied before it is written (PrepareKv).
-  // A block holds a layer's keys head by head, [heads][block_tokens][head_dim], so that one head's rows (what
-  // a decode step's attention reads) are contiguous; likewise its values. KeyAt is head h's key at a position,
-  // head_dim elements in the pool's format (float or uint16_t).
+  // A block holds a layer's keys head by head, [heads][block_tokens][row], so that one head's rows (what a
+  // decode step's attention reads) are contiguous; likewise its values. KeyAt is head h's key at a position:
+  // a row of kernels::KvHeadRowElements elements in the pool's format (float, uint16_t, or int8_t and a scale).
   void* KeyAt(int64_t layer, int64_t position, int64_t head) {
     HostKvPool& pool = *kv_.pool();
     const int64_t b = pool.block_tokens();
     return static_cast<std::byte*>(pool.keys(kv_[position / b], layer)) +
-           (head * b + position % b) * head_dim_ * pool.element_bytes();
+           (head * b + position % b) * kernels::KvHeadRowElements(pool.format(), head_dim_) * pool.element_bytes();
   }
   void* ValueAt(int64_t layer, int64_t position, int64_t head) {
     HostKvPool& pool = *kv_.pool();
     const int64_t b = pool.block_tokens();
     return static_cast<std::byte*>(pool.values(kv_[position / b], layer)) +
-           (head * b + position % b) * head_dim_ * pool.element_bytes();
+           (head * b + position % b) * kernels::KvHeadRowElements(pool.format(), head_dim_) * pool.element_bytes();
   }
   // Blocks for positions [0, end), those from the position on writable by this sequence alone.
   absl::Status PrepareKv(int64_t end);

@@ -292,15 +292,22 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
             k::cpu::Rope({run, 1, dh, pos + t, c.rope_theta, dh, static_cast<float*>(seq.KeyAt(il, pos + t, h))});
           }
         }
-      } else if (seq.has_kv_) {  // bf16: the keys rotated in fp32, then each row rounded once
+      } else if (seq.has_kv_) {  // bf16, int8: the keys rotated in fp32, then each row rounded once
         float* keys = sc.kv_rows[k::cpu::ThreadPool::ThreadIndex()].data();
         for (int64_t t = 0; t < T; ++t) std::copy(out + t * 3 * HD + HD, out + t * 3 * HD + 2 * HD, keys + t * HD);
         if (c.rope_theta > 0) k::cpu::Rope({T, H, dh, pos, c.rope_theta, HD, keys});
+        const bool int8 = kv_pool_->format() == k::KvFormat::kInt8;
         for (int64_t t = 0; t < T; ++t) {
           for (int64_t h = 0; h < H; ++h) {
-            k::cpu::RoundToBf16(keys + t * HD + h * dh, dh, static_cast<uint16_t*>(seq.KeyAt(il, pos + t, h)));
-            k::cpu::RoundToBf16(out + t * 3 * HD + 2 * HD + h * dh, dh,
-                                static_cast<uint16_t*>(seq.ValueAt(il, pos + t, h)));
+            const float* key = keys + t * HD + h * dh;
+            const float* value = out + t * 3 * HD + 2 * HD + h * dh;
+            if (int8) {
+              k::cpu::QuantizeKvRow(key, dh, static_cast<int8_t*>(seq.KeyAt(il, pos + t, h)));
+              k::cpu::QuantizeKvRow(value, dh, static_cast<int8_t*>(seq.ValueAt(il, pos + t, h)));
+            } else {
+              k::cpu::RoundToBf16(key, dh, static_cast<uint16_t*>(seq.KeyAt(il, pos + t, h)));
+              k::cpu::RoundToBf16(value, dh, static_cast<uint16_t*>(seq.ValueAt(il, pos + t, h)));
+            }
           }
         }
       }
@@ -345,7 +352,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                            .heads = 1,
                            .head_dim = dh,
                            .q_token_stride = P,
-                           .kv_token_stride = dh,
+                           .kv_token_stride = k::KvHeadRowElements(kv_pool_->format(), dh),
                            .out_token_stride = HD,
                            .q_ptr = proj + s.row * P + col_qa + h * dh,
                            .k_ptr = nullptr,
@@ -355,7 +362,8 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                            .kv_block_tokens = seq.kv_block_tokens(),
                            .k_blocks = sc.key_blocks[b].data(),
                            .v_blocks = sc.value_blocks[b].data(),
-                           .kv_col = il * seq.kv_.pool()->layer_stride() + h * seq.kv_block_tokens() * dh,
+                           .kv_col = il * seq.kv_.pool()->layer_stride() +
+                                     h * seq.kv_block_tokens() * k::KvHeadRowElements(kv_pool_->format(), dh),
                            .kv_format = kv_pool_->format(),
                            .widen_ptr = sc.kv_rows[thread].data()});
         for (int64_t t = 0; t < T; ++t) {

@@ -33,14 +33,16 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return config_; }
   int64_t KvBytes(int64_t positions) const override {
     const int64_t bt = kv_block_tokens(), blocks = (positions + bt - 1) / bt;
-    return blocks * bt * 2 * config_.n_layers * config_.n_heads * config_.head_dim * kv_pool_->element_bytes();
+    return blocks * bt * 2 * config_.n_layers * config_.n_heads *
+           kernels::KvHeadRowElements(kv_pool_->format(), config_.head_dim) * kv_pool_->element_bytes();
   }
   // Positions per KV block of the sequences made from now on (default kHostKvBlockTokens): for measuring the
   // block size. FailedPrecondition while a sequence holds blocks of the pool; InvalidArgument outside [1, 4096].
   absl::Status SetKvBlockTokens(int64_t block_tokens);
   int64_t kv_block_tokens() const { return kv_pool_->block_tokens(); }
   // The KV cache's element type for the sequences made from now on (default fp32): bf16 halves the bytes an
-  // attention step reads from the cache; keys and values are rounded once, when written. FailedPrecondition
+  // attention step reads from the cache, int8 (a scale per head and position) about quarters them; keys and
+  // values are rounded once, when written. FailedPrecondition
   // while a sequence holds blocks of the pool.
   absl::Status SetKvFormat(kernels::KvFormat format);
   kernels::KvFormat kv_format() const { return kv_pool_->format(); }

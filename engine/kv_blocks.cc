@@ -134,7 +134,7 @@ HostKvPool::HostKvPool(int64_t capacity, int64_t block_tokens, int64_t layers, i
                        int64_t max_capacity, kernels::KvFormat format)
     : blocks_(capacity, block_tokens),
       layer_elements_(block_tokens * row_elements),
-      block_elements_(layers * 2 * block_tokens * row_elements),  // even: whole floats in bf16 too
+      block_elements_(layers * 2 * block_tokens * row_elements),
       max_capacity_(max_capacity),
       format_(format),
       storage_(static_cast<size_t>(capacity)) {}

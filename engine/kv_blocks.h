@@ -91,8 +91,8 @@ class BlockPool {
 
 // Host storage for a BlockPool: block i holds, for every layer, block_tokens rows of keys and then
 // block_tokens rows of values, row_elements elements each ([layers][2][block_tokens * row_elements]; the CPU
-// backend orders a layer's keys head by head, SequenceState::KeyAt), fp32 or
-// bf16 (kernels::KvFormat); its memory is allocated the first time the block is handed out (or by Reserve)
+// backend orders a layer's keys head by head, SequenceState::KeyAt), fp32, bf16 or int8 with a scale per head
+// (kernels::KvFormat); its memory is allocated the first time the block is handed out (or by Reserve)
 // and kept for reuse. With max_capacity 0 the pool doubles when every block is held (bounded by the host's
 // memory only); otherwise it stops at max_capacity blocks. A backend's sequences share one pool (CpuBackend),
 // and may be used from several threads: every method locks, and a block's memory never moves.
@@ -104,7 +104,7 @@ class HostKvPool {
   const BlockPool& blocks() const { return blocks_; }
   int64_t block_tokens() const { return blocks_.block_tokens(); }
   kernels::KvFormat format() const { return format_; }
-  int64_t element_bytes() const { return format_ == kernels::KvFormat::kBf16 ? 2 : 4; }
+  int64_t element_bytes() const { return kernels::KvElementBytes(format_); }
   int64_t block_bytes() const { return block_elements_ * element_bytes(); }
   // BlockPool::Allocate, with the block's memory; ResourceExhausted when the pool or the host has no room.
   absl::StatusOr<int32_t> Allocate();
@@ -139,7 +139,7 @@ class HostKvPool {
   mutable std::mutex mu_;
   BlockPool blocks_;
   std::byte* Bytes(int32_t block) { return reinterpret_cast<std::byte*>(storage_[block].data()); }
-  int64_t StorageFloats() const { return block_bytes() / static_cast<int64_t>(sizeof(float)); }
+  int64_t StorageFloats() const { return (block_bytes() + 3) / static_cast<int64_t>(sizeof(float)); }
   int64_t layer_elements_, block_elements_;  // block_tokens * row_elements; all layers' keys and values
   int64_t max_capacity_;
   kernels::KvFormat format_;

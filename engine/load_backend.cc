@@ -49,7 +49,8 @@ absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(std::string_view name) {
 absl::StatusOr<kernels::KvFormat> ParseKvFormat(std::string_view name) {
   if (name == "f32") return kernels::KvFormat::kF32;
   if (name == "bf16") return kernels::KvFormat::kBf16;
-  return absl::InvalidArgumentError(Cat("unknown KV cache type '", name, "' (f32, bf16)"));
+  if (name == "int8") return kernels::KvFormat::kInt8;
+  return absl::InvalidArgumentError(Cat("unknown KV cache type '", name, "' (f32, bf16, int8)"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_dir, const BackendOptions& options) {
@@ -61,8 +62,9 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadBackend(const std::string& model_di
     return std::unique_ptr<Backend>(std::move(cpu));
   }
   if (options.device == "cuda") {
-    if (options.kv_dtype == "f32") {
-      return absl::InvalidArgumentError("KV cache type 'f32': the CUDA backend's KV cache is bf16");
+    if (!options.kv_dtype.empty() && options.kv_dtype != "bf16") {
+      return absl::InvalidArgumentError(
+          Cat("KV cache type '", options.kv_dtype, "': the CUDA backend's KV cache is bf16"));
     }
     if (kernels::IsInt8(format)) {
       return absl::InvalidArgumentError(

@@ -26,7 +26,8 @@ SequenceState::SequenceState(const ModelConfig& c) : SequenceState(c, NewHostKvP
 std::shared_ptr<HostKvPool> NewHostKvPool(const ModelConfig& c, int64_t sequences, int64_t block_tokens,
                                           kernels::KvFormat format) {
   const int64_t per_sequence = (c.max_position + block_tokens - 1) / block_tokens;
-  return std::make_shared<HostKvPool>(sequences * per_sequence + 1, block_tokens, c.n_layers, c.n_heads * c.head_dim,
+  return std::make_shared<HostKvPool>(sequences * per_sequence + 1, block_tokens, c.n_layers,
+                                      c.n_heads * kernels::KvHeadRowElements(format, c.head_dim),
                                       /*max_capacity=*/0, format);
 }
 

@@ -105,9 +105,16 @@ struct CausalConvParams {
   float* out_ptr;                   // [T, C]
 };
 
-// The element type of the CPU backend's KV cache: fp32, or bf16 (fp32 rounded to nearest even, its upper 16
-// bits), which halves the bytes an attention step reads from the cache. Scores and sums stay fp32.
-enum class KvFormat : uint8_t { kF32, kBf16 };
+// The element type of the CPU backend's KV cache: fp32; bf16 (fp32 rounded to nearest even, its upper 16
+// bits), which halves the bytes an attention step reads from the cache; or int8, a quarter of fp32's bytes:
+// each head's row is head_dim int8 values q then its fp32 scale s (4 bytes, unaligned), the value q * s, with
+// s = max |x| / 127 over the row (QuantizeKvRow). Scores and sums stay fp32.
+enum class KvFormat : uint8_t { kF32, kBf16, kInt8 };
+inline int64_t KvElementBytes(KvFormat f) { return f == KvFormat::kF32 ? 4 : f == KvFormat::kBf16 ? 2 : 1; }
+// Elements of one head's row of keys (or values) in the cache: head_dim, and the scale's 4 bytes for int8.
+inline int64_t KvHeadRowElements(KvFormat f, int64_t head_dim) {
+  return f == KvFormat::kInt8 ? head_dim + 4 : head_dim;
+}
 
 // Softmax attention of the last Tq positions of a Tk-long KV cache (Tq <= Tk): query i sees keys
 // 0 .. Tk - Tq + i, scale 1/sqrt(dh), max-subtracted softmax. q is already RoPE'd, as are cached keys.
@@ -121,13 +128,14 @@ struct AttentionParams {
   float* scratch_ptr;  // [Tq, Tk] working space for the scores (the caller owns it, so calls allocate nothing)
   // A paged KV cache when kv_block_tokens > 0: key s of head h is element kv_col + h * kv_head_stride +
   // (s % kv_block_tokens) * kv_token_stride of k_blocks[s / kv_block_tokens], and likewise its value; k_ptr and
-  // v_ptr are unused. The blocks hold kv_format elements (float or uint16_t bf16; a contiguous cache is fp32).
+  // v_ptr are unused. The blocks hold kv_format elements (float, uint16_t bf16, or int8_t rows of head_dim values
+  // and their scale; a contiguous cache is fp32).
   int64_t kv_block_tokens = 0;
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
   int64_t kv_col = 0;
   KvFormat kv_format = KvFormat::kF32;
-  float* widen_ptr = nullptr;  // bf16: [kv_block_tokens, dh] working space for one block's rows in fp32
+  float* widen_ptr = nullptr;  // bf16, int8: [kv_block_tokens, dh] working space for one block's rows in fp32
   // Paged: elements from one head's keys to the next head's in a block; 0 means head_dim (the heads side by
   // side in a token's row). The CPU backend's blocks hold each head's rows together: block_tokens * dh.
   int64_t kv_head_stride = 0;
@@ -204,6 +212,10 @@ void PackWeights(const float* w, int64_t n, int64_t k, WeightFormat format, void
 // bf16 <-> fp32 over n values: rounded to nearest even (NaN stays NaN), and widened exactly.
 void RoundToBf16(const float* in, int64_t n, uint16_t* out);
 void WidenBf16(const uint16_t* in, int64_t n, float* out);
+// An int8 KV cache row (KvFormat::kInt8): n values to n int8 and the fp32 scale after them (n + 4 bytes), and
+// back: out[i] = q[i] * scale.
+void QuantizeKvRow(const float* in, int64_t n, int8_t* out);
+void DequantizeKvRow(const int8_t* in, int64_t n, float* out);
 void RmsNorm(const RmsNormParams& p);
 void RmsNormReference(const RmsNormParams& p);
 void GatedRmsNorm(const GatedRmsNormParams& p);

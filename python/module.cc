@@ -186,7 +186,8 @@ void DefineEngine(nb::module_& module) {
       "`oryx generate` takes. device: 'cpu' or 'cuda' (in CUDA builds); threads: CPU threads, 0 for one per "
       "hardware thread; weights: the CPU projections as 'f32', 'bf16', 'int8' or 'w8a8', the CUDA ones as 'bf16' or "
       "'fp8' (fewer bytes per token); "
-      "kv_dtype: the CPU KV cache as 'f32' or 'bf16' (half its memory; '' for the backend's own). "
+      "kv_dtype: the CPU KV cache as 'f32', 'bf16' (half its memory) or 'int8' (about a quarter; '' for the "
+      "backend's own). "
       "Safe to use from several Python threads: calls take turns on the engine (a stream between its steps), "
       "with the GIL released while it runs.");
   engine.def("__init__", &Init, "model_dir"_a, "device"_a = "cpu", "threads"_a = 0, "weights"_a = "f32",

@@ -289,4 +289,20 @@ void WidenBf16(const uint16_t* in, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
 }
 
+void QuantizeKvRow(const float* in, int64_t n, int8_t* out) {
+  float largest = 0.f;
+  for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(in[i]));
+  const float s = largest > 0.f ? largest / 127.f : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = s > 0.f ? static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / s), -127.f, 127.f)) : int8_t{0};
+  }
+  std::memcpy(out + n, &s, sizeof(s));
+}
+
+void DequantizeKvRow(const int8_t* in, int64_t n, float* out) {
+  float s;
+  std::memcpy(&s, in + n, sizeof(s));
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * s;
+}
+
 }  // namespace oryx::kernels::cpu

@@ -382,12 +382,15 @@ TEST_P(PagedKvTest, BlockSizesGiveTheSameLogits) {
   EXPECT_EQ(backend_->SetKvBlockTokens(0).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A bf16 cache gives logits near the fp32 cache's (keys and values rounded to 8 bits of mantissa: a relative
-// error of at most 2^-9 each), and not the same ones (a bf16 setting that still ran fp32 would); the KvBytes of
-// a position halve; the format cannot change under a sequence that holds blocks.
-class Bf16KvTest : public PagedKvTest {};
+// A bf16 or int8 cache gives logits near the fp32 cache's, and not the same ones (a setting that still ran
+// fp32 would). bf16 rounds keys and values to 8 bits of mantissa (a relative error of at most 2^-9 each);
+// int8 rounds each head's row to a step of max |x| / 127 (an error of at most 1/254 of the row's largest).
+// The KvBytes of a position shrink accordingly (int8 rows carry a 4-byte scale per head); the format cannot
+// change under a sequence that holds blocks.
+class RoundedKvTest : public PagedKvTest {};
 
-TEST_P(Bf16KvTest, NearTheFp32CacheInHalfTheBytes) {
+TEST_P(RoundedKvTest, NearTheFp32CacheInFewerBytes) {
+  const kernels::KvFormat format = std::get<1>(GetParam());
   std::mt19937 rng(37);
   Tokens a = RandomTokens(rng, 150), probe = RandomTokens(rng, 4);
   for (Mode& m : probe.modes) m = Mode::kAttention;
@@ -396,8 +399,8 @@ TEST_P(Bf16KvTest, NearTheFp32CacheInHalfTheBytes) {
     Logits(seq, a);
     return Logits(seq, probe);
   };
-  const std::vector<float> bf16 = run();
-  const int64_t bf16_bytes = backend_->KvBytes(64);
+  const std::vector<float> rounded = run();
+  const int64_t rounded_bytes = backend_->KvBytes(64);
   {  // a sequence with an fp32 cache of its own is refused, not read in the wrong format
     SequenceState foreign(backend_->config());
     std::vector<float> out;
@@ -406,26 +409,29 @@ TEST_P(Bf16KvTest, NearTheFp32CacheInHalfTheBytes) {
   }
   ASSERT_TRUE(backend_->SetKvFormat(kernels::KvFormat::kF32).ok());
   const std::vector<float> f32 = run();
-  EXPECT_EQ(backend_->KvBytes(64), 2 * bf16_bytes);
-  ASSERT_EQ(bf16.size(), f32.size());
+  const ModelConfig& c = backend_->config();
+  EXPECT_EQ(backend_->KvBytes(64) * kernels::KvHeadRowElements(format, c.head_dim) * kernels::KvElementBytes(format),
+            rounded_bytes * c.head_dim * 4);
+  ASSERT_EQ(rounded.size(), f32.size());
   float scale = 0.f, worst = 0.f;
   for (size_t i = 0; i < f32.size(); ++i) {
     scale = std::max(scale, std::abs(f32[i]));
-    worst = std::max(worst, std::abs(bf16[i] - f32[i]));
+    worst = std::max(worst, std::abs(rounded[i] - f32[i]));
   }
-  EXPECT_LE(worst, 1e-2f * scale);
-  EXPECT_GT(worst, 1e-6f * scale) << "the bf16 cache gave the fp32 cache's logits exactly";
+  EXPECT_LE(worst, (format == kernels::KvFormat::kInt8 ? 3e-2f : 1e-2f) * scale);
+  EXPECT_GT(worst, 1e-6f * scale) << "the rounded cache gave the fp32 cache's logits exactly";
   SequenceState holder = backend_->NewSequence();
   Logits(holder, a);
-  EXPECT_EQ(backend_->SetKvFormat(kernels::KvFormat::kBf16).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend_->SetKvFormat(format).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(MixersAndKvFormats, PagedKvTest,
                          ::testing::Combine(::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
-                                            ::testing::Values(kernels::KvFormat::kF32, kernels::KvFormat::kBf16)));
-INSTANTIATE_TEST_SUITE_P(Mixers, Bf16KvTest,
+                                            ::testing::Values(kernels::KvFormat::kF32, kernels::KvFormat::kBf16,
+                                                              kernels::KvFormat::kInt8)));
+INSTANTIATE_TEST_SUITE_P(MixersAndKvFormats, RoundedKvTest,
                          ::testing::Combine(::testing::Values(LinearMixer::kMamba2, LinearMixer::kGdn),
-                                            ::testing::Values(kernels::KvFormat::kBf16)));
+                                            ::testing::Values(kernels::KvFormat::kBf16, kernels::KvFormat::kInt8)));
 
 // The same batch on the same states gives the same bits however the states' buffers happen to lie in
 // memory: a sequence rebuilt after other allocations moved the heap, forwarded again, matches exactly.

@@ -406,6 +406,73 @@ TEST(AttentionCpu, Bf16PagedCacheMatchesTheRoundedFp32Cache) {
   }
 }
 
+// An int8 paged cache (each head's rows together, head_dim int8 values and a 4-byte scale per row): the decode
+// kernel and the multi-query path compute what the reference computes over the same blocks, and that is
+// exactly the reference over an fp32 cache holding the dequantised values.
+TEST(AttentionCpu, Int8PagedCacheMatchesTheDequantisedFp32Cache) {
+  struct Shape {
+    int64_t tq, tk, block;
+  };
+  for (Shape s :
+       {Shape{1, 1, 4}, Shape{1, 9, 4}, Shape{3, 10, 4}, Shape{1, 300, 64}, Shape{33, 64, 64}, Shape{5, 130, 64}}) {
+    for (int64_t dh : {8, 64}) {
+      const int64_t heads = 2, width = heads * dh, q_stride = 3 * width, row = KvHeadRowElements(KvFormat::kInt8, dh);
+      const int64_t col = 16, head_stride = s.block * row;  // a block holds [pad | head 0's rows | head 1's rows]
+      std::vector<float> q = RandomVector(s.tq * q_stride, 60, -2.f, 2.f);
+      std::vector<float> k = RandomVector(s.tk * width, 61, -2.f, 2.f), v = RandomVector(s.tk * width, 62);
+      std::vector<float> k_dequantised(k.size()), v_dequantised(v.size());
+      const int64_t n_blocks = (s.tk + s.block - 1) / s.block;
+      std::vector<std::vector<int8_t>> kb(n_blocks, std::vector<int8_t>(col + heads * head_stride, 99)), vb = kb;
+      std::vector<const void*> kp, vp;
+      for (int64_t j = 0; j < n_blocks; ++j) {
+        for (int64_t r = 0; r < s.block && j * s.block + r < s.tk; ++r) {
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t from = (j * s.block + r) * width + h * dh, to = col + h * head_stride + r * row;
+            cpu::QuantizeKvRow(k.data() + from, dh, kb[j].data() + to);
+            cpu::QuantizeKvRow(v.data() + from, dh, vb[j].data() + to);
+            cpu::DequantizeKvRow(kb[j].data() + to, dh, k_dequantised.data() + from);
+            cpu::DequantizeKvRow(vb[j].data() + to, dh, v_dequantised.data() + from);
+          }
+        }
+        kp.push_back(kb[j].data());
+        vp.push_back(vb[j].data());
+      }
+      EXPECT_NE(k_dequantised, k);  // the cache does round
+      std::vector<float> out(s.tq * width), paged_ref(s.tq * width), dequantised_ref(s.tq * width),
+          scratch(s.tq * s.tk), widen(s.block * dh);
+      AttentionParams paged{s.tq,      s.tk,    heads,           dh,           q_stride,       row,     width,
+                            q.data(),  nullptr, nullptr,         out.data(),   scratch.data(), s.block, kp.data(),
+                            vp.data(), col,     KvFormat::kInt8, widen.data(), head_stride};
+      cpu::Attention(paged);
+      paged.out_ptr = paged_ref.data();
+      cpu::AttentionReference(paged);
+      cpu::AttentionReference({s.tq, s.tk, heads, dh, q_stride, width, width, q.data(), k_dequantised.data(),
+                               v_dequantised.data(), dequantised_ref.data(), nullptr});
+      const std::string where = "Tq=" + std::to_string(s.tq) + " Tk=" + std::to_string(s.tk) +
+                                " block=" + std::to_string(s.block) + " dh=" + std::to_string(dh);
+      EXPECT_EQ(paged_ref, dequantised_ref) << where;
+      EXPECT_LE(RelErr(out, dequantised_ref), kTol) << where;
+    }
+  }
+}
+
+// An int8 KV row: the largest |x| maps to +-127, every value lies within half a step of its original, and a
+// zero row stays zero (scale 0).
+TEST(Int8Kv, QuantisesEachRowToItsOwnScale) {
+  std::vector<float> x = RandomVector(64, 70, -3.f, 3.f);
+  x[5] = -4.f;
+  std::vector<int8_t> packed(64 + 4);
+  std::vector<float> back(64);
+  cpu::QuantizeKvRow(x.data(), 64, packed.data());
+  cpu::DequantizeKvRow(packed.data(), 64, back.data());
+  EXPECT_EQ(packed[5], -127);
+  for (int i = 0; i < 64; ++i) EXPECT_LE(std::abs(back[i] - x[i]), 0.5f * 4.f / 127.f * (1 + 1e-6f)) << i;
+  std::vector<float> zeros(64, 0.f);
+  cpu::QuantizeKvRow(zeros.data(), 64, packed.data());
+  cpu::DequantizeKvRow(packed.data(), 64, back.data());
+  EXPECT_EQ(back, zeros);
+}
+
 TEST(Bf16, RoundsToNearestEvenAndWidensExactly) {
   const float in[] = {1.0f, 1.00390625f, 1.01171875f, -2.5f, 0.f, 3.0e38f};
   // 1 + 2^-8 lies halfway between bf16 1 and 1 + 2^-7: to even (1); 1 + 3 * 2^-8 halfway up: to 1 + 2^-6.

@@ -26,7 +26,7 @@ def test_a_bad_model_path_device_or_thread_count(tmp_path):
         oryx.Engine(MODEL_DIR, weights="int4")
     with pytest.raises(oryx.InvalidArgumentError, match=r"weights 'fp8' are the CUDA backend's"):
         oryx.Engine(MODEL_DIR, weights="fp8")
-    with pytest.raises(oryx.InvalidArgumentError, match=r"unknown KV cache type 'fp8' \(f32, bf16\)"):
+    with pytest.raises(oryx.InvalidArgumentError, match=r"unknown KV cache type 'fp8' \(f32, bf16, int8\)"):
         oryx.Engine(MODEL_DIR, kv_dtype="fp8")
 
 
