@@ -140,16 +140,12 @@ class SequenceState {
   // A block holds a layer's keys head by head, [heads][block_tokens][row], so that one head's rows (what a
   // decode step's attention reads) are contiguous; likewise its values. KeyAt is head h's key at a position:
   // a row of kernels::KvHeadRowElements elements in the pool's format (float, uint16_t, or int8_t and a scale).
-  void* KeyAt(int64_t layer, int64_t position, int64_t head) {
+  void* KeyAt(int64_t layer, int64_t position, int64_t head) { return HeadRow(false, layer, position, head); }
+  void* ValueAt(int64_t layer, int64_t position, int64_t head) { return HeadRow(true, layer, position, head); }
+  void* HeadRow(bool values, int64_t layer, int64_t position, int64_t head) {
     HostKvPool& pool = *kv_.pool();
-    const int64_t b = pool.block_tokens();
-    return static_cast<std::byte*>(pool.keys(kv_[position / b], layer)) +
-           (head * b + position % b) * kernels::KvHeadRowElements(pool.format(), head_dim_) * pool.element_bytes();
-  }
-  void* ValueAt(int64_t layer, int64_t position, int64_t head) {
-    HostKvPool& pool = *kv_.pool();
-    const int64_t b = pool.block_tokens();
-    return static_cast<std::byte*>(pool.values(kv_[position / b], layer)) +
+    const int64_t b = pool.block_tokens(), block = kv_[position / b];
+    return static_cast<std::byte*>(values ? pool.values(block, layer) : pool.keys(block, layer)) +
            (head * b + position % b) * kernels::KvHeadRowElements(pool.format(), head_dim_) * pool.element_bytes();
   }
   // Blocks for positions [0, end), those from the position on writable by this sequence alone.

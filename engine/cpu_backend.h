@@ -33,8 +33,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return config_; }
   int64_t KvBytes(int64_t positions) const override {
     const int64_t bt = kv_block_tokens(), blocks = (positions + bt - 1) / bt;
-    return blocks * bt * 2 * config_.n_layers * config_.n_heads *
-           kernels::KvHeadRowElements(kv_pool_->format(), config_.head_dim) * kv_pool_->element_bytes();
+    return blocks * kv_pool_->block_bytes();
   }
   // Positions per KV block of the sequences made from now on (default kHostKvBlockTokens): for measuring the
   // block size. FailedPrecondition while a sequence holds blocks of the pool; InvalidArgument outside [1, 4096].

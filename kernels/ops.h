@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace oryx::kernels {
 
@@ -216,6 +217,12 @@ void WidenBf16(const uint16_t* in, int64_t n, float* out);
 // back: out[i] = q[i] * scale.
 void QuantizeKvRow(const float* in, int64_t n, int8_t* out);
 void DequantizeKvRow(const int8_t* in, int64_t n, float* out);
+// The scale of such a row of n values (stored unaligned after them).
+inline float KvRowScale(const int8_t* row, int64_t n) {
+  float s;
+  std::memcpy(&s, row + n, sizeof(s));
+  return s;
+}
 void RmsNorm(const RmsNormParams& p);
 void RmsNormReference(const RmsNormParams& p);
 void GatedRmsNorm(const GatedRmsNormParams& p);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -66,9 +65,7 @@ void DecodeHead(const AttentionParams& p, int64_t h) {
   // An int8 row's values are q * its scale (after its dh values); fp32 and bf16 rows have none.
   auto row_scale = [dh = p.head_dim](const T* row) {
     if constexpr (std::is_same_v<T, int8_t>) {
-      float s;
-      std::memcpy(&s, row + dh, sizeof(s));
-      return s;
+      return KvRowScale(row, dh);
     } else {
       return 1.0f;
     }
@@ -227,9 +224,8 @@ void AttentionReference(const AttentionParams& p) {
         WidenBf16(static_cast<const uint16_t*>(blocks[s / b]) + row + d, 1, &value);
         return value;
       case KvFormat::kInt8: {
-        float scale;
-        std::memcpy(&scale, static_cast<const int8_t*>(blocks[s / b]) + row + dh, sizeof(scale));
-        return static_cast<float>(static_cast<const int8_t*>(blocks[s / b])[row + d]) * scale;
+        const int8_t* q = static_cast<const int8_t*>(blocks[s / b]) + row;
+        return static_cast<float>(q[d]) * KvRowScale(q, dh);
       }
     }
     return 0.f;

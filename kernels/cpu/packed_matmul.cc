@@ -300,8 +300,7 @@ void QuantizeKvRow(const float* in, int64_t n, int8_t* out) {
 }
 
 void DequantizeKvRow(const int8_t* in, int64_t n, float* out) {
-  float s;
-  std::memcpy(&s, in + n, sizeof(s));
+  const float s = KvRowScale(in, n);
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * s;
 }
 
