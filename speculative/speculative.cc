@@ -84,16 +84,19 @@ DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
   return slots_.try_emplace(slot_id, Slot{std::vector<double>(max_k_, 0.8)}).first->second;
 }
 
-double DraftLengthController::RoundSeconds(double k) const {
+double DraftLengthController::RoundSeconds(int64_t k) const {
+  if (k == 0) return plain_w_ > 0 ? std::max(1e-9, plain_s_ / plain_w_) : -1;
   if (w_ <= 0) return -1;
   const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
-  if (var < 1e-9) return -1;  // one draft length only: no slope yet
+  if (var < 1e-9) return std::abs(static_cast<double>(k) - mx) < 0.5 ? my : -1;  // one length only: no slope yet
   const double slope = std::max(0.0, (wxy_ / w_ - mx * my) / var);
-  return std::max(1e-9, my + slope * (k - mx));
+  return std::max(1e-9, my + slope * (static_cast<double>(k) - mx));
 }
 
 int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
-  if (RoundSeconds(0) < 0) return w_ == 0 ? max_k_ : 1;  // measure a long round and a short one first
+  // Measure a long round, a short one and a plain step first.
+  if (RoundSeconds(1) < 0) return w_ == 0 ? max_k_ : 1;
+  if (RoundSeconds(0) < 0) return 0;
   // Expected tokens per round for draft length k, summed over the slots: each slot's accepted prefix plus
   // its recovered / bonus token.
   std::vector<double> expected(max_k_ + 1, 0.0);
@@ -113,12 +116,19 @@ int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
     const double rate = expected[k] / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
-  // Every 16th round drafts one more than the best length (two when not drafting), so that the estimate just
-  // past it keeps being measured: a few unlucky rounds would otherwise leave it low for good.
+  // Probes, so that no estimate stays wrong for good after a few unlucky rounds: every 16th round drafts one
+  // more than the best length (two when not drafting), and while drafting every 64th round is a plain step
+  // (rounds that draft never measure one).
+  ++since_plain_;
   if (++since_probe_ >= 16) {
     since_probe_ = 0;
     return std::min<int64_t>(best_k == 0 ? 2 : best_k + 1, max_k_);
   }
+  if (best_k > 0 && since_plain_ >= 64) {
+    since_plain_ = 0;
+    return 0;
+  }
+  if (best_k == 0) since_plain_ = 0;
   return best_k;
 }
 
@@ -133,6 +143,11 @@ void DraftLengthController::RecordRound(int64_t slot_id, int64_t drafted, int64_
 
 void DraftLengthController::RecordCost(int64_t k, double round_s) {
   constexpr double kDecay = 0.95;
+  if (k == 0) {
+    plain_w_ = kDecay * plain_w_ + 1;
+    plain_s_ = kDecay * plain_s_ + round_s;
+    return;
+  }
   const double x = static_cast<double>(k), y = round_s;
   w_ = kDecay * w_ + 1;
   wx_ = kDecay * wx_ + x;

@@ -98,11 +98,14 @@ struct SpeculativeOptions {
 // of each slot (exponential averages) and the measured round times, the one k that maximises the batch's
 // expected tokens per second, k = 0 (plain attention decoding) included. One k for the whole batch, so that
 // the round can run whole on the backend (Backend::SpeculativeRound takes one draft length) and a slot that
-// joins a running batch (a server's) does not split it. A round of draft length k costs k draft steps and a
-// verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
+// joins a running batch (a server's) does not split it. A round of draft length k >= 1 costs k draft steps
+// and a verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
 // squares over recent rounds (whether the backend ran the round whole or the decoder ran it forward by
-// forward); the first two rounds use k = max_k and k = 1 so that the fit has two lengths. When k = 0 wins it
-// still probes with a short draft every few rounds so that the estimates can recover.
+// forward). A plain step (k = 0) is a forward of one token per slot, on paths the verify span may not take,
+// so its time is measured on its own (a recent mean), not read off the line. The first three rounds use
+// k = max_k, 1 and 0 so that every estimate has a measurement. Every few rounds it probes: past the best
+// length (a short draft when not drafting), and, more rarely, with a plain step when drafting wins, so that
+// an estimate that happened to come out wrong is measured again.
 class DraftLengthController {
  public:
   explicit DraftLengthController(int64_t max_k);
@@ -116,13 +119,15 @@ class DraftLengthController {
   struct Slot {
     std::vector<double> accept;  // P(d_{i+1} accepted | d_1..d_i accepted), per position
   };
-  // The fitted time of a round of draft length k, or a negative number before there is a fit.
-  double RoundSeconds(double k) const;
+  // The estimated time of a round of draft length k (k = 0: a plain step), or a negative number before
+  // there is one.
+  double RoundSeconds(int64_t k) const;
   Slot& SlotFor(int64_t slot_id);
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
-  int64_t since_probe_ = 0;
-  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds)
+  int64_t since_probe_ = 0, since_plain_ = 0;
+  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds), rounds of k >= 1
+  double plain_w_ = 0, plain_s_ = 0;                    // decayed sums of (1, seconds), plain steps
 };
 
 // The speculative decoder: rounds of propose / verify / accept / commit, each slot its own round and its own

@@ -424,7 +424,7 @@ TEST(SpeculativePolicy, NamesParseAndBadOnesAreErrors) {
 // is fed (fitted as base + per_draft * k, whichever way the rounds ran) and the acceptance it observes.
 // Rounds are simulated: each draft accepted with probability `accept` until the first rejection; the choices
 // of the last 500 of 1000 rounds are returned.
-std::vector<int64_t> SimulatedChoices(double accept, double base_s, double per_draft_s) {
+std::vector<int64_t> SimulatedChoices(double accept, double base_s, double per_draft_s, double plain_s = -1) {
   DraftLengthController controller(8);
   std::mt19937 rng(17);
   std::bernoulli_distribution accepted_draft(accept);
@@ -435,7 +435,7 @@ std::vector<int64_t> SimulatedChoices(double accept, double base_s, double per_d
     int64_t accepted = 0;
     while (accepted < k && accepted_draft(rng)) ++accepted;
     controller.RecordRound(0, k, accepted);
-    controller.RecordCost(k, base_s + per_draft_s * static_cast<double>(k));
+    controller.RecordCost(k, k == 0 && plain_s >= 0 ? plain_s : base_s + per_draft_s * static_cast<double>(k));
     if (round >= 500) chosen.push_back(k);  // the last 500 rounds
   }
   return chosen;
@@ -449,7 +449,7 @@ TEST(DraftLengthController, ChoosesTheDraftLengthTheRoundTimesAndAcceptanceFavou
   const std::vector<int64_t> good = SimulatedChoices(0.9, 3e-3, 1e-3);
   // (Over seeds 1..17 the mean was 3.3-4.4; without the probes past the chosen length a few early
   // rejections left the estimates of positions 3 and 4 low for good, and it stayed at 2.)
-  EXPECT_EQ(zeros(good), 0);
+  EXPECT_LE(zeros(good), 8);  // the plain-step probes only, every 64th round
   EXPECT_GE(mean(good), 3.0);
   // Acceptance 0.2: no drafts wins (0.333 against 0.300 at k = 1); only the probes (k = 2, every 16th
   // round) remain.
@@ -458,13 +458,25 @@ TEST(DraftLengthController, ChoosesTheDraftLengthTheRoundTimesAndAcceptanceFavou
   // Drafts nearly free against the verify: long drafts win even at acceptance 0.5 (the rate peaks at k = 5,
   // and k = 4..7 are within 1% of it; no drafts: 0.1, a fifth of it).
   const std::vector<int64_t> cheap = SimulatedChoices(0.5, 10e-3, 0.1e-3);
-  EXPECT_EQ(zeros(cheap), 0);
+  EXPECT_LE(zeros(cheap), 8);
   EXPECT_GE(mean(cheap), 4.0);
+  // A plain step cheaper than a verify's base (3 against 4.5 draft steps, as a batch of 8 on the GPU, where
+  // a plain step takes the fused single-token path): at acceptance 0.6 plain decoding wins (333 tokens per
+  // second against 301 at k = 2 and 291 at k = 1). A line through the drafting rounds would put k = 0 at
+  // 4.5 ms and keep drafting; the plain step's own measurement does not.
+  const std::vector<int64_t> plain_wins = SimulatedChoices(0.6, 4.5e-3, 1e-3, 3e-3);
+  EXPECT_GE(zeros(plain_wins), 440);
+  // At acceptance 0.9 drafting still wins there (k = 4: 482 against 333).
+  const std::vector<int64_t> drafts_win = SimulatedChoices(0.9, 4.5e-3, 1e-3, 3e-3);
+  EXPECT_LE(zeros(drafts_win), 8);
+  EXPECT_GE(mean(drafts_win), 3.0);
 }
 
 // A batch gets one draft length: the one that maximises its slots' expected tokens together. A slot that
-// drafts well and one that drafts badly (0.9 and 0.2, verify base 3 draft steps) share k = 2 (0.790 tokens
-// per unit of time; k = 3: 0.781, k = 1: 0.742, no drafts: 0.667), where alone they would take 4..5 and 0.
+// drafts well and one that drafts badly (0.9 and 0.2, verify base 3 draft steps) share k = 1..3 (tokens per
+// unit of time: k = 2 0.790, k = 3 0.781, k = 1 0.775, k = 4 0.764, no drafts 0.667), where alone they would
+// take 4..5 and 0. The lengths within 2% of the best are not told apart by acceptance estimates of about
+// ten rounds' memory (over seeds 1-20 the mean length was 1.1-1.9), so the test holds the rate they give.
 // A slot that joins later (a server's) neither restarts the measuring rounds nor splits the batch.
 TEST(DraftLengthController, OneDraftLengthForTheBatchFromEverySlotsAcceptance) {
   DraftLengthController controller(8);
@@ -482,9 +494,17 @@ TEST(DraftLengthController, OneDraftLengthForTheBatchFromEverySlotsAcceptance) {
     controller.RecordCost(k, 3e-3 + 1e-3 * static_cast<double>(k));
     if (round >= 500) chosen.push_back(k);
   }
-  const double mean = std::accumulate(chosen.begin(), chosen.end(), 0.0) / chosen.size();
-  EXPECT_GE(mean, 1.5);
-  EXPECT_LE(mean, 3.5);
+  // Expected tokens per unit of time of a round of length k, from the true acceptances.
+  auto rate = [&](int64_t k) {
+    double tokens = 0;
+    for (double a : accept) {
+      for (int64_t i = 0; i <= k; ++i) tokens += std::pow(a, static_cast<double>(i));
+    }
+    return tokens / (3.0 + static_cast<double>(k));
+  };
+  double achieved = 0;
+  for (int64_t k : chosen) achieved += rate(k) / rate(2);
+  EXPECT_GE(achieved / chosen.size(), 0.97);
   EXPECT_LE(std::count(chosen.begin(), chosen.end(), int64_t{0}), 25);
   // A fresh slot joins: the batch keeps a measured length, not the max_k of a first round.
   controller.Release(1);
