@@ -108,12 +108,14 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   chunked_scan_ = switches.chunked_scan;
   tiled_attention_ = switches.tiled_attention;
   gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
+  fused_rows_ = switches.fused_rows;
   graph_after_ = switches.graph_after;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,
                          .group_mma = switches.group_mma,
-                         .split_ragged_gemm = switches.split_ragged_gemm});
+                         .split_ragged_gemm = switches.split_ragged_gemm,
+                         .multirow_bf16 = switches.multirow_bf16});
   if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;

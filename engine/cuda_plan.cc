@@ -81,8 +81,8 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
   plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;
   const bool fp8 = fp8_weights();
-  plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D, fp8) && kc::FusedGemvApplies(plan.N, HD, fp8) &&
-               kc::FusedGemvApplies(plan.N, F, fp8);
+  plan.fused = fused_gemv_ && kc::FusedGemvApplies(plan.N, D, fp8, fused_rows_) &&
+               kc::FusedGemvApplies(plan.N, HD, fp8, fused_rows_) && kc::FusedGemvApplies(plan.N, F, fp8, fused_rows_);
   plan.decode_mixer = decode_mixer_ && plan.N == plan.B && !any_keeps && kc::DecodeMixerApplies(ctx_->dims);
   if (chunked_scan_) {
     for (const ForwardItem& it : batch) {

@@ -28,6 +28,10 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.early_loads = on("ORYX_CUDA_EARLY_LOADS");
   s.programmatic_launch = on("ORYX_CUDA_PDL");
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
+  if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) s.multirow_bf16 = env[0] != '0';
+  if (const char* env = std::getenv("ORYX_CUDA_FUSED_ROWS"); env != nullptr) {
+    s.fused_rows = std::clamp(std::atoi(env), 1, 8);
+  }
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) s.gemv_rows_per_warp = std::atoi(env);
   if (const char* env = std::getenv("ORYX_CUDA_GRAPH_AFTER"); env != nullptr) {
     s.graph_after = std::max(1, std::atoi(env));

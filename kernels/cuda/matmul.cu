@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kFusedGemvBlocksPerSm) GemvKe
   }
 }
 
-// Input rows of the several-row FP8 GEMV, at most.
+// Input rows of the several-row GEMV, at most.
 constexpr int kMaxGemvRows = 8;
 // Several-row GEMV layout: each warp takes kMultiRowWeightRows weight rows against all kM input rows, so that
 // each piece of x it reads serves 4 weight rows; the 4 warps of a quarter of the block split K.
@@ -178,13 +178,13 @@ constexpr int kMaxGemvRows = 8;
 // estimate.)
 constexpr int kMultiRowWeightRows = 4, kMultiRowSplit = 4, kMultiRowBlocksPerSm = 2;
 
-// y[m] (+)= W x[m] for 2..8 rows of x and FP8 weights (decode steps of a batch, verify spans): the weights
-// read once for all the rows, x through L1. (Staging x in shared memory, as the one-row kernels do, made each
+// y[m] (+)= W x[m] for 2..8 rows of x and FP8 or bf16 weights (decode steps of a batch, verify spans): the
+// weights read once for all the rows, x through L1. (Staging x in shared memory, as the one-row kernels do, made each
 // block of 8 weight rows copy all kM rows of x first: at 8 rows, twice the bytes of its weights, and the
 // 1.4b linear step at batch 8 took 2.21 ms.)
-template <int kM>
+template <int kM, bool kFp8>
 __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRowGemvKernel(GemmParams p) {
-  using Piece = WeightPiece<true>;
+  using Piece = WeightPiece<kFp8>;
   constexpr int kR = kMultiRowWeightRows, kBatch = kM <= 4 ? 2 : 1;  // (more would spill the sums)
   __shared__ float partial[kGemvWarps][kR][kM];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % kMultiRowSplit;
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int64_t row = n0 + r < p.n ? n0 + r : 0;  // (past the end: row 0, not written)
-    w[r] = WeightRow<true>(p.w_ptr, row, K);
-    scale[r] = __ldg(p.w_scale + row);
+    w[r] = WeightRow<kFp8>(p.w_ptr, row, K);
+    scale[r] = kFp8 ? __ldg(p.w_scale + row) : 1.f;
   }
   constexpr int64_t kStride = 32 * kMultiRowSplit;
   const int64_t first = part * 32 + lane;
@@ -278,11 +278,15 @@ int GemvSplit(int64_t n) {
 void LaunchGemv(const GemmParams& p_in, cudaStream_t stream) {
   GemmParams p = p_in;
   p.early_loads = EarlyLoads();
-  if (p.m > 1) {  // FP8 weights (GemvApplies)
+  if (p.m > 1) {  // FP8 weights, or bf16 with KernelSwitches::multirow_bf16 (GemvApplies)
     WithRowCount(p.m, [&](auto rows) {
       const int64_t rows_per_block = kMultiRowWeightRows * (kGemvWarps / kMultiRowSplit);
-      LaunchAfterPrevious(MultiRowGemvKernel<decltype(rows)::value>,
-                          static_cast<unsigned>(CeilDiv(p.n, rows_per_block)), 32 * kGemvWarps, 0, stream, p);
+      const auto grid = static_cast<unsigned>(CeilDiv(p.n, rows_per_block));
+      if (p.w_scale != nullptr) {
+        LaunchAfterPrevious(MultiRowGemvKernel<decltype(rows)::value, true>, grid, 32 * kGemvWarps, 0, stream, p);
+      } else {
+        LaunchAfterPrevious(MultiRowGemvKernel<decltype(rows)::value, false>, grid, 32 * kGemvWarps, 0, stream, p);
+      }
     });
     return;
   }
@@ -392,6 +396,18 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kBlocksPerSm) FusedGemvKernel
     switch (p.input) {
       case GemvInput::kRmsNorm: {
         const float* x = p.in_ptr + m * p.in_row_stride;
+        if constexpr (kM > 1) {
+          // Several rows: a warp per row, the rows at once (a block-wide sum per row would put kM round trips
+          // and barriers in series).
+          if (m % kGemvWarps != warp) break;
+          float sum = 0.f;
+#pragma unroll 4
+          for (int64_t c = lane; c < K; c += 32) sum += x[c] * x[c];
+          const float scale = rsqrtf(WarpSum(sum) / K + p.eps);
+#pragma unroll 4
+          for (int64_t c = lane; c < K; c += 32) row[c] = __float2bfloat16(x[c] * scale * weight[c]);
+          break;
+        }
         if (RowFitsPieces<kMaxNormPieces>(x, K)) {
           // x (written by the kernel just before) read once, into registers: one round trip.
           float4 xv[kMaxNormPieces];
@@ -603,15 +619,19 @@ bool GemvApplies(const GemmParams& p) {
   const bool fp8 = p.w_scale != nullptr;
   // FP8 weights take the GEMV up to kMaxGemvRows rows: it reads each weight once for all of them, where
   // cuBLAS would read a bf16 copy made in front of it (5 bytes a weight instead of 1).
-  const int64_t max_rows = fp8 && p.maybe_argmax_key == nullptr ? kMaxGemvRows : 1;
+  const bool multirow = (fp8 || GetKernelSwitches().multirow_bf16) && p.maybe_argmax_key == nullptr;
+  const int64_t max_rows = multirow ? kMaxGemvRows : 1;
   return p.m >= 1 && p.m <= max_rows && p.k % (fp8 ? 16 : 8) == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) &&
          aligned(p.w_ptr);
 }
 
-bool FusedGemvApplies(int64_t m, int64_t k, bool fp8) {
-  // Only single rows: each block recomputes the input op for its rows, which at M > 1 costs more than the
-  // separate kernels it saves (measured on an H200: 1.4b batch 4, 6.4 vs 4.2 ms of ops per step).
-  return m == 1 && k % (fp8 ? 16 : 8) == 0 && m * k * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
+bool FusedGemvApplies(int64_t m, int64_t k, bool fp8, int64_t max_rows) {
+  // Single rows by default: each block recomputes the input op for its rows, which at M > 1 cost more than
+  // the separate kernels it saves (measured on an H200: 1.4b batch 4, 6.4 vs 4.2 ms of ops per step). FP8
+  // weights: single rows only.
+  const int64_t rows = fp8 ? 1 : std::clamp<int64_t>(max_rows, 1, kMaxGemvRows);
+  return m >= 1 && m <= rows && k % (fp8 ? 16 : 8) == 0 &&
+         m * k * static_cast<int64_t>(sizeof(bf16)) <= kMaxFusedInputBytes;
 }
 
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream) {

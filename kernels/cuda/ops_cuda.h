@@ -74,7 +74,8 @@ void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t
 
 // y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16, or FP8 with w_scale), fp32 accumulation. `handle` is a
 // cublasHandle_t bound to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple
-// of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16); cuBLAS otherwise;
+// of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16) or of bf16 weights
+// (KernelSwitches::multirow_bf16); cuBLAS otherwise;
 // GemmCublas always cuBLAS (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first
 // dequantised into w_bf16_scratch ([N, K], required then).
 struct GemmParams {
@@ -114,8 +115,9 @@ __host__ __device__ inline int32_t ArgmaxToken(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu));
 }
 void Gemm(const GemmParams& p, void* cublas_handle);
-// Whether Gemm takes the GEMV kernel: one row (up to 8 for FP8 weights, without an argmax key), K a multiple
-// of 8 (16 for FP8), x and W 16-byte aligned, x's row stride a multiple of 8.
+// Whether Gemm takes the GEMV kernel: one row (up to 8 without an argmax key, for FP8 weights or for bf16 with
+// KernelSwitches::multirow_bf16), K a multiple of 8 (16 for FP8), x and W 16-byte aligned, x's row stride a
+// multiple of 8.
 bool GemvApplies(const GemmParams& p);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
 
@@ -124,9 +126,9 @@ void GemmCublas(const GemmParams& p, void* cublas_handle);
 //     kRmsNorm:   RMSNorm(x) * weight                        (in: x [M, K] fp32, weight [K])
 //     kGatedNorm: RMSNormPerHead(o) * weight * SiLU(gate)    (in: o [M, K = H*dh], gate, weight [dh])
 // exactly what AddRmsNorm / GatedNorm write, so the result is the unfused path's up to summation order.
-// accumulate: y += (the residual add). Taken for single rows with K a multiple of 8, 16 for FP8 weights
-// (FusedGemvApplies); the kernel itself takes 1 <= M <= 8 of bf16 weights, one row of FP8. (The SwiGLU goes
-// in the up projection's epilogue: maybe_swiglu_ptr.)
+// accumulate: y += (the residual add). Taken for up to max_rows rows (single rows by default) with K a
+// multiple of 8, 16 for FP8 weights (FusedGemvApplies); the kernel itself takes 1 <= M <= 8 of bf16 weights,
+// one row of FP8. (The SwiGLU goes in the up projection's epilogue: maybe_swiglu_ptr.)
 enum class GemvInput : uint8_t { kRmsNorm, kGatedNorm };
 struct FusedGemvParams {
   int64_t m, n, k;
@@ -155,7 +157,7 @@ struct FusedGemvParams {
   // read before the programmatic-launch wait (staged into shared memory with the norm weight).
   bool gate_written_earlier = false;
 };
-bool FusedGemvApplies(int64_t m, int64_t k, bool fp8 = false);
+bool FusedGemvApplies(int64_t m, int64_t k, bool fp8 = false, int64_t max_rows = 1);
 void FusedGemv(const FusedGemvParams& p, cudaStream_t stream);
 
 // x[r] = embed[tokens[r]] (bf16 table to the fp32 residual stream). Parallel over (row, feature).
@@ -411,6 +413,7 @@ struct KernelSwitches {
   bool wide_gemv = true;            // the wide single-row product where its grid fits (matmul.cu)
   bool group_mma = true;            // verify spans of more than 4 rows attend on tensor cores
   bool split_ragged_gemm = true;    // a cuBLAS product of n outputs, n not a multiple of 64: two products (matmul.cu)
+  bool multirow_bf16 = false;       // products of 2-8 rows of bf16 weights by the several-row GEMV, not cuBLAS
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

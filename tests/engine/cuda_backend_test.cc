@@ -308,6 +308,17 @@ TEST_P(CudaParityTest, LogitsMatchTheCpuBackendOnRandomModels) {
       views.push_back(yardsticks.back().get());
     }
     CompareScenario(**cpu, **gpu, 11, k.prefill0, k.prefill1, views);
+    // The several-row paths: forwards of up to 8 rows fused (norms into the products), the products of 2-8
+    // rows by the several-row GEMV instead of cuBLAS. (Loaded after the default's run: the GEMV switch is
+    // the process's.)
+    SCOPED_TRACE("several-row paths");
+    CudaSwitches several_rows;
+    several_rows.fused_rows = 8;
+    several_rows.multirow_bf16 = true;
+    gpu->reset();
+    auto gpu_rows = CudaBackend::Load(scratch.path(), several_rows);
+    ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();
+    CompareScenario(**cpu, **gpu_rows, 11, k.prefill0, k.prefill1, views);
   }
 }
 
