@@ -115,7 +115,9 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                          .wide_gemv = switches.wide_gemv,
                          .group_mma = switches.group_mma,
                          .split_ragged_gemm = switches.split_ragged_gemm,
-                         .multirow_bf16 = switches.multirow_bf16});
+                         .multirow_bf16 = switches.multirow_bf16 < 0    ? kc::KernelSwitches::MultiRow::kAuto
+                                          : switches.multirow_bf16 == 0 ? kc::KernelSwitches::MultiRow::kOff
+                                                                        : kc::KernelSwitches::MultiRow::kOn});
   if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;

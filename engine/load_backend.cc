@@ -1,6 +1,7 @@
 // LoadBackend (engine/backend.h): a checkpoint onto the device the options name.
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "base/status_macros.h"
 #include "base/str_cat.h"
@@ -28,7 +29,9 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.early_loads = on("ORYX_CUDA_EARLY_LOADS");
   s.programmatic_launch = on("ORYX_CUDA_PDL");
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
-  if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) s.multirow_bf16 = env[0] != '0';
+  if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) {  // 0, 1, or auto (the default)
+    s.multirow_bf16 = std::string_view(env) == "auto" ? -1 : env[0] == '0' ? 0 : 1;
+  }
   if (const char* env = std::getenv("ORYX_CUDA_FUSED_ROWS"); env != nullptr) {
     s.fused_rows = std::clamp(std::atoi(env), 1, 8);
   }

@@ -619,7 +619,10 @@ bool GemvApplies(const GemmParams& p) {
   const bool fp8 = p.w_scale != nullptr;
   // FP8 weights take the GEMV up to kMaxGemvRows rows: it reads each weight once for all of them, where
   // cuBLAS would read a bf16 copy made in front of it (5 bytes a weight instead of 1).
-  const bool multirow = (fp8 || GetKernelSwitches().multirow_bf16) && p.maybe_argmax_key == nullptr;
+  using MultiRow = KernelSwitches::MultiRow;
+  const MultiRow mode = GetKernelSwitches().multirow_bf16;
+  const bool bf16_rows = mode == MultiRow::kOn || (mode == MultiRow::kAuto && p.n * p.k <= kMultiRowMaxWeights);
+  const bool multirow = (fp8 || bf16_rows) && p.maybe_argmax_key == nullptr;
   const int64_t max_rows = multirow ? kMaxGemvRows : 1;
   return p.m >= 1 && p.m <= max_rows && p.k % (fp8 ? 16 : 8) == 0 && p.x_row_stride % 8 == 0 && aligned(p.x_ptr) &&
          aligned(p.w_ptr);

@@ -75,7 +75,7 @@ void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t
 // y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16, or FP8 with w_scale), fp32 accumulation. `handle` is a
 // cublasHandle_t bound to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple
 // of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16) or of bf16 weights
-// (KernelSwitches::multirow_bf16); cuBLAS otherwise;
+// (KernelSwitches::multirow_bf16: by default those of at most kMultiRowMaxWeights weights); cuBLAS otherwise;
 // GemmCublas always cuBLAS (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first
 // dequantised into w_bf16_scratch ([N, K], required then).
 struct GemmParams {
@@ -115,6 +115,10 @@ __host__ __device__ inline int32_t ArgmaxToken(unsigned long long key) {
   return static_cast<int32_t>(0xffffffffu - (key & 0xffffffffu));
 }
 void Gemm(const GemmParams& p, void* cublas_handle);
+// The largest bf16 product (n * k weights) that KernelSwitches::MultiRow::kAuto gives the several-row GEMV.
+// On the H200, models/default's products (up to 8192 x 512, its LM head) at 4-8 rows took 0.15-0.19 ms a
+// linear step by it against 0.25 ms by cuBLAS; 1.4b's (2048 x 11K and more) are left to cuBLAS.
+inline constexpr int64_t kMultiRowMaxWeights = int64_t{8} << 20;
 // Whether Gemm takes the GEMV kernel: one row (up to 8 without an argmax key, for FP8 weights or for bf16 with
 // KernelSwitches::multirow_bf16), K a multiple of 8 (16 for FP8), x and W 16-byte aligned, x's row stride a
 // multiple of 8.
@@ -413,7 +417,10 @@ struct KernelSwitches {
   bool wide_gemv = true;            // the wide single-row product where its grid fits (matmul.cu)
   bool group_mma = true;            // verify spans of more than 4 rows attend on tensor cores
   bool split_ragged_gemm = true;    // a cuBLAS product of n outputs, n not a multiple of 64: two products (matmul.cu)
-  bool multirow_bf16 = false;       // products of 2-8 rows of bf16 weights by the several-row GEMV, not cuBLAS
+  // Products of 2-8 rows of bf16 weights by the several-row GEMV instead of cuBLAS: kOn, kOff, or kAuto: for
+  // products of at most kMultiRowMaxWeights weights, where cuBLAS's fixed costs outweigh its streaming.
+  enum class MultiRow : uint8_t { kAuto, kOn, kOff };
+  MultiRow multirow_bf16 = MultiRow::kAuto;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

@@ -314,7 +314,7 @@ TEST_P(CudaParityTest, LogitsMatchTheCpuBackendOnRandomModels) {
     SCOPED_TRACE("several-row paths");
     CudaSwitches several_rows;
     several_rows.fused_rows = 8;
-    several_rows.multirow_bf16 = true;
+    several_rows.multirow_bf16 = 1;
     gpu->reset();
     auto gpu_rows = CudaBackend::Load(scratch.path(), several_rows);
     ASSERT_TRUE(gpu_rows.ok()) << gpu_rows.status();

@@ -108,19 +108,21 @@ cublasHandle_t Cublas() {
 }
 
 TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
-  // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS; with
-  // KernelSwitches::multirow_bf16, m of 2-8 (K a multiple of 8) the several-row GEMV. The single-row
+  // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS; m of 2-8 (K a
+  // multiple of 8) the several-row GEMV when KernelSwitches::multirow_bf16 says so (kAuto: small products;
+  // every shape here is one). The single-row
   // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048); K =
   // 24592 is past what the GEMV copies into shared memory (48 KiB of x), so it reads x from global memory.
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {1, 300, 256}, {3, 77, 64},   {8, 129, 520},  {9, 64, 128},   {40, 33, 96},
       {2, 17, 10},   {1, 8200, 64}, {1, 2048, 512}, {1, 40, 24592}, {5, 2568, 512}};
   const cuda::KernelSwitches saved = cuda::GetKernelSwitches();
-  for (bool multirow : {false, true}) {
+  using MultiRow = cuda::KernelSwitches::MultiRow;
+  for (MultiRow mode : {MultiRow::kOff, MultiRow::kOn, MultiRow::kAuto}) {
     cuda::KernelSwitches switches = saved;
-    switches.multirow_bf16 = multirow;
+    switches.multirow_bf16 = mode;
     cuda::SetKernelSwitches(switches);
-    SCOPED_TRACE(multirow ? "several-row GEMV for bf16" : "cuBLAS for several rows");
+    SCOPED_TRACE("several-row GEMV for bf16: " + std::to_string(static_cast<int>(mode)));
     for (auto [m, n, k] : shapes) {
       const std::vector<float> x = RoundBf16(Random(m * k, 1)), w = RoundBf16(Random(n * k, 2));
       std::vector<float> ref(m * n);
@@ -128,7 +130,8 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
       DeviceBuffer<bf16> dx(ToBf16(x)), dw(ToBf16(w));
       DeviceBuffer<float> dy(m * n), dy2(m * n);
       EXPECT_EQ(cuda::GemvApplies({m, n, k, k, n, dx.get(), dw.get(), dy.get()}),
-                k % 8 == 0 && (m == 1 || (multirow && m <= 8)));
+                k % 8 == 0 && (m == 1 || (m <= 8 && (mode == MultiRow::kOn || (mode == MultiRow::kAuto &&
+                                                                               n * k <= cuda::kMultiRowMaxWeights)))));
       cuda::Gemm({m, n, k, k, n, dx.get(), dw.get(), dy.get()}, Cublas());
       cuda::GemmCublas({m, n, k, k, n, dx.get(), dw.get(), dy2.get()}, Cublas());
       // Sums of k products of magnitude <= 1: the scale is sqrt(k); fp32 order differences ~1e-7 * k.
