@@ -295,6 +295,9 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
   if (k < 1) return false;
+  // What the controller is told the round cost: everything it does, the draft states' copies and the commits'
+  // rollbacks included (a copy per slot each, which at batch 64 are not small beside the round itself).
+  const auto round_start = Clock::now();
   round_items_.resize(slots.size());
   round_results_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -323,7 +326,7 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     ++s.stats->spec->backend_rounds;
   }
   // A round that recorded its graph took that recording's time too: no measure of what the next ones cost.
-  if (backend.graphs_recorded() == recorded) controller_.RecordCost(k, round_s);
+  if (backend.graphs_recorded() == recorded) controller_.RecordCost(k, Seconds(round_start));
   return true;
 }
 
