@@ -166,9 +166,10 @@ class Decoder {
     (void)backend, (void)slots;
     return false;
   }
-  // Whether RunAlone may run a step. A step whose only decoding requests are this decoder's then forwards
-  // its prefill spans by themselves first, so that the decoder can still run alone: a whole round on the
-  // device gave more than one draft step inside the prefill's forward (results/2026-12-02-h200-one-forward).
+  // Whether RunAlone may run a step. A step whose only decoding requests are this decoder's then asks it
+  // first; when it ran, the step's prefill spans are forwarded by themselves after it (a whole round on the
+  // device gave more than one draft step inside the prefill's forward: results/2026-12-02-h200-one-forward),
+  // and when it did not, they share the one forward of its Plan.
   virtual bool RunsAlone(const Backend& backend) const {
     (void)backend;
     return false;
