@@ -859,18 +859,19 @@ absl::Status GenerationBatch::Step() {
   for (const auto& [decoder, slots] : stepping_) last_step_decoded_ += static_cast<int64_t>(slots.size());
   if (stepping_.size() == 1 && (prefilling_.empty() || stepping_[0].first->RunsAlone(backend))) {
     // The decoder's own step (a whole speculative round on the device), then the prompts' spans by
-    // themselves. A step it does not run alone (a plain step) shares the prompts' forward below instead, as
-    // attention-mode steps do, rather than taking a forward of its own beside each prefill chunk.
+    // themselves. A plain step that it declined shares the prompts' forward below instead, as attention-mode
+    // steps do, rather than taking a forward of its own beside each prefill chunk.
     auto& [decoder, slots] = stepping_[0];
     ORYX_ASSIGN_OR_RETURN(const bool ran, decoder->RunAlone(backend, slots));
+    if (!prefilling_.empty() && (ran || !decoder->PlainStep())) {
+      items_.clear();
+      PlanPrefill();
+      ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+      FinishPrefill();
+      prefilling_.clear();
+    }
     if (ran) {
       EmitStep(slots);
-      if (!prefilling_.empty()) {
-        items_.clear();
-        PlanPrefill();
-        ORYX_RETURN_IF_ERROR(backend.Forward(items_));
-        FinishPrefill();
-      }
       return absl::OkStatus();
     }
   }

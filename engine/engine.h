@@ -167,13 +167,16 @@ class Decoder {
     return false;
   }
   // Whether RunAlone may run a step. A step whose only decoding requests are this decoder's then asks it
-  // first; when it ran, the step's prefill spans are forwarded by themselves after it (a whole round on the
-  // device gave more than one draft step inside the prefill's forward: results/2026-12-02-h200-one-forward),
-  // and when it did not, they share the one forward of its Plan.
+  // first. The step's prefill spans are forwarded by themselves (after the round when it ran one) unless
+  // the step it declined is plain (PlainStep), which shares their forward as attention-mode steps do: draft
+  // steps inside a prefill's forward cost more than a whole round on the device
+  // (results/2026-12-02-h200-one-forward).
   virtual bool RunsAlone(const Backend& backend) const {
     (void)backend;
     return false;
   }
+  // After RunAlone declined: whether the step its Plan would make is one plain token per slot.
+  virtual bool PlainStep() const { return false; }
   // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
   // batch, such as a server's, sees ever new ids).
   virtual void Release(int64_t slot_id) { (void)slot_id; }

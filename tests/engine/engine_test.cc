@@ -370,6 +370,66 @@ TEST_F(EngineTest, PrefillAndDecodeStepsShareOneForward) {
   for (auto& [id, got] : finished) EXPECT_EQ(got.tokens, engine_->Generate(qs[id])->tokens) << "request " << id;
 }
 
+// A decoder that may run its steps alone (a speculative one on a backend that runs rounds) but declines: its
+// attention steps, with PlainStep saying whether the declined step is plain. A plain step shares the joining
+// prompt's forward; any other declined step leaves the prompt a forward of its own first.
+class DeclinesToRunAlone final : public Decoder {
+ public:
+  DeclinesToRunAlone(std::unique_ptr<Decoder> inner, bool plain) : inner_(std::move(inner)), plain_(plain) {}
+  void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override {
+    inner_->PrefillModes(prompt, begin, modes);
+  }
+  absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                    std::vector<ForwardItem>& items) override {
+    return inner_->Plan(backend, slots, items);
+  }
+  absl::Status Finish(std::span<DecodeSlot* const> slots) override { return inner_->Finish(slots); }
+  absl::StatusOr<bool> RunAlone(Backend&, std::span<DecodeSlot* const>) override { return false; }
+  bool RunsAlone(const Backend&) const override { return true; }
+  bool PlainStep() const override { return plain_; }
+
+ private:
+  std::unique_ptr<Decoder> inner_;
+  bool plain_;
+};
+
+TEST_F(EngineTest, APlainStepOfADecoderThatRunsAloneSharesThePromptsForward) {
+  for (bool plain : {true, false}) {
+    SCOPED_TRACE(plain ? "plain step" : "a step that is not plain");
+    testutil::CountingBackend* counted = nullptr;
+    std::optional<Engine> counting = CountingEngine(model_dir_, &counted);
+    ASSERT_TRUE(counting.has_value());
+    Engine& engine = *counting;
+    engine.policies().Register(
+        "declines", "declines", [&engine, plain](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+          auto attention = engine.policies().Make("attention");
+          if (!attention.ok()) return attention.status();
+          return std::unique_ptr<Decoder>(std::make_unique<DeclinesToRunAlone>(std::move(*attention), plain));
+        });
+    testutil::CountingBackend& backend = *counted;
+    GenerationBatch batch(engine);
+    std::vector<GenerateRequest> qs = {Request("one two", 8), Request("three four five", 5)};
+    for (GenerateRequest& q : qs) q.policy = "declines";
+    ASSERT_TRUE(batch.Add(qs[0]).ok());
+    ASSERT_TRUE(batch.Step().ok());  // the prefill
+    ASSERT_TRUE(batch.Add(qs[1]).ok());
+    backend.forwards = 0;
+    ASSERT_TRUE(batch.Step().ok());  // request 1's prompt beside request 0's step
+    EXPECT_EQ(backend.forwards, plain ? 1 : 2);
+    std::vector<std::pair<int64_t, GenerateResult>> finished;
+    while (batch.active() > 0) {
+      ASSERT_TRUE(batch.Step().ok());
+      for (auto& f : batch.TakeFinished()) finished.push_back(std::move(f));
+    }
+    ASSERT_EQ(finished.size(), 2u);
+    for (auto& [id, got] : finished) {
+      GenerateRequest attention = qs[id];
+      attention.policy = "attention";
+      EXPECT_EQ(got.tokens, engine_->Generate(attention)->tokens) << "request " << id;
+    }
+  }
+}
+
 // With a prefill token budget, a step forwards at most that many prompt tokens (the prompts added first
 // take it), and every request still gets what it gets alone.
 TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
