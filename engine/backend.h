@@ -238,7 +238,7 @@ struct CudaSwitches {
   bool early_loads = true;          // EARLY_LOADS: loads of constants before the wait for the previous kernel
   bool programmatic_launch = true;  // PDL: programmatic dependent launch (a Hopper or later)
   bool split_ragged_gemm = true;    // SPLIT_GEMM: cuBLAS products of a ragged output count as two products
-  int multirow_bf16 = -1;  // MULTIROW: products of 2-8 rows by the several-row GEMV: 1 on, 0 off, -1 small ones
+  int multirow_bf16 = -1;           // MULTIROW: 2-8 rows by the several-row GEMV: 1 on, 0 off, -1 (auto) small products
   int fused_rows = 1;               // FUSED_ROWS: forwards of up to this many rows (at most 8) take the fused path
   int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
   // GRAPH_AFTER: a forward or round shape is captured as a CUDA graph at its n-th use (earlier uses run its
