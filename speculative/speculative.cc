@@ -280,7 +280,6 @@ absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> 
 
 absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<DecodeSlot* const> slots,
                                                   std::span<const int64_t> want) {
-  plain_step_ = false;
   if (slots.empty() || !backend.runs_rounds() || !proposer_->drafts_in_linear_mode() || options_.accept) {
     return false;
   }
@@ -289,7 +288,6 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
   }
   ChooseLengths(backend.config(), slots, want);
   lengths_chosen_ = true;  // PlanRounds takes these when the round does not qualify
-  plain_step_ = std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; });
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
   const int64_t k = k_[0];
   const SamplingParams& first = slots[0]->sampler->params();

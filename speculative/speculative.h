@@ -160,7 +160,10 @@ class SpeculativeDecoder final : public Decoder {
   bool RunsAlone(const Backend& backend) const override {
     return backend.runs_rounds() && proposer_->drafts_in_linear_mode() && !options_.accept;
   }
-  bool PlainStep() const override { return plain_step_; }
+  // RunWhole chose the lengths and declined: every one 0.
+  bool PlainStep() const override {
+    return lengths_chosen_ && std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; });
+  }
   void Release(int64_t slot_id) override;
   // Its rounds judge drafts against distributions that penalties would change within a round: not built.
   bool FollowsLogitAdjustments() const override { return false; }
@@ -207,7 +210,6 @@ class SpeculativeDecoder final : public Decoder {
   std::chrono::steady_clock::time_point planned_at_;  // when the last Plan ran (its forward follows)
   const Backend* backend_ = nullptr;                  // the last Plan's
   int64_t vocab_ = 0;
-  bool plain_step_ = false;      // RunWhole declined a round because every slot's draft length is 0
   bool lengths_chosen_ = false;  // RunWhole chose k_ and ran nothing: the Plan that follows takes them
   std::vector<std::pair<int64_t, double>> ended_;
 };
