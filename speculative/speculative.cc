@@ -211,10 +211,15 @@ std::pair<int64_t, int64_t> SpeculativeDecoder::LastRound(int64_t slot_id) const
   return {it->second->last_drafted, it->second->last_accepted};
 }
 
+int64_t SpeculativeDecoder::DraftRoom(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
+  // The verify span [x, d_1..d_k] must fit below max_position.
+  return std::max<int64_t>(
+      0, std::min({want, options_.k > 0 ? options_.k : options_.max_k, c.max_position - s.seq->position() - 1}));
+}
+
 int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
-  // The verify span [x, d_1..d_k] must fit below max_position, and more than remaining - 1 drafts are waste.
-  return std::max<int64_t>(0, std::min({want, options_.k > 0 ? options_.k : options_.max_k, s.remaining - 1,
-                                        c.max_position - s.seq->position() - 1}));
+  // More than remaining - 1 drafts are waste.
+  return std::max<int64_t>(0, std::min(DraftRoom(c, s, want), s.remaining - 1));
 }
 
 void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlot* const> slots,
@@ -283,16 +288,26 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
   if (slots.empty() || !backend.runs_rounds() || !proposer_->drafts_in_linear_mode() || options_.accept) {
     return false;
   }
-  for (const DecodeSlot* s : slots) {
-    if (InRound(s->id)) return false;
+  if (std::any_of(slots.begin(), slots.end(), [this](const DecodeSlot* s) { return InRound(s->id); })) {
+    // Some slots are inside rounds run step by step. The others take plain steps until those end, so that
+    // the batch's next round is whole again; starting rounds of their own, they would keep the batch out of
+    // step (on the H200 at 64 clients, most rounds then ran one engine step at a time).
+    k_.assign(slots.size(), 0);
+    lengths_chosen_ = true;
+    return false;
   }
-  ChooseLengths(backend.config(), slots, want);
+  const ModelConfig& c = backend.config();
+  ChooseLengths(c, slots, want);
   lengths_chosen_ = true;  // PlanRounds takes these when the round does not qualify
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
-  const int64_t k = k_[0];
+  // With the controller's length, a slot whose request ends within the round drafts past its end (the engine
+  // emits nothing past max_tokens): a few rows of the round, where cutting its drafts would cost the batch
+  // its whole rounds. Only the verify span's room below max_position cuts it.
+  const int64_t k = want.empty() ? *std::max_element(k_.begin(), k_.end()) : k_[0];
   const SamplingParams& first = slots[0]->sampler->params();
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
+    const int64_t length = want.empty() ? DraftRoom(c, *slots[i], k) : k_[i];
+    if (length != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
   if (k < 1) return false;
   // What the controller is told the round cost: everything it does, the draft states' copies and the commits'

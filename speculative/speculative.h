@@ -160,7 +160,8 @@ class SpeculativeDecoder final : public Decoder {
   bool RunsAlone(const Backend& backend) const override {
     return backend.runs_rounds() && proposer_->drafts_in_linear_mode() && !options_.accept;
   }
-  // RunWhole chose the lengths and declined: every one 0.
+  // RunWhole chose the lengths and declined, and no slot between rounds starts a drafting one (a plain step
+  // each; slots inside rounds run step by step go on with them).
   bool PlainStep() const override {
     return lengths_chosen_ && std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; });
   }
@@ -186,8 +187,9 @@ class SpeculativeDecoder final : public Decoder {
   struct SlotRound;
   SlotRound& RoundOf(int64_t slot_id);
   // The draft length a slot's round would have: want (or the fixed k / max_k) cut so that the verify span
-  // fits below max_position and no draft is past the slot's remaining tokens.
+  // fits below max_position (DraftRoom) and no draft is past the slot's remaining tokens.
   int64_t DraftLength(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
+  int64_t DraftRoom(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
   // The draft lengths of slots starting a round now: `want`, or the controller's choice for all of them.
   void ChooseLengths(const ModelConfig& config, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
   // The slot's draft sequence holding its sequence's recurrent state now (made on first use);

@@ -633,6 +633,81 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
   }
 }
 
+// Requests ending at different lengths keep the batch in whole rounds: a request whose end is within the
+// round drafts past it instead of cutting its drafts (which sent every later round of the batch through the
+// engine's steps, one forward each), and still ends at max_tokens with attention mode's tokens.
+TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
+  testutil::ScratchDir scratch;
+  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
+  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  Engine engine(std::make_unique<testutil::HostRoundsBackend>(std::move(*inner)), std::nullopt);
+  RegisterPolicies(engine.policies());
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::mt19937 rng(33);
+  for (const char* policy : {"speculative:3", "speculative"}) {
+    SCOPED_TRACE(policy);
+    GenerationBatch batch(engine);
+    std::vector<GenerateRequest> qs;
+    for (int i = 0; i < 4; ++i) {
+      qs.push_back(RandomRequest(rng, V, policy));
+      qs.back().max_tokens = 9 + 4 * i;
+    }
+    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 1, [](size_t) {});
+    ASSERT_EQ(got.size(), qs.size());
+    for (size_t i = 0; i < qs.size(); ++i) {
+      GenerateRequest attention = qs[i];
+      attention.policy = "attention";
+      auto want = alone.Generate(attention);
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+      EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), qs[i].max_tokens) << "request " << i;
+      ASSERT_TRUE(got[i].stats.spec.has_value());
+      const SpecStats& st = *got[i].stats.spec;
+      // Plain steps (k = 0) run in the engine's forward; every drafting round ran on the backend.
+      EXPECT_EQ(st.backend_rounds, st.rounds - st.rounds_by_length.at(0)) << "request " << i;
+      EXPECT_GT(st.backend_rounds, 0) << "request " << i;
+    }
+  }
+}
+
+// A request joining while the batch's rounds run step by step (a sampled request beside greedy ones: rounds
+// of one sampling distribution only run whole) takes plain steps until those rounds end, so that the batch's
+// rounds stay in step; once the sampled request is done, the greedy ones run whole rounds again.
+TEST_P(SpeculativeTest, ARequestJoiningRoundsRunStepByStepWaitsForThemToEnd) {
+  testutil::ScratchDir scratch;
+  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
+  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  Engine engine(std::make_unique<testutil::HostRoundsBackend>(std::move(*inner)), std::nullopt);
+  RegisterPolicies(engine.policies());
+  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  std::mt19937 rng(34);
+  std::vector<GenerateRequest> qs;
+  for (int i = 0; i < 3; ++i) qs.push_back(RandomRequest(rng, V, "speculative:3"));
+  qs[0].max_tokens = 30;  // greedy, the longest but one
+  qs[1].max_tokens = 8;   // sampled: its rounds run step by step
+  qs[1].sampling = SamplingParams{1.f, 0, 1.f, 5};
+  qs[2].max_tokens = 40;  // greedy, joins while the first two are inside a round
+  GenerationBatch batch(engine);
+  const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 1, [](size_t) {});
+  ASSERT_EQ(got.size(), qs.size());
+  for (size_t i : {size_t{0}, size_t{2}}) {
+    GenerateRequest attention = qs[i];
+    attention.policy = "attention";
+    auto want = alone.Generate(attention);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+    ASSERT_TRUE(got[i].stats.spec.has_value());
+  }
+  // The sampled request's rounds ran step by step, and the first request's beside them in step with them; every
+  // other round of the first request ran whole (without the wait, the third request's rounds start out of step
+  // with the first's and they stay so: one whole round in 24).
+  const SpecStats &first = *got[0].stats.spec, &sampled = *got[1].stats.spec;
+  EXPECT_EQ(sampled.backend_rounds, 0);
+  EXPECT_EQ(first.backend_rounds, first.rounds - sampled.rounds);
+}
+
 TEST(NgramProposer, ProposesWhatFollowedTheLatestEarlierMatch) {
   std::vector<int32_t> prompt = {1, 2, 3, 4, 9, 2, 3, 5, 6}, generated = {7, 2, 3};
   DecodeSlot slot{0, nullptr, 3, 9, &prompt, &generated, 10, nullptr, nullptr, {}};
