@@ -211,15 +211,12 @@ std::pair<int64_t, int64_t> SpeculativeDecoder::LastRound(int64_t slot_id) const
   return {it->second->last_drafted, it->second->last_accepted};
 }
 
-int64_t SpeculativeDecoder::DraftRoom(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
-  // The verify span [x, d_1..d_k] must fit below max_position.
+int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
+  // The verify span [x, d_1..d_k] must fit below max_position. A round may draft past the request's end (the
+  // engine emits nothing past max_tokens): cutting the length there would take a batch out of its one length,
+  // and so out of whole rounds on the device, and give the host's rounds other lengths than the device's.
   return std::max<int64_t>(
       0, std::min({want, options_.k > 0 ? options_.k : options_.max_k, c.max_position - s.seq->position() - 1}));
-}
-
-int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
-  // More than remaining - 1 drafts are waste.
-  return std::max<int64_t>(0, std::min(DraftRoom(c, s, want), s.remaining - 1));
 }
 
 void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlot* const> slots,
@@ -300,14 +297,10 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
   ChooseLengths(c, slots, want);
   lengths_chosen_ = true;  // PlanRounds takes these when the round does not qualify
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
-  // With the controller's length, a slot whose request ends within the round drafts past its end (the engine
-  // emits nothing past max_tokens): a few rows of the round, where cutting its drafts would cost the batch
-  // its whole rounds. Only the verify span's room below max_position cuts it.
-  const int64_t k = want.empty() ? *std::max_element(k_.begin(), k_.end()) : k_[0];
+  const int64_t k = k_[0];
   const SamplingParams& first = slots[0]->sampler->params();
   for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t length = want.empty() ? DraftRoom(c, *slots[i], k) : k_[i];
-    if (length != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
+    if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
   if (k < 1) return false;
   // What the controller is told the round cost: everything it does, the draft states' copies and the commits'

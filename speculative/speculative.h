@@ -187,9 +187,8 @@ class SpeculativeDecoder final : public Decoder {
   struct SlotRound;
   SlotRound& RoundOf(int64_t slot_id);
   // The draft length a slot's round would have: want (or the fixed k / max_k) cut so that the verify span
-  // fits below max_position (DraftRoom) and no draft is past the slot's remaining tokens.
+  // fits below max_position.
   int64_t DraftLength(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
-  int64_t DraftRoom(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
   // The draft lengths of slots starting a round now: `want`, or the controller's choice for all of them.
   void ChooseLengths(const ModelConfig& config, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
   // The slot's draft sequence holding its sequence's recurrent state now (made on first use);

@@ -634,8 +634,9 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
 }
 
 // Requests ending at different lengths keep the batch in whole rounds: a request whose end is within the
-// round drafts past it instead of cutting its drafts (which sent every later round of the batch through the
-// engine's steps, one forward each), and still ends at max_tokens with attention mode's tokens.
+// round drafts past it instead of cutting its drafts (which took the batch out of its one draft length, and
+// every later round through the engine's steps, one forward each), and still ends at max_tokens with
+// attention mode's tokens.
 TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
   testutil::ScratchDir scratch;
   Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
