@@ -301,46 +301,54 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       cached_tokens += s.cached_tokens;
     }
     const int64_t steps = after.steps - before.steps;
-    json row = {{"bench", "serve"},
-                {"model", model},
-                {"device", o.device},
-                {"policy", o.policy},
-                {"prompts", text != nullptr ? "corpus" : "random"},
-                {"concurrency", clients},  // 0: open loop
-                {"requests", count},
-                {"prompt_tokens", o.prompt_tokens},
-                {"shared_prefix_tokens", o.shared_prefix_tokens},
-                {"prefix_cache", o.prefix_cache},
-                // Prompt tokens restored from the prefix cache, of all the level's prompt tokens.
-                {"prefix_hit_rate", static_cast<double>(cached_tokens) / static_cast<double>(count * o.prompt_tokens)},
-                {"max_tokens", o.max_tokens},
-                {"max_batch", so.scheduler.max_batch},
-                {"max_prefill_tokens", o.max_prefill_tokens},
-                {"wall_s", wall},
-                {"requests_per_s", static_cast<double>(count) / wall},
-                {"generated_tokens_per_s", static_cast<double>(tokens) / wall},
-                {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}, {"p99", Percentile(ttft, 0.99)}}},
-                {"latency_ms", {{"p50", Percentile(latency, 0.5)}, {"p90", Percentile(latency, 0.9)}}},
-                {"inter_token_ms_p50", Percentile(between, 0.5)},
-                // Every gap between two token chunks of a request, all requests pooled: the tail shows the
-                // steps that waited for a prefill. (Tokens that arrive together, a speculative round's, give
-                // gaps of 0.)
-                {"token_gap_ms", {{"p50", Percentile(gaps, 0.5)}, {"p90", Percentile(gaps, 0.9)},
-                                  {"p99", Percentile(gaps, 0.99)}, {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
-                {"server_steps", steps},
-                {"preemptions", after.preemptions - before.preemptions},
-                // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
-                {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
-                {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},  // the budget in force
-                {"kv_pool_mib", static_cast<double>(after.kv_pool_bytes) / (1 << 20)},  // the pool's memory
-                {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
-                {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
-                // The share of decode rows that ran in a prefill's forward (GenerationBatch).
-                {"shared_decode_fraction", after.decode_rows > before.decode_rows
-                                               ? static_cast<double>(after.shared_rows - before.shared_rows) /
-                                                     static_cast<double>(after.decode_rows - before.decode_rows)
-                                               : 0.0},
-                {"threads", o.threads}};
+    json row = {
+        {"bench", "serve"},
+        {"model", model},
+        {"device", o.device},
+        {"policy", o.policy},
+        {"prompts", text != nullptr ? "corpus" : "random"},
+        {"concurrency", clients},  // 0: open loop
+        {"requests", count},
+        {"prompt_tokens", o.prompt_tokens},
+        {"shared_prefix_tokens", o.shared_prefix_tokens},
+        {"prefix_cache", o.prefix_cache},
+        // Prompt tokens restored from the prefix cache, of all the level's prompt tokens.
+        {"prefix_hit_rate", static_cast<double>(cached_tokens) / static_cast<double>(count * o.prompt_tokens)},
+        {"max_tokens", o.max_tokens},
+        {"max_batch", so.scheduler.max_batch},
+        {"max_prefill_tokens", o.max_prefill_tokens},
+        {"wall_s", wall},
+        {"requests_per_s", static_cast<double>(count) / wall},
+        {"generated_tokens_per_s", static_cast<double>(tokens) / wall},
+        {"ttft_ms", {{"p50", Percentile(ttft, 0.5)}, {"p90", Percentile(ttft, 0.9)}, {"p99", Percentile(ttft, 0.99)}}},
+        {"latency_ms", {{"p50", Percentile(latency, 0.5)}, {"p90", Percentile(latency, 0.9)}}},
+        {"inter_token_ms_p50", Percentile(between, 0.5)},
+        // Every gap between two token chunks of a request, all requests pooled: the tail shows the
+        // steps that waited for a prefill. (Tokens that arrive together, a speculative round's, give
+        // gaps of 0.)
+        {"token_gap_ms",
+         {{"p50", Percentile(gaps, 0.5)},
+          {"p90", Percentile(gaps, 0.9)},
+          {"p99", Percentile(gaps, 0.99)},
+          {"max", gaps.empty() ? 0.0 : *std::max_element(gaps.begin(), gaps.end())}}},
+        {"server_steps", steps},
+        // The engine thread's time in those steps, and of it the time handing out tokens (text, stop
+        // strings, the server's stream events): host work as large per token under every policy.
+        {"server_step_s", after.step_s - before.step_s},
+        {"server_emit_s", after.emit_s - before.emit_s},
+        {"preemptions", after.preemptions - before.preemptions},
+        // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
+        {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
+        {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},    // the budget in force
+        {"kv_pool_mib", static_cast<double>(after.kv_pool_bytes) / (1 << 20)},  // the pool's memory
+        {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
+        {"mean_decode_batch", steps > 0 ? static_cast<double>(after.decode_rows - before.decode_rows) / steps : 0.0},
+        // The share of decode rows that ran in a prefill's forward (GenerationBatch).
+        {"shared_decode_fraction", after.decode_rows > before.decode_rows
+                                       ? static_cast<double>(after.shared_rows - before.shared_rows) /
+                                             static_cast<double>(after.decode_rows - before.decode_rows)
+                                       : 0.0},
+        {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
     if (const PrefixCache* cache = engine.prefix_cache(); cache != nullptr) {
       const PrefixCacheStats st = cache->stats();  // at the level's end

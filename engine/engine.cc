@@ -697,6 +697,7 @@ absl::Status GenerationBatch::ScoreLogprobs(Request& r) {
 }
 
 void GenerationBatch::EmitStep(std::span<DecodeSlot* const> slots) {
+  const auto start = Clock::now();
   done_.clear();
   for (DecodeSlot* s : slots) {
     Request& r = *active_.at(s->id);
@@ -708,6 +709,7 @@ void GenerationBatch::EmitStep(std::span<DecodeSlot* const> slots) {
     }
   }
   for (int64_t id : done_) Finish(id);
+  emit_s_ += Seconds(start);
 }
 
 void GenerationBatch::DecodingSlots(const Decoder* decoder, std::vector<DecodeSlot*>& slots) {
@@ -828,6 +830,7 @@ void GenerationBatch::FinishPrefill() {
     r.result.stats.prefill_s = Seconds(r.prefill_start);
     r.decode_start = Clock::now();
     if (!Emit(r, r.first)) done_.push_back(r.slot.id);
+    emit_s_ += Seconds(r.decode_start);
   }
   for (int64_t id : done_) Finish(id);
 }

@@ -325,6 +325,9 @@ class GenerationBatch {
   int64_t last_step_decoded() const { return last_step_decoded_; }  // requests the last Step decoded
   // Of those, the ones whose step ran in one forward with prefill spans.
   int64_t last_step_shared() const { return last_step_shared_; }
+  // Seconds the steps so far spent handing out tokens (their text, stop strings, the requests' on_token
+  // callbacks): host work between forwards, as much for every token whatever the policy.
+  double emit_seconds() const { return emit_s_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
   // The requests that failed since the last call (ResourceExhausted: they do not fit in memory even alone).
@@ -374,6 +377,7 @@ class GenerationBatch {
   int64_t kv_memory_ = 0, preemptions_ = 0;
   std::vector<std::pair<int64_t, absl::Status>> failed_;
   int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
+  double emit_s_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;

@@ -18,6 +18,8 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"active", active},
           {"max_active", max_active},
           {"steps", steps},
+          {"step_s", step_s},
+          {"emit_s", emit_s},
           {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
           {"decode_rows", decode_rows},
           {"shared_rows", shared_rows},
@@ -239,7 +241,17 @@ void Scheduler::Loop() {
   RunningMap running;  // the batch's requests
   while (Admit(running)) {
     if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
-    if (absl::Status step = StepCatching(*batch_); !step.ok()) {
+    const auto step_start = std::chrono::steady_clock::now();
+    const double emitted_before = batch_->emit_seconds();
+    const absl::Status step = StepCatching(*batch_);
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    const double emit_s = batch_->emit_seconds() - emitted_before;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.step_s += step_s;
+      stats_.emit_s += emit_s;
+    }
+    if (!step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
       FailAll(running, step);
       batch_ = std::make_unique<GenerationBatch>(engine_, options_.max_prefill_tokens);

@@ -41,6 +41,8 @@ struct SchedulerStats {
   int64_t cancelled = 0;  // ended by Cancel (their clients went away) before they finished
   int64_t queued = 0, active = 0, max_active = 0;
   int64_t steps = 0;          // batch steps run
+  double step_s = 0;          // their wall time
+  double emit_s = 0;          // of it, handing out tokens (GenerationBatch::emit_seconds)
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
   int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
