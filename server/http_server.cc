@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <variant>
 
 #include "absl/strings/str_format.h"
 #include "base/str_cat.h"
@@ -53,11 +54,22 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
 
 // One streaming request's events, from the scheduler's thread (Token, Finish) to the connection's thread
 // (WaitForFirst, then WriteTo as httplib's chunked content provider). A request of several choices streams
-// them interleaved, each chunk with its choice's index, and ends when the last one does.
+// them interleaved, each chunk with its choice's index, and ends when the last one does. A token's chunk is
+// made into JSON on the connection's thread: the scheduler's thread, which every request's steps wait for,
+// only queues its text.
 struct EventStream {
+  // A token's chunk before it is made into JSON.
+  struct TokenChunk {
+    int64_t index = 0;  // the choice
+    int32_t token = 0;
+    std::string text;    // the complete UTF-8 characters it brings (held back ones come with a later chunk)
+    bool first = false;  // the choice's first chunk
+    std::optional<TokenLogProb> logprob;
+  };
+  using Event = std::variant<std::string, TokenChunk>;  // a server-sent event ready to write, or a token's
   std::mutex mu;
   std::condition_variable ready;
-  std::deque<std::string> frames;  // server-sent events ready to write
+  std::deque<Event> frames;        // in order
   bool finished = false;           // the last frame is queued
   absl::Status error;              // what ended the request, when it failed
   std::atomic<bool> cancelled{false};        // the client went away (Impl::Cancel)
@@ -69,33 +81,43 @@ struct EventStream {
     bool first = true;   // no token sent yet
     std::optional<GenerateResult> result;
     ChoiceContext context;  // names tokens in log-probabilities
-    size_t offset = 0;      // the next token's text offset (after the prompt's text)
+    size_t offset = 0;      // the next token's text offset (after the prompt's text); the connection's thread's
   };
+  CompletionId id;
   std::vector<Choice> choices;
   int64_t running = 0, tokens = 0;
 
-  explicit EventStream(size_t count) : choices(count), running(static_cast<int64_t>(count)) {}
+  EventStream(const CompletionId& id, size_t count) : id(id), choices(count), running(static_cast<int64_t>(count)) {}
 
-  void Push(const json& j) { frames.push_back("data: " + JsonText(j) + "\n\n"); }
+  void Push(const json& j) { frames.emplace_back("data: " + JsonText(j) + "\n\n"); }
 
   // One chunk per token, even when its text is held back or empty (a model without a tokenizer).
-  void Token(const CompletionId& id, int64_t index, const TokenEvent& e) {
+  void Token(int64_t index, const TokenEvent& e) {
     std::lock_guard<std::mutex> lock(mu);
     Choice& c = choices[index];
     c.held += e.text;
     const size_t n = CompleteUtf8Prefix(c.held);
-    const std::string_view text = std::string_view(c.held).substr(0, n);
-    json logprobs = nullptr;
-    if (e.logprob != nullptr) {
-      logprobs = chat ? ChatTokenLogprobs(*e.logprob, c.context) : CompletionTokenLogprobs(*e.logprob, c.context, c.offset);
-      c.offset += TokenTextBytes(c.context, e.token);
-    }
-    Push(chat ? ChatCompletionChunk(id, text, nullptr, c.first, index, std::move(logprobs))
-              : CompletionChunk(id, text, nullptr, e.token, index, std::move(logprobs)));
+    TokenChunk chunk{index, e.token, c.held.substr(0, n), c.first, std::nullopt};
+    if (e.logprob != nullptr) chunk.logprob = *e.logprob;
+    frames.emplace_back(std::move(chunk));
     c.first = false;
     c.held.erase(0, n);
     ++tokens;
     ready.notify_one();
+  }
+
+  // The chunk's server-sent event (on the connection's thread, in the chunks' order).
+  std::string Frame(const TokenChunk& t) {
+    Choice& c = choices[t.index];
+    json logprobs = nullptr;
+    if (t.logprob) {
+      logprobs =
+          chat ? ChatTokenLogprobs(*t.logprob, c.context) : CompletionTokenLogprobs(*t.logprob, c.context, c.offset);
+      c.offset += TokenTextBytes(c.context, t.token);
+    }
+    const json j = chat ? ChatCompletionChunk(id, t.text, nullptr, t.first, t.index, std::move(logprobs))
+                        : CompletionChunk(id, t.text, nullptr, t.token, t.index, std::move(logprobs));
+    return "data: " + JsonText(j) + "\n\n";
   }
 
   void Finish(const CompletionId& id, int64_t index, const absl::StatusOr<GenerateResult>& r) {
@@ -115,7 +137,7 @@ struct EventStream {
       for (const Choice& x : choices) all.push_back(*x.result);
       Push(ChatUsageChunk(id, all, n));
     }
-    frames.push_back("data: [DONE]\n\n");
+    frames.emplace_back("data: [DONE]\n\n");
     finished = true;
     ready.notify_one();
   }
@@ -138,7 +160,7 @@ struct EventStream {
 
   // Writes the frames so far (waiting for one); false when the client has gone.
   bool WriteTo(httplib::DataSink& sink) {
-    std::deque<std::string> out;
+    std::deque<Event> out;
     bool last = false;
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -147,7 +169,10 @@ struct EventStream {
       out.swap(frames);
       last = finished;
     }
-    for (const std::string& frame : out) {
+    std::string made;
+    for (const Event& event : out) {
+      const auto* token = std::get_if<TokenChunk>(&event);
+      const std::string& frame = token ? (made = Frame(*token)) : std::get<std::string>(event);
       if (!sink.write(frame.data(), frame.size())) return false;  // the releaser cancels the request
     }
     if (last) sink.done();
@@ -393,7 +418,7 @@ void HttpServer::Impl::Completion(const std::string& body, bool chat, httplib::R
 void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id, Clock::time_point arrival,
                               httplib::Response& res) {
   std::vector<GenerateRequest> choices = Choices(request);
-  auto events = std::make_shared<EventStream>(choices.size());
+  auto events = std::make_shared<EventStream>(id, choices.size());
   events->chat = request.chat;
   events->include_usage = request.include_usage;
   events->n = request.n;
@@ -406,8 +431,8 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
       std::lock_guard<std::mutex> lock(events->mu);
       events->Push(CompletionChunk(id, c.context.prompt_text, nullptr, -1, index));
     }
-    choices[i].on_token = [events, id, index](const TokenEvent& e) {
-      events->Token(id, index, e);
+    choices[i].on_token = [events, index](const TokenEvent& e) {
+      events->Token(index, e);
       return true;
     };
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
