@@ -39,6 +39,33 @@ GenerateRequest RandomRequest(std::mt19937& rng, int32_t vocab, std::string poli
   return q;
 }
 
+// An engine on the weights of SpeculativeEngine(scratch, ..., 6) behind HostRoundsBackend, which runs whole
+// rounds as the CUDA backend does; *backend, when given, is that backend.
+Engine HostRoundsEngine(const testutil::ScratchDir& scratch, testutil::HostRoundsBackend** backend = nullptr) {
+  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
+  if (!inner.ok()) {
+    ADD_FAILURE() << inner.status();
+    std::abort();
+  }
+  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+  if (backend != nullptr) *backend = rounds.get();
+  Engine engine(std::move(rounds), std::nullopt);
+  RegisterPolicies(engine.policies());
+  return engine;
+}
+
+// Request i's tokens in `got` are those `alone` generates for it in attention mode.
+void ExpectAttentionModesTokens(Engine& alone, const std::vector<GenerateRequest>& qs,
+                                const std::vector<GenerateResult>& got, std::initializer_list<size_t> which) {
+  for (size_t i : which) {
+    GenerateRequest attention = qs[i];
+    attention.policy = "attention";
+    auto want = alone.Generate(attention);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+  }
+}
+
 // Attention-mode logits of every position of `tokens` (one forward from a fresh sequence).
 std::vector<float> AttentionLogits(Backend& backend, const std::vector<int32_t>& tokens) {
   SequenceState seq = backend.NewSequence();
@@ -599,12 +626,9 @@ TEST_P(SpeculativeTest, LogprobsOfSpeculativeRequestsAreAttentionModes) {
 TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
   testutil::ScratchDir scratch;
   Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+  testutil::HostRoundsBackend* rounds = nullptr;
+  Engine engine = HostRoundsEngine(scratch, &rounds);
   testutil::HostRoundsBackend& backend = *rounds;
-  Engine engine(std::move(rounds), std::nullopt);
-  RegisterPolicies(engine.policies());
   const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
   std::mt19937 rng(21);
   for (const char* policy : {"speculative:3", "speculative"}) {
@@ -616,13 +640,9 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
     const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 2, [](size_t) {});
     ASSERT_EQ(got.size(), qs.size());
     EXPECT_GT(backend.rounds, rounds_before);
+    ExpectAttentionModesTokens(alone, qs, got, {0, 1, 2, 3});
     int64_t on_backend = 0;
     for (size_t i = 0; i < qs.size(); ++i) {
-      GenerateRequest attention = qs[i];
-      attention.policy = "attention";
-      auto want = alone.Generate(attention);
-      ASSERT_TRUE(want.ok()) << want.status();
-      EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
       ASSERT_TRUE(got[i].stats.spec.has_value());
       const SpecStats& st = *got[i].stats.spec;
       on_backend += st.backend_rounds;
@@ -640,10 +660,7 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
 TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
   testutil::ScratchDir scratch;
   Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  Engine engine(std::make_unique<testutil::HostRoundsBackend>(std::move(*inner)), std::nullopt);
-  RegisterPolicies(engine.policies());
+  Engine engine = HostRoundsEngine(scratch);
   const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
   std::mt19937 rng(33);
   for (const char* policy : {"speculative:3", "speculative"}) {
@@ -656,12 +673,8 @@ TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRound
     }
     const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 1, [](size_t) {});
     ASSERT_EQ(got.size(), qs.size());
+    ExpectAttentionModesTokens(alone, qs, got, {0, 1, 2, 3});
     for (size_t i = 0; i < qs.size(); ++i) {
-      GenerateRequest attention = qs[i];
-      attention.policy = "attention";
-      auto want = alone.Generate(attention);
-      ASSERT_TRUE(want.ok()) << want.status();
-      EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
       EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), qs[i].max_tokens) << "request " << i;
       ASSERT_TRUE(got[i].stats.spec.has_value());
       const SpecStats& st = *got[i].stats.spec;
@@ -678,10 +691,7 @@ TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRound
 TEST_P(SpeculativeTest, ARequestJoiningRoundsRunStepByStepWaitsForThemToEnd) {
   testutil::ScratchDir scratch;
   Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  Engine engine(std::make_unique<testutil::HostRoundsBackend>(std::move(*inner)), std::nullopt);
-  RegisterPolicies(engine.policies());
+  Engine engine = HostRoundsEngine(scratch);
   const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
   std::mt19937 rng(34);
   std::vector<GenerateRequest> qs;
@@ -693,14 +703,8 @@ TEST_P(SpeculativeTest, ARequestJoiningRoundsRunStepByStepWaitsForThemToEnd) {
   GenerationBatch batch(engine);
   const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 1, [](size_t) {});
   ASSERT_EQ(got.size(), qs.size());
-  for (size_t i : {size_t{0}, size_t{2}}) {
-    GenerateRequest attention = qs[i];
-    attention.policy = "attention";
-    auto want = alone.Generate(attention);
-    ASSERT_TRUE(want.ok()) << want.status();
-    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
-    ASSERT_TRUE(got[i].stats.spec.has_value());
-  }
+  ExpectAttentionModesTokens(alone, qs, got, {0, 2});
+  for (const GenerateResult& r : got) ASSERT_TRUE(r.stats.spec.has_value());
   // The sampled request's rounds ran step by step, and the first request's beside them in step with them; every
   // other round of the first request ran whole (without the wait, the third request's rounds start out of step
   // with the first's and they stay so: one whole round in 24).
