@@ -287,9 +287,13 @@ class Backend {
   }
   // Bytes of memory the backend's KV pool holds (blocks in use and free ones kept for reuse); 0 where unknown.
   virtual int64_t KvPoolBytes() const { return 0; }
-  // CUDA graphs (or the like) recorded so far. Recording one costs far more than launching it, so a caller that
-  // times its forwards (the draft-length controller) leaves out the ones during which this count moved.
+  // CUDA graphs (or the like) recorded so far.
   virtual int64_t graphs_recorded() const { return 0; }
+  // Forwards and rounds of a shape that a graph serves which did not replay it: the uses before its capture
+  // (CudaSwitches::graph_after), launched one kernel at a time, and the capture itself. Their time is not what
+  // the shape costs from then on, so a caller that times its forwards (the draft-length controller) leaves
+  // out the ones during which this count moved.
+  virtual int64_t graph_warmups() const { return 0; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.
   virtual int64_t KvBytes(int64_t positions) const {

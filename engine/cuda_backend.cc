@@ -385,7 +385,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     RunModel(plan);
     Draw(plan, draws);
   };
-  if (!plan.graph || !ReplayOrCapture(sc.graphs[plan], graph_after_, ctx.stream, run, &graphs_recorded_)) run();
+  if (!plan.graph || !ReplayOrCapture(sc.graphs[plan], graph_after_, ctx.stream, run, graphs_)) run();
   clock.Device(1);
   // Back to the host: the drawn tokens (or the key), else the logits asked for.
   if (draws.on) {
@@ -521,7 +521,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   // (The sampling parameters are baked into the launches, so they are part of the key.)
   if (!graph ||
       !ReplayOrCapture(sc.round_graphs[{draft_plan, verify_plan, k, dims.temperature, dims.top_k, dims.top_p}],
-                       graph_after_, ctx.stream, round, &graphs_recorded_)) {
+                       graph_after_, ctx.stream, round, graphs_)) {
     round();
   }
   // The drafts and the results come back in one synchronisation.

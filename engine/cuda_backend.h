@@ -16,6 +16,12 @@
 
 namespace oryx {
 
+// CudaBackend::graphs_recorded() and graph_warmups(): forward and round graphs captured, and runs of their
+// shapes before they replayed.
+struct CudaGraphCounts {
+  std::atomic<int64_t> recorded{0}, warmups{0};
+};
+
 class CudaBackend final : public Backend {
  public:
   // Loads a checkpoint onto the current CUDA device. `weights`: the projections and the LM head in bf16 (kF32,
@@ -43,7 +49,8 @@ class CudaBackend final : public Backend {
   // sampled).
   bool runs_rounds() const override { return runs_rounds_; }
   absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
-  int64_t graphs_recorded() const override { return graphs_recorded_.load(std::memory_order_relaxed); }
+  int64_t graphs_recorded() const override { return graphs_.recorded.load(std::memory_order_relaxed); }
+  int64_t graph_warmups() const override { return graphs_.warmups.load(std::memory_order_relaxed); }
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
   // BackendOptions::device_rounds).
   void set_runs_rounds(bool on) { runs_rounds_ = on; }
@@ -140,7 +147,7 @@ class CudaBackend final : public Backend {
   bool use_graphs_ = true;
   bool fused_gemv_ = true;
   bool runs_rounds_ = true;
-  std::atomic<int64_t> graphs_recorded_{0};  // forward and round graphs captured
+  CudaGraphCounts graphs_;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

@@ -560,14 +560,16 @@ struct GraphSlot {
   }
 };
 
-// Replays the slot's graph, capturing it first at the shape's `after`-th use (then ++*recorded); false, with
-// nothing launched, before that use: the caller runs `launch` itself.
+// Replays the slot's graph, capturing it first at the shape's `after`-th use (++recorded); false, with nothing
+// launched, before that use: the caller runs `launch` itself. Each use before the first replay and the capture
+// count as warm-ups.
 template <typename F>
-bool ReplayOrCapture(GraphSlot& slot, int after, cudaStream_t stream, F&& launch, std::atomic<int64_t>* recorded) {
+bool ReplayOrCapture(GraphSlot& slot, int after, cudaStream_t stream, F&& launch, CudaGraphCounts& counts) {
   if (slot.exec == nullptr) {
+    counts.warmups.fetch_add(1, std::memory_order_relaxed);
     if (++slot.uses < after) return false;
     slot.exec = Capture(stream, launch);
-    recorded->fetch_add(1, std::memory_order_relaxed);
+    counts.recorded.fetch_add(1, std::memory_order_relaxed);
   }
   ORYX_CUDA_CHECK(cudaGraphLaunch(slot.exec, stream));
   return true;

@@ -172,7 +172,7 @@ struct SpeculativeDecoder::SlotRound {
   Proposal draft;
   std::optional<SequenceState> draft_seq;  // linear drafts: a KV-less copy of the slot's state
   Clock::time_point start;
-  int64_t graphs_at_start = 0;  // Backend::graphs_recorded() when it started
+  int64_t warmups_at_start = 0;  // Backend::graph_warmups() when it started
   // What the step's forward item points at.
   int32_t input = 0, drawn = 0;
   std::vector<int32_t> span;
@@ -314,7 +314,7 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     round_items_[i] = {s.seq, draft, s.pending, s.sampler, &round_results_[i]};
   }
   lengths_chosen_ = false;
-  const int64_t recorded = backend.graphs_recorded();
+  const int64_t warmups = backend.graph_warmups();
   const auto t0 = Clock::now();
   ORYX_RETURN_IF_ERROR(backend.SpeculativeRound(round_items_, k));
   const double round_s = Seconds(t0);
@@ -333,8 +333,9 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     s.stats->spec->backend_round_s += round_s;
     ++s.stats->spec->backend_rounds;
   }
-  // A round that recorded its graph took that recording's time too: no measure of what the next ones cost.
-  if (backend.graphs_recorded() == recorded) controller_.RecordCost(k, Seconds(round_start));
+  // A round that ran before its shape's graph (launched kernel by kernel, or recording the graph) took longer
+  // than the next ones will: no measure of what they cost.
+  if (backend.graph_warmups() == warmups) controller_.RecordCost(k, Seconds(round_start));
   return true;
 }
 
@@ -354,7 +355,7 @@ absl::Status SpeculativeDecoder::PlanRounds(const Backend& backend, std::span<De
     if (r.phase == Phase::kIdle) {  // 1. Propose: a new round
       r.k = k_[i];
       r.start = planned_at_;
-      r.graphs_at_start = backend.graphs_recorded();
+      r.warmups_at_start = backend.graph_warmups();
       r.draft.tokens.clear();
       r.draft.q.clear();
       if (r.k > 0 && !linear) {
@@ -439,7 +440,7 @@ absl::Status SpeculativeDecoder::Finish(std::span<DecodeSlot* const> slots) {
     st.verify_s += step_s;
     ++st.verify_forwards;
     r.phase = Phase::kIdle;
-    if (backend_->graphs_recorded() != r.graphs_at_start) continue;  // its time includes a graph's recording
+    if (backend_->graph_warmups() != r.warmups_at_start) continue;  // its time is a shape's before its graph
     auto it = std::find_if(ended_.begin(), ended_.end(), [&](const auto& e) { return e.first == r.k; });
     if (it == ended_.end()) {
       ended_.emplace_back(r.k, round_s);

@@ -811,6 +811,35 @@ TEST(CudaBackend, SpeculativeRoundRejectsBadItems) {
   EXPECT_EQ(result.targets.size(), 5u);
 }
 
+// A round shape's uses before it replays a graph (graph_after = 2: one launched kernel by kernel, then the
+// capture) count as warm-ups, which the draft-length controller leaves out of its timings; replays do not.
+TEST(CudaBackend, RoundsBeforeTheirGraphReplaysAreWarmups) {
+  CudaSwitches switches;
+  switches.graph_after = 2;
+  auto gpu = CudaBackend::CreateRandom(HeadDim64Config(LinearMixer::kMamba2), 5, switches);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SequenceState seq = (*gpu)->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(
+      (*gpu)->Forward(seq, std::vector<int32_t>{5, 6, 7}, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
+  SequenceState draft = seq.MakeDraft();
+  Sampler greedy(SamplingParams{});
+  RoundResult result;
+  using Counts = std::pair<int64_t, int64_t>;  // (warm-ups, graphs recorded) during a round
+  auto round = [&] {
+    draft.CopyRecurrentFrom(seq);
+    const RoundItem item{&seq, &draft, 8, &greedy, &result};
+    const int64_t warmups = (*gpu)->graph_warmups(), recorded = (*gpu)->graphs_recorded();
+    EXPECT_TRUE((*gpu)->SpeculativeRound(std::span<const RoundItem>(&item, 1), 2).ok());
+    EXPECT_TRUE(seq.Truncate(seq.position() - 2).ok());  // the drafts rejected: the next round's shape is the same
+    return Counts((*gpu)->graph_warmups() - warmups, (*gpu)->graphs_recorded() - recorded);
+  };
+  EXPECT_EQ(round(), Counts(1, 0));  // launched kernel by kernel
+  EXPECT_EQ(round(), Counts(1, 1));  // captured
+  EXPECT_EQ(round(), Counts(0, 0));  // replayed
+  EXPECT_EQ(round(), Counts(0, 0));
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Sampling and the lossless acceptance on the GPU (kernels/cuda/sample.cu) against the engine's Sampler and
 // speculative::AcceptLossless with the same uniforms. The GPU sums probability mass in another order (and
