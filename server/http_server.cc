@@ -120,7 +120,7 @@ struct EventStream {
     return "data: " + JsonText(j) + "\n\n";
   }
 
-  void Finish(const CompletionId& id, int64_t index, const absl::StatusOr<GenerateResult>& r) {
+  void Finish(int64_t index, const absl::StatusOr<GenerateResult>& r) {
     std::lock_guard<std::mutex> lock(mu);
     Choice& c = choices[index];
     if (r.ok()) {
@@ -438,13 +438,13 @@ void HttpServer::Impl::Stream(CompletionRequest request, const CompletionId& id,
     auto done = [this, events, id, arrival, index](absl::StatusOr<GenerateResult> r) {
       const bool cancelled = events->cancelled.load() || r.status().code() == absl::StatusCode::kCancelled;
       Log(id, cancelled ? kClientClosedRequest : r.ok() ? 200 : HttpStatus(r.status()), true, r, arrival);
-      events->Finish(id, index, r);
+      events->Finish(index, r);
     };
     int64_t ticket = 0;
     if (absl::Status s = scheduler.Submit(std::move(choices[i]), std::move(done), &ticket); !s.ok()) {
       Log(id, HttpStatus(s), true, s, arrival);
       Cancel(events->tickets);  // the choices already queued
-      for (size_t k = i; k < choices.size(); ++k) events->Finish(id, static_cast<int64_t>(k), s);
+      for (size_t k = i; k < choices.size(); ++k) events->Finish(static_cast<int64_t>(k), s);
       break;
     }
     events->tickets.push_back(ticket);
