@@ -54,6 +54,19 @@ Engine HostRoundsEngine(const testutil::ScratchDir& scratch, testutil::HostRound
   return engine;
 }
 
+// SpeculativeEngine's weights twice: `alone` for attention mode's answers, and `engine` behind HostRoundsBackend.
+struct HostRoundsEngines {
+  explicit HostRoundsEngines(LinearMixer mixer)
+      : alone(SpeculativeEngine(scratch, mixer, 6)),
+        engine(HostRoundsEngine(scratch, &backend)),
+        vocab(static_cast<int32_t>(engine.backend().config().vocab_size)) {}
+  testutil::ScratchDir scratch;
+  Engine alone;
+  testutil::HostRoundsBackend* backend = nullptr;
+  Engine engine;
+  int32_t vocab;
+};
+
 // Request i's tokens in `got` are those `alone` generates for it in attention mode.
 void ExpectAttentionModesTokens(Engine& alone, const std::vector<GenerateRequest>& qs,
                                 const std::vector<GenerateResult>& got, std::initializer_list<size_t> which) {
@@ -624,12 +637,10 @@ TEST_P(SpeculativeTest, LogprobsOfSpeculativeRequestsAreAttentionModes) {
 // attention mode's tokens, the rounds run on the backend (prompts' spans are forwarded apart from them), and
 // every drafted token is counted.
 TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
-  testutil::ScratchDir scratch;
-  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  testutil::HostRoundsBackend* rounds = nullptr;
-  Engine engine = HostRoundsEngine(scratch, &rounds);
-  testutil::HostRoundsBackend& backend = *rounds;
-  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  HostRoundsEngines e(GetParam());
+  Engine &alone = e.alone, &engine = e.engine;
+  testutil::HostRoundsBackend& backend = *e.backend;
+  const int32_t V = e.vocab;
   std::mt19937 rng(21);
   for (const char* policy : {"speculative:3", "speculative"}) {
     SCOPED_TRACE(policy);
@@ -658,10 +669,9 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
 // every later round through the engine's steps, one forward each), and still ends at max_tokens with
 // attention mode's tokens.
 TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
-  testutil::ScratchDir scratch;
-  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  Engine engine = HostRoundsEngine(scratch);
-  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  HostRoundsEngines e(GetParam());
+  Engine &alone = e.alone, &engine = e.engine;
+  const int32_t V = e.vocab;
   std::mt19937 rng(33);
   for (const char* policy : {"speculative:3", "speculative"}) {
     SCOPED_TRACE(policy);
@@ -689,10 +699,9 @@ TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRound
 // of one sampling distribution only run whole) takes plain steps until those rounds end, so that the batch's
 // rounds stay in step; once the sampled request is done, the greedy ones run whole rounds again.
 TEST_P(SpeculativeTest, ARequestJoiningRoundsRunStepByStepWaitsForThemToEnd) {
-  testutil::ScratchDir scratch;
-  Engine alone = SpeculativeEngine(scratch, GetParam(), 6);
-  Engine engine = HostRoundsEngine(scratch);
-  const int32_t V = static_cast<int32_t>(engine.backend().config().vocab_size);
+  HostRoundsEngines e(GetParam());
+  Engine &alone = e.alone, &engine = e.engine;
+  const int32_t V = e.vocab;
   std::mt19937 rng(34);
   std::vector<GenerateRequest> qs;
   for (int i = 0; i < 3; ++i) qs.push_back(RandomRequest(rng, V, "speculative:3"));
