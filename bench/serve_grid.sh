@@ -6,15 +6,16 @@
 #   bench/serve_grid.sh ORYX MODEL CORPUS OUT.jsonl
 #   Environment: DEVICE (default cuda), PROMPTS (default "4096 8192 15872"), POLICIES (default "attention
 #   speculative budget:0.1"), CLIENTS (default 1,8,32,64), MAX_TOKENS (default 512: 15872 + 512 = 16384,
-#   the model's context), REQUESTS (per level, default 64: at least the largest level, or that level measures
-#   a smaller batch than it names), TIMEOUT (seconds per run, default 120), REPEATS (default 1: each prompt
-#   length runs its policies in turn this many times, so that repeats of a point are interleaved in time;
-#   lines carry "repeat"). bench/serve_ratios.py OUT.jsonl tabulates the policies' ratios over the repeats.
+#   the model's context), REQUESTS (per level; default 0: four per client, at least 8, so that each level
+#   measures its batch kept full; 64 measures one wave of 64 requests, whose end waits for the slowest),
+#   TIMEOUT (seconds per run, default 120), REPEATS (default 1: each prompt length runs its policies in turn
+#   this many times, so that repeats of a point are interleaved in time; lines carry "repeat").
+#   bench/serve_ratios.py OUT.jsonl tabulates the policies' ratios over the repeats.
 set -euo pipefail
-if [[ $# -ne 4 ]]; then sed -n '2,11p' "$0"; exit 2; fi
+if [[ $# -ne 4 ]]; then sed -n '2,13p' "$0"; exit 2; fi
 ORYX=$1 MODEL=$2 CORPUS=$3 OUT=$4
 DEVICE=${DEVICE:-cuda} PROMPTS=${PROMPTS:-"4096 8192 15872"} POLICIES=${POLICIES:-"attention speculative budget:0.1"}
-CLIENTS=${CLIENTS:-1,8,32,64} MAX_TOKENS=${MAX_TOKENS:-512} REQUESTS=${REQUESTS:-64} TIMEOUT=${TIMEOUT:-120}
+CLIENTS=${CLIENTS:-1,8,32,64} MAX_TOKENS=${MAX_TOKENS:-512} REQUESTS=${REQUESTS:-0} TIMEOUT=${TIMEOUT:-120}
 REPEATS=${REPEATS:-1}
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
