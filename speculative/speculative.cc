@@ -288,13 +288,12 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
   if (std::any_of(slots.begin(), slots.end(), [this](const DecodeSlot* s) { return InRound(s->id); })) {
     // Some slots are inside rounds run step by step. The others take plain steps until those end, so that
     // the batch's next round is whole again; starting rounds of their own, they would keep the batch out of
-    // step (on the H200 at 64 clients, most rounds then ran one engine step at a time).
+    // step, in rounds of one forward a step (at batch 64 on the H200, 1.9-2.3x a device round's time).
     k_.assign(slots.size(), 0);
     lengths_chosen_ = true;
     return false;
   }
-  const ModelConfig& c = backend.config();
-  ChooseLengths(c, slots, want);
+  ChooseLengths(backend.config(), slots, want);
   lengths_chosen_ = true;  // PlanRounds takes these when the round does not qualify
   // One draft length and one sampling distribution (the backend's kernels take the parameters per launch).
   const int64_t k = k_[0];
