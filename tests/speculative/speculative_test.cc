@@ -39,27 +39,25 @@ GenerateRequest RandomRequest(std::mt19937& rng, int32_t vocab, std::string poli
   return q;
 }
 
-// An engine on the weights of SpeculativeEngine(scratch, ..., 6) behind HostRoundsBackend, which runs whole
-// rounds as the CUDA backend does; *backend, when given, is that backend.
-Engine HostRoundsEngine(const testutil::ScratchDir& scratch, testutil::HostRoundsBackend** backend = nullptr) {
-  auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
-  if (!inner.ok()) {
-    ADD_FAILURE() << inner.status();
-    std::abort();
-  }
-  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
-  if (backend != nullptr) *backend = rounds.get();
-  Engine engine(std::move(rounds), std::nullopt);
-  RegisterPolicies(engine.policies());
-  return engine;
-}
-
-// SpeculativeEngine's weights twice: `alone` for attention mode's answers, and `engine` behind HostRoundsBackend.
+// SpeculativeEngine's weights twice: `alone` for attention mode's answers, and `engine` behind HostRoundsBackend
+// (`backend`), which runs whole rounds as the CUDA backend does.
 struct HostRoundsEngines {
   explicit HostRoundsEngines(LinearMixer mixer)
       : alone(SpeculativeEngine(scratch, mixer, 6)),
-        engine(HostRoundsEngine(scratch, &backend)),
+        engine(RoundsEngine()),
         vocab(static_cast<int32_t>(engine.backend().config().vocab_size)) {}
+  Engine RoundsEngine() {
+    auto inner = CpuBackend::Load(scratch.Join("m6"), /*threads=*/1);
+    if (!inner.ok()) {
+      ADD_FAILURE() << inner.status();
+      std::abort();
+    }
+    auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+    backend = rounds.get();
+    Engine e(std::move(rounds), std::nullopt);
+    RegisterPolicies(e.policies());
+    return e;
+  }
   testutil::ScratchDir scratch;
   Engine alone;
   testutil::HostRoundsBackend* backend = nullptr;
