@@ -274,6 +274,8 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
     const server::SchedulerStats before = http->stats();
     const int64_t graphs_before = engine.backend().graphs_recorded();
+    const int64_t warmups_before = engine.backend().graph_warmups();
+    const double warmup_s_before = engine.backend().graph_warmup_seconds();
     const Clock::time_point start = Clock::now();
     std::vector<Sample> samples = open_loop ? RunOpenLoop(http->port(), o, rate, prompts, o.seed + 31 * level)
                                             : RunLevel(http->port(), o, clients, prompts);
@@ -343,6 +345,10 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         {"preemptions", after.preemptions - before.preemptions},
         // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
         {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
+        // Forwards and rounds of such shapes before their graphs replayed, and the wall time of the calls
+        // that ran them (the replays they stood in for included).
+        {"graph_warmups", engine.backend().graph_warmups() - warmups_before},
+        {"graph_warmup_s", engine.backend().graph_warmup_seconds() - warmup_s_before},
         {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},    // the budget in force
         {"kv_pool_mib", static_cast<double>(after.kv_pool_bytes) / (1 << 20)},  // the pool's memory
         {"max_admitted", after.max_admitted},  // requests holding memory at once, so far

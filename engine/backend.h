@@ -245,6 +245,9 @@ struct CudaSwitches {
   // launches directly). A server meets shapes (batch size x draft length) that never come back; capturing each
   // on first use costs more than running it.
   int graph_after = 2;
+  // ROUND_PADDING: a whole speculative round's batch is padded with idle sequences to the next of 1, 2, 4
+  // and the multiples of 8, so that a server's changing batch meets a few round graphs, not one per size.
+  bool round_padding = true;
   bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
   static CudaSwitches FromEnvironment();
 };
@@ -294,6 +297,9 @@ class Backend {
   // the shape costs from then on, so a caller that times its forwards (the draft-length controller) leaves
   // out the ones during which this count moved.
   virtual int64_t graph_warmups() const { return 0; }
+  // The wall time of the forwards and rounds during which graph_warmups() moved: what meeting new shapes cost
+  // (the time those calls would have taken replaying their graphs included).
+  virtual double graph_warmup_seconds() const { return 0; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.
   virtual int64_t KvBytes(int64_t positions) const {

@@ -41,6 +41,8 @@ CudaBackend::CudaBackend() = default;
 
 CudaBackend::~CudaBackend() {
   if (ctx_ && ctx_->stream != nullptr) cudaStreamSynchronize(ctx_->stream);
+  idle_drafts_.clear();
+  idle_seqs_.clear();
   profiler_.reset();
   scratch_.reset();
   for (Layer& l : layers_) {
@@ -110,6 +112,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
   fused_rows_ = switches.fused_rows;
   graph_after_ = switches.graph_after;
+  round_padding_ = switches.round_padding;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,
@@ -362,6 +365,7 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   clock.Host(0);
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(config_, batch, this));
   std::lock_guard<std::mutex> lock(forward_mu_);
+  const WarmupTimer warmup_timer(graphs_);
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan plan, PlanForward(batch));
@@ -417,21 +421,31 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   return absl::OkStatus();
 }
 
+int64_t CudaBackend::RoundBatch(int64_t B, int64_t k) const {
+  if (!round_padding_ || !use_graphs_) return B;
+  const int64_t padded = B <= 2 ? B : B <= 4 ? 4 : (B + 7) / 8 * 8;
+  return padded * (k + 1) <= kMaxGraphRows ? padded : B;
+}
+
+absl::Status CudaBackend::EnsureIdleSequences(int64_t count) {
+  while (static_cast<int64_t>(idle_seqs_.size()) < count) {
+    ORYX_ASSIGN_OR_RETURN(SequenceState seq, TryNewSequence());
+    ORYX_RETURN_IF_ERROR(seq.Reserve(kMaxRoundDrafts + 1));  // (so that a round's PlanForward takes nothing)
+    ORYX_ASSIGN_OR_RETURN(SequenceState draft, seq.TryMakeDraft());
+    idle_seqs_.push_back(std::move(seq));
+    idle_drafts_.push_back(std::move(draft));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
   const ModelConfig& c = config_;
-  const int64_t B = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
-  if (B == 0) return absl::OkStatus();
+  const int64_t n = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
+  if (n == 0) return absl::OkStatus();
   if (k < 1 || k > kMaxRoundDrafts) {
     return absl::InvalidArgumentError(Cat("speculative round: k = ", k, " outside [1, ", kMaxRoundDrafts, "]"));
   }
-  // The round's forwards as batches: the verify spans [pending, d_1..d_k] (the drafts' places filled in on
-  // the device) and the drafts' single linear-mode tokens.
-  std::vector<std::vector<int32_t>> spans(B);
-  const std::vector<Mode> attention(S, Mode::kAttention);
-  const Mode linear = Mode::kLinear;
-  std::vector<float> unused;  // (the logits stay on the device)
-  std::vector<ForwardItem> verify(B), drafts(B);
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < n; ++b) {
     const RoundItem& it = items[b];
     if (it.seq == nullptr || it.draft == nullptr || it.result == nullptr || it.sampler == nullptr ||
         it.seq == it.draft || it.draft->has_kv() || it.draft->device() == nullptr || it.draft->device()->owner() != this) {
@@ -446,14 +460,30 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     if (!it.sampler->params().SameDistributionAs(items[0].sampler->params())) {
       return absl::InvalidArgumentError(Cat("speculative round: item ", b, " samples with other parameters than item 0"));
     }
-    spans[b].assign(S, it.pending);
-    verify[b] = {it.seq, spans[b], attention, LogitsRows::kAll, &unused, /*keep_states=*/true};
-    drafts[b] = {it.draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
+  }
+  std::lock_guard<std::mutex> lock(forward_mu_);
+  const WarmupTimer warmup_timer(graphs_);
+  // The round's batch: the n items, then idle sequences up to RoundBatch (unpadded when the device has no room
+  // for them), whose rows nothing reads.
+  int64_t B = RoundBatch(n, k);
+  if (B > n && !EnsureIdleSequences(B - n).ok()) B = n;
+  // The round's forwards as batches: the verify spans [pending, d_1..d_k] (the drafts' places filled in on
+  // the device) and the drafts' single linear-mode tokens.
+  std::vector<std::vector<int32_t>> spans(B);
+  const std::vector<Mode> attention(S, Mode::kAttention);
+  const Mode linear = Mode::kLinear;
+  std::vector<float> unused;  // (the logits stay on the device)
+  std::vector<ForwardItem> verify(B), drafts(B);
+  for (int64_t b = 0; b < B; ++b) {
+    SequenceState* seq = b < n ? items[b].seq : &idle_seqs_[b - n];
+    SequenceState* draft = b < n ? items[b].draft : &idle_drafts_[b - n];
+    spans[b].assign(S, b < n ? items[b].pending : 0);
+    verify[b] = {seq, spans[b], attention, LogitsRows::kAll, &unused, /*keep_states=*/true};
+    drafts[b] = {draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
   }
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, verify, this));
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, drafts, this));
 
-  std::lock_guard<std::mutex> lock(forward_mu_);
   Scratch& sc = *scratch_;
   Context& ctx = *ctx_;
   ORYX_ASSIGN_OR_RETURN(const Plan draft_plan, PlanForward(drafts));
@@ -479,8 +509,9 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   WriteMeta(verify, verify_plan, 0, sc.meta_host + verify_base);
   if (sampled) {
     auto* u = reinterpret_cast<double*>(sc.meta_host + uniform_base);
+    std::fill_n(u, k * B + B * S, 0.5);  // (the idle rows')
     std::vector<double> ahead(k + S);  // a slot's next uniforms: its k drafts', then its acceptance's
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < n; ++b) {
       items[b].sampler->PeekUniforms(ahead);
       for (int64_t j = 0; j < k; ++j) u[j * B + b] = ahead[j];
       std::copy(ahead.begin() + k, ahead.end(), u + k * B + b * S);
@@ -531,12 +562,16 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   ORYX_CUDA_CHECK(cudaMemcpyAsync(results_host, results, (sampled ? 2 * B : B * S) * 4, cudaMemcpyDeviceToHost,
                                   ctx.stream));
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  if (profiler_) profiler_->Collect(nullptr);
-  for (int64_t j = 0; j < k; ++j) FinishForward(drafts, nullptr, nullptr);
-  FinishForward(verify, nullptr, nullptr);
+  if (profiler_) {  // (the drafts' ops and the verify's summed)
+    const std::string kind = Cat("whole round of ", k, " drafts, batch ", B, " (", n, " sequences)");
+    profiler_->Collect(&kind);
+  }
+  // (The idle sequences stay at position 0.)
+  for (int64_t j = 0; j < k; ++j) FinishForward(std::span(drafts).first(n), nullptr, nullptr);
+  FinishForward(std::span(verify).first(n), nullptr, nullptr);
 
   // The drafts, and the verify rows' argmaxes (greedy) or the device's verdict (sampled).
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < n; ++b) {
     RoundResult& r = *items[b].result;
     const int32_t* d = span_host + b * S;  // pending, d_1..d_k
     r.drafts.assign(d + 1, d + S);

@@ -16,10 +16,10 @@
 
 namespace oryx {
 
-// CudaBackend::graphs_recorded() and graph_warmups(): forward and round graphs captured, and runs of their
-// shapes before they replayed.
+// CudaBackend::graphs_recorded(), graph_warmups() and graph_warmup_seconds(): forward and round graphs
+// captured, runs of their shapes before they replayed, and the wall time of the calls that had such runs.
 struct CudaGraphCounts {
-  std::atomic<int64_t> recorded{0}, warmups{0};
+  std::atomic<int64_t> recorded{0}, warmups{0}, warmup_ns{0};
 };
 
 class CudaBackend final : public Backend {
@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
   absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
   int64_t graphs_recorded() const override { return graphs_.recorded.load(std::memory_order_relaxed); }
   int64_t graph_warmups() const override { return graphs_.warmups.load(std::memory_order_relaxed); }
+  double graph_warmup_seconds() const override {
+    return 1e-9 * static_cast<double>(graphs_.warmup_ns.load(std::memory_order_relaxed));
+  }
+  // Whole rounds padded with idle sequences to a few batch sizes (CudaSwitches::round_padding; default on).
+  void set_round_padding(bool on) { round_padding_ = on; }
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
   // BackendOptions::device_rounds).
   void set_runs_rounds(bool on) { runs_rounds_ = on; }
@@ -130,6 +135,12 @@ class CudaBackend final : public Backend {
   void LayerForward(int64_t il, const Plan& plan);
   // The host's side of a finished forward: positions, logits, next tokens (drawn on the device: draws_host).
   void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host);
+  // The batch a whole round of B sequences and draft length k runs as (round_padding_): B rounded up to 1, 2,
+  // 4 or a multiple of 8 while the verify's rows fit a graph; B otherwise.
+  int64_t RoundBatch(int64_t B, int64_t k) const;
+  // Idle sequences (and their drafts) to pad a round with, made as needed: ResourceExhausted when the device
+  // has no room for them (the round then runs unpadded).
+  absl::Status EnsureIdleSequences(int64_t count);
 
   ModelConfig config_;
   InProjLayout in_proj_;  // the fused input projection's rows: P = in_proj_.width
@@ -156,6 +167,10 @@ class CudaBackend final : public Backend {
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   int fused_rows_ = 1;          // ORYX_CUDA_FUSED_ROWS: the most rows of a forward on the fused path
   int graph_after_ = 2;         // ORYX_CUDA_GRAPH_AFTER: a shape's use at which its graph is captured
+  bool round_padding_ = true;   // ORYX_CUDA_ROUND_PADDING: RoundBatch
+  // Sequences at position 0 that never advance, each with its draft: the rows that pad a round (their KV
+  // block and states take the padded rows' writes, which nothing reads).
+  std::vector<SequenceState> idle_seqs_, idle_drafts_;
   bool step_timing_ = false;
   StepTiming last_timing_;
   std::mutex forward_mu_;

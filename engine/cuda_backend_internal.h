@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -575,13 +576,32 @@ bool ReplayOrCapture(GraphSlot& slot, int after, cudaStream_t stream, F&& launch
   return true;
 }
 
+// Adds the wall time from its construction to its destruction to counts.warmup_ns when the warm-up count
+// moved in between: around a whole forward or round.
+class WarmupTimer {
+ public:
+  explicit WarmupTimer(CudaGraphCounts& counts)
+      : counts_(counts), warmups_(counts.warmups.load()), start_(std::chrono::steady_clock::now()) {}
+  ~WarmupTimer() {
+    if (counts_.warmups.load() == warmups_) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    counts_.warmup_ns.fetch_add(ns.count(), std::memory_order_relaxed);
+  }
+  WarmupTimer(const WarmupTimer&) = delete;
+  WarmupTimer& operator=(const WarmupTimer&) = delete;
+
+ private:
+  CudaGraphCounts& counts_;
+  int64_t warmups_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace cuda_internal
 
-
 // ORYX_CUDA_PROFILE=1: time every op of the decode-step and span forwards (verify spans: more rows than
-// sequences, each at most kMaxGraphSpan; prefill chunks are not kept) with events (graphs off), and print the
-// mean time per forward of each op, by kind of forward, when the backend is destroyed. For finding where a
-// step's or a verify's time goes.
+// sequences, each at most kMaxGraphSpan; prefill chunks are not kept) and of whole speculative rounds (their
+// forwards' ops summed) with events (graphs off), and print the mean time per forward or round of each op, by
+// kind, when the backend is destroyed. For finding where a step's, a verify's or a round's time goes.
 struct CudaBackend::Profiler {
   std::vector<cudaEvent_t> events;  // reused
   std::vector<const char*> names;   // names[i]: the op that ended at events[i]

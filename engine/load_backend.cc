@@ -29,6 +29,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.early_loads = on("ORYX_CUDA_EARLY_LOADS");
   s.programmatic_launch = on("ORYX_CUDA_PDL");
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
+  s.round_padding = on("ORYX_CUDA_ROUND_PADDING");
   if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) {  // 0, 1, or auto (the default)
     s.multirow_bf16 = std::string_view(env) == "auto" ? -1 : env[0] == '0' ? 0 : 1;
   }

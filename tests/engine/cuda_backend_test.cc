@@ -388,7 +388,7 @@ void ExpectSpeculativeGreedyIsAttentionMode(LinearMixer mixer, kernels::WeightFo
   Engine& engine = *made;
   std::mt19937 rng(5);
   std::vector<GenerateRequest> base;
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < 5; ++p) {  // (five: the device's rounds are padded to eight)
     GenerateRequest q;
     q.prompt_tokens = PromptTokens(rng, 5 + rng() % 40, config.vocab_size);
     q.max_tokens = 32;
@@ -443,7 +443,7 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
   speculative::RegisterPolicies(engine.policies());
   std::mt19937 rng(seed);
   std::vector<GenerateRequest> base;
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < 5; ++p) {  // (five: the device's rounds are padded to eight)
     GenerateRequest q;
     q.prompt_tokens = PromptTokens(rng, 5 + rng() % 60, config.vocab_size);
     q.max_tokens = max_tokens;
@@ -838,6 +838,54 @@ TEST(CudaBackend, RoundsBeforeTheirGraphReplaysAreWarmups) {
   EXPECT_EQ(round(), Counts(1, 1));  // captured
   EXPECT_EQ(round(), Counts(0, 0));  // replayed
   EXPECT_EQ(round(), Counts(0, 0));
+}
+
+// Whole rounds of 5 to 8 sequences run as one batch of 8 (three idle sequences and more): after the shape's
+// warm-ups, a round of 7 replays the graph of the rounds of 5. Padded or not, a round gives the same drafts
+// and verify tokens, and the idle rows leave the sequences' states alone (a second padded round agrees).
+TEST(CudaBackend, RoundsOfNearbyBatchSizesShareOnePaddedGraph) {
+  auto gpu = CudaBackend::CreateRandom(HeadDim64Config(LinearMixer::kMamba2), 6);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  CudaBackend& cuda = **gpu;
+  constexpr int kSeqs = 7, kDrafts = 3;
+  std::vector<SequenceState> seqs, drafts;
+  std::vector<Sampler> samplers(kSeqs, Sampler(SamplingParams{}));
+  std::vector<RoundResult> results(kSeqs);
+  std::mt19937 rng(3);
+  for (int i = 0; i < kSeqs; ++i) {
+    seqs.push_back(cuda.NewSequence());
+    const std::vector<int32_t> prompt = PromptTokens(rng, 6 + 5 * i, cuda.config().vocab_size);
+    std::vector<float> logits;
+    ASSERT_TRUE(cuda.Forward(seqs[i], prompt, std::vector<Mode>(prompt.size(), Mode::kAttention), false, &logits).ok());
+    drafts.push_back(seqs[i].MakeDraft());
+  }
+  // A round of the first `count` sequences, cut back afterwards (the drafts rejected), so that every round
+  // starts where the first did; the warm-ups it counted.
+  auto round = [&](int count) {
+    std::vector<RoundItem> items;
+    for (int i = 0; i < count; ++i) {
+      drafts[i].CopyRecurrentFrom(seqs[i]);
+      items.push_back({&seqs[i], &drafts[i], 9 + i, &samplers[i], &results[i]});
+    }
+    const int64_t warmups = cuda.graph_warmups();
+    EXPECT_TRUE(cuda.SpeculativeRound(items, kDrafts).ok());
+    for (int i = 0; i < count; ++i) EXPECT_TRUE(seqs[i].Truncate(seqs[i].position() - kDrafts - 1).ok());
+    return cuda.graph_warmups() - warmups;
+  };
+  EXPECT_EQ(round(5), 1);  // launched kernel by kernel
+  EXPECT_EQ(round(5), 1);  // captured
+  const std::vector<RoundResult> padded(results.begin(), results.begin() + 5);
+  EXPECT_EQ(round(7), 0);  // the same graph
+  cuda.set_round_padding(false);
+  EXPECT_EQ(round(7), 1);  // a shape of its own
+  EXPECT_EQ(round(5), 1);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(results[i].drafts, padded[i].drafts) << "sequence " << i;
+    EXPECT_EQ(results[i].targets, padded[i].targets) << "sequence " << i;
+  }
+  cuda.set_round_padding(true);
+  EXPECT_EQ(round(5), 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(results[i].targets, padded[i].targets) << "sequence " << i;
 }
 
 // ---------------------------------------------------------------------------------------------------------
