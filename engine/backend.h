@@ -152,6 +152,11 @@ class SequenceState {
   absl::Status PrepareKv(int64_t end);
   // After a backend ran a span in `modes` on this sequence: the position, the mode log and the keep_states span.
   void Advance(std::span<const Mode> modes, bool keep_states);
+  // The host's side of CopyRecurrentFrom and of Truncate, after a device backend moved the states itself (a
+  // whole speculative round refreshes its drafts and rolls its sequences back in its own launches).
+  void RecordRecurrentCopy(const SequenceState& other);
+  absl::Status TruncateRestored(int64_t position) { return Cut(position, /*restore=*/false); }
+  absl::Status Cut(int64_t position, bool restore);  // Truncate; restore: the states too
   // 64-byte aligned (kernels/aligned_vector.h): a forward's bits must not depend on where these lie.
   using Floats = kernels::AlignedVector<float>;
   struct Layer {
@@ -196,7 +201,9 @@ struct ForwardItem {
 struct RoundResult;
 struct RoundItem {
   SequenceState* seq = nullptr;    // has a KV cache; `pending` is its next token, not yet run
-  SequenceState* draft = nullptr;  // a draft sequence holding seq's recurrent state (the caller refreshes it)
+  // A draft sequence of the same backend, which the round refreshes from seq (recurrent state, conv window,
+  // position) before its drafts.
+  SequenceState* draft = nullptr;
   int32_t pending = 0;
   // The slot's sampler: greedy, or the distribution drafts are drawn from and judged against. The backend
   // peeks its uniforms and leaves the stream where it is; the caller skips the ones the round used
@@ -206,7 +213,8 @@ struct RoundItem {
 };
 
 // What a round run by the backend gives back for one sequence. The backend runs the drafts and the verify
-// span and judges them; committing (the sequence cut back to after the accepted drafts) is the caller's.
+// span and judges them; cutting the sequence back to after the accepted drafts is the backend's (cut) or the
+// caller's.
 struct RoundResult {
   std::vector<int32_t> drafts;  // d_1..d_k
   // Greedy: the argmax of each verify row p_0..p_k, which the caller's accept rule compares with the drafts.
@@ -215,6 +223,10 @@ struct RoundResult {
   // accepted, and the recovered or bonus token.
   int64_t accepted = 0;
   int32_t next = 0;
+  // The backend cut seq back to after `pending` and the `accepted` drafts itself (greedy rounds count them
+  // too, with the greedy rule, and set `next`); the caller's commit then only hands out the tokens. Otherwise
+  // seq is after the whole verify span [pending, d_1..d_k], and the caller cuts it.
+  bool cut = false;
 };
 
 // The uniforms a slot's sampler gives a sampled lossless round of k drafts of which `accepted` are accepted:
@@ -314,12 +326,13 @@ class Backend {
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
   // Speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the host
-  // between a round's forwards costs. The capability: runs_rounds(). For every item, k linear-mode draft
-  // steps from `pending` on the draft sequence, each drawing from the last step's distribution (greedy: its
-  // argmax); one attention-mode verify span [pending, d_1..d_k] on seq, its states kept for rollback
-  // (ForwardItem::keep_states); the verdict in *result (RoundResult). Every item's sampler must have the same
-  // parameters. seq is left after the whole span: the caller commits. Backends without the capability return
-  // Unimplemented.
+  // between a round's forwards costs. The capability: runs_rounds(). For every item, the draft sequence
+  // refreshed from seq, k linear-mode draft steps from `pending` on it, each drawing from the last step's
+  // distribution (greedy: its argmax); one attention-mode verify span [pending, d_1..d_k] on seq, its states
+  // kept for rollback (ForwardItem::keep_states); the verdict in *result (RoundResult), and seq cut back to
+  // after the accepted drafts by the backend (RoundResult::cut) or else left after the whole span for the
+  // caller to cut. Every item's sampler must have the same parameters. Backends without the capability
+  // return Unimplemented.
   virtual bool runs_rounds() const { return false; }
   virtual absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
     (void)items, (void)k;

@@ -452,11 +452,6 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       return absl::InvalidArgumentError(Cat("speculative round: item ", b,
                                             " needs a sequence, a draft sequence of this backend, a sampler and an output"));
     }
-    if (it.draft->position() != it.seq->position()) {
-      return absl::InvalidArgumentError(Cat("speculative round: item ", b, "'s draft sequence is at position ",
-                                            it.draft->position(), ", its sequence at ", it.seq->position(),
-                                            " (refresh it with CopyRecurrentFrom)"));
-    }
     if (!it.sampler->params().SameDistributionAs(items[0].sampler->params())) {
       return absl::InvalidArgumentError(Cat("speculative round: item ", b, " samples with other parameters than item 0"));
     }
@@ -482,6 +477,12 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     drafts[b] = {draft, std::span(&spans[b][0], 1), std::span(&linear, 1), LogitsRows::kLast, &unused, false};
   }
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, verify, this));
+  // Each draft takes its sequence's position here; its states are copied on the device (CopyRecurrentStates).
+  std::vector<int64_t> starts(n);
+  for (int64_t b = 0; b < n; ++b) {
+    items[b].draft->RecordRecurrentCopy(*items[b].seq);
+    starts[b] = items[b].seq->position();
+  }
   ORYX_RETURN_IF_ERROR(ValidateForwardBatch(c, drafts, this));
 
   Scratch& sc = *scratch_;
@@ -523,7 +524,13 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   auto* span_tokens = reinterpret_cast<int32_t*>(sc.meta + verify_base);
   auto* results = reinterpret_cast<int32_t*>(sc.meta + result_base);
   const auto* uniforms = reinterpret_cast<const double*>(sc.meta + uniform_base);
+  const kc::RoundStateDims state_dims{static_cast<int32_t>(ctx.L), static_cast<int32_t>(ctx.H),
+                                      static_cast<int32_t>(ctx.dh), static_cast<int32_t>(ctx.W),
+                                      static_cast<int32_t>(2 * ctx.HD)};
+  const auto* verify_seqs = reinterpret_cast<const kc::SeqDesc*>(sc.meta + verify_base + MetaLayout(verify_plan).seqs);
+  const auto* draft_seqs = reinterpret_cast<const kc::SeqDesc*>(sc.meta + MetaLayout(draft_plan).seqs);
   auto round = [&] {
+    kc::CopyRecurrentStates(verify_seqs, draft_seqs, B, state_dims, ctx.stream);  // the drafts refreshed
     for (int64_t j = 0; j < k; ++j) {
       SetViews(draft_plan, sc.meta + j * draft_bytes);
       sc.tokens = span_tokens + j;
@@ -540,14 +547,30 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     }
     SetViews(verify_plan, sc.meta + verify_base);
     RunModel(verify_plan);
-    if (!sampled) return kc::Argmax({.rows = B * S, .vocab = V, .logits_ptr = sc.logits,
-                                     .tokens_ptr = results}, ctx.stream);
-    for (int64_t b = 0; b < B; ++b) {
-      kc::AcceptLossless({.drafts = k, .dims = dims, .logits_ptr = sc.logits + b * S * V,
-                          .drafts_ptr = span_tokens + b * S + 1, .maybe_q_ptr = sc.round_q + b * k * V,
-                          .uniforms_ptr = uniforms + k * B + b * S, .result_ptr = results + 2 * b,
-                          .workspace_ptr = sc.sample_workspace}, ctx.stream);
+    if (!sampled) {
+      kc::Argmax({.rows = B * S, .vocab = V, .logits_ptr = sc.logits, .tokens_ptr = results}, ctx.stream);
+    } else {
+      for (int64_t b = 0; b < B; ++b) {
+        kc::AcceptLossless({.drafts = k,
+                            .dims = dims,
+                            .logits_ptr = sc.logits + b * S * V,
+                            .drafts_ptr = span_tokens + b * S + 1,
+                            .maybe_q_ptr = sc.round_q + b * k * V,
+                            .uniforms_ptr = uniforms + k * B + b * S,
+                            .result_ptr = results + 2 * b,
+                            .workspace_ptr = sc.sample_workspace},
+                           ctx.stream);
+      }
     }
+    // The sequences cut back to their accepted drafts (TruncateRestored below keeps the host's side).
+    kc::RestoreAccepted({.seqs_ptr = verify_seqs,
+                         .rows = B,
+                         .drafts = k,
+                         .span_tokens_ptr = span_tokens,
+                         .results_ptr = results,
+                         .sampled = sampled,
+                         .dims = state_dims},
+                        ctx.stream);
   };
   // (The sampling parameters are baked into the launches, so they are part of the key.)
   if (!graph ||
@@ -570,7 +593,8 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   for (int64_t j = 0; j < k; ++j) FinishForward(std::span(drafts).first(n), nullptr, nullptr);
   FinishForward(std::span(verify).first(n), nullptr, nullptr);
 
-  // The drafts, and the verify rows' argmaxes (greedy) or the device's verdict (sampled).
+  // The drafts, and the verify rows' argmaxes (greedy) or the device's verdict (sampled); each sequence is
+  // after its pending token and its accepted drafts.
   for (int64_t b = 0; b < n; ++b) {
     RoundResult& r = *items[b].result;
     const int32_t* d = span_host + b * S;  // pending, d_1..d_k
@@ -581,7 +605,12 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       r.next = results_host[2 * b + 1];
     } else {
       r.targets.assign(results_host + b * S, results_host + (b + 1) * S);
+      r.accepted = 0;  // (as the device counted them: kc::RestoreAccepted)
+      while (r.accepted < k && r.drafts[r.accepted] == r.targets[r.accepted]) ++r.accepted;
+      r.next = r.targets[r.accepted];
     }
+    ORYX_RETURN_IF_ERROR(items[b].seq->TruncateRestored(starts[b] + 1 + r.accepted));
+    r.cut = true;
   }
   return absl::OkStatus();
 }

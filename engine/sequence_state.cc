@@ -132,6 +132,10 @@ void SequenceState::CopyRecurrentFrom(const SequenceState& other) {
       std::copy(other.layers_[i].conv.begin(), other.layers_[i].conv.end(), layers_[i].conv.begin());
     }
   }
+  RecordRecurrentCopy(other);
+}
+
+void SequenceState::RecordRecurrentCopy(const SequenceState& other) {
   position_ = other.position_;
   span_start_ = -1;
   span_len_ = 0;
@@ -179,7 +183,9 @@ int64_t SequenceState::kv_block_tokens() const {
   return kv_.pool() ? kv_.pool()->block_tokens() : 1;
 }
 
-absl::Status SequenceState::Truncate(int64_t position) {
+absl::Status SequenceState::Truncate(int64_t position) { return Cut(position, /*restore=*/true); }
+
+absl::Status SequenceState::Cut(int64_t position, bool restore) {
   if (position > position_ || position < 0) {
     return absl::InvalidArgumentError(Cat("truncate: position ", position, " outside [0, ", position_, "]"));
   }
@@ -193,8 +199,8 @@ absl::Status SequenceState::Truncate(int64_t position) {
             "); take a Clone() snapshot instead"));
   }
   const int64_t j = position - span_start_, dd = head_dim_ * head_dim_, hd = heads_ * head_dim_;
-  if (device_) {
-    device_->RestoreSpan(j);  // the device KV cache is cut by the position alone
+  if (device_ || !restore) {
+    if (restore) device_->RestoreSpan(j);  // the device KV cache is cut by the position alone
     position_ = position;
     return absl::OkStatus();
   }

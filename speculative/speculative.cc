@@ -257,21 +257,21 @@ void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepte
   r.last_accepted = accepted;
 }
 
-absl::StatusOr<SequenceState*> SpeculativeDecoder::FreshDraft(const DecodeSlot& s) {
+absl::StatusOr<SequenceState*> SpeculativeDecoder::DraftOf(const DecodeSlot& s, bool refresh) {
   SlotRound& r = RoundOf(s.id);
   if (!r.draft_seq) {
     ORYX_ASSIGN_OR_RETURN(SequenceState draft, s.seq->TryMakeDraft());
     r.draft_seq.emplace(std::move(draft));
-  } else {
+  } else if (refresh) {
     r.draft_seq->CopyRecurrentFrom(*s.seq);
   }
   return &*r.draft_seq;
 }
 
-absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted,
-                                        int32_t next, double round_s) {
+absl::Status SpeculativeDecoder::Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next,
+                                        double round_s, bool cut) {
   const int64_t drafted = static_cast<int64_t>(drafts.size());
-  if (drafted > 0) {  // the sequence is after [x, d_1..d_k]: back to after x and the accepted drafts
+  if (drafted > 0 && !cut) {  // the sequence is after [x, d_1..d_k]: back to after x and the accepted drafts
     ORYX_RETURN_IF_ERROR(s.seq->Truncate(s.seq->position() - drafted + accepted));
   }
   s.emitted.assign(drafts.begin(), drafts.begin() + accepted);
@@ -302,14 +302,15 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     if (k_[i] != k || !slots[i]->sampler->params().SameDistributionAs(first)) return false;
   }
   if (k < 1) return false;
-  // What the controller is told the round cost: everything it does, the draft states' copies and the commits'
-  // rollbacks included (a copy per slot each, which at batch 64 are not small beside the round itself).
+  // What the controller is told the round cost: everything it does, the draft states' copies and the
+  // rollbacks included (the caller's, when the backend leaves them to it: a copy per slot each, which at batch
+  // 64 are not small beside the round itself).
   const auto round_start = Clock::now();
   round_items_.resize(slots.size());
   round_results_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
-    ORYX_ASSIGN_OR_RETURN(SequenceState* draft, FreshDraft(s));
+    ORYX_ASSIGN_OR_RETURN(SequenceState * draft, DraftOf(s, /*refresh=*/false));
     round_items_[i] = {s.seq, draft, s.pending, s.sampler, &round_results_[i]};
   }
   lengths_chosen_ = false;
@@ -324,11 +325,15 @@ absl::StatusOr<bool> SpeculativeDecoder::RunWhole(Backend& backend, std::span<De
     int32_t next = res.next;
     if (s.sampler->params().greedy()) {
       accepted = AcceptGreedy(res.drafts, res.targets, &next);
+      if (res.cut && (accepted != res.accepted || next != res.next)) {
+        return absl::InternalError(Cat("speculative round: the backend kept ", res.accepted, " drafts and next token ",
+                                       res.next, ", the greedy rule ", accepted, " and ", next));
+      }
     } else {  // the backend peeked the round's uniforms: the stream goes past the ones it used
       s.sampler->SkipUniforms(UniformsOfSampledRound(k, accepted));
     }
     s.stats->linear_tokens += k;
-    ORYX_RETURN_IF_ERROR(Commit(s, res.drafts, accepted, next, round_s));
+    ORYX_RETURN_IF_ERROR(Commit(s, res.drafts, accepted, next, round_s, res.cut));
     s.stats->spec->backend_round_s += round_s;
     ++s.stats->spec->backend_rounds;
   }
@@ -362,7 +367,7 @@ absl::Status SpeculativeDecoder::PlanRounds(const Backend& backend, std::span<De
         r.k = static_cast<int64_t>(r.draft.tokens.size());
       }
       if (r.k > 0 && linear) {
-        ORYX_RETURN_IF_ERROR(FreshDraft(s).status());
+        ORYX_RETURN_IF_ERROR(DraftOf(s, /*refresh=*/true).status());
         r.phase = Phase::kDrafting;
       } else {
         r.phase = r.k > 0 ? Phase::kVerifying : Phase::kPlain;

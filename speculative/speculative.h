@@ -191,13 +191,13 @@ class SpeculativeDecoder final : public Decoder {
   int64_t DraftLength(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
   // The draft lengths of slots starting a round now: `want`, or the controller's choice for all of them.
   void ChooseLengths(const ModelConfig& config, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
-  // The slot's draft sequence holding its sequence's recurrent state now (made on first use);
-  // ResourceExhausted when the device has no room for it.
-  absl::StatusOr<SequenceState*> FreshDraft(const DecodeSlot& s);
-  // The round's end, however it ran: cuts the sequence back to after x and the accepted drafts, emits them
-  // and the next token, and counts the round.
-  absl::Status Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next,
-                      double round_s);
+  // The slot's draft sequence (made on first use), holding its sequence's recurrent state now when `refresh`
+  // (a round the backend runs whole refreshes it itself); ResourceExhausted when the device has no room for it.
+  absl::StatusOr<SequenceState*> DraftOf(const DecodeSlot& s, bool refresh);
+  // The round's end, however it ran: cuts the sequence back to after x and the accepted drafts (unless the
+  // backend did: `cut`), emits them and the next token, and counts the round.
+  absl::Status Commit(DecodeSlot& s, std::span<const int32_t> drafts, int64_t accepted, int32_t next, double round_s,
+                      bool cut = false);
   // Counts a slot's round (its drafts, how many were accepted, its wall time) in its stats and the controller.
   void Account(DecodeSlot& s, int64_t drafted, int64_t accepted, double round_s);
   std::unique_ptr<Proposer> proposer_;

@@ -409,6 +409,27 @@ struct AcceptLosslessParams {
 };
 void AcceptLossless(const AcceptLosslessParams& p, cudaStream_t stream);
 
+// A whole speculative round's state moves, one launch each for all its sequences (round_states.cu). The
+// sequences' recurrent state [L, H, dh, dh] and conv window [L, W, C] (C = 2HD), as SeqDesc holds them.
+struct RoundStateDims {
+  int32_t layers, heads, head_dim, conv_width, conv_channels;
+};
+// Before the draft steps: from[b]'s state and window copied into to[b]'s (the drafts refreshed).
+void CopyRecurrentStates(const SeqDesc* from, const SeqDesc* to, int64_t rows, const RoundStateDims& dims,
+                         cudaStream_t stream);
+// After the verify: each sequence's state and window brought back to those after its pending token and its
+// accepted drafts, from the verify span's kept history (SeqDesc::maybe_span_states, maybe_span_inputs).
+struct RestoreAcceptedParams {
+  const SeqDesc* seqs_ptr;  // [rows]: the verify's descriptors (len = drafts + 1, history kept)
+  int64_t rows;
+  int64_t drafts;                  // k
+  const int32_t* span_tokens_ptr;  // [rows, k + 1]: pending, d_1..d_k
+  const int32_t* results_ptr;      // sampled [rows, 2] (accepted, next); greedy [rows, k + 1] the verify argmaxes
+  bool sampled;
+  RoundStateDims dims;
+};
+void RestoreAccepted(const RestoreAcceptedParams& p, cudaStream_t stream);
+
 // Process-wide switches of kernel variants, each on by default. The backend sets them from its options
 // (BackendOptions::cuda, which the CLI fills from ORYX_CUDA_* variables); for measuring what a variant brings.
 struct KernelSwitches {

@@ -773,7 +773,7 @@ TEST(CudaParity, DefaultModelBackendRoundsEqualHostRounds) {
   ExpectBackendRoundsEqualHostRounds(std::move(*gpu), 4, 64);
 }
 
-// SpeculativeRound's own checks: nothing runs and no state changes.
+// SpeculativeRound's own checks: nothing runs and no state changes; then a round with a stale draft.
 TEST(CudaBackend, SpeculativeRoundRejectsBadItems) {
   auto gpu = CudaBackend::CreateRandom(HeadDim64Config(LinearMixer::kMamba2), 5);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -798,17 +798,79 @@ TEST(CudaBackend, SpeculativeRoundRejectsBadItems) {
   ASSERT_TRUE((*gpu)->Forward(other, prompt, std::vector<Mode>(3, Mode::kAttention), false, &logits).ok());
   const RoundItem mixed[] = {{&seq, &draft, 8, &greedy, &result}, {&other, &draft2, 8, &hot, &result2}};
   EXPECT_EQ((*gpu)->SpeculativeRound(mixed, 2).code(), absl::StatusCode::kInvalidArgument);
-  // A draft sequence that does not hold the sequence's state (not refreshed).
+  EXPECT_EQ(seq.position(), 3);
+  // A draft that does not hold the sequence's state: the round refreshes it. The drafts and the verify rows'
+  // argmaxes come back, and the sequence is cut back to after the pending token and the accepted drafts.
   SequenceState stale = draft.Clone();
   ASSERT_TRUE((*gpu)->Forward(seq, std::vector<int32_t>{9}, std::vector<Mode>{Mode::kAttention}, false, &logits).ok());
-  EXPECT_EQ(round({&seq, &stale, 8, &greedy, &result}, 2), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(seq.position(), 4);
-  draft.CopyRecurrentFrom(seq);
-  ASSERT_EQ(round({&seq, &draft, 8, &greedy, &result}, 4), absl::StatusCode::kOk);
-  // The whole verify span stays, for the caller to commit; the drafts and the verify rows' argmaxes come back.
-  EXPECT_EQ(seq.position(), 4 + 5);
+  ASSERT_EQ(round({&seq, &stale, 8, &greedy, &result}, 4), absl::StatusCode::kOk);
+  EXPECT_TRUE(result.cut);
   EXPECT_EQ(result.drafts.size(), 4u);
   EXPECT_EQ(result.targets.size(), 5u);
+  int64_t accepted = 0;
+  while (accepted < 4 && result.drafts[accepted] == result.targets[accepted]) ++accepted;
+  EXPECT_EQ(result.accepted, accepted);
+  EXPECT_EQ(result.next, result.targets[accepted]);
+  EXPECT_EQ(seq.position(), 4 + 1 + accepted);
+  // From the same place with a draft refreshed by the caller: the same round.
+  ASSERT_TRUE(seq.Truncate(4).ok());
+  draft.CopyRecurrentFrom(seq);
+  RoundResult again;
+  ASSERT_EQ(round({&seq, &draft, 8, &greedy, &again}, 4), absl::StatusCode::kOk);
+  EXPECT_EQ(again.drafts, result.drafts);
+  EXPECT_EQ(again.targets, result.targets);
+}
+
+// The sequences a round cut back hold what a host-side cut would give them: after rounds of two sequences,
+// each cut on the device, a decode step gives the logits of the same sequences cut by Truncate (their states
+// restored by RestoreSpan) after the same verify span run by Forward.
+TEST(CudaBackend, RoundsCutTheirSequencesAsTruncateDoes) {
+  for (const LinearMixer mixer : {LinearMixer::kMamba2, LinearMixer::kGdn}) {
+    SCOPED_TRACE(mixer == LinearMixer::kGdn ? "gdn" : "mamba2");
+    auto gpu = CudaBackend::CreateRandom(HeadDim64Config(mixer), 8);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    CudaBackend& cuda = **gpu;
+    std::mt19937 rng(5);
+    std::vector<SequenceState> seqs, drafts;
+    std::vector<float> logits;
+    for (int i = 0; i < 2; ++i) {
+      seqs.push_back(cuda.NewSequence());
+      const std::vector<int32_t> prompt = PromptTokens(rng, 10 + 7 * i, cuda.config().vocab_size);
+      ASSERT_TRUE(
+          cuda.Forward(seqs[i], prompt, std::vector<Mode>(prompt.size(), Mode::kAttention), false, &logits).ok());
+      drafts.push_back(seqs[i].MakeDraft());
+    }
+    Sampler greedy(SamplingParams{});
+    std::vector<RoundResult> results(2);
+    for (int r = 0; r < 3; ++r) {
+      std::vector<SequenceState> copies;  // the sequences before the round
+      for (SequenceState& s : seqs) copies.push_back(s.Clone());
+      const std::vector<RoundItem> items = {{&seqs[0], &drafts[0], 11, &greedy, &results[0]},
+                                            {&seqs[1], &drafts[1], 12, &greedy, &results[1]}};
+      ASSERT_TRUE(cuda.SpeculativeRound(items, 3).ok());
+      for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE(results[i].cut);
+        // The same span on the copy by Forward, cut by Truncate.
+        std::vector<int32_t> span = {items[i].pending};
+        span.insert(span.end(), results[i].drafts.begin(), results[i].drafts.end());
+        const std::vector<Mode> modes(span.size(), Mode::kAttention);
+        const ForwardItem verify{&copies[i], span, modes, LogitsRows::kNone, nullptr, /*keep_states=*/true};
+        ASSERT_TRUE(cuda.Forward(std::span(&verify, 1)).ok());
+        ASSERT_TRUE(copies[i].Truncate(seqs[i].position()).ok());
+        // A decode step in linear mode reads the state and window alone; one in attention mode the KV too.
+        for (const Mode mode : {Mode::kLinear, Mode::kAttention}) {
+          std::vector<float> want, got;
+          SequenceState a = copies[i].Clone(), b = seqs[i].Clone();
+          ASSERT_TRUE(cuda.Forward(a, std::vector<int32_t>{7}, std::vector<Mode>{mode}, false, &want).ok());
+          ASSERT_TRUE(cuda.Forward(b, std::vector<int32_t>{7}, std::vector<Mode>{mode}, false, &got).ok());
+          ASSERT_EQ(got.size(), want.size());
+          for (size_t v = 0; v < want.size(); ++v) {
+            ASSERT_NEAR(got[v], want[v], 1e-3f) << "round " << r << ", sequence " << i << ", logit " << v;
+          }
+        }
+      }
+    }
+  }
 }
 
 // A round shape's uses before it replays a graph (graph_after = 2: one launched kernel by kernel, then the
@@ -827,11 +889,10 @@ TEST(CudaBackend, RoundsBeforeTheirGraphReplaysAreWarmups) {
   RoundResult result;
   using Counts = std::pair<int64_t, int64_t>;  // (warm-ups, graphs recorded) during a round
   auto round = [&] {
-    draft.CopyRecurrentFrom(seq);
     const RoundItem item{&seq, &draft, 8, &greedy, &result};
-    const int64_t warmups = (*gpu)->graph_warmups(), recorded = (*gpu)->graphs_recorded();
+    const int64_t warmups = (*gpu)->graph_warmups(), recorded = (*gpu)->graphs_recorded(), start = seq.position();
     EXPECT_TRUE((*gpu)->SpeculativeRound(std::span<const RoundItem>(&item, 1), 2).ok());
-    EXPECT_TRUE(seq.Truncate(seq.position() - 2).ok());  // the drafts rejected: the next round's shape is the same
+    EXPECT_TRUE(seq.Truncate(start).ok());  // back where it started: the next round's shape is the same
     return Counts((*gpu)->graph_warmups() - warmups, (*gpu)->graphs_recorded() - recorded);
   };
   EXPECT_EQ(round(), Counts(1, 0));  // launched kernel by kernel
@@ -863,13 +924,14 @@ TEST(CudaBackend, RoundsOfNearbyBatchSizesShareOnePaddedGraph) {
   // starts where the first did; the warm-ups it counted.
   auto round = [&](int count) {
     std::vector<RoundItem> items;
+    std::vector<int64_t> starts;
     for (int i = 0; i < count; ++i) {
-      drafts[i].CopyRecurrentFrom(seqs[i]);
       items.push_back({&seqs[i], &drafts[i], 9 + i, &samplers[i], &results[i]});
+      starts.push_back(seqs[i].position());
     }
     const int64_t warmups = cuda.graph_warmups();
     EXPECT_TRUE(cuda.SpeculativeRound(items, kDrafts).ok());
-    for (int i = 0; i < count; ++i) EXPECT_TRUE(seqs[i].Truncate(seqs[i].position() - kDrafts - 1).ok());
+    for (int i = 0; i < count; ++i) EXPECT_TRUE(seqs[i].Truncate(starts[i]).ok());
     return cuda.graph_warmups() - warmups;
   };
   EXPECT_EQ(round(5), 1);  // launched kernel by kernel

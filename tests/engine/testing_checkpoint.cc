@@ -202,6 +202,8 @@ absl::Status HostRoundsBackend::SpeculativeRound(std::span<const RoundItem> item
     if (!it.sampler->params().greedy()) return absl::UnimplementedError("greedy rounds only");
     RoundResult& r = *it.result;
     r.drafts.clear();
+    r.cut = false;  // (the decoder cuts the sequence)
+    it.draft->CopyRecurrentFrom(*it.seq);
     int32_t x = it.pending;
     for (int64_t j = 0; j < k; ++j) {
       const Mode linear = Mode::kLinear;
