@@ -275,7 +275,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const server::SchedulerStats before = http->stats();
     const int64_t graphs_before = engine.backend().graphs_recorded();
     const int64_t warmups_before = engine.backend().graph_warmups();
-    const double warmup_s_before = engine.backend().graph_warmup_seconds();
+    const std::vector<std::pair<std::string, double>> counters_before = engine.backend().Counters();
     const Clock::time_point start = Clock::now();
     std::vector<Sample> samples = open_loop ? RunOpenLoop(http->port(), o, rate, prompts, o.seed + 31 * level)
                                             : RunLevel(http->port(), o, clients, prompts);
@@ -345,10 +345,9 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         {"preemptions", after.preemptions - before.preemptions},
         // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
         {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},
-        // Forwards and rounds of such shapes before their graphs replayed, and the wall time of the calls
-        // that ran them (the replays they stood in for included).
+        // Forwards and rounds of such shapes before their graphs replayed (their time: graph_warmup_s, one of
+        // the backend's counters below).
         {"graph_warmups", engine.backend().graph_warmups() - warmups_before},
-        {"graph_warmup_s", engine.backend().graph_warmup_seconds() - warmup_s_before},
         {"kv_memory_mib", static_cast<double>(after.kv_memory) / (1 << 20)},    // the budget in force
         {"kv_pool_mib", static_cast<double>(after.kv_pool_bytes) / (1 << 20)},  // the pool's memory
         {"max_admitted", after.max_admitted},  // requests holding memory at once, so far
@@ -360,6 +359,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
                                        : 0.0},
         {"threads", o.threads}};
     if (open_loop) row["arrival_rate_per_s"] = rate;
+    // The backend's own counters over the level (Backend::Counters), as flat keys.
+    const std::vector<std::pair<std::string, double>> counters_after = engine.backend().Counters();
+    for (size_t i = 0; i < counters_after.size() && i < counters_before.size(); ++i) {
+      row[counters_after[i].first] = counters_after[i].second - counters_before[i].second;
+    }
     if (const PrefixCache* cache = engine.prefix_cache(); cache != nullptr) {
       const PrefixCacheStats st = cache->stats();  // at the level's end
       row["prefix_cache_snapshots"] = st.snapshots;

@@ -309,9 +309,13 @@ class Backend {
   // the shape costs from then on, so a caller that times its forwards (the draft-length controller) leaves
   // out the ones during which this count moved.
   virtual int64_t graph_warmups() const { return 0; }
-  // The wall time of the forwards and rounds during which graph_warmups() moved: what meeting new shapes cost
-  // (the time those calls would have taken replaying their graphs included).
-  virtual double graph_warmup_seconds() const { return 0; }
+  // Cumulative measures of the backend's own work by name (times in seconds end in "_s"), for benchmarks to
+  // take differences of. The CUDA backend's: graph_warmup_s (the wall time of the forwards and rounds during
+  // which graph_warmups() moved, the replays they stood in for included), device_mallocs, device_malloc_s and
+  // device_shortages (allocations its memory pool's cache could not serve), and whole rounds' count and wall
+  // time by stage: round_prepare_s (checks, plans, metadata), round_launch_s (the launches, or the graph's
+  // replay or capture), round_wait_s (the synchronisation), round_finish_s (the host's bookkeeping after).
+  virtual std::vector<std::pair<std::string, double>> Counters() const { return {}; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.
   virtual int64_t KvBytes(int64_t positions) const {

@@ -438,7 +438,28 @@ absl::Status CudaBackend::EnsureIdleSequences(int64_t count) {
   return absl::OkStatus();
 }
 
+std::vector<std::pair<std::string, double>> CudaBackend::Counters() const {
+  auto seconds = [](const std::atomic<int64_t>& ns) { return 1e-9 * static_cast<double>(ns.load()); };
+  const DevicePool& pool = ctx_->pool;
+  return {{"graph_warmup_s", seconds(graphs_.warmup_ns)},
+          {"device_mallocs", static_cast<double>(pool.mallocs())},
+          {"device_malloc_s", pool.malloc_seconds()},
+          {"device_shortages", static_cast<double>(pool.shortages())},
+          {"rounds", static_cast<double>(round_times_.rounds.load())},
+          {"round_prepare_s", seconds(round_times_.prepare_ns)},
+          {"round_launch_s", seconds(round_times_.launch_ns)},
+          {"round_wait_s", seconds(round_times_.wait_ns)},
+          {"round_finish_s", seconds(round_times_.finish_ns)}};
+}
+
 absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int64_t k) {
+  // The round's wall time by stage, added to round_times_ as it goes (a failed round counts up to its failure).
+  auto last = std::chrono::steady_clock::now();
+  auto lap = [&](std::atomic<int64_t>& ns) {
+    const auto now = std::chrono::steady_clock::now();
+    ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(now - last).count(), std::memory_order_relaxed);
+    last = now;
+  };
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(items.size()), V = c.vocab_size, S = k + 1;
   if (n == 0) return absl::OkStatus();
@@ -518,6 +539,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       std::copy(ahead.begin() + k, ahead.end(), u + k * B + b * S);
     }
   }
+  lap(round_times_.prepare_ns);
   ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta, sc.meta_host, meta_bytes, cudaMemcpyHostToDevice, ctx.stream));
   // The verify span's tokens [B, S] (at the verify metadata's base) are where the drafts go: draft step j
   // reads column j and writes its token to column j + 1.
@@ -584,7 +606,9 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
   ORYX_CUDA_CHECK(cudaMemcpyAsync(span_host, span_tokens, B * S * 4, cudaMemcpyDeviceToHost, ctx.stream));
   ORYX_CUDA_CHECK(cudaMemcpyAsync(results_host, results, (sampled ? 2 * B : B * S) * 4, cudaMemcpyDeviceToHost,
                                   ctx.stream));
+  lap(round_times_.launch_ns);
   ORYX_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  lap(round_times_.wait_ns);
   if (profiler_) {  // (the drafts' ops and the verify's summed)
     const std::string kind = Cat("whole round of ", k, " drafts, batch ", B, " (", n, " sequences)");
     profiler_->Collect(&kind);
@@ -612,6 +636,8 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
     ORYX_RETURN_IF_ERROR(items[b].seq->TruncateRestored(starts[b] + 1 + r.accepted));
     r.cut = true;
   }
+  lap(round_times_.finish_ns);
+  round_times_.rounds.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -16,10 +16,15 @@
 
 namespace oryx {
 
-// CudaBackend::graphs_recorded(), graph_warmups() and graph_warmup_seconds(): forward and round graphs
+// CudaBackend::graphs_recorded(), graph_warmups() and Counters()' graph_warmup_s: forward and round graphs
 // captured, runs of their shapes before they replayed, and the wall time of the calls that had such runs.
 struct CudaGraphCounts {
   std::atomic<int64_t> recorded{0}, warmups{0}, warmup_ns{0};
+};
+
+// Counters()' whole rounds: how many, and their wall time by stage (Backend::Counters).
+struct CudaRoundTimes {
+  std::atomic<int64_t> rounds{0}, prepare_ns{0}, launch_ns{0}, wait_ns{0}, finish_ns{0};
 };
 
 class CudaBackend final : public Backend {
@@ -51,9 +56,7 @@ class CudaBackend final : public Backend {
   absl::Status SpeculativeRound(std::span<const RoundItem> items, int64_t k) override;
   int64_t graphs_recorded() const override { return graphs_.recorded.load(std::memory_order_relaxed); }
   int64_t graph_warmups() const override { return graphs_.warmups.load(std::memory_order_relaxed); }
-  double graph_warmup_seconds() const override {
-    return 1e-9 * static_cast<double>(graphs_.warmup_ns.load(std::memory_order_relaxed));
-  }
+  std::vector<std::pair<std::string, double>> Counters() const override;
   // Whole rounds padded with idle sequences to a few batch sizes (CudaSwitches::round_padding; default on).
   void set_round_padding(bool on) { round_padding_ = on; }
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
@@ -159,6 +162,7 @@ class CudaBackend final : public Backend {
   bool fused_gemv_ = true;
   bool runs_rounds_ = true;
   CudaGraphCounts graphs_;
+  CudaRoundTimes round_times_;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

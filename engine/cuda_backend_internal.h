@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -59,28 +60,13 @@ class DevicePool {
         free_.erase(it);
         return p;
       }
-      void* p = nullptr;
-      if (cudaMalloc(&p, bytes) == cudaSuccess) {
-        sizes_[p] = bytes;
-        return p;
-      }
-      (void)cudaGetLastError();
     }
-    if (may_reclaim && reclaim_) reclaim_();
-    // Out of memory: give the cached blocks back and try once more.
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, block] : free_) {
-      ORYX_CUDA_CHECK(cudaFree(block));
-      sizes_.erase(block);
-    }
-    free_.clear();
-    cached_ = 0;
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    sizes_[p] = bytes;
+    const auto start = std::chrono::steady_clock::now();
+    void* p = Malloc(bytes, may_reclaim);
+    mallocs_.fetch_add(1, std::memory_order_relaxed);
+    malloc_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+        std::memory_order_relaxed);
     return p;
   }
   void Free(void* p) {
@@ -93,8 +79,42 @@ class DevicePool {
     std::lock_guard<std::mutex> lock(mu_);
     return cached_;
   }
+  // Allocations the cache could not serve, their wall time (cudaMalloc, and on a shortage the reclaim and the
+  // cache given back), and the shortages among them: for CudaBackend::Counters.
+  int64_t mallocs() const { return mallocs_.load(std::memory_order_relaxed); }
+  double malloc_seconds() const { return 1e-9 * static_cast<double>(malloc_ns_.load(std::memory_order_relaxed)); }
+  int64_t shortages() const { return shortages_.load(std::memory_order_relaxed); }
 
  private:
+  // A new block past the cache: cudaMalloc, or when the device is out of memory the reclaim, the cached blocks
+  // given back and cudaMalloc once more.
+  void* Malloc(int64_t bytes, bool may_reclaim) {
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cudaMalloc(&p, bytes) == cudaSuccess) {
+        sizes_[p] = bytes;
+        return p;
+      }
+      (void)cudaGetLastError();
+    }
+    shortages_.fetch_add(1, std::memory_order_relaxed);
+    if (may_reclaim && reclaim_) reclaim_();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, block] : free_) {
+      ORYX_CUDA_CHECK(cudaFree(block));
+      sizes_.erase(block);
+    }
+    free_.clear();
+    cached_ = 0;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    sizes_[p] = bytes;
+    return p;
+  }
+  std::atomic<int64_t> mallocs_{0}, malloc_ns_{0}, shortages_{0};
   std::mutex mu_;
   std::multimap<int64_t, void*> free_;          // bytes -> free block
   std::unordered_map<void*, int64_t> sizes_;    // every block this pool allocated

@@ -895,10 +895,23 @@ TEST(CudaBackend, RoundsBeforeTheirGraphReplaysAreWarmups) {
     EXPECT_TRUE(seq.Truncate(start).ok());  // back where it started: the next round's shape is the same
     return Counts((*gpu)->graph_warmups() - warmups, (*gpu)->graphs_recorded() - recorded);
   };
+  auto counter = [&](std::string_view name) {
+    for (const auto& [key, value] : (*gpu)->Counters()) {
+      if (key == name) return value;
+    }
+    ADD_FAILURE() << "no counter " << name;
+    return 0.0;
+  };
+  const double warmup_s = counter("graph_warmup_s"), wait_s = counter("round_wait_s");
   EXPECT_EQ(round(), Counts(1, 0));  // launched kernel by kernel
   EXPECT_EQ(round(), Counts(1, 1));  // captured
+  const double warmups_took = counter("graph_warmup_s") - warmup_s;
+  EXPECT_GT(warmups_took, 0);
   EXPECT_EQ(round(), Counts(0, 0));  // replayed
   EXPECT_EQ(round(), Counts(0, 0));
+  EXPECT_EQ(counter("graph_warmup_s") - warmup_s, warmups_took);  // replays add nothing
+  EXPECT_EQ(counter("rounds"), 4);
+  EXPECT_GT(counter("round_wait_s"), wait_s);
 }
 
 // Whole rounds of 5 to 8 sequences run as one batch of 8 (three idle sequences and more): after the shape's
