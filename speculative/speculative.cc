@@ -212,9 +212,10 @@ std::pair<int64_t, int64_t> SpeculativeDecoder::LastRound(int64_t slot_id) const
 }
 
 int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& s, int64_t want) const {
-  // The verify span [x, d_1..d_k] must fit below max_position. A round may draft past the request's end (the
-  // engine emits nothing past max_tokens): cutting the length there would take a batch out of its one length,
-  // and so out of whole rounds on the device, and give the host's rounds other lengths than the device's.
+  // The verify span [x, d_1..d_k] must fit below max_position (ChooseLengths then gives the batch the shortest
+  // such length). A round may draft past the request's end (the engine emits nothing past max_tokens): cutting
+  // the length there would take a batch out of its one length, and so out of whole rounds on the device, and
+  // give the host's rounds other lengths than the device's.
   return std::max<int64_t>(
       0, std::min({want, options_.k > 0 ? options_.k : options_.max_k, c.max_position - s.seq->position() - 1}));
 }
@@ -231,6 +232,20 @@ void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlo
     if (!ids_.empty()) k = controller_.Choose(ids_);
   }
   for (size_t i = 0; i < slots.size(); ++i) k_[i] = DraftLength(c, *slots[i], want.empty() ? k : want[i]);
+  if (!want.empty()) return;
+  // One length for the batch: the shortest that a slot starting a round has room for below max_position, so
+  // that the round stays whole while a request nears the end of the context. (Left to a slot alone, its
+  // shorter length took the batch out of whole device rounds: the others then started rounds run as engine
+  // steps, which at 16K and batch 64 cost 1.4-1.7x a device round.)
+  int64_t shortest = -1;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!InRound(slots[i]->id)) shortest = shortest < 0 ? k_[i] : std::min(shortest, k_[i]);
+  }
+  if (shortest >= 0) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!InRound(slots[i]->id)) k_[i] = shortest;
+    }
+  }
 }
 
 void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted, double round_s) {

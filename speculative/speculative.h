@@ -189,7 +189,8 @@ class SpeculativeDecoder final : public Decoder {
   // The draft length a slot's round would have: want (or the fixed k / max_k) cut so that the verify span
   // fits below max_position.
   int64_t DraftLength(const ModelConfig& config, const DecodeSlot& s, int64_t want) const;
-  // The draft lengths of slots starting a round now: `want`, or the controller's choice for all of them.
+  // The draft lengths of slots starting a round now: `want`, or one for all of them (the controller's choice, or
+  // options' k) cut to the room below max_position that the slot with the least has.
   void ChooseLengths(const ModelConfig& config, std::span<DecodeSlot* const> slots, std::span<const int64_t> want);
   // The slot's draft sequence (made on first use), holding its sequence's recurrent state now when `refresh`
   // (a round the backend runs whole refreshes it itself); ResourceExhausted when the device has no room for it.

@@ -693,6 +693,40 @@ TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRound
   }
 }
 
+// Requests that end at the model's max_position keep the batch in whole rounds too: near the end of the
+// context a slot has room for fewer drafts, and the whole batch takes that length for the round, where the
+// slot alone taking it sent the batch's other slots into rounds run step by step.
+TEST_P(SpeculativeTest, RequestsReachingMaxPositionKeepTheBatchInWholeRounds) {
+  HostRoundsEngines e(GetParam());
+  Engine &alone = e.alone, &engine = e.engine;
+  const int32_t V = e.vocab;
+  const int64_t max_position = engine.backend().config().max_position;
+  std::mt19937 rng(35);
+  for (const char* policy : {"speculative:3", "speculative"}) {
+    SCOPED_TRACE(policy);
+    GenerationBatch batch(engine);
+    std::vector<GenerateRequest> qs;
+    for (int i = 0; i < 3; ++i) {
+      qs.push_back(RandomRequest(rng, V, policy));
+      // The first two end at max_position (their last round with room for fewer drafts); the third earlier.
+      qs.back().max_tokens = max_position - static_cast<int64_t>(qs.back().prompt_tokens.size()) - (i == 2 ? 9 : 0);
+    }
+    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 2, [](size_t) {});
+    ASSERT_EQ(got.size(), qs.size());
+    ExpectAttentionModesTokens(alone, qs, got, {0, 1, 2});
+    for (size_t i = 0; i < qs.size(); ++i) {
+      EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), qs[i].max_tokens) << "request " << i;
+      ASSERT_TRUE(got[i].stats.spec.has_value());
+      const SpecStats& st = *got[i].stats.spec;
+      EXPECT_EQ(st.backend_rounds, st.rounds - st.rounds_by_length.at(0)) << "request " << i;
+      // The two that reach max_position had rounds shorter than the policy's length there.
+      int64_t short_rounds = 0;
+      for (int64_t k = 1; k < 3; ++k) short_rounds += st.rounds_by_length.at(k);
+      if (std::string_view(policy) == "speculative:3" && i < 2) EXPECT_GT(short_rounds, 0) << "request " << i;
+    }
+  }
+}
+
 // A request joining while the batch's rounds run step by step (a sampled request beside greedy ones: rounds
 // of one sampling distribution only run whole) takes plain steps until those rounds end, so that the batch's
 // rounds stay in step; once the sampled request is done, the greedy ones run whole rounds again.
