@@ -6,19 +6,20 @@
 #include <cmath>
 #include <iostream>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_split.h"
+#include "base/rng.h"
+#include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "bench/bench_util.h"
 #include "engine/engine.h"
 #include "engine/json_text.h"
-#include "absl/strings/str_split.h"
-#include "base/status_macros.h"
-#include "base/str_cat.h"
 #include "httplib.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
-#include "base/rng.h"
 #include "train/shards.h"
 #ifdef ORYX_HAVE_CUDA
 #include "bench/cuda_bench.h"
@@ -49,6 +50,7 @@ struct Sample {
   int64_t drafted = 0, accepted = 0;  // speculative policies
   std::vector<int64_t> rounds_by_length;  // and their rounds by draft length, with the rounds' wall time
   std::vector<double> round_s_by_length;
+  int64_t backend_rounds = 0;  // of those, the rounds the backend ran whole
   std::string error;  // empty when the request succeeded
 };
 
@@ -123,6 +125,7 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
         s.accepted = last["oryx"]["stats"]["spec"]["accepted"].get<int64_t>();
         s.rounds_by_length = last["oryx"]["stats"]["spec"].value("rounds_by_length", std::vector<int64_t>{});
         s.round_s_by_length = last["oryx"]["stats"]["spec"].value("round_s_by_length", std::vector<double>{});
+        s.backend_rounds = last["oryx"]["stats"]["spec"].value("backend_rounds", int64_t{0});
       }
     }
   }
@@ -282,11 +285,12 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const double wall = Since(start);
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between, gaps;
-    int64_t tokens = 0, drafted = 0, accepted = 0, cached_tokens = 0;
+    int64_t tokens = 0, drafted = 0, accepted = 0, cached_tokens = 0, backend_rounds = 0;
     std::vector<int64_t> rounds_by_length;
     std::vector<double> round_s_by_length;
     for (const Sample& s : samples) {
       drafted += s.drafted;
+      backend_rounds += s.backend_rounds;
       accepted += s.accepted;
       rounds_by_length.resize(std::max(rounds_by_length.size(), s.rounds_by_length.size()));
       round_s_by_length.resize(rounds_by_length.size());
@@ -398,6 +402,11 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       }
       row["rounds_by_length"] = rounds_by_length;
       row["round_ms_by_length"] = mean_ms;
+      // Of the rounds that drafted (a slot's each), the share the backend ran whole: the rest ran as engine
+      // steps, one forward each (a batch out of step, mixed sampling parameters).
+      const int64_t drafting = std::accumulate(rounds_by_length.begin() + 1, rounds_by_length.end(), int64_t{0});
+      if (drafting > 0)
+        row["whole_round_fraction"] = static_cast<double>(backend_rounds) / static_cast<double>(drafting);
     }
     row.update(Provenance());
     emit(row);

@@ -46,6 +46,17 @@ check "bench router" -- bench router --model "$M" --haystack "${HAY[@]}" --lengt
 check "bench decode" -- bench decode --model "$M" --batches 1 --contexts 16 --steps 2 --json
 check "bench cost" -- bench cost --model "$M" --repeats 1 --json
 check "bench serve" -- bench serve --model "$M" --concurrency 2 --requests 2 --prompt-tokens 8 --max-tokens 8 --json
+check "bench serve speculative" -- bench serve --model "$M" --concurrency 2 --requests 2 --prompt-tokens 8 \
+  --max-tokens 8 --policy speculative:2 --json
+# Its rounds by draft length, and the share of drafting rounds run whole: none on the CPU backend.
+if python3 -c 'import json, sys
+j = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][0])
+assert sum(j["rounds_by_length"][1:]) > 0 and j["whole_round_fraction"] == 0, j' "$TMP/out"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: bench serve speculative: no rounds_by_length, or whole_round_fraction missing or not 0"
+fi
 
 if python3 -c 'import sys; sys.exit(0 if "\ufffd" in open(sys.argv[1], encoding="utf-8").read() else 1)' "$TMP/all"
 then
