@@ -67,7 +67,7 @@ struct HostRoundsEngines {
 
 // Request i's tokens in `got` are those `alone` generates for it in attention mode.
 void ExpectAttentionModesTokens(Engine& alone, const std::vector<GenerateRequest>& qs,
-                                const std::vector<GenerateResult>& got, std::initializer_list<size_t> which) {
+                                const std::vector<GenerateResult>& got, const std::vector<size_t>& which) {
   for (size_t i : which) {
     GenerateRequest attention = qs[i];
     attention.policy = "attention";
@@ -662,69 +662,74 @@ TEST_P(SpeculativeTest, RoundsRunByTheBackendGiveAttentionModesTokens) {
   }
 }
 
-// Requests ending at different lengths keep the batch in whole rounds: a request whose end is within the
-// round drafts past it instead of cutting its drafts (which took the batch out of its one draft length, and
-// every later round through the engine's steps, one forward each), and still ends at max_tokens with
-// attention mode's tokens.
-TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
-  HostRoundsEngines e(GetParam());
-  Engine &alone = e.alone, &engine = e.engine;
-  const int32_t V = e.vocab;
-  std::mt19937 rng(33);
+// Requests made by `make` (vocabulary, policy, max_position) under speculative:3 and adaptive speculative,
+// through the engine whose backend runs whole rounds, one joining every `every` steps: each ends at max_tokens
+// with attention mode's tokens, and every round that drafted ran whole on the backend (plain steps, k = 0,
+// run in the engine's forward). `also` checks a request's stats further.
+void ExpectRequestsKeepTheBatchInWholeRounds(
+    LinearMixer mixer, size_t every,
+    const std::function<std::vector<GenerateRequest>(int32_t, const char*, int64_t)>& make,
+    const std::function<void(const char*, size_t, const SpecStats&)>& also) {
+  HostRoundsEngines e(mixer);
   for (const char* policy : {"speculative:3", "speculative"}) {
     SCOPED_TRACE(policy);
-    GenerationBatch batch(engine);
-    std::vector<GenerateRequest> qs;
-    for (int i = 0; i < 4; ++i) {
-      qs.push_back(RandomRequest(rng, V, policy));
-      qs.back().max_tokens = 9 + 4 * i;
-    }
-    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 1, [](size_t) {});
+    GenerationBatch batch(e.engine);
+    const std::vector<GenerateRequest> qs = make(e.vocab, policy, e.engine.backend().config().max_position);
+    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, every, [](size_t) {});
     ASSERT_EQ(got.size(), qs.size());
-    ExpectAttentionModesTokens(alone, qs, got, {0, 1, 2, 3});
+    std::vector<size_t> all(qs.size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    ExpectAttentionModesTokens(e.alone, qs, got, all);
     for (size_t i = 0; i < qs.size(); ++i) {
       EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), qs[i].max_tokens) << "request " << i;
       ASSERT_TRUE(got[i].stats.spec.has_value());
       const SpecStats& st = *got[i].stats.spec;
-      // Plain steps (k = 0) run in the engine's forward; every drafting round ran on the backend.
       EXPECT_EQ(st.backend_rounds, st.rounds - st.rounds_by_length.at(0)) << "request " << i;
       EXPECT_GT(st.backend_rounds, 0) << "request " << i;
+      also(policy, i, st);
     }
   }
+}
+
+// Requests ending at different lengths keep the batch in whole rounds: a request whose end is within the
+// round drafts past it instead of cutting its drafts (which took the batch out of its one draft length, and
+// every later round through the engine's steps, one forward each).
+TEST_P(SpeculativeTest, RequestsEndingAtDifferentLengthsKeepTheBatchInWholeRounds) {
+  std::mt19937 rng(33);
+  ExpectRequestsKeepTheBatchInWholeRounds(
+      GetParam(), 1,
+      [&](int32_t vocab, const char* policy, int64_t) {
+        std::vector<GenerateRequest> qs;
+        for (int i = 0; i < 4; ++i) {
+          qs.push_back(RandomRequest(rng, vocab, policy));
+          qs.back().max_tokens = 9 + 4 * i;
+        }
+        return qs;
+      },
+      [](const char*, size_t, const SpecStats&) {});
 }
 
 // Requests that end at the model's max_position keep the batch in whole rounds too: near the end of the
 // context a slot has room for fewer drafts, and the whole batch takes that length for the round, where the
 // slot alone taking it sent the batch's other slots into rounds run step by step.
 TEST_P(SpeculativeTest, RequestsReachingMaxPositionKeepTheBatchInWholeRounds) {
-  HostRoundsEngines e(GetParam());
-  Engine &alone = e.alone, &engine = e.engine;
-  const int32_t V = e.vocab;
-  const int64_t max_position = engine.backend().config().max_position;
   std::mt19937 rng(35);
-  for (const char* policy : {"speculative:3", "speculative"}) {
-    SCOPED_TRACE(policy);
-    GenerationBatch batch(engine);
-    std::vector<GenerateRequest> qs;
-    for (int i = 0; i < 3; ++i) {
-      qs.push_back(RandomRequest(rng, V, policy));
-      // The first two end at max_position (their last round with room for fewer drafts); the third earlier.
-      qs.back().max_tokens = max_position - static_cast<int64_t>(qs.back().prompt_tokens.size()) - (i == 2 ? 9 : 0);
-    }
-    const std::vector<GenerateResult> got = testutil::RunJoining(batch, qs, 2, [](size_t) {});
-    ASSERT_EQ(got.size(), qs.size());
-    ExpectAttentionModesTokens(alone, qs, got, {0, 1, 2});
-    for (size_t i = 0; i < qs.size(); ++i) {
-      EXPECT_EQ(static_cast<int64_t>(got[i].tokens.size()), qs[i].max_tokens) << "request " << i;
-      ASSERT_TRUE(got[i].stats.spec.has_value());
-      const SpecStats& st = *got[i].stats.spec;
-      EXPECT_EQ(st.backend_rounds, st.rounds - st.rounds_by_length.at(0)) << "request " << i;
-      // The two that reach max_position had rounds shorter than the policy's length there.
-      int64_t short_rounds = 0;
-      for (int64_t k = 1; k < 3; ++k) short_rounds += st.rounds_by_length.at(k);
-      if (std::string_view(policy) == "speculative:3" && i < 2) EXPECT_GT(short_rounds, 0) << "request " << i;
-    }
-  }
+  ExpectRequestsKeepTheBatchInWholeRounds(
+      GetParam(), 2,
+      [&](int32_t vocab, const char* policy, int64_t max_position) {
+        std::vector<GenerateRequest> qs;
+        for (int i = 0; i < 3; ++i) {
+          qs.push_back(RandomRequest(rng, vocab, policy));
+          // The first two end at max_position (their last rounds with room for fewer drafts); the third earlier.
+          qs.back().max_tokens = max_position - static_cast<int64_t>(qs.back().prompt_tokens.size()) - (i == 2 ? 9 : 0);
+        }
+        return qs;
+      },
+      [](const char* policy, size_t i, const SpecStats& st) {
+        // The two that reach max_position had rounds shorter than the policy's length there.
+        if (std::string_view(policy) != "speculative:3" || i >= 2) return;
+        EXPECT_GT(st.rounds_by_length.at(1) + st.rounds_by_length.at(2), 0) << "request " << i;
+      });
 }
 
 // A request joining while the batch's rounds run step by step (a sampled request beside greedy ones: rounds
