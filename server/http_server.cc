@@ -237,6 +237,14 @@ bool SameKey(std::string_view a, std::string_view b) {
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
   return diff == 0;
 }
+
+// The backend's own counters (Backend::Counters: graph warm-ups, device allocations, whole rounds by stage),
+// cumulative since it loaded; an empty object for a backend that keeps none.
+json BackendCounters(const Backend& backend) {
+  json counters = json::object();
+  for (const auto& [name, value] : backend.Counters()) counters[name] = value;
+  return counters;
+}
 }  // namespace
 
 void HttpServer::Impl::Routes() {
@@ -286,7 +294,8 @@ void HttpServer::Impl::Routes() {
            {"scheduler", scheduler.stats().ToJson()},
            {"connections",
             {{"open", connections.open}, {"refused", connections.refused}, {"max_per_client", gate->max_per_client()}}},
-           {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)}});
+           {"prefix_cache", cache != nullptr ? ToJson(cache->stats()) : json(nullptr)},
+           {"backend", BackendCounters(engine.backend())}});
   });
   // The body is read here, whatever its content type: httplib's own reading would parse a form-urlencoded
   // body (what `curl -d` sends) as form fields and refuse one over 8 KB. A multipart form has no JSON body.
