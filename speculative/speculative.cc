@@ -223,29 +223,24 @@ int64_t SpeculativeDecoder::DraftLength(const ModelConfig& c, const DecodeSlot& 
 void SpeculativeDecoder::ChooseLengths(const ModelConfig& c, std::span<DecodeSlot* const> slots,
                                        std::span<const int64_t> want) {
   k_.assign(slots.size(), 0);
-  int64_t k = options_.k;
-  if (want.empty() && k == 0) {
-    ids_.clear();
-    for (const DecodeSlot* s : slots) {
-      if (!InRound(s->id)) ids_.push_back(s->id);
-    }
-    if (!ids_.empty()) k = controller_.Choose(ids_);
+  if (!want.empty()) {
+    for (size_t i = 0; i < slots.size(); ++i) k_[i] = DraftLength(c, *slots[i], want[i]);
+    return;
   }
-  for (size_t i = 0; i < slots.size(); ++i) k_[i] = DraftLength(c, *slots[i], want.empty() ? k : want[i]);
-  if (!want.empty()) return;
+  ids_.clear();
+  for (const DecodeSlot* s : slots) {
+    if (!InRound(s->id)) ids_.push_back(s->id);
+  }
+  int64_t k = options_.k;
+  if (k == 0 && !ids_.empty()) k = controller_.Choose(ids_);
   // One length for the batch: the shortest that a slot starting a round has room for below max_position, so
   // that the round stays whole while a request nears the end of the context. (Left to a slot alone, its
   // shorter length took the batch out of whole device rounds: the others then started rounds run as engine
   // steps, which at 16K and batch 64 cost 1.4-1.7x a device round.)
-  int64_t shortest = -1;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (!InRound(slots[i]->id)) shortest = shortest < 0 ? k_[i] : std::min(shortest, k_[i]);
+  for (const DecodeSlot* s : slots) {
+    if (!InRound(s->id)) k = DraftLength(c, *s, k);
   }
-  if (shortest >= 0) {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (!InRound(slots[i]->id)) k_[i] = shortest;
-    }
-  }
+  k_.assign(slots.size(), k);
 }
 
 void SpeculativeDecoder::Account(DecodeSlot& s, int64_t drafted, int64_t accepted, double round_s) {
