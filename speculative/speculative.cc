@@ -77,7 +77,8 @@ int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int32_t> t
 // ---------------------------------------------------------------------------------------------------------
 // Draft length
 
-DraftLengthController::DraftLengthController(int64_t max_k) : max_k_(max_k) {}
+DraftLengthController::DraftLengthController(int64_t max_k)
+    : max_k_(max_k), length_w_(max_k + 1, 0.0), length_s_(max_k + 1, 0.0) {}
 
 DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
   // Acceptance starts optimistic (0.8 per position) until rounds are measured.
@@ -86,6 +87,9 @@ DraftLengthController::Slot& DraftLengthController::SlotFor(int64_t slot_id) {
 
 double DraftLengthController::RoundSeconds(int64_t k) const {
   if (k == 0) return plain_w_ > 0 ? std::max(1e-9, plain_s_ / plain_w_) : -1;
+  // A length measured in about the last 30 rounds (0.95^27 = 0.25) is its own mean.
+  constexpr double kRecentWeight = 0.25;
+  if (length_w_[k] >= kRecentWeight) return std::max(1e-9, length_s_[k] / length_w_[k]);
   if (w_ <= 0) return -1;
   const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
   if (var < 1e-9) return std::abs(static_cast<double>(k) - mx) < 0.5 ? my : -1;  // one length only: no slope yet
@@ -116,13 +120,20 @@ int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
     const double rate = expected[k] / RoundSeconds(k);
     if (rate > best_rate) best_rate = rate, best_k = k;
   }
-  // Probes, so that no estimate stays wrong for good after a few unlucky rounds: every 16th round drafts one
-  // more than the best length (two when not drafting), and while drafting every 64th round is a plain step
-  // (rounds that draft never measure one).
+  // Probes, so that no estimate stays wrong for good after a few unlucky rounds: every 16th round drafts, in
+  // turn, next to the best length (one more, one less at max_k, two when not drafting) or the length measured
+  // least lately (the longest of equals), and while drafting every 64th round is a plain step (rounds that
+  // draft never measure one).
   ++since_plain_;
   if (++since_probe_ >= 16) {
     since_probe_ = 0;
-    return std::min<int64_t>(best_k == 0 ? 2 : best_k + 1, max_k_);
+    far_probe_ = !far_probe_;
+    if (!far_probe_) return best_k == 0 ? std::min<int64_t>(2, max_k_) : best_k < max_k_ ? best_k + 1 : best_k - 1;
+    int64_t oldest = max_k_;
+    for (int64_t k = max_k_ - 1; k >= 1; --k) {
+      if (length_w_[k] < length_w_[oldest]) oldest = k;
+    }
+    return oldest;
   }
   if (best_k > 0 && since_plain_ >= 64) {
     since_plain_ = 0;
@@ -147,6 +158,10 @@ void DraftLengthController::RecordCost(int64_t k, double round_s) {
     plain_w_ = kDecay * plain_w_ + 1;
     plain_s_ = kDecay * plain_s_ + round_s;
     return;
+  }
+  for (int64_t j = 1; j <= max_k_; ++j) {
+    length_w_[j] = kDecay * length_w_[j] + (j == k ? 1 : 0);
+    length_s_[j] = kDecay * length_s_[j] + (j == k ? round_s : 0);
   }
   const double x = static_cast<double>(k), y = round_s;
   w_ = kDecay * w_ + 1;

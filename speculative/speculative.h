@@ -99,13 +99,16 @@ struct SpeculativeOptions {
 // expected tokens per second, k = 0 (plain attention decoding) included. One k for the whole batch, so that
 // the round can run whole on the backend (Backend::SpeculativeRound takes one draft length) and a slot that
 // joins a running batch (a server's) does not split it. A round of draft length k >= 1 costs k draft steps
-// and a verify span of k + 1 tokens per slot, so its time is fitted as base + per_draft * k by weighted least
-// squares over recent rounds (whether the backend ran the round whole or the decoder ran it forward by
-// forward). A plain step (k = 0) is a forward of one token per slot, on paths the verify span may not take,
-// so its time is measured on its own (a recent mean), not read off the line. The first three rounds use
-// k = max_k, 1 and 0 so that every estimate has a measurement. Every few rounds it probes: past the best
-// length (a short draft when not drafting), and, more rarely, with a plain step when drafting wins, so that
-// an estimate that happened to come out wrong is measured again.
+// and a verify span of k + 1 tokens per slot. Its time is each length's own recent mean where that length
+// was measured lately; otherwise base + per_draft * k, fitted by weighted least squares over recent rounds
+// of every length (whether the backend ran the round whole or the decoder ran it forward by forward). The
+// line alone is not enough: round times need not be a line in k (on the GPU a verify of 2 rows reads the KV
+// cache at a decode step's rate, one of 3 rows takes another kernel). A plain step (k = 0) is a forward of
+// one token per slot, on paths the verify span may not take, so its time is measured on its own (a recent
+// mean). The first three rounds use k = max_k, 1 and 0 so that every estimate has a measurement. Every few
+// rounds it probes, in turn, next to the best length (one longer, or one shorter at max_k; a short draft
+// when not drafting) and at the length measured least lately, and, more rarely, with a plain step when
+// drafting wins, so that an estimate that happened to come out wrong is measured again.
 class DraftLengthController {
  public:
   explicit DraftLengthController(int64_t max_k);
@@ -126,7 +129,9 @@ class DraftLengthController {
   int64_t max_k_;
   std::map<int64_t, Slot> slots_;
   int64_t since_probe_ = 0, since_plain_ = 0;
+  bool far_probe_ = false;                              // whether the next probe is at the length measured least lately
   double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds), rounds of k >= 1
+  std::vector<double> length_w_, length_s_;             // [k]: decayed sums of (1, seconds) of rounds of length k
   double plain_w_ = 0, plain_s_ = 0;                    // decayed sums of (1, seconds), plain steps
 };
 
