@@ -245,7 +245,7 @@ struct CudaSwitches {
   bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks
   bool tiled_attention = true;      // TILED_ATTENTION: prefill attention on tensor cores
-  bool group_mma = true;            // GROUP_MMA: verify spans of more than 4 rows attend on tensor cores
+  bool group_mma = true;            // GROUP_MMA: verify spans of 3 or more rows attend on tensor cores
   bool wide_gemv = true;            // GEMV_WIDE: the wide single-row product where its grid fits
   bool early_loads = true;          // EARLY_LOADS: loads of constants before the wait for the previous kernel
   bool programmatic_launch = true;  // PDL: programmatic dependent launch (a Hopper or later)
@@ -260,6 +260,12 @@ struct CudaSwitches {
   // ROUND_PADDING: a whole speculative round's batch is padded with idle sequences to the next of 1, 2, 4
   // and the multiples of 8, so that a server's changing batch meets a few round graphs, not one per size.
   bool round_padding = true;
+  // GROUP_MMA_ROWS: a verify span's groups of at least this many attention rows attend on tensor cores; ATTN_CHUNK
+  // and MMA_CHUNK: the most keys one block of the CUDA-core kernels (at most 512) and of the tensor-core group
+  // kernel (at most 1024) takes. Measured on the H200 (docs/CUDA.md, "Verify attention at 16K").
+  int group_mma_min_rows = 3;
+  int attention_chunk = 256;
+  int group_mma_chunk = 1024;
   bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
   static CudaSwitches FromEnvironment();
 };

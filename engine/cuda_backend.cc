@@ -117,6 +117,9 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,
                          .group_mma = switches.group_mma,
+                         .group_mma_min_rows = switches.group_mma_min_rows,
+                         .attention_chunk = switches.attention_chunk,
+                         .group_mma_chunk = switches.group_mma_chunk,
                          .split_ragged_gemm = switches.split_ragged_gemm,
                          .multirow_bf16 = switches.multirow_bf16 < 0    ? kc::KernelSwitches::MultiRow::kAuto
                                           : switches.multirow_bf16 == 0 ? kc::KernelSwitches::MultiRow::kOff

@@ -59,9 +59,10 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   // (Many short spans, a large batch's verify spans, are not tiled: a tile would hold a few rows of its 64.)
   plan.tiled_attention =
       tiled_attention_ && max_span > kMaxGraphSpan && plan.NA > 0 && kc::TiledAttentionApplies(ctx_->dims);
-  // Verify spans of more than 4 attention rows attend on tensor cores too, in groups of up to 16 (kc::Attention
-  // takes groups of more than 4 rows there); shorter ones in groups of up to 8 on CUDA cores.
-  const bool mma = !plan.tiled_attention && mma_groups.largest > 4 && kc::GroupAttentionMmaApplies(ctx_->dims);
+  // Verify spans of 3 or more attention rows (KernelSwitches::group_mma_min_rows) attend on tensor cores too, in
+  // groups of up to 16, and in chunks of up to 1024 keys (group_mma_chunk); others in groups of up to 8 on CUDA
+  // cores, in chunks of up to 256 (attention_chunk).
+  const bool mma = !plan.tiled_attention && kc::GroupAttentionMmaTakes(ctx_->dims, mma_groups.largest);
   const Grouping& grouping = plan.tiled_attention ? tiles : mma ? mma_groups : cuda_core;
   plan.group_size = static_cast<int32_t>(grouping.size);
   plan.NG = grouping.groups;
@@ -76,7 +77,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     max_keys = max_keys <= 256 ? 256 : int64_t{1} << (64 - __builtin_clzll(static_cast<uint64_t>(max_keys - 1)));
   }
   // Blocks run per group of a sequence's attention rows (kc::Attention), so the chunk is sized by groups.
-  plan.chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, plan.NG), c.n_heads);
+  const kc::KernelSwitches& sw = kc::GetKernelSwitches();
+  plan.chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, plan.NG), c.n_heads,
+                                     mma ? sw.group_mma_chunk : sw.attention_chunk);
   plan.max_chunks = std::max<int64_t>(1, (max_keys + plan.chunk - 1) / plan.chunk);
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
   plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;

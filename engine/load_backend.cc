@@ -40,6 +40,15 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   if (const char* env = std::getenv("ORYX_CUDA_GRAPH_AFTER"); env != nullptr) {
     s.graph_after = std::max(1, std::atoi(env));
   }
+  if (const char* env = std::getenv("ORYX_CUDA_GROUP_MMA_ROWS"); env != nullptr) {
+    s.group_mma_min_rows = std::clamp(std::atoi(env), 2, 17);
+  }
+  if (const char* env = std::getenv("ORYX_CUDA_ATTN_CHUNK"); env != nullptr) {
+    s.attention_chunk = std::clamp(std::atoi(env), 32, 512);
+  }
+  if (const char* env = std::getenv("ORYX_CUDA_MMA_CHUNK"); env != nullptr) {
+    s.group_mma_chunk = std::clamp(std::atoi(env), 32, 1024);
+  }
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");
   s.profile = profile != nullptr && profile[0] == '1';
   return s;

@@ -434,10 +434,10 @@ __global__ void AttentionCombineKernel(AttentionParams p) {
 
 }  // namespace
 
-int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads) {
+int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, int64_t max_chunk) {
   constexpr int64_t kTargetBlocks = 132 * 4;  // a few blocks per SM of an H100/H200
   int64_t chunk = 32;
-  while (chunk < kAttentionChunk && attn_rows * heads * CeilDiv(max_keys, chunk) > kTargetBlocks) chunk *= 2;
+  while (chunk < max_chunk && attn_rows * heads * CeilDiv(max_keys, chunk) > kTargetBlocks) chunk *= 2;
   return chunk;
 }
 
@@ -450,9 +450,10 @@ void Attention(const AttentionParams& p, cudaStream_t stream) {
     const dim3 groups(static_cast<unsigned>(p.attn_groups), grid.y, grid.z);
     const int g = p.group_rows <= 2 ? 2 : p.group_rows <= 4 ? 4 : 8;
     bool launched = true;
-    // Groups of more than 4 rows on tensor cores (1.4b at 32K, batch 1: a verify of 9 rows 8.77 -> 6.74 ms);
-    // at 2 rows the CUDA-core kernel was faster (4.04 against 4.38 ms) and at 4 rows about the same.
-    if (p.group_rows > 4 && GroupAttentionMmaApplies(p.dims)) {
+    // Groups of 3 or more rows on tensor cores (1.4b at 32K, batch 1: a verify of 9 rows 8.77 -> 6.74 ms; at
+    // 16K and batch 64, in chunks of 1024 keys, 3 rows 6.06 -> 4.69 ms of the CUDA-core kernel); at 2 rows the
+    // CUDA-core kernel was faster (4.04 against 4.38 ms).
+    if (GroupAttentionMmaTakes(p.dims, p.group_rows)) {
       GroupAttentionMma(p, stream);
       LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
       return;

@@ -289,8 +289,9 @@ void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
 // writes each chunk's (max, sum, unnormalised output) into `partial`, the second combines them.
 // Grid: (attention row or group of rows, head, chunk). AttentionChunkFor picks the chunk so that short
 // contexts still spread over the whole GPU (attn_rows: the rows or row groups that get blocks).
-inline constexpr int kAttentionChunk = 256;  // the longest chunk
-int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads);
+inline constexpr int kAttentionChunk = 512;  // the longest chunk of the CUDA-core kernels (their shared memory)
+inline constexpr int kGroupMmaChunk = 1024;  // the longest chunk of the tensor-core group kernel (streamed)
+int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, int64_t max_chunk = 256);
 struct AttentionParams {
   ModelDims dims;
   int32_t layer;
@@ -306,7 +307,7 @@ struct AttentionParams {
   // Optional: the attention rows in groups of up to kAttentionGroupRows consecutive entries of attn_rows of
   // one sequence, in position order, each group's key chunks read once for all its rows (head_dim 32, 64,
   // 128 or 256; otherwise, or when null, a block per row). Up to kAttentionMmaGroupRows where
-  // GroupAttentionMmaApplies and group_rows > 4.
+  // GroupAttentionMmaTakes(dims, group_rows).
   int64_t attn_groups = 0;               // NG
   const int32_t* groups_ptr = nullptr;   // [NG, 2]: first index into attn_rows, rows
   int32_t group_rows = 0;                // the most rows of a group
@@ -326,9 +327,11 @@ void TiledAttention(const AttentionParams& p, cudaStream_t stream);
 // Attention's first kernel for groups of rows (groups_ptr set) on tensor cores: the same partials as the
 // CUDA-core group kernel, for AttentionCombine, for groups of up to kAttentionMmaGroupRows rows (the 16 rows
 // of an mma). head_dim 64 or 128 on compute capability 8 or later; ORYX_CUDA_GROUP_MMA=0: never. Attention
-// calls it for groups of more than 4 rows (group_rows > 4), which may then have up to 16 rows.
+// calls it when GroupAttentionMmaTakes the largest group (group_rows), whose groups may then have up to 16 rows.
 inline constexpr int kAttentionMmaGroupRows = 16;
 bool GroupAttentionMmaApplies(const ModelDims& dims);
+// Whether Attention runs groups of at most `rows` rows (the largest group) on tensor cores.
+bool GroupAttentionMmaTakes(const ModelDims& dims, int64_t rows);
 void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream);
 
 // y = bf16(RMSNormPerHead(o) * weight * SiLU(g)), g the gate columns [3HD, 4HD) of proj. One block per row.
@@ -436,7 +439,10 @@ struct KernelSwitches {
   bool early_loads = true;          // loads of constants before the wait for the previous kernel (common.cuh)
   bool programmatic_launch = true;  // programmatic dependent launch, on a Hopper or later
   bool wide_gemv = true;            // the wide single-row product where its grid fits (matmul.cu)
-  bool group_mma = true;            // verify spans of more than 4 rows attend on tensor cores
+  bool group_mma = true;            // verify spans of group_mma_min_rows or more rows attend on tensor cores
+  int group_mma_min_rows = 3;       // (GroupAttentionMmaTakes)
+  int attention_chunk = 256;        // the longest chunk of keys per block of the CUDA-core kernels (<= kAttentionChunk)
+  int group_mma_chunk = 1024;       // the same for tensor-core groups (<= kGroupMmaChunk)
   bool split_ragged_gemm = true;    // a cuBLAS product of n outputs, n not a multiple of 64: two products (matmul.cu)
   // Products of 2-8 rows of bf16 weights by the several-row GEMV instead of cuBLAS: kOn, kOff, or kAuto: for
   // products of at most kMultiRowMaxWeights weights, where cuBLAS's fixed costs outweigh its streaming.

@@ -886,7 +886,7 @@ TEST(OpsCuda, ChunkedScanMatchesTokenByTokenRecurrence) {
 
 TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
   for (int64_t dh : {5, 32, 64, 128, 256}) {
-    // Sequence 0: a verify span of `span` rows ending at position 699 (700 keys: three 256-key chunks);
+    // Sequence 0: a verify span of `span` rows ending at position 699 (700 keys: three 256-key chunks, or one);
     // sequence 1: one decode row at position 40. With `grouped`, sequence 0's rows go in groups of
     // kAttentionGroupRows (one block reads a chunk for all of them; dh 5 has no group kernel and ignores them).
     // group_size 16: on tensor cores, span 11 in one group (GroupAttentionMmaApplies; else the case is skipped).
@@ -917,14 +917,18 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
         }
         groups.insert(groups.end(), {span, 1});
         DeviceBuffer<int32_t> drow(b.row_seq), dattn(attn), dgroups(groups);
-        for (int64_t chunk : {int64_t{32}, int64_t{256}}) {
+        // Chunks up to the longest each kernel takes: the CUDA-core kernels' and the tensor-core groups'.
+        const int32_t group_rows = std::min(std::max(group_size, 1), span);
+        std::vector<int64_t> chunks = {32, 256, cuda::kAttentionChunk};
+        if (grouped && cuda::GroupAttentionMmaTakes(b.dims, group_rows)) chunks.push_back(cuda::kGroupMmaChunk);
+        for (int64_t chunk : chunks) {
           const int64_t max_chunks = (700 + chunk - 1) / chunk + 1;  // one more than needed: extra blocks exit
           DeviceBuffer<float> dpartial(NA * H * max_chunks * (dh + 2));
-          cuda::Attention({b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(),
-                           dseqs.get(), dqa.get(), dpartial.get(), dout.get(),
-                           grouped ? static_cast<int64_t>(groups.size() / 2) : 0, grouped ? dgroups.get() : nullptr,
-                           std::min(std::max(group_size, 1), span)},
-                          nullptr);
+          cuda::Attention(
+              {b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(), dseqs.get(),
+               dqa.get(), dpartial.get(), dout.get(), grouped ? static_cast<int64_t>(groups.size() / 2) : 0,
+               grouped ? dgroups.get() : nullptr, group_rows},
+              nullptr);
           const std::vector<float> out = dout.Host();
           int64_t row = 0;
           for (int s = 0; s < 2; ++s) {
