@@ -185,14 +185,18 @@ absl::Status RunDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
             << " threads\n";
   const double dram_bandwidth = ReadBandwidth(1024.0 * (1 << 20));
   // Weight bytes a step reads: every weight but an untied embedding table (a row per sequence; tied, it is the
-  // head and read whole), the projections (in_proj, o_proj, MLP, head) in their format, the rest fp32.
+  // head and read whole) and the query projection of the other mode (a step of one mode computes q_attn or
+  // q_linear, not both, where q_linear's rows fill whole panels: CpuBackend::LayerForward), the projections
+  // (in_proj, o_proj, MLP, head) in their format, the rest fp32.
   const double packed_params =
-      static_cast<double>(c.n_layers) *
-          (InProjLayout::For(c).width * c.d_model + c.d_model * c.qk_dim() + 3 * c.mlp_hidden * c.d_model) +
+      static_cast<double>(c.n_layers) * ((InProjLayout::For(c).width - c.qk_dim()) * c.d_model +
+                                         c.d_model * c.qk_dim() + 3 * c.mlp_hidden * c.d_model) +
       static_cast<double>(c.vocab_size) * c.d_model;
   const double bytes_per_weight = kernels::BytesPerWeight(format);
   const double embedding = c.tie_embeddings ? 0.0 : static_cast<double>(c.vocab_size) * c.d_model;
-  const double weight_bytes = 4.0 * (params - embedding - packed_params) + bytes_per_weight * packed_params;
+  const double unread_query = static_cast<double>(c.n_layers) * c.qk_dim() * c.d_model;
+  const double weight_bytes =
+      4.0 * (params - embedding - packed_params - unread_query) + bytes_per_weight * packed_params;
   const double L = static_cast<double>(c.n_layers);
   const double state_bytes = 4.0 * L * c.n_heads * c.head_dim * c.head_dim;
   for (Mode mode : {Mode::kAttention, Mode::kLinear}) {

@@ -2,19 +2,20 @@
 // output comes from its own mode. Batched over sequences with ragged spans; fp32; kernels from kernels/cpu.
 #include "engine/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 
-#include <unistd.h>
-
-#include "engine/checkpoint.h"
-#include "engine/sampler.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
+#include "engine/checkpoint.h"
+#include "engine/sampler.h"
 #include "engine/tensor_names.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ops.h"
@@ -167,9 +168,10 @@ absl::Status CpuBackend::ReserveKv(int64_t bytes) {
 // y[M, N] = x[M, K] W^T, split over panels of output features on the pool. The panels are fixed (kPanel
 // features each, whatever the number of threads) and each is one product, so an output's arithmetic depends
 // on its panel alone: which thread runs it, and how many threads there are, cannot change a bit.
-void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w, int64_t n, float* y,
-                        int64_t x_stride, int64_t y_stride) {
-  constexpr int64_t kPanel = 64;
+void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w, int64_t n, float* y, int64_t x_stride,
+                        int64_t y_stride, int64_t first) {
+  constexpr int64_t kPanel = kMatMulPanel;
+  assert(first % kPanel == 0);
   const int64_t bytes_per_weight = k::BytesPerWeight(w.format);
   const float* f32 = w.format != k::WeightFormat::kF32 ? nullptr : w.f32.empty() ? embed_.data() : w.f32.data();
   // w8a8: x quantised once for every panel.
@@ -181,8 +183,9 @@ void CpuBackend::MatMul(const float* x, int64_t m, int64_t kdim, const Matrix& w
     xq_scale.resize(static_cast<size_t>(m));
     k::cpu::QuantizeRows(x, m, kdim, x_stride, xq.data(), xq_scale.data());
   }
-  pool_->ParallelFor((n + kPanel - 1) / kPanel, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
+  const int64_t first_panel = first / kPanel;
+  pool_->ParallelFor((n + kPanel - 1) / kPanel - first_panel, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = first_panel + p0; p < first_panel + p1; ++p) {
       const int64_t n0 = p * kPanel, n1 = std::min(n, n0 + kPanel);
       if (f32 != nullptr) {
         k::cpu::MatMul({m, n1 - n0, kdim, x_stride, kdim, y_stride, x, f32 + n0 * kdim, y + n0});
@@ -224,8 +227,11 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   const int64_t P = in_proj_.width, B = static_cast<int64_t>(batch.size()), W = c.conv_width - 1;
   const float eps = static_cast<float>(c.norm_eps);
   const bool mamba2 = c.linear_mixer == LinearMixer::kMamba2;
-  bool any_attention = false;
+  bool any_attention = false, all_attention = true;
   for (const Span& s : spans) any_attention |= s.any_attention;
+  for (const ForwardItem& it : batch) {
+    all_attention &= std::all_of(it.modes.begin(), it.modes.end(), [](Mode m) { return m == Mode::kAttention; });
+  }
 
   float* x = sc.x.data();
   float* u = AtLeast(sc.u, N * D);
@@ -236,11 +242,19 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   float* o_lin = AtLeast(sc.o_lin, N * HD);
   float* o_attn = AtLeast(sc.o_attn, N * HD);
 
-  // 1. The fused input projections over every row of the batch (q_attn only when some token attends).
-  k::cpu::RmsNorm({N, D, eps, D, D, x, w.attn_norm.data(), u});
-  MatMul(u, N, D, w.in_proj, any_attention ? P : P - HD, proj, D, P);
+  // 1. The fused input projections over every row of the batch: q_attn only when some token attends, and
+  //    q_linear only when some token is linear. (An attending token's linear output is not used, and the
+  //    recurrent state never reads q; its q rows are zeros then.)
   const int64_t col_k = in_proj_.k, col_q = in_proj_.q_linear, col_g = in_proj_.g, col_gates = in_proj_.gates,
                 col_qa = in_proj_.q_attn;
+  const bool skip_q_linear = all_attention && col_q % kMatMulPanel == 0 && HD % kMatMulPanel == 0;
+  k::cpu::RmsNorm({N, D, eps, D, D, x, w.attn_norm.data(), u});
+  if (skip_q_linear) {
+    MatMul(u, N, D, w.in_proj, col_q, proj, D, P);
+    MatMul(u, N, D, w.in_proj, P, proj, D, P, col_q + HD);
+  } else {
+    MatMul(u, N, D, w.in_proj, any_attention ? P : P - HD, proj, D, P);
+  }
 
   // 2. Mixer gates, transposed to [H, N] so that a head's gates over a span are contiguous.
   for (int64_t r = 0; r < N; ++r) {
@@ -274,7 +288,11 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
                           w.conv_weight.data(), w.conv_bias.data(), st.conv.data(), in, out + HD});
       for (int64_t t = 0; t < T; ++t) {
         const float* q = proj + (s.row + t) * P + col_q;
-        std::copy(q, q + HD, out + t * 3 * HD);
+        if (skip_q_linear) {
+          std::fill_n(out + t * 3 * HD, HD, 0.0f);
+        } else {
+          std::copy(q, q + HD, out + t * 3 * HD);
+        }
       }
       SequenceState& seq = *batch[b].seq;
       if (seq.has_kv_ && kv_pool_->format() == k::KvFormat::kF32) {  // the blocks are there (PrepareKv)

@@ -84,8 +84,10 @@ class CpuBackend final : public Backend {
   absl::Status Validate(std::span<const ForwardItem> batch) const;
   void LayerForward(int64_t il, std::span<const ForwardItem> batch, std::span<const Span> spans, int64_t rows);
   void GatherKvBlocks(std::span<const ForwardItem> batch);  // after the spans are planned
-  void MatMul(const float* x, int64_t m, int64_t k, const Matrix& w, int64_t n, float* y,
-              int64_t x_stride, int64_t y_stride);
+  // y[:, first .. n) = x W[first .. n)^T (first a multiple of kMatMulPanel).
+  void MatMul(const float* x, int64_t m, int64_t k, const Matrix& w, int64_t n, float* y, int64_t x_stride,
+              int64_t y_stride, int64_t first = 0);
+  static constexpr int64_t kMatMulPanel = 64;
 
   ModelConfig config_;
   InProjLayout in_proj_;  // the fused input projection's rows: P = in_proj_.width

@@ -517,6 +517,37 @@ TEST_P(BackendTest, BatchAroundASequenceChangesItsLogitsOnlyByRounding) {
   }
 }
 
+// A forward whose every token attends leaves out the input projection's q_linear rows (an attending token's
+// linear output is unused, and the recurrent state never reads q). On a config whose projection blocks fill
+// whole panels (HD = 64, where the backend can skip them), a sequence's all-attention steps give the logits
+// they give in a batch with a linear token, which computes q_linear, up to the rounding that batching
+// brings (the test above): k, v, the gates or q_attn taken from the wrong rows would move them by O(1). And
+// its next linear step, which reads the recurrent state those steps wrote, agrees too.
+TEST_P(BackendTest, AllAttentionStepsSkipQLinearWithoutChangingTheLogits) {
+  ModelConfig config = testutil::TinyConfig(GetParam());
+  config.d_model = 64, config.n_heads = 2, config.head_dim = 32, config.mlp_hidden = 128;
+  ASSERT_NO_FATAL_FAILURE(Load(config, "wide", 13));
+  std::mt19937 rng(14);
+  Tokens prompt = RandomTokens(rng, 7), steps = RandomTokens(rng, 3), linear_step = RandomTokens(rng, 1);
+  steps.modes.assign(steps.modes.size(), Mode::kAttention);
+  linear_step.modes.assign(1, Mode::kLinear);
+  SequenceState alone = backend_->NewSequence(), batched = backend_->NewSequence(), other = backend_->NewSequence();
+  Logits(alone, prompt);
+  Logits(batched, prompt);
+  Logits(other, prompt);
+  for (size_t t = 0; t < steps.tokens.size(); ++t) {
+    const Tokens step{{steps.tokens[t]}, {Mode::kAttention}};
+    const std::vector<float> skipped = Logits(alone, step);
+    std::vector<float> computed, unused;
+    std::vector<ForwardItem> items = {
+        {&batched, step.tokens, step.modes, LogitsRows::kAll, &computed, false},
+        {&other, linear_step.tokens, linear_step.modes, LogitsRows::kAll, &unused, false}};
+    ASSERT_TRUE(backend_->Forward(items).ok());
+    ExpectNear(skipped, computed, 1e-5f, "attention step " + std::to_string(t));
+  }
+  ExpectNear(Logits(alone, linear_step), Logits(batched, linear_step), 1e-5f, "the linear step after them");
+}
+
 TEST_P(BackendTest, DraftSequenceRunsLinearModeLikeTheFullSequenceAndRefusesAttention) {
   std::mt19937 rng(8);
   SequenceState seq = backend_->NewSequence();
