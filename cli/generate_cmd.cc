@@ -128,6 +128,11 @@ int RunGenerate(const Args& args) {
     } else {
       std::cout << "\n";
       std::cerr << StatsLine(result) << "\n";
+      if (result.finish_reason == FinishReason::kLength && static_cast<int64_t>(result.tokens.size()) < max_tokens) {
+        std::cerr << "oryx: generation stopped at the end of the model's context ("
+                  << engine.backend().config().max_position << " positions), before --max-tokens " << max_tokens
+                  << "\n";
+      }
     }
     return absl::OkStatus();
   });

@@ -58,6 +58,17 @@ else
   echo "FAIL: bench serve speculative: no rounds_by_length, or whole_round_fraction missing or not 0"
 fi
 
+# More tokens asked for than the context holds: generation ends at the context's end, and says so (not JSON).
+"$ORYX" generate --model "$M" --prompt "int main" --max-tokens 4000 --ignore-eos --temperature 1 --seed 3 \
+  >"$TMP/out" 2>"$TMP/err"
+if [[ $? -eq 0 ]] && grep -q "stopped at the end of the model's context (2048 positions), before --max-tokens 4000" \
+  "$TMP/err"; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL: generate past the context: no note on stderr"; tail -3 "$TMP/err"
+fi
+
 if python3 -c 'import sys; sys.exit(0 if "\ufffd" in open(sys.argv[1], encoding="utf-8").read() else 1)' "$TMP/all"
 then
   passed=$((passed + 1))
