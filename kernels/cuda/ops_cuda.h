@@ -288,7 +288,8 @@ void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
 // keys 0..p), scale 1/sqrt(dh), split over chunks of `chunk` keys (flash-decoding): the first kernel
 // writes each chunk's (max, sum, unnormalised output) into `partial`, the second combines them.
 // Grid: (attention row or group of rows, head, chunk). AttentionChunkFor picks the chunk so that short
-// contexts still spread over the whole GPU (attn_rows: the rows or row groups that get blocks).
+// contexts still spread over the whole GPU (attn_rows: the rows or row groups that get blocks), and takes
+// chunks longer than 256 keys (up to max_chunk) only where at least about three waves of blocks remain.
 inline constexpr int kAttentionChunk = 512;  // the longest chunk of the CUDA-core kernels (their shared memory)
 inline constexpr int kGroupMmaChunk = 1024;  // the longest chunk of the tensor-core group kernel (streamed)
 int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, int64_t max_chunk = 256);

@@ -11,6 +11,9 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/engine/testing_checkpoint.h"
+#ifdef ORYX_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
 
 namespace oryx {
 namespace {
@@ -639,19 +642,26 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
 // The CUDA backend's switches come from ORYX_CUDA_* variables only through CudaSwitches::FromEnvironment:
 // every path on when none is set, "0" turns one off, PROFILE=1 and GEMV_ROWS=N set the others.
 TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
-  const char* names[] = {"ORYX_CUDA_FUSED", "ORYX_CUDA_PDL", "ORYX_CUDA_GEMV_ROWS", "ORYX_CUDA_PROFILE",
-                         "ORYX_CUDA_SPLIT_GEMM"};
+  const char* names[] = {"ORYX_CUDA_FUSED",     "ORYX_CUDA_PDL",        "ORYX_CUDA_GEMV_ROWS",
+                         "ORYX_CUDA_PROFILE",   "ORYX_CUDA_SPLIT_GEMM", "ORYX_CUDA_GROUP_MMA_ROWS",
+                         "ORYX_CUDA_MMA_CHUNK", "ORYX_CUDA_ATTN_CHUNK"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
               defaults.split_ragged_gemm);
   EXPECT_EQ(defaults.gemv_rows_per_warp, 0);
   EXPECT_FALSE(defaults.profile);
+  EXPECT_EQ(defaults.group_mma_min_rows, 3);
+  EXPECT_EQ(defaults.group_mma_chunk, 1024);
+  EXPECT_EQ(defaults.attention_chunk, 256);
   setenv("ORYX_CUDA_FUSED", "0", 1);
   setenv("ORYX_CUDA_PDL", "0", 1);
   setenv("ORYX_CUDA_GEMV_ROWS", "4", 1);
   setenv("ORYX_CUDA_PROFILE", "1", 1);
   setenv("ORYX_CUDA_SPLIT_GEMM", "0", 1);
+  setenv("ORYX_CUDA_GROUP_MMA_ROWS", "5", 1);
+  setenv("ORYX_CUDA_MMA_CHUNK", "4096", 1);  // past the kernel's longest: clamped
+  setenv("ORYX_CUDA_ATTN_CHUNK", "128", 1);
   const CudaSwitches set = CudaSwitches::FromEnvironment();
   for (const char* n : names) unsetenv(n);
   EXPECT_FALSE(set.fused_gemv);
@@ -660,7 +670,26 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_TRUE(set.decode_mixer && set.tiled_attention && set.wide_gemv);
   EXPECT_EQ(set.gemv_rows_per_warp, 4);
   EXPECT_TRUE(set.profile);
+  EXPECT_EQ(set.group_mma_min_rows, 5);
+  EXPECT_EQ(set.group_mma_chunk, 1024);
+  EXPECT_EQ(set.attention_chunk, 128);
 }
+
+#ifdef ORYX_HAVE_CUDA
+// The attention's chunk of keys per block (host code, no device needed): up to 256 keys while blocks exceed
+// a few per SM, longer (the tensor-core groups' 512 and 1024) only while about three waves of blocks
+// remain. The cases are the H200 measurements at 16K (models/default: 8 heads): 1024 keys were fastest at
+// batch 32 and 64, 512 at batch 8.
+TEST(AttentionChunkFor, LongChunksOnlyWhereAboutThreeWavesOfBlocksRemain) {
+  namespace kc = kernels::cuda;
+  EXPECT_EQ(kc::AttentionChunkFor(16384, 64, 8, kc::kGroupMmaChunk), 1024);  // 8,192 blocks
+  EXPECT_EQ(kc::AttentionChunkFor(16384, 32, 8, kc::kGroupMmaChunk), 1024);  // 4,096
+  EXPECT_EQ(kc::AttentionChunkFor(16384, 8, 8, kc::kGroupMmaChunk), 512);    // 2,048; 1024 keys: 1,024 blocks
+  EXPECT_EQ(kc::AttentionChunkFor(16384, 1, 8, kc::kGroupMmaChunk), 256);    // 512 blocks: as before
+  EXPECT_EQ(kc::AttentionChunkFor(16384, 64, 8, 256), 256);                  // the CUDA-core kernels' longest
+  EXPECT_EQ(kc::AttentionChunkFor(512, 8, 8, kc::kGroupMmaChunk), 64);       // a short context spreads out
+}
+#endif
 
 }  // namespace
 }  // namespace oryx
