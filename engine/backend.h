@@ -236,6 +236,18 @@ inline int64_t UniformsOfSampledRound(int64_t k, int64_t accepted) {
   return k + (accepted < k ? accepted + 2 : k + 1);
 }
 
+// The greedy rule over a round's verify argmaxes (targets [n + 1]): d_i is accepted while it equals
+// targets[i - 1]; *next = the target after the accepted prefix. speculative::AcceptLossless's greedy branch,
+// the judge of rounds a backend ran whole (RoundResult::targets), and the count a backend that cuts greedy
+// rounds itself reports.
+inline int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int32_t> targets, int32_t* next) {
+  const int64_t n = static_cast<int64_t>(drafts.size());
+  int64_t accepted = 0;
+  while (accepted < n && drafts[accepted] == targets[accepted]) ++accepted;
+  *next = targets[accepted];
+  return accepted;
+}
+
 // Paths of the CUDA backend that can be turned off, each on by default: for measuring what a path brings.
 // The command line sets them from ORYX_CUDA_* environment variables (FromEnvironment; "0" turns a path off,
 // ORYX_CUDA_PROFILE=1 and ORYX_CUDA_GEMV_ROWS=N set the last two).

@@ -632,9 +632,7 @@ absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int
       r.next = results_host[2 * b + 1];
     } else {
       r.targets.assign(results_host + b * S, results_host + (b + 1) * S);
-      r.accepted = 0;  // (as the device counted them: kc::RestoreAccepted)
-      while (r.accepted < k && r.drafts[r.accepted] == r.targets[r.accepted]) ++r.accepted;
-      r.next = r.targets[r.accepted];
+      r.accepted = AcceptGreedy(r.drafts, r.targets, &r.next);  // (as the device counted them: kc::RestoreAccepted)
     }
     ORYX_RETURN_IF_ERROR(items[b].seq->TruncateRestored(starts[b] + 1 + r.accepted));
     r.cut = true;

@@ -81,10 +81,7 @@ using AcceptRule = std::function<int64_t(Sampler& sampler, std::span<const float
                                          int64_t vocab, int32_t* next)>;
 int64_t AcceptLossless(Sampler& sampler, std::span<const float> logits, const Proposal& draft, int64_t vocab,
                        int32_t* next);
-// The greedy case of the rule, from the argmax of each verify row (targets [n + 1]): d_i is accepted while
-// it equals targets[i - 1]; *next = the target after the accepted prefix. AcceptLossless's greedy branch, and
-// the judge of rounds a backend ran whole (RoundResult::targets).
-int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int32_t> targets, int32_t* next);
+// The greedy case of the rule is AcceptGreedy (engine/backend.h), from the argmax of each verify row.
 
 struct SpeculativeOptions {
   int64_t k = 0;        // fixed draft length; 0: adaptive (chosen per round up to max_k)

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The drafts a round accepted: sampled, the device's verdict (results [B, 2]: accepted, next); greedy, the
-// leading drafts equal to the verify rows' argmaxes (results [B, S]), as speculative::AcceptGreedy counts.
+// leading drafts equal to the verify rows' argmaxes (results [B, S]), as AcceptGreedy (engine/backend.h) counts.
 __device__ int Accepted(const RestoreAcceptedParams& p, int64_t b) {
   if (p.sampled) return p.results_ptr[2 * b];
   const int64_t S = p.drafts + 1;
