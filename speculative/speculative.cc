@@ -82,16 +82,24 @@ double DraftLengthController::RoundSeconds(int64_t k) const {
   // A length measured in about the last 30 rounds (0.95^27 = 0.25) is its own mean.
   constexpr double kRecentWeight = 0.25;
   if (length_w_[k] >= kRecentWeight) return std::max(1e-9, length_s_[k] / length_w_[k]);
-  if (w_ <= 0) return -1;
-  const double mx = wx_ / w_, my = wy_ / w_, var = wxx_ / w_ - mx * mx;
+  // Otherwise the line base + per_draft * k, fitted by weighted least squares over every length's sums.
+  double w = 0, wx = 0, wy = 0, wxx = 0, wxy = 0;
+  for (int64_t j = 1; j <= max_k_; ++j) {
+    const double x = static_cast<double>(j);
+    w += length_w_[j], wx += x * length_w_[j], wy += length_s_[j];
+    wxx += x * x * length_w_[j], wxy += x * length_s_[j];
+  }
+  if (w <= 0) return -1;
+  const double mx = wx / w, my = wy / w, var = wxx / w - mx * mx;
   if (var < 1e-9) return std::abs(static_cast<double>(k) - mx) < 0.5 ? my : -1;  // one length only: no slope yet
-  const double slope = std::max(0.0, (wxy_ / w_ - mx * my) / var);
+  const double slope = std::max(0.0, (wxy / w - mx * my) / var);
   return std::max(1e-9, my + slope * (static_cast<double>(k) - mx));
 }
 
 int64_t DraftLengthController::Choose(std::span<const int64_t> slot_ids) {
   // Measure a long round, a short one and a plain step first.
-  if (RoundSeconds(1) < 0) return w_ == 0 ? max_k_ : 1;
+  if (RoundSeconds(1) < 0)
+    return std::all_of(length_w_.begin(), length_w_.end(), [](double w) { return w == 0; }) ? max_k_ : 1;
   if (RoundSeconds(0) < 0) return 0;
   // Expected tokens per round for draft length k, summed over the slots: each slot's accepted prefix plus
   // its recovered / bonus token.
@@ -151,16 +159,11 @@ void DraftLengthController::RecordCost(int64_t k, double round_s) {
     plain_s_ = kDecay * plain_s_ + round_s;
     return;
   }
+  if (k > max_k_) return;  // (a fixed length past max_k: the controller does not choose it)
   for (int64_t j = 1; j <= max_k_; ++j) {
     length_w_[j] = kDecay * length_w_[j] + (j == k ? 1 : 0);
     length_s_[j] = kDecay * length_s_[j] + (j == k ? round_s : 0);
   }
-  const double x = static_cast<double>(k), y = round_s;
-  w_ = kDecay * w_ + 1;
-  wx_ = kDecay * wx_ + x;
-  wy_ = kDecay * wy_ + y;
-  wxx_ = kDecay * wxx_ + x * x;
-  wxy_ = kDecay * wxy_ + x * y;
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -127,8 +127,7 @@ class DraftLengthController {
   std::map<int64_t, Slot> slots_;
   int64_t since_probe_ = 0, since_plain_ = 0;
   bool far_probe_ = false;                              // whether the next probe is at the length measured least lately
-  double w_ = 0, wx_ = 0, wy_ = 0, wxx_ = 0, wxy_ = 0;  // decayed sums of (k, round seconds), rounds of k >= 1
-  std::vector<double> length_w_, length_s_;             // [k]: decayed sums of (1, seconds) of rounds of length k
+  std::vector<double> length_w_, length_s_;             // [k]: decayed sums of (1, seconds) of rounds of length k >= 1
   double plain_w_ = 0, plain_s_ = 0;                    // decayed sums of (1, seconds), plain steps
 };
 
