@@ -116,14 +116,11 @@ __device__ __forceinline__ void IssueTiles(bf16* tiles, int64_t kv0, int64_t end
 
 // Streams keys [begin, end) through the two stages of `tiles` 64 at a time, the next tile loading while this
 // one is used, and calls attend(kv0, tile) for each with the whole block synchronised before and after.
-// prologue() runs once the first tile is on its way (staging the queries then overlaps its load); what it
-// writes to shared memory is visible to attend.
-template <int kDh, int kS, typename Prologue, typename Attend>
+template <int kDh, int kS, typename Attend>
 __device__ __forceinline__ void StreamTiles(bf16* tiles, int64_t begin, int64_t end, const KvRows& keys,
-                                            const KvRows& values, Prologue&& prologue, Attend&& attend) {
+                                            const KvRows& values, Attend&& attend) {
   constexpr int kStageElems = 2 * kTileKeys * kS;
   IssueTiles<kDh, kS>(tiles, begin, end, keys, values);
-  prologue();
   for (int64_t kv0 = begin, it = 0; kv0 < end; kv0 += kTileKeys, ++it) {
     const int stage = static_cast<int>(it & 1);
     if (kv0 + kTileKeys < end) {
@@ -240,6 +237,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
     keys_of[i] = i < rows ? s.pos + (row - s.row) + 1 : 0;
   }
   __syncthreads();
+  StageQueries<kDh, kQStride>(p, row_of, kAttentionTileRows, rows, h, HD, qs, qr);
   const int64_t max_keys = keys_of[rows - 1];
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int64_t keys0 = keys_of[r0], keys1 = keys_of[r1];
@@ -249,8 +247,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  auto stage_queries = [&] { StageQueries<kDh, kQStride>(p, row_of, kAttentionTileRows, rows, h, HD, qs, qr); };
-  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, keys, values, stage_queries, [&](int64_t kv0, const bf16* ks) {
+  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, keys, values, [&](int64_t kv0, const bf16* ks) {
     if (kv0 >= warp_keys) return;  // every row of this warp is done (or absent)
     AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
                                          ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
@@ -335,6 +332,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   const int64_t k0 = int64_t(blockIdx.z) * p.chunk, max_keys = keys_of[rows - 1];
   if (k0 >= max_keys) return;  // (the same for the whole block)
   const int64_t end = min(k0 + p.chunk, max_keys);  // the keys this chunk holds for its longest row
+  StageQueries<kDh, kS>(p, row_of, kRows, rows, h, HD, qs, qr);
   // This lane's rows of the mma, g and g + 8, see keys [k0, visible0) and [k0, visible1).
   const int64_t visible0 = g < rows ? min(end, keys_of[g]) : k0;
   const int64_t visible1 = g + 8 < rows ? min(end, keys_of[g + 8]) : k0;
@@ -343,8 +341,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  auto stage_queries = [&] { StageQueries<kDh, kS>(p, row_of, kRows, rows, h, HD, qs, qr); };
-  StreamTiles<kDh, kS>(kv_tiles, k0, end, keys, values, stage_queries, [&](int64_t kv0, const bf16* tile) {
+  StreamTiles<kDh, kS>(kv_tiles, k0, end, keys, values, [&](int64_t kv0, const bf16* tile) {
     const bf16* ks = tile + warp * 16 * kS;  // this warp's 16 keys
     const int64_t key0 = kv0 + warp * 16;
     if (key0 >= end) return;
