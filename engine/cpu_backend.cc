@@ -44,7 +44,7 @@ float* AtLeast(kernels::AlignedVector<float>& v, int64_t n) {
 struct CpuBackend::Span {
   int64_t row = 0;  // first row of this item in the batch buffers
   int64_t len = 0;
-  bool any_attention = false;
+  bool any_attention = false, all_attention = false;
 };
 
 struct CpuBackend::Scratch {
@@ -228,10 +228,7 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
   const float eps = static_cast<float>(c.norm_eps);
   const bool mamba2 = c.linear_mixer == LinearMixer::kMamba2;
   bool any_attention = false, all_attention = true;
-  for (const Span& s : spans) any_attention |= s.any_attention;
-  for (const ForwardItem& it : batch) {
-    all_attention &= std::all_of(it.modes.begin(), it.modes.end(), [](Mode m) { return m == Mode::kAttention; });
-  }
+  for (const Span& s : spans) any_attention |= s.any_attention, all_attention &= s.all_attention;
 
   float* x = sc.x.data();
   float* u = AtLeast(sc.u, N * D);
@@ -451,8 +448,11 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
   int64_t N = 0, logit_rows = 0;
   for (int64_t b = 0; b < B; ++b) {
     const ForwardItem& it = batch[b];
-    spans[b] = {N, static_cast<int64_t>(it.tokens.size()), false};
-    for (Mode m : it.modes) spans[b].any_attention |= m == Mode::kAttention;
+    spans[b] = {N, static_cast<int64_t>(it.tokens.size()), false, true};
+    for (Mode m : it.modes) {
+      spans[b].any_attention |= m == Mode::kAttention;
+      spans[b].all_attention &= m == Mode::kAttention;
+    }
     N += spans[b].len;
     logit_rows += it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast ? 1 : 0;
     if (it.keep_states) {

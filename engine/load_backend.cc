@@ -18,6 +18,10 @@ CudaSwitches CudaSwitches::FromEnvironment() {
     const char* env = std::getenv(name);
     return env == nullptr || env[0] != '0';
   };
+  // An integer switch, clamped to [lo, hi]; left at its default when unset.
+  auto clamped = [](const char* name, int lo, int hi, int* value) {
+    if (const char* env = std::getenv(name); env != nullptr) *value = std::clamp(std::atoi(env), lo, hi);
+  };
   CudaSwitches s;
   s.fused_gemv = on("ORYX_CUDA_FUSED");
   s.decode_mixer = on("ORYX_CUDA_DECODE_MIXER");
@@ -33,22 +37,14 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) {  // 0, 1, or auto (the default)
     s.multirow_bf16 = std::string_view(env) == "auto" ? -1 : env[0] == '0' ? 0 : 1;
   }
-  if (const char* env = std::getenv("ORYX_CUDA_FUSED_ROWS"); env != nullptr) {
-    s.fused_rows = std::clamp(std::atoi(env), 1, 8);
-  }
+  clamped("ORYX_CUDA_FUSED_ROWS", 1, 8, &s.fused_rows);
   if (const char* env = std::getenv("ORYX_CUDA_GEMV_ROWS"); env != nullptr) s.gemv_rows_per_warp = std::atoi(env);
   if (const char* env = std::getenv("ORYX_CUDA_GRAPH_AFTER"); env != nullptr) {
     s.graph_after = std::max(1, std::atoi(env));
   }
-  if (const char* env = std::getenv("ORYX_CUDA_GROUP_MMA_ROWS"); env != nullptr) {
-    s.group_mma_min_rows = std::clamp(std::atoi(env), 2, 17);
-  }
-  if (const char* env = std::getenv("ORYX_CUDA_ATTN_CHUNK"); env != nullptr) {
-    s.attention_chunk = std::clamp(std::atoi(env), 32, 512);
-  }
-  if (const char* env = std::getenv("ORYX_CUDA_MMA_CHUNK"); env != nullptr) {
-    s.group_mma_chunk = std::clamp(std::atoi(env), 32, 1024);
-  }
+  clamped("ORYX_CUDA_GROUP_MMA_ROWS", 2, 17, &s.group_mma_min_rows);
+  clamped("ORYX_CUDA_ATTN_CHUNK", 32, 512, &s.attention_chunk);
+  clamped("ORYX_CUDA_MMA_CHUNK", 32, 1024, &s.group_mma_chunk);
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");
   s.profile = profile != nullptr && profile[0] == '1';
   return s;
