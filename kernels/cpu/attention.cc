@@ -32,9 +32,12 @@ __m512 Load16(const int8_t* p) {
 
 constexpr int64_t kMaxDecodeChunks = 8;  // head_dim up to 128 in registers
 
-// Rows are asked for this many rows ahead of their use. (Asking 2 KB ahead instead, 16 bf16 or 31 int8 rows,
-// measured the same.)
-constexpr int64_t kRowsAhead = 8;
+// Rows of a block are asked for this many rows ahead of their use, and the next block's first rows this many
+// as a block starts (blocks lie apart in memory, where the hardware prefetcher starts over). Measured with one
+// thread over 24 layers x 12 heads x 1,024 int8 positions, caches flushed: 8 / 8 rows read at 9.8 GB/s, 16 / 32
+// at 10.5-10.7; a whole next block, or farther, no faster.
+constexpr int64_t kRowsAhead = 16;
+constexpr int64_t kNextBlockRows = 32;
 
 // The bytes of a row of head_dim elements (and an int8 row's scale after them), asked for.
 template <typename T>
@@ -45,21 +48,13 @@ void PrefetchRow(const AttentionParams& p, const T* row) {
   _mm_prefetch(line + bytes - 1, _MM_HINT_T0);  // an unaligned row's last line
 }
 
-// The first kRowsAhead rows of head h in the block after block j, asked for as block j starts: blocks lie
-// apart in memory, where the hardware prefetcher starts over.
-template <typename T>
-void PrefetchNextBlock(const AttentionParams& p, const void* const* blocks, int64_t j, int64_t h) {
-  const int64_t next = (j + 1) * p.kv_block_tokens;
-  if (next >= p.kv_tokens) return;
-  const T* rows = static_cast<const T*>(blocks[j + 1]) + p.kv_col + h * HeadStride(p);
-  const int64_t n = std::min({kRowsAhead, p.kv_block_tokens, p.kv_tokens - next});
-  for (int64_t r = 0; r < n; ++r) PrefetchRow(p, rows + r * p.kv_token_stride);
-}
-
 // A decode step of head h (one query) over a paged cache of T elements, for head_dim a multiple of 16 up to
-// 128: the scores four rows at a time (four FMA chains, then one reduction each), the softmax, then the value
-// rows weighted into an output held in registers. At one query a block is a 64 x dh matrix-vector product,
-// small enough that a library call's overhead costs more than its arithmetic.
+// 128, in one pass over the blocks with an online softmax: per block, its keys' scores (four rows at a time:
+// four FMA chains, then one reduction each), then its value rows weighted into an output held in registers,
+// rescaled whenever a block raises the running maximum. A block's key and value rows are read together, two
+// streams at once: one pass reads the cache about a quarter faster than scores-then-values did (10.7 against
+// 8.2 GB/s in the measurement above). At one query a block is a 64 x dh matrix-vector product, small enough
+// that a library call's overhead costs more than its arithmetic.
 template <typename T>
 void DecodeHead(const AttentionParams& p, int64_t h) {
   // An int8 row's values are q * its scale (after its dh values); fp32 and bf16 rows have none.
@@ -71,19 +66,34 @@ void DecodeHead(const AttentionParams& p, int64_t h) {
     }
   };
   const int64_t tk = p.kv_tokens, dh = p.head_dim, bt = p.kv_block_tokens, chunks = dh / 16;
+  const int64_t stride = p.kv_token_stride, col = p.kv_col + h * HeadStride(p);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   const float* q = p.q_ptr + h * dh;
-  float* scores = p.scratch_ptr;
-  __m512 qv[kMaxDecodeChunks];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float* scores = p.scratch_ptr;  // one block's
+  __m512 qv[kMaxDecodeChunks], acc[kMaxDecodeChunks];
+  for (int64_t c = 0; c < chunks; ++c) {
+    qv[c] = _mm512_loadu_ps(q + 16 * c);
+    acc[c] = _mm512_setzero_ps();
+  }
+  auto score = [&](const T* row, __m512 a) { return _mm512_reduce_add_ps(a) * scale * row_scale(row); };
+  float max_score = -INFINITY, total = 0.f;  // the running maximum, and the weights' sum relative to it
   for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
-    const T* k = static_cast<const T*>(p.k_blocks[j]) + p.kv_col + h * HeadStride(p);
-    const int64_t rows = std::min(bt, tk - start), stride = p.kv_token_stride;
-    PrefetchNextBlock<T>(p, p.k_blocks, j, h);
+    const T* k = static_cast<const T*>(p.k_blocks[j]) + col;
+    const T* v = static_cast<const T*>(p.v_blocks[j]) + col;
+    const int64_t rows = std::min(bt, tk - start);
+    if (start + bt < tk) {
+      const T* next_k = static_cast<const T*>(p.k_blocks[j + 1]) + col;
+      const T* next_v = static_cast<const T*>(p.v_blocks[j + 1]) + col;
+      for (int64_t r = 0; r < std::min({kNextBlockRows, bt, tk - start - bt}); ++r) {
+        PrefetchRow(p, next_k + r * stride);
+        PrefetchRow(p, next_v + r * stride);
+      }
+    }
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
       for (int64_t later = r + kRowsAhead; later < std::min(rows, r + kRowsAhead + 4); ++later) {
         PrefetchRow(p, k + later * stride);
+        PrefetchRow(p, v + later * stride);
       }
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       for (int64_t c = 0; c < chunks; ++c) {
@@ -92,35 +102,35 @@ void DecodeHead(const AttentionParams& p, int64_t h) {
         a2 = _mm512_fmadd_ps(qv[c], Load16(k + (r + 2) * stride + 16 * c), a2);
         a3 = _mm512_fmadd_ps(qv[c], Load16(k + (r + 3) * stride + 16 * c), a3);
       }
-      scores[start + r] = _mm512_reduce_add_ps(a0) * scale * row_scale(k + r * stride);
-      scores[start + r + 1] = _mm512_reduce_add_ps(a1) * scale * row_scale(k + (r + 1) * stride);
-      scores[start + r + 2] = _mm512_reduce_add_ps(a2) * scale * row_scale(k + (r + 2) * stride);
-      scores[start + r + 3] = _mm512_reduce_add_ps(a3) * scale * row_scale(k + (r + 3) * stride);
+      scores[r] = score(k + r * stride, a0);
+      scores[r + 1] = score(k + (r + 1) * stride, a1);
+      scores[r + 2] = score(k + (r + 2) * stride, a2);
+      scores[r + 3] = score(k + (r + 3) * stride, a3);
     }
     for (; r < rows; ++r) {
       __m512 a = _mm512_setzero_ps();
       for (int64_t c = 0; c < chunks; ++c) a = _mm512_fmadd_ps(qv[c], Load16(k + r * stride + 16 * c), a);
-      scores[start + r] = _mm512_reduce_add_ps(a) * scale * row_scale(k + r * stride);
+      scores[r] = score(k + r * stride, a);
     }
-  }
-  Eigen::Map<Eigen::ArrayXf> row(scores, tk);
-  row = (row - row.maxCoeff()).exp();
-  row /= row.sum();
-  __m512 acc[kMaxDecodeChunks];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0, start = 0; start < tk; ++j, start += bt) {
-    const T* v = static_cast<const T*>(p.v_blocks[j]) + p.kv_col + h * HeadStride(p);
-    const int64_t rows = std::min(bt, tk - start);
-    PrefetchNextBlock<T>(p, p.v_blocks, j, h);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* vr = v + r * p.kv_token_stride;
-      const __m512 w = _mm512_set1_ps(scores[start + r] * row_scale(vr));
-      if (r + kRowsAhead < rows) PrefetchRow(p, vr + kRowsAhead * p.kv_token_stride);
+    Eigen::Map<Eigen::ArrayXf> block(scores, rows);
+    const float block_max = block.maxCoeff();
+    if (block_max > max_score) {  // the output and sum so far, relative to the new maximum
+      const float shrink = std::exp(max_score - block_max);
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_mul_ps(acc[c], _mm512_set1_ps(shrink));
+      total *= shrink;
+      max_score = block_max;
+    }
+    block = (block - max_score).exp();
+    total += block.sum();
+    for (r = 0; r < rows; ++r) {
+      const T* vr = v + r * stride;
+      const __m512 w = _mm512_set1_ps(scores[r] * row_scale(vr));
       for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(w, Load16(vr + 16 * c), acc[c]);
     }
   }
+  const __m512 inverse = _mm512_set1_ps(1.0f / total);
   float* out = p.out_ptr + h * dh;
-  for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+  for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], inverse));
 }
 #endif
 

@@ -456,6 +456,36 @@ TEST(AttentionCpu, Int8PagedCacheMatchesTheDequantisedFp32Cache) {
   }
 }
 
+// One query over many blocks whose scores climb from block to block, and fall again: the decode kernel's
+// online softmax must rescale what it summed whenever a later block raises the maximum (scores here reach
+// about 60, so a missed rescale is off by orders of magnitude, not by rounding).
+TEST(AttentionCpu, DecodeRescalesWhenALaterBlockRaisesTheMaximum) {
+  const int64_t dh = 64, tk = 300, block = 32, n_blocks = (tk + block - 1) / block;
+  std::vector<float> q = RandomVector(dh, 80, -1.f, 1.f), v = RandomVector(tk * dh, 81);
+  float q_norm = 0.f;
+  for (float x : q) q_norm += x * x;
+  std::vector<float> k(tk * dh);
+  for (int64_t s = 0; s < tk; ++s) {  // key s along q, its score peaking at s = 200
+    const float target = 60.f * (1.f - std::abs(static_cast<float>(s) - 200.f) / 200.f);
+    for (int64_t d = 0; d < dh; ++d) k[s * dh + d] = q[d] * target * std::sqrt(static_cast<float>(dh)) / q_norm;
+  }
+  std::vector<std::vector<float>> kb(n_blocks, std::vector<float>(block * dh, 0.f)), vb = kb;
+  std::vector<const void*> kp, vp;
+  for (int64_t j = 0; j < n_blocks; ++j) {
+    for (int64_t r = 0; r < block && j * block + r < tk; ++r) {
+      std::copy_n(k.data() + (j * block + r) * dh, dh, kb[j].data() + r * dh);
+      std::copy_n(v.data() + (j * block + r) * dh, dh, vb[j].data() + r * dh);
+    }
+    kp.push_back(kb[j].data());
+    vp.push_back(vb[j].data());
+  }
+  std::vector<float> out(dh), ref(dh), scratch(tk);
+  cpu::Attention({1, tk, 1, dh, dh, dh, dh, q.data(), nullptr, nullptr, out.data(), scratch.data(), block, kp.data(),
+                  vp.data(), 0});
+  cpu::AttentionReference({1, tk, 1, dh, dh, dh, dh, q.data(), k.data(), v.data(), ref.data(), nullptr});
+  EXPECT_LE(RelErr(out, ref), kTol);
+}
+
 // An int8 KV row: the largest |x| maps to +-127, every value lies within half a step of its original, and a
 // zero row stays zero (scale 0).
 TEST(Int8Kv, QuantisesEachRowToItsOwnScale) {
