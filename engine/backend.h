@@ -278,6 +278,8 @@ struct CudaSwitches {
   int group_mma_min_rows = 3;
   int attention_chunk = 256;
   int group_mma_chunk = 1024;
+  // FP8_MMA_ROWS: FP8 products of at least this many rows (at most 128) run on tensor cores (fewer: the GEMVs).
+  int fp8_mma_min_rows = 8;
   bool profile = false;             // PROFILE: time every op with events (graphs off), printed at the end
   static CudaSwitches FromEnvironment();
 };

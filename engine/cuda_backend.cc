@@ -121,6 +121,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                          .attention_chunk = switches.attention_chunk,
                          .group_mma_chunk = switches.group_mma_chunk,
                          .split_ragged_gemm = switches.split_ragged_gemm,
+                         .fp8_mma_min_rows = switches.fp8_mma_min_rows,
                          .multirow_bf16 = switches.multirow_bf16 < 0    ? kc::KernelSwitches::MultiRow::kAuto
                                           : switches.multirow_bf16 == 0 ? kc::KernelSwitches::MultiRow::kOff
                                                                         : kc::KernelSwitches::MultiRow::kOn});

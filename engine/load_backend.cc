@@ -45,6 +45,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   clamped("ORYX_CUDA_GROUP_MMA_ROWS", 2, 17, &s.group_mma_min_rows);
   clamped("ORYX_CUDA_ATTN_CHUNK", 32, 512, &s.attention_chunk);
   clamped("ORYX_CUDA_MMA_CHUNK", 32, 1024, &s.group_mma_chunk);
+  clamped("ORYX_CUDA_FP8_MMA_ROWS", 1, 129, &s.fp8_mma_min_rows);  // 129: never
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");
   s.profile = profile != nullptr && profile[0] == '1';
   return s;

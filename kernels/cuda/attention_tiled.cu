@@ -69,19 +69,6 @@ __device__ __forceinline__ float Rest(float x) { return x - __bfloat162float(__f
 
 __device__ __forceinline__ uint32_t Load32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// c += a b for a 16 x 16 bf16 tile a (row-major fragments) and a 16 x 8 tile b (column fragments).
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // TiledAttentionApplies keeps older devices away
-#endif
-}
-
 // Queries [0, n) of a block's rows as two bf16 terms each, [n][kS] (rows from `rows` on zero).
 template <int kDh, int kS>
 __device__ __forceinline__ void StageQueries(const AttentionParams& p, const int64_t* row_of, int n, int rows,
@@ -156,8 +143,8 @@ __device__ __forceinline__ void AttendKeys(const bf16* q_hi, const bf16* q_lo, c
     for (int nt = 0; nt < kKeys / 8; ++nt) {
       const bf16* k = keys + (nt * 8 + g) * kS + kk * 16 + 2 * t;
       const uint32_t b0 = Load32(k), b1 = Load32(k + 8);
-      Mma(sc[nt], a, b0, b1);
-      Mma(sc[nt], ar, b0, b1);
+      MmaBf16(sc[nt], a, b0, b1);
+      MmaBf16(sc[nt], ar, b0, b1);
     }
   }
   float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -210,8 +197,8 @@ __device__ __forceinline__ void AttendKeys(const bf16* q_hi, const bf16* q_lo, c
     for (int nt = 0; nt < kDh / 8; ++nt) {
       uint32_t b0, b1;
       LoadTransposed(values + (kk * 16 + lane % 16) * kS + nt * 8, b0, b1);
-      Mma(o[nt], a, b0, b1);
-      Mma(o[nt], ar, b0, b1);
+      MmaBf16(o[nt], a, b0, b1);
+      MmaBf16(o[nt], ar, b0, b1);
     }
   }
 }

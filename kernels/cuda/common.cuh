@@ -23,6 +23,22 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// c += a b for a 16 x 16 bf16 tile a (row-major fragments) and a 16 x 8 tile b (column fragments), fp32 sums
+// (mma.sync m16n8k16). Lane 4g + t holds a's rows g and g + 8 at columns 2t, 2t + 1 (a[0], a[1]) and 2t + 8,
+// 2t + 9 (a[2], a[3]); b's column g at rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1); c's rows g (c[0], c[1])
+// and g + 8 (c[2], c[3]) at columns 2t, 2t + 1. Callers keep devices before compute capability 8 away.
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // `scratch` holds 32 floats of shared memory; the call synchronises the block twice.
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {

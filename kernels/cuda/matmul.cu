@@ -2,7 +2,8 @@
 // mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
 // matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
 // column-major y^T = W x^T, hence (T, N) below). cuBLAS is faster from 2 rows on (measured in docs/CUDA.md).
-// FP8 weights (QuantizeRowsFp8) take the GEMVs up to 8 rows, and cuBLAS over a bf16 copy beyond.
+// FP8 weights (QuantizeRowsFp8) take the GEMVs up to 7 rows, a tensor-core kernel that widens them in registers
+// from 8 to 128 rows, and cuBLAS over a bf16 copy beyond.
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 
@@ -247,6 +248,249 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
     for (int s = 0; s < kMultiRowSplit; ++s) sum += partial[warp + s][r][m];
     float* out = p.y_ptr + m * p.y_row_stride + n0 + r;
     *out = p.accumulate ? *out + sum * scale[r] : sum * scale[r];
+  }
+}
+
+// FP8 weights against more rows than the GEMVs take (Fp8MmaApplies; 64 rows a launch): tensor cores in bf16,
+// the weights widened in registers (Bf16PairsOfFp8: exact), fp32 sums. Each weight is read once for all the
+// rows of a launch: 1 byte a weight, where cuBLAS over a bf16 copy made in front reads and writes 5.
+//
+// A warp owns kFp8MmaTiles tiles of 8 weight rows (the mma's B operand, n) against all the rows of x (A, m, in
+// tiles of 16). K (a multiple of 32) goes in chunks of 128, the last maybe short: lane 4g + t reads bytes [32t, 32t + 32) of its tiles' weight row g
+// and elements [32t, 32t + 32) of its rows of x, and feeds them to the mma as 8 steps of 16. The mma's
+// k-index (2t, 2t + 1, 2t + 8, 2t + 9 of a step) is mapped to elements 32t + 4s + (0, 1, 2, 3) of step s; the
+// same for both operands, so each step still pairs equal k and the chunk's 128 elements are each summed once.
+// Where the weight rows make too few blocks, K is split over the blocks of a thread-block cluster, which add
+// up their sums through distributed shared memory in split order (no partial sums in global memory, no
+// second kernel).
+constexpr int kFp8MmaWarps = 4, kFp8MmaTiles = 4;
+constexpr int64_t kFp8MmaRowsPerBlock = 8 * kFp8MmaTiles * kFp8MmaWarps;  // weight rows (outputs)
+constexpr int64_t kFp8MmaChunk = 128;
+constexpr int kFp8MmaTilesM = 4;     // tiles of 16 rows of x per launch
+constexpr int kFp8MmaMaxSplits = 8;  // blocks of a cluster (the portable most)
+
+// Weight bytes 0 and 1 (lo) and 2 and 3 (hi) of `word`, four e4m3 values, as bf16 pairs, exactly. Each byte
+// s eeee mmm goes to bf16 bits s 0000 eeee mmm 0000, which read as bf16 are the value times 2^-120 (normal or,
+// for e4m3's subnormals, subnormal), and one bf16 multiply by 2^120 restores it. Integer ops and one bf16
+// multiply, where cvt to half, then float, then bf16 took three conversions a pair (the conversion pipe runs at
+// a quarter of the FMA rate).
+__device__ __forceinline__ void Bf16PairsOfFp8(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  const __nv_bfloat162 k2to120 = __halves2bfloat162(__ushort_as_bfloat16(0x7B80), __ushort_as_bfloat16(0x7B80));
+  auto widen = [&](uint32_t spread) {  // spread: bytes [b, 0, b', 0]
+    const uint32_t bits = ((spread << 8) & 0x80008000u) | ((spread << 4) & 0x07f007f0u);
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), k2to120);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  };
+  lo = widen(__byte_perm(word, 0u, 0x4140));
+  hi = widen(__byte_perm(word, 0u, 0x4342));
+}
+
+// Elements a row of staged x takes in shared memory, and the kernel's shared memory: the staged x, or the
+// split-K tile of fp32 sums that replaces it at the end, whichever is larger.
+__host__ __device__ constexpr int64_t Fp8MmaStagedRow(int64_t chunks_per_split) {
+  return chunks_per_split * kFp8MmaChunk + 8;
+}
+constexpr int64_t Fp8MmaSmemBytes(int tiles_m, int64_t chunks_per_split) {
+  const int64_t x = 16 * tiles_m * Fp8MmaStagedRow(chunks_per_split) * 2, tile = 16 * tiles_m * kFp8MmaRowsPerBlock * 4;
+  return x > tile ? x : tile;
+}
+constexpr int64_t kFp8MmaMaxSmem = 100 * 1024;  // two blocks an SM
+
+// Block (blockIdx.x, blockIdx.y): weight rows [128 x, 128 x + 128), split y of gridDim.y over K (a cluster of
+// gridDim.y blocks when it is more than 1). y (+)= scale * sum.
+template <int kTilesM>
+__global__ void __launch_bounds__(32 * kFp8MmaWarps) Fp8MmaGemmKernel(GemmParams p, int64_t chunks_per_split) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t n_block = int64_t(blockIdx.x) * kFp8MmaRowsPerBlock, n_warp = n_block + warp * (8 * kFp8MmaTiles);
+  const int64_t chunks = (p.k + kFp8MmaChunk - 1) / kFp8MmaChunk, first_chunk = int64_t(blockIdx.y) * chunks_per_split;
+  const int64_t last_chunk = min(chunks, first_chunk + chunks_per_split);
+  // Whether the lane's 32 elements of a chunk lie inside K (K a multiple of 32: the last chunk may be short).
+  auto inside = [&](int64_t chunk) { return chunk * kFp8MmaChunk + 32 * t < p.k; };
+  const uint8_t* w_row[kFp8MmaTiles];
+#pragma unroll
+  for (int j = 0; j < kFp8MmaTiles; ++j) {
+    const int64_t n = n_warp + 8 * j + g;
+    w_row[j] = static_cast<const uint8_t*>(p.w_ptr) + (n < p.n ? n : 0) * p.k + 32 * t;  // (past the end: row 0)
+  }
+  uint4 w[2][kFp8MmaTiles][2];  // two chunks' 32 bytes per tile: the one computed, the next one loading
+  auto load = [&](int buffer, int64_t chunk) {
+#pragma unroll
+    for (int j = 0; j < kFp8MmaTiles; ++j) {
+      const uint4* q = reinterpret_cast<const uint4*>(w_row[j] + chunk * kFp8MmaChunk);
+      const bool in = inside(chunk);  // (outside: zeros, which widen to zeros)
+      w[buffer][j][0] = in ? LoadWeight(q) : make_uint4(0, 0, 0, 0);
+      w[buffer][j][1] = in ? LoadWeight(q + 1) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (first_chunk < last_chunk && p.early_loads) load(0, first_chunk);
+  AfterPrevious();
+  if (first_chunk < last_chunk && !p.early_loads) load(0, first_chunk);
+  // The block's slice of x, [16 kTilesM][its chunks x 128 + 8] bf16 (the 8: rows apart in the banks), staged
+  // once: each x load would otherwise wait on L2 inside every chunk, with too few warps per SM to hide it.
+  // (Rows past M are left as they are: their sums are not written.)
+  extern __shared__ __align__(16) unsigned char fp8_mma_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(fp8_mma_smem);
+  const int64_t columns = min(p.k, last_chunk * kFp8MmaChunk) - first_chunk * kFp8MmaChunk;
+  const int64_t row_stride = Fp8MmaStagedRow(chunks_per_split);
+  for (int64_t e = threadIdx.x; e < p.m * (columns / 8); e += blockDim.x) {
+    const int64_t m = e / (columns / 8), c = 8 * (e % (columns / 8));
+    CopyQuadAsync(reinterpret_cast<float*>(xs + m * row_stride + c),
+                  reinterpret_cast<const float*>(p.x_ptr + m * p.x_row_stride + first_chunk * kFp8MmaChunk + c));
+  }
+  WaitCopies();
+  __syncthreads();
+  // x's rows of this lane: 16 i + g and 16 i + g + 8 of tile i.
+  const bf16* x_row[kTilesM][2];
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) x_row[i][h] = xs + (16 * i + g + 8 * h) * row_stride + 32 * t;
+  }
+  float acc[kTilesM][kFp8MmaTiles][4] = {};
+  // One chunk against the weights in wb (w[0] or w[1]: the buffers are indexed by constants, so that they stay
+  // in registers).
+  auto compute = [&](const uint4 (&wb)[kFp8MmaTiles][2], int64_t chunk) {
+    const bool in = inside(chunk);  // (outside K: zeros, not the unstaged shared memory, which may hold NaNs)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // 8 elements of x per row: steps 2q and 2q + 1
+      uint4 x[kTilesM][2];
+#pragma unroll
+      for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          x[i][h] = in ? reinterpret_cast<const uint4*>(x_row[i][h] + (chunk - first_chunk) * kFp8MmaChunk)[q]
+                       : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * q + half;  // the step: weight bytes 4s .. 4s + 3 of the lane's 32
+#pragma unroll
+        for (int j = 0; j < kFp8MmaTiles; ++j) {
+          const uint4& raw = wb[j][s / 4];
+          const uint32_t word = (s % 4 == 0) ? raw.x : (s % 4 == 1) ? raw.y : (s % 4 == 2) ? raw.z : raw.w;
+          uint32_t b0, b1;
+          Bf16PairsOfFp8(word, b0, b1);
+#pragma unroll
+          for (int i = 0; i < kTilesM; ++i) {
+            const uint32_t a[4] = {half == 0 ? x[i][0].x : x[i][0].z, half == 0 ? x[i][1].x : x[i][1].z,
+                                   half == 0 ? x[i][0].y : x[i][0].w, half == 0 ? x[i][1].y : x[i][1].w};
+            MmaBf16(acc[i][j], a, b0, b1);
+          }
+        }
+      }
+    }
+  };
+  // Chunks in pairs, each loading the next one's weights before it computes.
+  for (int64_t chunk = first_chunk; chunk < last_chunk; chunk += 2) {
+    if (chunk + 1 < last_chunk) load(1, chunk + 1);
+    compute(w[0], chunk);
+    if (chunk + 1 == last_chunk) break;
+    if (chunk + 2 < last_chunk) load(0, chunk + 2);
+    compute(w[1], chunk + 1);
+  }
+  auto store = [&](int64_t m, int64_t n, float sum) {
+    float* out = p.y_ptr + m * p.y_row_stride + n;
+    const float v = sum * __ldg(p.w_scale + n);
+    *out = p.accumulate ? *out + v : v;
+  };
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kFp8MmaTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t m = 16 * i + g + 8 * (e / 2), n = n_warp + 8 * j + 2 * t + e % 2;
+          if (m < p.m && n < p.n) store(m, n, acc[i][j][e]);
+        }
+      }
+    }
+    return;
+  }
+  // Split K: each block's sums into its shared memory; then block r of the cluster adds up its share of the
+  // tile's outputs over the splits, in split order, and writes them.
+  constexpr int kTileN = static_cast<int>(kFp8MmaRowsPerBlock), kTileElements = 16 * kTilesM * kTileN;
+  __syncthreads();  // every warp is done with the staged x, which the tile replaces
+  float* tile = reinterpret_cast<float*>(fp8_mma_smem);  // [16 kTilesM][128]
+#pragma unroll
+  for (int i = 0; i < kTilesM; ++i) {
+#pragma unroll
+    for (int j = 0; j < kFp8MmaTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = 16 * i + g + 8 * (e / 2), n = warp * 8 * kFp8MmaTiles + 8 * j + 2 * t + e % 2;
+        tile[m * kTileN + n] = acc[i][j][e];
+      }
+    }
+  }
+  ClusterSync();
+  const int splits = static_cast<int>(gridDim.y), rank = static_cast<int>(ClusterRank());
+  const int share = kTileElements / splits;
+  for (int e = rank * share + threadIdx.x; e < (rank + 1) * share; e += blockDim.x) {
+    const int64_t m = e / kTileN, n = n_block + e % kTileN;
+    if (m >= p.m || n >= p.n) continue;
+    float sum = 0.f;
+    for (int r = 0; r < splits; ++r) sum += ClusterPeer(tile, static_cast<unsigned>(r))[e];
+    store(m, n, sum);
+  }
+  ClusterSync();  // no block leaves while a peer still reads its tile
+}
+
+// K split over the blocks of a cluster until about two waves of blocks run, each split at least 2
+// chunks, at most kFp8MmaMaxSplits; and further, up to that many, while a split's staged x would not fit.
+int Fp8MmaSplits(const GemmParams& p, int tiles_m) {
+  const int64_t blocks = CeilDiv(p.n, kFp8MmaRowsPerBlock), chunks = CeilDiv(p.k, kFp8MmaChunk);
+  const int64_t target = int64_t{2} * MultiprocessorCount();  // (1 or 4 waves: no faster on the H200)
+  auto smem = [&](int splits) { return Fp8MmaSmemBytes(tiles_m, CeilDiv(chunks, int64_t{splits})); };
+  int splits = 1;
+  while (2 * splits <= kFp8MmaMaxSplits && 2 * splits <= chunks &&
+         ((blocks * splits < target && 2 * splits * 2 <= chunks) || smem(splits) > kFp8MmaMaxSmem)) {
+    splits *= 2;
+  }
+  return splits;
+}
+
+// Rows in groups of up to 64 (kFp8MmaTilesM tiles of 16), one launch each: a group past the first reads the
+// weights again (from L2 where the matrix fits there).
+void LaunchFp8Mma(const GemmParams& p_in, cudaStream_t stream) {
+  for (int64_t m0 = 0; m0 < p_in.m; m0 += 16 * kFp8MmaTilesM) {
+    GemmParams p = p_in;
+    p.m = std::min<int64_t>(16 * kFp8MmaTilesM, p_in.m - m0);
+    p.x_ptr += m0 * p.x_row_stride;
+    p.y_ptr += m0 * p.y_row_stride;
+    p.early_loads = EarlyLoads();
+    const int tiles_m = static_cast<int>(CeilDiv(p.m, int64_t{16}));
+    const int splits = Fp8MmaSplits(p, tiles_m);
+    const int64_t per_split = CeilDiv(CeilDiv(p.k, kFp8MmaChunk), int64_t{splits});
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.n, kFp8MmaRowsPerBlock)), static_cast<unsigned>(splits));
+    const dim3 cluster(1, static_cast<unsigned>(splits), 1);
+    const int64_t smem = Fp8MmaSmemBytes(tiles_m, per_split);
+    if (smem > kMaxFusedInputBytes) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (Fp8MmaApplies: K small enough)
+    auto launch = [&](auto tiles) {
+      auto kernel = Fp8MmaGemmKernel<decltype(tiles)::value>;
+      static const bool configured = [&] {  // more than the default 48 KiB, configured once per instance
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kMaxFusedInputBytes)));
+        return true;
+      }();
+      (void)configured;
+      LaunchAfterPrevious(kernel, grid, 32 * kFp8MmaWarps, static_cast<size_t>(smem), stream, cluster, p, per_split);
+    };
+    switch (tiles_m) {
+      case 1:
+        launch(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        launch(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        launch(std::integral_constant<int, 3>{});
+        break;
+      default:
+        launch(std::integral_constant<int, kFp8MmaTilesM>{});
+        break;
+    }
   }
 }
 
@@ -628,6 +872,14 @@ bool GemvApplies(const GemmParams& p) {
          aligned(p.w_ptr);
 }
 
+bool Fp8MmaApplies(const GemmParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return p.w_scale != nullptr && p.maybe_argmax_key == nullptr &&
+         p.m >= GetKernelSwitches().fp8_mma_min_rows && p.m <= kFp8MmaMaxRows && p.k % 32 == 0 &&
+         Fp8MmaSmemBytes(kFp8MmaTilesM, CeilDiv(CeilDiv(p.k, kFp8MmaChunk), int64_t{kFp8MmaMaxSplits})) <= kMaxFusedInputBytes &&
+         p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr) && HopperOrLater();
+}
+
 bool FusedGemvApplies(int64_t m, int64_t k, bool fp8, int64_t max_rows) {
   // Single rows by default: each block recomputes the input op for its rows, which at M > 1 costs more than
   // the separate kernels it saves (on an H200: 1.4b batch 4, 6.4 vs 4.2 ms of ops per step; models/default's
@@ -646,6 +898,11 @@ void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.m == 0 || p.n == 0) return;
   auto handle = static_cast<cublasHandle_t>(cublas_handle);
   if (p.maybe_argmax_key != nullptr && !GemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (callers check)
+  if (Fp8MmaApplies(p)) {
+    cudaStream_t stream = nullptr;
+    ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));
+    return LaunchFp8Mma(p, stream);
+  }
   if (GemvApplies(p)) {
     cudaStream_t stream = nullptr;
     ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));

@@ -75,9 +75,10 @@ void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t
 // y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16, or FP8 with w_scale), fp32 accumulation. `handle` is a
 // cublasHandle_t bound to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple
 // of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16) or of bf16 weights
-// (KernelSwitches::multirow_bf16: by default those of at most kMultiRowMaxWeights weights); cuBLAS otherwise;
-// GemmCublas always cuBLAS (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first
-// dequantised into w_bf16_scratch ([N, K], required then).
+// (KernelSwitches::multirow_bf16: by default those of at most kMultiRowMaxWeights weights); FP8 weights of
+// 8 to 128 rows take a tensor-core kernel first (Fp8MmaApplies); cuBLAS otherwise; GemmCublas always cuBLAS
+// (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first dequantised into w_bf16_scratch
+// ([N, K], required then).
 struct GemmParams {
   int64_t m, n, k;
   int64_t x_row_stride, y_row_stride;
@@ -123,6 +124,12 @@ inline constexpr int64_t kMultiRowMaxWeights = int64_t{8} << 20;
 // KernelSwitches::multirow_bf16), K a multiple of 8 (16 for FP8), x and W 16-byte aligned, x's row stride a
 // multiple of 8.
 bool GemvApplies(const GemmParams& p);
+// Whether Gemm takes the FP8 tensor-core kernel: FP8 weights, KernelSwitches::fp8_mma_min_rows to
+// kFp8MmaMaxRows rows, K a multiple of 32, x and W 16-byte aligned, x's row stride a multiple of 8, no argmax
+// key, K at most 12,288 (for its staged x), a Hopper or later (thread-block clusters). It is
+// checked before GemvApplies.
+inline constexpr int64_t kFp8MmaMaxRows = 128;
+bool Fp8MmaApplies(const GemmParams& p);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
 
 // The decode-step product with its input op fused in front (one kernel instead of two per projection):
@@ -445,6 +452,7 @@ struct KernelSwitches {
   int attention_chunk = 256;        // the longest chunk of keys per block of the CUDA-core kernels (<= kAttentionChunk)
   int group_mma_chunk = 1024;       // the same for tensor-core groups (<= kGroupMmaChunk)
   bool split_ragged_gemm = true;    // a cuBLAS product of n outputs, n not a multiple of 64: two products (matmul.cu)
+  int fp8_mma_min_rows = 8;         // FP8 products of this many rows (up to kFp8MmaMaxRows) on tensor cores
   // Products of 2-8 rows of bf16 weights by the several-row GEMV instead of cuBLAS: kOn, kOff, or kAuto: for
   // products of at most kMultiRowMaxWeights weights, where cuBLAS's fixed costs outweigh its streaming.
   enum class MultiRow : uint8_t { kAuto, kOn, kOff };

@@ -644,7 +644,7 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
 TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   const char* names[] = {"ORYX_CUDA_FUSED",     "ORYX_CUDA_PDL",        "ORYX_CUDA_GEMV_ROWS",
                          "ORYX_CUDA_PROFILE",   "ORYX_CUDA_SPLIT_GEMM", "ORYX_CUDA_GROUP_MMA_ROWS",
-                         "ORYX_CUDA_MMA_CHUNK", "ORYX_CUDA_ATTN_CHUNK"};
+                         "ORYX_CUDA_MMA_CHUNK", "ORYX_CUDA_ATTN_CHUNK", "ORYX_CUDA_FP8_MMA_ROWS"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
@@ -654,6 +654,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.group_mma_min_rows, 3);
   EXPECT_EQ(defaults.group_mma_chunk, 1024);
   EXPECT_EQ(defaults.attention_chunk, 256);
+  EXPECT_EQ(defaults.fp8_mma_min_rows, 8);
   setenv("ORYX_CUDA_FUSED", "0", 1);
   setenv("ORYX_CUDA_PDL", "0", 1);
   setenv("ORYX_CUDA_GEMV_ROWS", "4", 1);
@@ -662,6 +663,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_GROUP_MMA_ROWS", "5", 1);
   setenv("ORYX_CUDA_MMA_CHUNK", "4096", 1);  // past the kernel's longest: clamped
   setenv("ORYX_CUDA_ATTN_CHUNK", "128", 1);
+  setenv("ORYX_CUDA_FP8_MMA_ROWS", "4", 1);
   const CudaSwitches set = CudaSwitches::FromEnvironment();
   for (const char* n : names) unsetenv(n);
   EXPECT_FALSE(set.fused_gemv);
@@ -673,6 +675,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.group_mma_min_rows, 5);
   EXPECT_EQ(set.group_mma_chunk, 1024);
   EXPECT_EQ(set.attention_chunk, 128);
+  EXPECT_EQ(set.fp8_mma_min_rows, 4);
 }
 
 #ifdef ORYX_HAVE_CUDA

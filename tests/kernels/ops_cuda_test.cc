@@ -312,23 +312,19 @@ Fp8Matrix QuantizedRandom(int64_t n, int64_t k, uint32_t seed) {
   return m;
 }
 
-// FP8 weights in every product: the GEMV (up to 8 rows; it reads the bytes and applies the row's scale), its
-// argmax key, the fused GEMV at every row count per warp with skipped rows and the SwiGLU epilogue, and cuBLAS
-// (more rows, or K not a multiple of 16: a bf16 copy made in front) -- all against MatMulReference over the
-// dequantised weights, which are exact bf16 values, so the tolerances are the bf16 products'. 6 rows of
-// K = 24592 are past what the several-row GEMV stages in shared memory, so it reads x from global memory.
+// FP8 weights in every product: the GEMV (up to 7 rows; it reads the bytes and applies the row's scale), its
+// argmax key, the tensor-core kernel (8-128 rows, 64 a launch, K a multiple of 32; K split over blocks, or whole where
+// K is short), each product also accumulating into its own output, the fused GEMV at every row count per warp with
+// skipped rows and the SwiGLU epilogue, and cuBLAS (more rows, or K not a multiple of 16 or 32: a bf16 copy
+// made in front) -- all against MatMulReference over the dequantised weights, which are exact bf16 values, so
+// the tolerances are the bf16 products'. 6 rows of K = 24592 are past what the several-row GEMV stages in
+// shared memory, so it reads x from global memory.
 TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
-  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 300, 256},
-                                                                           {1, 8200, 64},
-                                                                           {1, 2048, 512},
-                                                                           {1, 40, 24592},
-                                                                           {3, 77, 64},
-                                                                           {8, 300, 5440},
-                                                                           {5, 2048, 2048},
-                                                                           {6, 40, 24592},
-                                                                           {9, 130, 520},
-                                                                           {2, 17, 10},
-                                                                           {1, 24, 40}}) {
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 300, 256},     {1, 8200, 64},    {1, 2048, 512},  {1, 40, 24592}, {3, 77, 64},      {8, 300, 5440},
+           {5, 2048, 2048},   {6, 40, 24592},   {9, 130, 520},   {2, 17, 10},    {1, 24, 40},      {9, 200, 1024},
+           {12, 300, 5504},   {16, 2048, 2048}, {33, 130, 512},  {48, 77, 256},  {64, 4100, 1024}, {65, 300, 512},
+           {128, 1000, 2048}, {129, 64, 256},   {16, 300, 5440}, {24, 130, 96}}) {
     SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
     Fp8Matrix w = QuantizedRandom(n, k, 60);
     if (HasFailure()) return;
@@ -342,9 +338,17 @@ TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
     p.w_scale = w.scale->get(), p.w_bf16_scratch = scratch.get();
     if (m == 1 && k % 16 == 0) p.maybe_argmax_key = key.get();
     EXPECT_EQ(cuda::GemvApplies(p), m <= 8 && k % 16 == 0);
+    EXPECT_EQ(cuda::Fp8MmaApplies(p), m >= 8 && m <= 128 && k % 32 == 0);
     cuda::Gemm(p, Cublas());
     const std::vector<float> y = dy.Host();
     ExpectClose(PerRowMagnitude(y, n), PerRowMagnitude(ref, n), kFp32Tol, "Gemm", std::sqrt(double(k)));
+    cuda::GemmParams twice = p;  // accumulate: y += the product again
+    twice.accumulate = true, twice.maybe_argmax_key = nullptr;
+    cuda::Gemm(twice, Cublas());
+    std::vector<float> ref2 = ref;
+    for (float& v : ref2) v *= 2;
+    ExpectClose(PerRowMagnitude(dy.Host(), n), PerRowMagnitude(ref2, n), kFp32Tol, "Gemm accumulating",
+                std::sqrt(double(k)));
     if (p.maybe_argmax_key != nullptr) {
       EXPECT_EQ(cuda::ArgmaxToken(key.Host()[0]), std::max_element(y.begin(), y.end()) - y.begin());
     }
@@ -393,6 +397,42 @@ TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
       act_want[j] = g / (1 + std::exp(-g)) * u;
     }
     ExpectClose(ToFloat(dact.Host()), act_want, kBf16Tol, "FusedGemv with the SwiGLU epilogue");
+  }
+}
+
+// The tensor-core FP8 product widens every e4m3 code exactly, subnormals and zeros included: weights cycling
+// through all 254 finite codes, scale 1, against rows of x that are unit vectors, so that each output is one
+// weight (times 1, plus zeros), which must equal DequantizeRowsFp8's value bit for bit. 16 rows (one launch
+// of one tile) and 40 (three tiles); N = 136 leaves a block's last 120 rows past the end.
+TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
+  const int64_t n = 136, k = 544;  // 4 chunks of 128 and one of 32
+  std::vector<cuda::fp8> codes(n * k);
+  for (int64_t i = 0; i < n * k; ++i) {
+    uint8_t c = static_cast<uint8_t>((i * 37 + i / k) % 256);
+    if ((c & 0x7f) == 0x7f) c ^= 1;  // 0x7f and 0xff are NaN
+    codes[i] = c;
+  }
+  DeviceBuffer<cuda::fp8> w(codes);
+  DeviceBuffer<float> scale(std::vector<float>(n, 1.f));
+  DeviceBuffer<bf16> back(n * k);
+  cuda::DequantizeRowsFp8(w.get(), scale.get(), n, k, back.get(), nullptr);
+  const std::vector<float> dequantised = ToFloat(back.Host());
+  for (int64_t m : {16, 40}) {
+    SCOPED_TRACE("m=" + std::to_string(m));
+    std::vector<float> x(m * k, 0.f);
+    for (int64_t r = 0; r < m; ++r) x[r * k + (r * 131 + 7) % k] = 1.f;
+    DeviceBuffer<bf16> dx(ToBf16(x));
+    DeviceBuffer<float> dy(m * n);
+    cuda::GemmParams p{m, n, k, k, n, dx.get(), w.get(), dy.get()};
+    p.w_scale = scale.get();
+    ASSERT_TRUE(cuda::Fp8MmaApplies(p));
+    cuda::Gemm(p, Cublas());
+    const std::vector<float> y = dy.Host();
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < n; ++j) wrong += y[r * n + j] != dequantised[j * k + (r * 131 + 7) % k];
+    }
+    EXPECT_EQ(wrong, 0) << "of " << m * n << " outputs";
   }
 }
 
