@@ -36,14 +36,13 @@ struct Options {
 k::KvFormat FormatOf(const std::string& name) {
   return name == "int8" ? k::KvFormat::kInt8 : name == "bf16" ? k::KvFormat::kBf16 : k::KvFormat::kF32;
 }
-int64_t ElementBytes(k::KvFormat f) { return f == k::KvFormat::kInt8 ? 1 : f == k::KvFormat::kBf16 ? 2 : 4; }
 
 // One (KV type, context) point.
 nlohmann::json Measure(const Options& o, const std::string& dtype, int64_t context, std::vector<char>& flush) {
   const k::KvFormat format = FormatOf(dtype);
   const int64_t dh = o.head_dim, bt = o.block_tokens, row = k::KvHeadRowElements(format, dh);
   const int64_t blocks = (context + bt - 1) / bt, layer_stride = o.heads * bt * row;
-  const int64_t block_bytes = o.layers * layer_stride * ElementBytes(format);
+  const int64_t block_bytes = o.layers * layer_stride * k::KvElementBytes(format);
   std::vector<k::AlignedVector<char>> key_blocks, value_blocks;
   std::vector<const void*> keys, values;
   std::mt19937 rng(7);
@@ -55,7 +54,7 @@ nlohmann::json Measure(const Options& o, const std::string& dtype, int64_t conte
       char* data = side->back().data();
       for (int64_t r = 0; r < o.layers * o.heads * bt; ++r) {  // every row of the block, in its format
         for (float& v : x) v = normal(rng);
-        char* at = data + r * row * ElementBytes(format);
+        char* at = data + r * row * k::KvElementBytes(format);
         if (format == k::KvFormat::kInt8) {
           k::cpu::QuantizeKvRow(x.data(), dh, reinterpret_cast<int8_t*>(at));
         } else if (format == k::KvFormat::kBf16) {
@@ -98,7 +97,7 @@ nlohmann::json Measure(const Options& o, const std::string& dtype, int64_t conte
     }
     if (pass > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  const double bytes = 2.0 * o.layers * o.heads * context * row * ElementBytes(format);
+  const double bytes = 2.0 * o.layers * o.heads * context * row * k::KvElementBytes(format);
   const double median = oryx::bench::Median(seconds);
   return {{"bench", "attention_cpu"},
           {"kv_dtype", dtype},

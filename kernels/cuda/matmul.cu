@@ -256,8 +256,9 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
 // rows of a launch: 1 byte a weight, where cuBLAS over a bf16 copy made in front reads and writes 5.
 //
 // A warp owns kFp8MmaTiles tiles of 8 weight rows (the mma's B operand, n) against all the rows of x (A, m, in
-// tiles of 16). K (a multiple of 32) goes in chunks of 128, the last maybe short: lane 4g + t reads bytes [32t, 32t + 32) of its tiles' weight row g
-// and elements [32t, 32t + 32) of its rows of x, and feeds them to the mma as 8 steps of 16. The mma's
+// tiles of 16). K (a multiple of 32) goes in chunks of 128, the last maybe short: lane 4g + t reads bytes
+// [32t, 32t + 32) of its tiles' weight row g and elements [32t, 32t + 32) of its rows of x, and feeds them to
+// the mma as 8 steps of 16. The mma's
 // k-index (2t, 2t + 1, 2t + 8, 2t + 9 of a step) is mapped to elements 32t + 4s + (0, 1, 2, 3) of step s; the
 // same for both operands, so each step still pairs equal k and the chunk's 128 elements are each summed once.
 // Where the weight rows make too few blocks, K is split over the blocks of a thread-block cluster, which add
@@ -876,7 +877,8 @@ bool Fp8MmaApplies(const GemmParams& p) {
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return p.w_scale != nullptr && p.maybe_argmax_key == nullptr &&
          p.m >= GetKernelSwitches().fp8_mma_min_rows && p.m <= kFp8MmaMaxRows && p.k % 32 == 0 &&
-         Fp8MmaSmemBytes(kFp8MmaTilesM, CeilDiv(CeilDiv(p.k, kFp8MmaChunk), int64_t{kFp8MmaMaxSplits})) <= kMaxFusedInputBytes &&
+         Fp8MmaSmemBytes(kFp8MmaTilesM, CeilDiv(CeilDiv(p.k, kFp8MmaChunk), int64_t{kFp8MmaMaxSplits})) <=
+             kMaxFusedInputBytes &&
          p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr) && HopperOrLater();
 }
 
