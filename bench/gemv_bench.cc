@@ -4,8 +4,11 @@
 // decode step) over enough distinct copies of its weights that none is still in L2 when it comes round
 // again; beside them, a plain streaming read of the same bytes. One JSON line per product: µs per call and
 // the bandwidth reached. Where a decode step's time goes between its kernels' bytes and their fixed costs.
+// With --rows, the same four products' shapes at several rows of x (a batch's decode step, a verify span):
+// FP8 weights (the GEMVs up to 7 rows, the tensor-core kernel from 8) against bf16 weights through Gemm's own
+// choice (cuBLAS from 8 rows at 1.4b), bytes counted as each reads them.
 //
-//   bench_gemv [--config 1.4b|130m] [--calls N]
+//   bench_gemv [--config 1.4b|130m] [--calls N] [--rows 8,16,32,64]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -15,12 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_util.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "base/flags.h"
+#include "bench/bench_util.h"
+#include "engine/json_text.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/stream.h"
-#include "engine/json_text.h"
 
 namespace {
 
@@ -35,6 +40,7 @@ struct Shape {
 struct Options {
   Shape shape{"1.4b", 2048, 16, 128, 5440};
   int calls = 64;
+  std::vector<int64_t> rows;  // --rows: the several-row products instead
 };
 
 // Mean µs per call of `launch(i)` for i = 0..calls-1, captured as one graph and replayed (best of 5).
@@ -66,22 +72,40 @@ double TimeCalls(cudaStream_t stream, int calls, F&& launch) {
   return best;
 }
 
-std::vector<nlohmann::json> Run(const Options& o) {
-  const Shape& s = o.shape;
-  const int64_t D = s.d, HD = s.heads * s.head_dim, F = s.mlp, P = 4 * HD + s.heads;  // mamba2, linear mode
+// A stream, a cuBLAS handle on it and zeroed device buffers, released together.
+struct Gpu {
   cudaStream_t stream = nullptr;
-  ORYX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t cublas = nullptr;
-  ORYX_CUBLAS_CHECK(cublasCreate(&cublas));
-  ORYX_CUBLAS_CHECK(cublasSetStream(cublas, stream));
   std::vector<void*> owned;
-  auto alloc = [&](int64_t bytes) {
+  Gpu() {
+    ORYX_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ORYX_CUBLAS_CHECK(cublasCreate(&cublas));
+    ORYX_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+  }
+  Gpu(const Gpu&) = delete;
+  Gpu& operator=(const Gpu&) = delete;
+  ~Gpu() {
+    cudaStreamSynchronize(stream);
+    for (void* p : owned) cudaFree(p);
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+  }
+  void* Alloc(int64_t bytes) {
     void* p = nullptr;
     ORYX_CUDA_CHECK(cudaMalloc(&p, bytes));
     ORYX_CUDA_CHECK(cudaMemset(p, 0, bytes));
     owned.push_back(p);
     return p;
-  };
+  }
+};
+
+std::vector<nlohmann::json> Run(const Options& o) {
+  const Shape& s = o.shape;
+  const int64_t D = s.d, HD = s.heads * s.head_dim, F = s.mlp, P = 4 * HD + s.heads;  // mamba2, linear mode
+  Gpu gpu;
+  cudaStream_t stream = gpu.stream;
+  cublasHandle_t cublas = gpu.cublas;
+  auto alloc = [&](int64_t bytes) { return gpu.Alloc(bytes); };
   // Activations (small, shared by every call) and the norms.
   auto* x = static_cast<float*>(alloc(D * 4));
   auto* o_in = static_cast<float*>(alloc(HD * 4));
@@ -141,10 +165,79 @@ std::vector<nlohmann::json> Run(const Options& o) {
          oryx::kernels::cuda::StreamSum(p, stream);
        }));
   ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (void* p : owned) cudaFree(p);
-  cublasDestroy(cublas);
-  cudaStreamDestroy(stream);
   for (auto& r : out) r["early_loads"] = early == nullptr || early[0] != '0';
+  return out;
+}
+
+// The products' shapes at each of o.rows rows: FP8 weights against bf16, plain products (no prologue; y
+// overwritten), each over copies of its weights that exceed L2.
+std::vector<nlohmann::json> RunRows(const Options& o) {
+  const Shape& s = o.shape;
+  const int64_t D = s.d, HD = s.heads * s.head_dim, F = s.mlp, P = 4 * HD + s.heads;
+  const int64_t max_rows = *std::max_element(o.rows.begin(), o.rows.end());
+  Gpu gpu;
+  cudaStream_t stream = gpu.stream;
+  cublasHandle_t cublas = gpu.cublas;
+  auto alloc = [&](int64_t bytes) { return gpu.Alloc(bytes); };
+  const int64_t widest = std::max({P, D, 2 * F, HD});
+  auto* x = static_cast<bf16*>(alloc(max_rows * widest * 2));
+  auto* y = static_cast<float*>(alloc(max_rows * widest * 4));
+  kc::FillUniform(x, max_rows * widest, 1, -1.f, 1.f, stream);
+  struct Weights {
+    std::vector<const bf16*> bf16s;
+    std::vector<const kc::fp8*> fp8s;
+    std::vector<const float*> scales;
+  };
+  // 256 MiB of copies at least, in each format (five times the H200's 50 MiB L2).
+  auto copies = [&](int64_t rows, int64_t cols) {
+    Weights w;
+    const int64_t n = std::max<int64_t>(2, (int64_t{256} << 20) / (rows * cols));
+    for (int64_t i = 0; i < n; ++i) {
+      auto* b = static_cast<bf16*>(alloc(rows * cols * 2));
+      kc::FillUniform(b, rows * cols, 100 + static_cast<uint32_t>(i), -0.02f, 0.02f, stream);
+      auto* q = static_cast<kc::fp8*>(alloc(rows * cols));
+      auto* scale = static_cast<float*>(alloc(rows * 4));
+      kc::QuantizeRowsFp8(b, rows, cols, q, scale, stream);
+      w.bf16s.push_back(b);
+      w.fp8s.push_back(q);
+      w.scales.push_back(scale);
+    }
+    return w;
+  };
+  struct Product {
+    std::string op;
+    int64_t n, k;
+  };
+  const std::vector<Product> products = {
+      {"in_proj", P, D}, {"o_proj", D, HD}, {"mlp_in", 2 * F, D}, {"mlp_down", D, F}};
+  std::vector<nlohmann::json> out;
+  for (const Product& product : products) {
+    const Weights w = copies(product.n, product.k);
+    for (const int64_t m : o.rows) {
+      for (const bool fp8 : {true, false}) {
+        const double us = TimeCalls(stream, o.calls, [&](int i) {
+          kc::GemmParams p{m, product.n, product.k, product.k, product.n, x, nullptr, y};
+          const size_t c = static_cast<size_t>(i) % w.fp8s.size();
+          p.w_ptr = fp8 ? static_cast<const void*>(w.fp8s[c]) : w.bf16s[c];
+          if (fp8) p.w_scale = w.scales[c];
+          kc::Gemm(p, cublas);
+        });
+        const double bytes = (fp8 ? 1.0 : 2.0) * product.n * product.k;
+        out.push_back({{"bench", "gemm_rows"},
+                       {"config", s.name},
+                       {"op", product.op},
+                       {"rows", m},
+                       {"n", product.n},
+                       {"k", product.k},
+                       {"weights", fp8 ? "fp8" : "bf16"},
+                       {"weight_bytes", bytes},
+                       {"us_per_call", us},
+                       {"gb_per_s", bytes / us / 1e3},
+                       {"calls", o.calls}});
+      }
+    }
+    ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
   return out;
 }
 
@@ -153,10 +246,13 @@ std::vector<nlohmann::json> Run(const Options& o) {
 int main(int argc, char** argv) {
   std::string config = "1.4b";
   int64_t calls = 64;
-  oryx::FlagSet flags("bench_gemv [--config 1.4b|130m] [--calls N]",
-                           "Times the decode step's products alone at batch 1 on the GPU; JSON lines.");
+  std::string rows;
+  oryx::FlagSet flags("bench_gemv [--config 1.4b|130m] [--calls N] [--rows 8,16,32,64]",
+                      "Times the decode step's products alone on the GPU (batch 1, or FP8 against bf16 at --rows); "
+                      "JSON lines.");
   flags.String("config", &config, "the shapes: 1.4b | 130m");
   flags.Int("calls", &calls, "calls per timed graph", 1, 4096);
+  flags.String("rows", &rows, "rows of x, comma-separated (1-128): FP8 against bf16 weights at each");
   return oryx::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
     Options o;
     if (config == "130m") {
@@ -165,8 +261,15 @@ int main(int argc, char** argv) {
       return absl::InvalidArgumentError("unknown --config '" + config + "' (1.4b, 130m)");
     }
     o.calls = static_cast<int>(calls);
+    for (const absl::string_view piece : absl::StrSplit(rows, ',', absl::SkipEmpty())) {
+      int64_t m = 0;
+      if (!absl::SimpleAtoi(piece, &m) || m < 1 || m > 128) {
+        return absl::InvalidArgumentError("--rows: '" + std::string(piece) + "' is not a row count in 1-128");
+      }
+      o.rows.push_back(m);
+    }
     if (kc::DeviceCount() == 0) return absl::FailedPreconditionError("no CUDA device is visible");
-    for (auto& r : Run(o)) {
+    for (auto& r : o.rows.empty() ? Run(o) : RunRows(o)) {
       r["git"] = oryx::bench::GitRevision();
       r["time"] = oryx::bench::UtcTimestamp();
       std::cout << oryx::JsonText(r) << "\n";

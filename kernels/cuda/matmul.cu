@@ -395,18 +395,23 @@ __global__ void __launch_bounds__(32 * kFp8MmaWarps) Fp8MmaGemmKernel(GemmParams
     const float v = sum * __ldg(p.w_scale + n);
     *out = p.accumulate ? *out + v : v;
   };
-  if (gridDim.y == 1) {
+  // f(m, column of the block's 128, sum) for each of the lane's sums.
+  auto for_each_sum = [&](auto&& f) {
 #pragma unroll
     for (int i = 0; i < kTilesM; ++i) {
 #pragma unroll
       for (int j = 0; j < kFp8MmaTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t m = 16 * i + g + 8 * (e / 2), n = n_warp + 8 * j + 2 * t + e % 2;
-          if (m < p.m && n < p.n) store(m, n, acc[i][j][e]);
+          f(16 * i + g + 8 * (e / 2), warp * 8 * kFp8MmaTiles + 8 * j + 2 * t + e % 2, acc[i][j][e]);
         }
       }
     }
+  };
+  if (gridDim.y == 1) {
+    for_each_sum([&](int m, int column, float sum) {
+      if (m < p.m && n_block + column < p.n) store(m, n_block + column, sum);
+    });
     return;
   }
   // Split K: each block's sums into its shared memory; then block r of the cluster adds up its share of the
@@ -414,17 +419,7 @@ __global__ void __launch_bounds__(32 * kFp8MmaWarps) Fp8MmaGemmKernel(GemmParams
   constexpr int kTileN = static_cast<int>(kFp8MmaRowsPerBlock), kTileElements = 16 * kTilesM * kTileN;
   __syncthreads();  // every warp is done with the staged x, which the tile replaces
   float* tile = reinterpret_cast<float*>(fp8_mma_smem);  // [16 kTilesM][128]
-#pragma unroll
-  for (int i = 0; i < kTilesM; ++i) {
-#pragma unroll
-    for (int j = 0; j < kFp8MmaTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int m = 16 * i + g + 8 * (e / 2), n = warp * 8 * kFp8MmaTiles + 8 * j + 2 * t + e % 2;
-        tile[m * kTileN + n] = acc[i][j][e];
-      }
-    }
-  }
+  for_each_sum([&](int m, int column, float sum) { tile[m * kTileN + column] = sum; });
   ClusterSync();
   const int splits = static_cast<int>(gridDim.y), rank = static_cast<int>(ClusterRank());
   const int share = kTileElements / splits;
