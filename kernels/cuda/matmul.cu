@@ -268,7 +268,12 @@ constexpr int kFp8MmaWarps = 4, kFp8MmaTiles = 4;
 constexpr int64_t kFp8MmaRowsPerBlock = 8 * kFp8MmaTiles * kFp8MmaWarps;  // weight rows (outputs)
 constexpr int64_t kFp8MmaChunk = 128;
 constexpr int kFp8MmaTilesM = 4;     // tiles of 16 rows of x per launch
-constexpr int kFp8MmaMaxSplits = 8;  // blocks of a cluster (the portable most)
+constexpr int kFp8MmaMaxSplits = 8;  // blocks of a cluster (the portable most), from 33 rows
+// Up to 32 rows, clusters of up to 16 blocks (non-portable, allowed on Hopper): in the 1.4b linear step, fp8
+// at batch 8 took 1.482 against 1.565 ms with clusters of 8 and at batch 32 2.447 against 2.659 ms
+// (the output and down projections, 16 blocks of weight rows each, then split 16 ways); at 64 rows
+// clusters of 16 were slower (4.66 against 4.59 ms). results/2026-12-04-h200-fp8-pipeline.
+constexpr int kFp8MmaMaxSplitsFewRows = 16;
 
 // Weight bytes 0 and 1 (lo) and 2 and 3 (hi) of `word`, four e4m3 values, as bf16 pairs, exactly. Each byte
 // s eeee mmm goes to bf16 bits s 0000 eeee mmm 0000, which read as bf16 are the value times 2^-120 (normal or,
@@ -433,15 +438,19 @@ __global__ void __launch_bounds__(32 * kFp8MmaWarps) Fp8MmaGemmKernel(GemmParams
   ClusterSync();  // no block leaves while a peer still reads its tile
 }
 
-// K split over the blocks of a cluster until about two waves of blocks run, each split at least 2
-// chunks, at most kFp8MmaMaxSplits; and further, up to that many, while a split's staged x would not fit.
+// K split over the blocks of a cluster until about two waves of blocks run, each split at least 2 chunks (1
+// up to 32 rows), at most kFp8MmaMaxSplits (kFp8MmaMaxSplitsFewRows up to 32 rows); and further, up to that
+// many, while a split's staged x would not fit.
 int Fp8MmaSplits(const GemmParams& p, int tiles_m) {
+  const bool few_rows = tiles_m <= 2;
+  const int max_splits = few_rows ? kFp8MmaMaxSplitsFewRows : kFp8MmaMaxSplits;
+  const int64_t min_chunks = few_rows ? 1 : 2;
   const int64_t blocks = CeilDiv(p.n, kFp8MmaRowsPerBlock), chunks = CeilDiv(p.k, kFp8MmaChunk);
   const int64_t target = int64_t{2} * MultiprocessorCount();  // (1 or 4 waves: no faster on the H200)
   auto smem = [&](int splits) { return Fp8MmaSmemBytes(tiles_m, CeilDiv(chunks, int64_t{splits})); };
   int splits = 1;
-  while (2 * splits <= kFp8MmaMaxSplits && 2 * splits <= chunks &&
-         ((blocks * splits < target && 2 * splits * 2 <= chunks) || smem(splits) > kFp8MmaMaxSmem)) {
+  while (2 * splits <= max_splits && 2 * splits <= chunks &&
+         ((blocks * splits < target && 2 * splits * min_chunks <= chunks) || smem(splits) > kFp8MmaMaxSmem)) {
     splits *= 2;
   }
   return splits;
@@ -468,6 +477,8 @@ void LaunchFp8Mma(const GemmParams& p_in, cudaStream_t stream) {
       static const bool configured = [&] {  // more than the default 48 KiB, configured once per instance
         ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(kMaxFusedInputBytes)));
+        // (clusters of more than 8 blocks: kFp8MmaMaxSplitsFewRows)
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         return true;
       }();
       (void)configured;
