@@ -21,11 +21,13 @@ int RunTrainRouter(const Args& args) {
             "of tokens in attention mode, or the time the cost model predicts (calibrated here), or the bytes\n"
             "moved (a bandwidth-bound GPU). With --draft-lengths the policy also chooses, per decode step in\n"
             "attention mode, whether and how far to speculate. A supervised warm start from counterfactual\n"
-            "labels (each decision of prefill-linear flipped once; each draft length tried), then REINFORCE\n"
-            "with a leave-one-out baseline and an entropy bonus. With several lambdas, one policy file each\n"
-            "(FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for --resume) as it goes; with\n"
-            "--eval-examples, ends with a held-out comparison against the rule policies, and over the\n"
-            "tasks together, which rules a learned policy dominates (higher quality at no more cost).\n"
+            "labels (each decision of prefill-linear flipped once; the answer decoded in attention mode, in\n"
+            "linear mode or gated by entropy, the best of those labelling its decode decisions; each draft\n"
+            "length tried), then REINFORCE with a leave-one-out baseline and an entropy bonus. With several\n"
+            "lambdas, one policy file each (FILE-lambdaL.ext). Writes FILE.log.jsonl and FILE.state (for\n"
+            "--resume) as it goes; with --eval-examples, ends with a held-out comparison against the rule\n"
+            "policies, and over the tasks together, which rules a learned policy dominates (higher quality at\n"
+            "no more cost).\n"
             "--eval-only runs that comparison on the files of a finished run.");
   f.String("model", &o.model_dir, "model directory (config.json, weights, tokenizer.model)", true);
   f.String("out", &o.out_path, "the policy file to write (.safetensors)", true);

@@ -279,6 +279,13 @@ class EpisodeRunner {
 // most of the prompt ran in attention, which no single flip away from the first two shows.
 enum class Base { kPrefillLinear, kLinear, kAttention };
 constexpr int kBases = 3;
+
+// The decode counterfactuals past all-attention and all-linear decoding: the entropy:TAU rule, prefill-linear
+// whose answer attends only where the last distribution had more than tau nats of entropy. Each example's
+// decode decisions are labelled with its best variant's, so that the warm start can learn token-by-token
+// decode choices, which one flip of the whole answer cannot show.
+constexpr double kDecodeEntropyTaus[] = {0.5, 1, 2, 4};
+constexpr size_t kDecodeVariants = std::size(kDecodeEntropyTaus);
 router::Decision BaseDecision(Base base, const router::RouterContext& c, int64_t draft = 0) {
   const bool attend = base == Base::kAttention ||
                       (base == Base::kPrefillLinear && (c.phase == router::Phase::kDecode || c.last_prompt_token));
@@ -547,7 +554,7 @@ class RouterTrainer {
   std::optional<Costs> costs_;
   std::optional<EpisodeRunner> runner_;
   // Phase 1: the base episodes of the warm-start examples, each with one decision flipped, with the decode
-  // phase flipped as one, and under every draft length.
+  // phase flipped as one and gated by entropy (kDecodeEntropyTaus), and under every draft length.
   struct Flip {
     size_t base;  // index into base_
     StepKey key;
@@ -555,9 +562,10 @@ class RouterTrainer {
   std::vector<Example> warm_;
   std::vector<const Example*> base_examples_;
   std::vector<Base> base_kinds_;
-  std::vector<Episode> base_, flipped_, decode_flipped_, drafted_;
+  std::vector<Episode> base_, flipped_, decode_flipped_, decode_gated_, drafted_;
   std::vector<Flip> flips_;
   std::vector<size_t> decode_flip_of_;  // warm example index of each decode flip
+  // decode_gated_[j * kDecodeVariants + v]: decode flip j's example with kDecodeEntropyTaus[v]'s decoding
   torch::Tensor mean_, inv_std_;
 };
 
@@ -689,8 +697,13 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
     if (e.teacher_forced || e.generate < 2) continue;
     for (size_t k = 0; k < o.draft_lengths.size(); ++k) draft_examples.push_back(&e);
   }
+  std::vector<const Example*> decode_gated_examples;
+  for (const Example* e : decode_flip_examples)
+    decode_gated_examples.insert(decode_gated_examples.end(), kDecodeVariants, e);
   std::cerr << "train-router: " << warm_.size() << " warm-start examples, "
-            << base_.size() + flips_.size() + decode_flip_of_.size() + draft_examples.size() << " counterfactual episodes\n";
+            << base_.size() + flips_.size() + decode_flip_of_.size() + decode_gated_examples.size() +
+                   draft_examples.size()
+            << " counterfactual episodes\n";
   ORYX_ASSIGN_OR_RETURN(flipped_, runner_->Run(flip_examples, [&](size_t j, LearnedRouter::Trace trace) {
     const StepKey key = flips_[j].key;
     const Base kind = base_kinds_[flips_[j].base];
@@ -704,6 +717,10 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
     return Rule([](const router::RouterContext& c) {
       return router::Decision{c.last_prompt_token ? Mode::kAttention : Mode::kLinear};
     }, std::move(trace));
+  }));
+  ORYX_ASSIGN_OR_RETURN(decode_gated_, runner_->Run(decode_gated_examples, [&](size_t j, LearnedRouter::Trace trace) {
+    const policies::EntropyRouter rule(kDecodeEntropyTaus[j % kDecodeVariants]);
+    return Rule([rule](const router::RouterContext& c) { return rule.Decide(c); }, std::move(trace));
   }));
   const size_t n_lengths = o.draft_lengths.size();
   ORYX_ASSIGN_OR_RETURN(drafted_, runner_->Run(draft_examples, [&](size_t j, LearnedRouter::Trace trace) {
@@ -721,12 +738,27 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
       helped += d > 0, hurt += d < 0;
     }
     const double n = static_cast<double>(std::max<size_t>(1, warm_.size()));
+    const size_t episodes =
+        base_.size() + flips_.size() + decode_flipped_.size() + decode_gated_.size() + drafted_.size();
     nlohmann::json r = {{"phase", "counterfactual"}, {"examples", warm_.size()}, {"cost", o.cost},
-                        {"episodes", base_.size() + flips_.size() + decode_flipped_.size() + drafted_.size()},
+                        {"episodes", episodes},
                         {"prefill_linear_quality", base_quality[0] / n}, {"linear_quality", base_quality[1] / n},
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
+    if (!decode_gated_.empty()) {  // the entropy-gated answers, over the generated examples
+      nlohmann::json by_tau = nlohmann::json::array();
+      for (size_t v = 0; v < kDecodeVariants; ++v) {
+        double cost = 0, quality = 0, attention = 0, m = 0;
+        for (size_t j = v; j < decode_gated_.size(); j += kDecodeVariants) {
+          cost += decode_gated_[j].cost, quality += decode_gated_[j].quality;
+          attention += decode_gated_[j].attention_fraction, m += 1;
+        }
+        by_tau.push_back({{"tau", kDecodeEntropyTaus[v]}, {"cost", cost / m}, {"quality", quality / m},
+                          {"attention", attention / m}});
+      }
+      r["entropy_gated_decoding"] = by_tau;
+    }
     if (!drafted_.empty()) {
       nlohmann::json by_length = nlohmann::json::array();
       for (size_t k = 0; k < n_lengths; ++k) {
@@ -810,18 +842,23 @@ void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) 
     labels.push_back(margin > 0 ? 1 : 0);
     weights.push_back(static_cast<float>(std::abs(margin)));
   }
-  // The decode phase as one segment: prefill-linear's decode decisions labelled by whether attention
-  // decoding beats linear decoding on that example, the margin shared among them.
+  // The decode decisions: each generated example's best answer policy at this lambda among attention
+  // (prefill-linear itself), linear (the decode flip) and the entropy-gated ones, its decode decisions
+  // labelled with that policy's modes, the margin over the runner-up shared among them.
   for (size_t j = 0; j < decode_flip_of_.size(); ++j) {
-    const Episode& b = base_[decode_flip_of_[j]];  // the prefill-linear base of that example
-    const double margin = b.Reward(lambda) - decode_flipped_[j].Reward(lambda);
+    std::vector<const Episode*> variants = {&base_[decode_flip_of_[j]], &decode_flipped_[j]};
+    for (size_t v = 0; v < kDecodeVariants; ++v) variants.push_back(&decode_gated_[j * kDecodeVariants + v]);
+    std::ranges::stable_sort(variants,
+                             [&](const Episode* a, const Episode* b) { return a->Reward(lambda) > b->Reward(lambda); });
+    const Episode& best = *variants[0];
+    const double margin = best.Reward(lambda) - variants[1]->Reward(lambda);
     int64_t n_decode = 0;
-    for (const auto& [key, s] : b.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
-    for (const auto& [key, s] : b.steps) {
+    for (const auto& [key, s] : best.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
+    for (const auto& [key, s] : best.steps) {
       if (key.first != static_cast<int>(router::Phase::kDecode)) continue;
       steps.push_back(&s);
-      labels.push_back(margin > 0 ? 1 : 0);
-      weights.push_back(static_cast<float>(std::abs(margin) / static_cast<double>(n_decode)));
+      labels.push_back(s.mode == Mode::kAttention ? 1 : 0);
+      weights.push_back(static_cast<float>(margin / static_cast<double>(n_decode)));
     }
   }
   // Draft head: each example's decode decisions under its best draft length, labelled with it and
