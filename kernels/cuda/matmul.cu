@@ -902,20 +902,20 @@ void FusedGemv(const FusedGemvParams& p, cudaStream_t stream) {
   WithRowCount(p.m, [&](auto rows) { LaunchFusedGemv<rows.value>(p, stream); });
 }
 
+namespace {
+// The stream a cuBLAS handle launches on, for our kernels in its place.
+cudaStream_t StreamOf(void* cublas_handle) {
+  cudaStream_t stream = nullptr;
+  ORYX_CUBLAS_CHECK(cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
+  return stream;
+}
+}  // namespace
+
 void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.m == 0 || p.n == 0) return;
-  auto handle = static_cast<cublasHandle_t>(cublas_handle);
   if (p.maybe_argmax_key != nullptr && !GemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (callers check)
-  if (Fp8MmaApplies(p)) {
-    cudaStream_t stream = nullptr;
-    ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));
-    return LaunchFp8Mma(p, stream);
-  }
-  if (GemvApplies(p)) {
-    cudaStream_t stream = nullptr;
-    ORYX_CUBLAS_CHECK(cublasGetStream(handle, &stream));
-    return LaunchGemv(p, stream);
-  }
+  if (Fp8MmaApplies(p)) return LaunchFp8Mma(p, StreamOf(cublas_handle));
+  if (GemvApplies(p)) return LaunchGemv(p, StreamOf(cublas_handle));
   GemmCublas(p, cublas_handle);
 }
 
@@ -939,9 +939,8 @@ void GemmCublas(const GemmParams& p, void* cublas_handle) {
   if (p.w_scale != nullptr) {
     // FP8 weights: a bf16 copy in front of the product (cuBLAS's FP8 GEMMs would want FP8 inputs too).
     if (p.w_bf16_scratch == nullptr) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (the backend provides it)
-    cudaStream_t stream = nullptr;
-    ORYX_CUBLAS_CHECK(cublasGetStream(static_cast<cublasHandle_t>(cublas_handle), &stream));
-    DequantizeRowsFp8(static_cast<const fp8*>(p.w_ptr), p.w_scale, p.n, p.k, p.w_bf16_scratch, stream);
+    DequantizeRowsFp8(static_cast<const fp8*>(p.w_ptr), p.w_scale, p.n, p.k, p.w_bf16_scratch,
+                      StreamOf(cublas_handle));
     GemmParams q = p;
     q.w_ptr = p.w_bf16_scratch;
     q.w_scale = nullptr;
