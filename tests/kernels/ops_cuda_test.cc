@@ -318,13 +318,14 @@ Fp8Matrix QuantizedRandom(int64_t n, int64_t k, uint32_t seed) {
 // skipped rows and the SwiGLU epilogue, and cuBLAS (more rows, or K not a multiple of 16 or 32: a bf16 copy
 // made in front) -- all against MatMulReference over the dequantised weights, which are exact bf16 values, so
 // the tolerances are the bf16 products'. 6 rows of K = 24592 are past what the several-row GEMV stages in
-// shared memory, so it reads x from global memory.
+// shared memory, so it reads x from global memory. 64 rows of N = 20000: 157 blocks of weight rows in 2 splits,
+// more blocks than the GPU holds at once.
 TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {1, 300, 256},     {1, 8200, 64},    {1, 2048, 512},  {1, 40, 24592}, {3, 77, 64},      {8, 300, 5440},
            {5, 2048, 2048},   {6, 40, 24592},   {9, 130, 520},   {2, 17, 10},    {1, 24, 40},      {9, 200, 1024},
            {12, 300, 5504},   {16, 2048, 2048}, {33, 130, 512},  {48, 77, 256},  {64, 4100, 1024}, {65, 300, 512},
-           {128, 1000, 2048}, {129, 64, 256},   {16, 300, 5440}, {24, 130, 96}}) {
+           {128, 1000, 2048}, {129, 64, 256},   {16, 300, 5440}, {24, 130, 96},  {64, 20000, 512}}) {
     SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
     Fp8Matrix w = QuantizedRandom(n, k, 60);
     if (HasFailure()) return;
