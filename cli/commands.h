@@ -33,7 +33,8 @@ bool HasFlagValue(const Args& args, const std::string& name, const std::string& 
 // The help of the backend flags that generate and serve share.
 inline constexpr const char* kWeightsHelp =
     "projection weights, fewer bytes per token: cpu f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations "
-    "too); cuda bf16 (f32 loads as bf16) | fp8 (e4m3, a power-of-two scale per row)";
+    "too); cuda bf16 (f32 loads as bf16) | fp8 (e4m3, a power-of-two scale per row; on an H200 faster than bf16 up "
+    "to 8 sequences a step, even at 16, slower from 32)";
 inline constexpr const char* kKvDtypeHelp =
     "cpu: the KV cache's element type f32 | bf16 (half the bytes an attention step reads from the cache) | int8 (a "
     "scale per head and position: about a quarter); cuda: bf16 only (default: f32 on the CPU)";
