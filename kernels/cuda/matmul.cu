@@ -442,11 +442,11 @@ __global__ void __launch_bounds__(32 * kFp8MmaWarps) Fp8MmaGemmKernel(GemmParams
 }
 
 // K split over the blocks of a cluster until about two waves of blocks run, each split at least 2 chunks (1
-// up to 32 rows), at most kFp8MmaMaxSplits (kFp8MmaMaxSplitsFewRows up to 32 rows); and further, up to that
-// many, while a split's staged x would not fit.
-int Fp8MmaSplits(const GemmParams& p, int tiles_m) {
+// up to 32 rows), at most kFp8MmaMaxSplits (kFp8MmaMaxSplitsFewRows up to 32 rows where `wide_clusters`); and
+// further, up to that many, while a split's staged x would not fit.
+int Fp8MmaSplits(const GemmParams& p, int tiles_m, bool wide_clusters) {
   const bool few_rows = tiles_m <= 2;
-  const int max_splits = few_rows ? kFp8MmaMaxSplitsFewRows : kFp8MmaMaxSplits;
+  const int max_splits = few_rows && wide_clusters ? kFp8MmaMaxSplitsFewRows : kFp8MmaMaxSplits;
   const int64_t min_chunks = few_rows ? 1 : 2;
   const int64_t blocks = CeilDiv(p.n, kFp8MmaRowsPerBlock), chunks = CeilDiv(p.k, kFp8MmaChunk);
   const int64_t target = int64_t{2} * MultiprocessorCount();  // (1 or 4 waves: no faster on the H200)
@@ -459,6 +459,46 @@ int Fp8MmaSplits(const GemmParams& p, int tiles_m) {
   return splits;
 }
 
+// Configures an instance of Fp8MmaGemmKernel once: more than the default 48 KiB of shared memory, and clusters
+// of more than 8 blocks (kFp8MmaMaxSplitsFewRows).
+template <int kTilesM>
+auto Fp8MmaKernel() {
+  auto kernel = Fp8MmaGemmKernel<kTilesM>;
+  static const bool configured = [&] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kMaxFusedInputBytes)));
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    return true;
+  }();
+  (void)configured;
+  return kernel;
+}
+
+// Whether clusters of kFp8MmaMaxSplitsFewRows blocks can be resident on this GPU (Hopper parts or partitions
+// with smaller GPCs may not hold them; the splits then stop at the portable kFp8MmaMaxSplits). Asked once.
+bool WideClustersFit() {
+  static const bool fit = [] {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1, kFp8MmaMaxSplitsFewRows, 1);
+    config.blockDim = dim3(32 * kFp8MmaWarps, 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(Fp8MmaSmemBytes(2, 2));  // (a split's x at 32 rows and K 4096)
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = kFp8MmaMaxSplitsFewRows;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, Fp8MmaKernel<2>(), &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // (not an error of the caller's: the query's answer is no)
+      return false;
+    }
+    return clusters > 0;
+  }();
+  return fit;
+}
+
 // Rows in groups of up to 64 (kFp8MmaTilesM tiles of 16), one launch each: a group past the first reads the
 // weights again (from L2 where the matrix fits there).
 void LaunchFp8Mma(const GemmParams& p_in, cudaStream_t stream) {
@@ -469,23 +509,15 @@ void LaunchFp8Mma(const GemmParams& p_in, cudaStream_t stream) {
     p.y_ptr += m0 * p.y_row_stride;
     p.early_loads = EarlyLoads();
     const int tiles_m = static_cast<int>(CeilDiv(p.m, int64_t{16}));
-    const int splits = Fp8MmaSplits(p, tiles_m);
+    const int splits = Fp8MmaSplits(p, tiles_m, WideClustersFit());
     const int64_t per_split = CeilDiv(CeilDiv(p.k, kFp8MmaChunk), int64_t{splits});
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.n, kFp8MmaRowsPerBlock)), static_cast<unsigned>(splits));
     const dim3 cluster(1, static_cast<unsigned>(splits), 1);
     const int64_t smem = Fp8MmaSmemBytes(tiles_m, per_split);
     if (smem > kMaxFusedInputBytes) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (Fp8MmaApplies: K small enough)
     auto launch = [&](auto tiles) {
-      auto kernel = Fp8MmaGemmKernel<decltype(tiles)::value>;
-      static const bool configured = [&] {  // more than the default 48 KiB, configured once per instance
-        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(kMaxFusedInputBytes)));
-        // (clusters of more than 8 blocks: kFp8MmaMaxSplitsFewRows)
-        ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        return true;
-      }();
-      (void)configured;
-      LaunchAfterPrevious(kernel, grid, 32 * kFp8MmaWarps, static_cast<size_t>(smem), stream, cluster, p, per_split);
+      LaunchAfterPrevious(Fp8MmaKernel<decltype(tiles)::value>(), grid, 32 * kFp8MmaWarps, static_cast<size_t>(smem),
+                          stream, cluster, p, per_split);
     };
     switch (tiles_m) {
       case 1:
