@@ -367,20 +367,26 @@ absl::Status RunCostBench(const CostBenchOptions& o, const Emit& emit) {
     ORYX_RETURN_IF_ERROR(WriteRandomCheckpoint(scratch, DecodeBenchConfig(4096), 1));
     dir = scratch;
   }
-  auto loaded = CpuBackend::Load(dir, o.threads);
+  BackendOptions options;
+  options.device = o.device, options.threads = o.threads;
+  auto loaded = LoadBackend(dir, options);
   if (!scratch.empty()) (void)RemoveTree(scratch);
   ORYX_RETURN_IF_ERROR(loaded.status());
-  CpuBackend& backend = **loaded;
+  Backend& backend = **loaded;
+  const auto* cpu = dynamic_cast<const CpuBackend*>(&backend);
   const ModelConfig& c = backend.config();
   const int64_t max_ctx = c.max_position - 16;
   // Calibration at short, middle and long contexts; held-out shapes in between, at other batch sizes and
-  // span lengths.
+  // span lengths, and prefill segments of the lengths train-router routes (256, 1,024).
   const std::vector<router::SpanShape> fit_shapes = router::CalibrationShapes(c);
   std::vector<router::SpanShape> test_shapes;
   for (Mode m : {Mode::kAttention, Mode::kLinear}) {
     for (int64_t ctx : {max_ctx / 8, max_ctx / 2}) {
       for (int64_t b : {2, 8}) {
-        for (int64_t t : {1, 4}) test_shapes.push_back({b, t, ctx, m});
+        for (int64_t t : {1, 4}) test_shapes.push_back({b, t, ctx, m, /*all_logits=*/true});
+      }
+      for (int64_t t : {256, 1024}) {
+        if (ctx + t <= c.max_position) test_shapes.push_back({1, t, ctx, m});
       }
     }
   }
@@ -409,7 +415,8 @@ absl::Status RunCostBench(const CostBenchOptions& o, const Emit& emit) {
                             {"held_out_within_20_percent", within},
                             {"mean_abs_relative_error", sum / test.size()},
                             {"max_abs_relative_error", worst},
-                            {"threads", backend.num_threads()}};
+                            {"device", o.device},
+                            {"threads", cpu != nullptr ? nlohmann::json(cpu->num_threads()) : nlohmann::json()}};
   summary.update(Provenance());
   emit(summary);
   return absl::OkStatus();

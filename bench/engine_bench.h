@@ -83,6 +83,7 @@ absl::Status RunSpecBench(const SpecBenchOptions& options, const Emit& emit);
 
 struct CostBenchOptions {
   std::string model_dir;  // random weights of DecodeBenchConfig when empty
+  std::string device = "cpu";  // cpu | cuda
   int threads = 0;
   int repeats = 5;
 };

@@ -232,17 +232,22 @@ int BenchCost(const Args& rest) {
   BenchFlags c;
   bench::CostBenchOptions o;
   int64_t repeats = o.repeats;
-  FlagSet f("oryx bench cost [--model DIR] [--repeats N] [--json]",
+  FlagSet f("oryx bench cost [--model DIR] [--device cpu|cuda] [--repeats N] [--json]",
             "Fits the router's cost model (dense FLOPs, KV bytes, attention and recurrence FLOPs of a forward\n"
             "span, plus a fixed cost per forward) to measured span times on a grid of batch sizes, span\n"
-            "lengths, contexts and modes, then reports its error on held-out shapes. Without --model: random\n"
-            "weights of the 19M-parameter decode-benchmark config.");
+            "lengths (prefill segments included), contexts and modes, as `train-router --cost time` does,\n"
+            "then reports its error on held-out shapes. Without --model: random weights of the\n"
+            "19M-parameter decode-benchmark config.");
   f.String("model", &o.model_dir, "model directory (default: random weights)");
+  f.String("device", &o.device, "cpu | cuda");
   f.Int("repeats", &repeats, "timed runs per shape (median)", 1, 1000);
   f.Int("threads", &c.threads, "CPU threads (0: one per hardware thread)", 0, 1024);
   f.Bool("json", &c.out.json, "print JSON lines instead of a table");
   f.String("out", &c.out.out_file, "also write the JSON lines to this file (atomically)");
   return RunWithFlags(f, rest, [&]() -> absl::Status {
+    if (o.device != "cpu" && o.device != "cuda") {
+      return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
+    }
     o.repeats = static_cast<int>(repeats);
     o.threads = static_cast<int>(c.threads);
     c.out.row = [header = true](const nlohmann::json& j) mutable {

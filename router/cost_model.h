@@ -2,9 +2,10 @@
 // against the backend's measured step times so that a router (and the speculative draft-length choice)
 // can compare modes, draft lengths and batch sizes before running them.
 //
-// A span's work, summed over its sequences: tokens through the dense layers (projections, MLP, LM head),
-// the KV-cache bytes that attention tokens read, the attention score work (queries x keys), the recurrence
-// work of every token, and the number of sequences (per-sequence work: conv, cache appends, dispatch).
+// A span's work, summed over its sequences: tokens through the dense layers (projections, MLP; the LM head
+// for the rows whose logits are computed), the KV-cache bytes that attention tokens read, the attention
+// score work (queries x keys), the recurrence work of every token, and the number of sequences
+// (per-sequence work: conv, cache appends, dispatch).
 // The dense work is split by the regime the CPU backend's product runs in, which depends on the rows of
 // the whole batch (m = batch x tokens): one row is a bandwidth-bound GEMV, 2..6 rows the small-product
 // path, more rows a GEMM; each regime gets its own rate. The predicted time is a non-negative combination:
@@ -24,17 +25,19 @@
 
 namespace oryx::router {
 
-// One forward: `batch` sequences, each running `tokens` new tokens in `mode` after `context` earlier ones.
+// One forward: `batch` sequences, each running `tokens` new tokens in `mode` after `context` earlier ones,
+// with the logits of every token (a verify span) or of the last one only (a prefill segment, a decode step).
 struct SpanShape {
   int64_t batch = 1;
   int64_t tokens = 1;
   int64_t context = 0;
   Mode mode = Mode::kAttention;
+  bool all_logits = false;
 };
 
 // The work terms of a span (FLOPs, and bytes for the KV read), from the model config.
 struct SpanWork {
-  double dense_flops = 0;      // 2 * (dense parameters) per token, LM head included
+  double dense_flops = 0;      // 2 * (dense parameters) per token, and the LM head's per row of logits
   double kv_bytes = 0;         // KV cache read by attention tokens (fp32)
   double attention_flops = 0;  // q.k and p.v over the visible keys
   double recurrent_flops = 0;  // the state update and read, every token
@@ -48,8 +51,9 @@ SpanWork WorkOf(const ModelConfig& config, const SpanShape& shape);
 // over a bandwidth it is a time.
 double SpanBytes(const ModelConfig& config, const SpanShape& shape);
 
-// The calibration grid of `oryx bench cost`: batch 1, 4, 16; spans of 1 and 8 tokens; contexts 128, a
-// quarter and three quarters of max_position; both modes.
+// The calibration grid of `oryx bench cost` and `train-router --cost time`: batch 1, 4, 16 with spans of 1
+// and 8 tokens (every token's logits, as verify spans), and batch 1 with spans of 64, 256 and 1,024 (prefill
+// segments: the last token's logits); contexts 128, a quarter and three quarters of max_position; both modes.
 std::vector<SpanShape> CalibrationShapes(const ModelConfig& config);
 
 struct Measurement {
@@ -70,8 +74,9 @@ class CostModel {
   std::vector<double> coef_;  // seconds per unit of each term, in the order of the formula above
 };
 
-// Times forwards of the given shapes on `backend` (median of `repeats` after a warm-up), on synthetic
-// sequences prefilled to each context. Contexts + tokens must fit the model's max_position.
+// Times forwards of the given shapes on `backend` (median of `repeats` after a warm-up, leaving out runs
+// during which the backend recorded a CUDA graph), on synthetic sequences prefilled to each context.
+// Contexts + tokens must fit the model's max_position.
 absl::StatusOr<std::vector<Measurement>> MeasureSpans(Backend& backend, std::span<const SpanShape> shapes,
                                                       int repeats);
 

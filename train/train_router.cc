@@ -103,7 +103,7 @@ class Costs {
   double Decision(const router::RouterContext& c, const router::Decision& d) const {
     if (kind_ == CostKind::kAttention) return 0;
     if (d.draft_length <= 0) return Span({1, c.segment_tokens, c.position, d.mode});
-    double s = Span({1, d.draft_length + 1, c.position, Mode::kAttention});  // the verify span
+    double s = Span({1, d.draft_length + 1, c.position, Mode::kAttention, /*all_logits=*/true});  // the verify span
     for (int64_t i = 0; i < d.draft_length; ++i) s += Span({1, 1, c.position + i, Mode::kLinear});
     return s;
   }

@@ -52,6 +52,7 @@ expect 0 "bench spec --help" -- bench spec --help
 expect 0 "bench cost --help" -- bench cost --help
 expect 1 "bench cost: missing model" -- bench cost --model "$TMP/no-model"
 expect 2 "bench cost: zero repeats" -- bench cost --repeats 0
+expect 1 "bench cost: unknown device" -- bench cost --device tpu
 expect 0 "bench router --help" -- bench router --help
 expect 1 "bench router: neither data nor haystack" -- bench router --model x
 expect 2 "bench: unknown kind" -- bench warp

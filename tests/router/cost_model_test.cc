@@ -34,6 +34,11 @@ TEST(CostModel, WorkTermsFollowTheShape) {
   EXPECT_LT(lin.dense_flops, one.dense_flops);  // no attention query projection
   EXPECT_EQ(lin.recurrent_flops, one.recurrent_flops);
   EXPECT_GT(WorkOf(c, {1, 1, 1000, Mode::kAttention}).kv_bytes, one.kv_bytes);
+  // A verify span computes the logits of its 5 tokens, a prefill segment those of its last one.
+  const double lm_head_row = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.d_model);
+  EXPECT_DOUBLE_EQ(WorkOf(c, {2, 5, 100, Mode::kAttention, /*all_logits=*/true}).dense_flops -
+                       WorkOf(c, {2, 5, 100, Mode::kAttention}).dense_flops,
+                   2 * 4 * lm_head_row);
 }
 
 TEST(CostModel, SpanBytesCountWeightsOncePerForwardAndTheKvCacheRead) {
@@ -71,6 +76,43 @@ TEST(CostModel, FitRecoversAKnownCostLaw) {
   const nlohmann::json j = model->ToJson();
   ASSERT_EQ(j.size(), 9u);
   for (const auto& [name, value] : j.items()) EXPECT_GE(value.get<double>(), 0.0) << name;
+}
+
+// A GPU-like cost law for the bundled model's shape: a large fixed cost per forward, so that spans of 1 and 8
+// tokens say little about the attention FLOPs, which are most of a long prompt's cost in attention mode. With
+// 5% noise on every measurement, a fit on those short spans alone put the linear mode's share of a 16K prompt
+// at 0.56-0.86 (truly 0.66) over these seeds; the grid's prefill segments hold it within 0.04.
+TEST(CostModel, CalibrationSpansPinTheCostOfPrefillSegments) {
+  ModelConfig c = testutil::TinyConfig();
+  c.vocab_size = 8192, c.d_model = 512, c.n_layers = 8, c.n_heads = 8, c.head_dim = 64, c.mlp_hidden = 1024;
+  c.max_position = 16384;
+  auto law = [&](const SpanShape& s) {
+    const SpanWork w = WorkOf(c, s);
+    return 3e-4 + 8e-14 * w.dense_flops + 1.7e-13 * w.kv_bytes + 1.5e-14 * w.attention_flops;
+  };
+  // A 16K prompt in segments of 1,024 tokens, all in one mode.
+  auto prompt = [&](auto&& seconds, Mode mode) {
+    double t = 0;
+    for (int64_t ctx = 0; ctx < 16384; ctx += 1024) t += seconds(SpanShape{1, 1024, ctx, mode});
+    return t;
+  };
+  const double true_ratio = prompt(law, Mode::kLinear) / prompt(law, Mode::kAttention);
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> noise(1.0, 0.05);
+    std::vector<Measurement> ms;
+    for (const SpanShape& s : CalibrationShapes(c)) ms.push_back({s, law(s) * noise(rng)});
+    auto model = CostModel::Fit(c, ms);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto predicted = [&](const SpanShape& s) { return model->PredictSeconds(s); };
+    for (const SpanShape& s : {SpanShape{1, 1024, 15000, Mode::kAttention}, SpanShape{1, 1024, 4000, Mode::kAttention},
+                               SpanShape{1, 1024, 8000, Mode::kLinear}}) {
+      EXPECT_NEAR(predicted(s) / law(s), 1.0, 0.1)
+          << "seed " << seed << ", " << s.tokens << " tokens after " << s.context;
+    }
+    EXPECT_NEAR(prompt(predicted, Mode::kLinear) / prompt(predicted, Mode::kAttention), true_ratio, 0.04)
+        << "seed " << seed;
+  }
 }
 
 TEST(CostModel, TooFewOrBadMeasurementsAreErrors) {

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Summarises `oryx bench cost --json` files: the cost model's held-out error on short spans (decode steps,
+verify spans) and on prefill segments (256 tokens and more), and, where both modes were measured at a
+context, the linear mode's share of the attention mode's time, measured and predicted.
+
+usage: bench/summarize_cost.py FILE.jsonl [FILE.jsonl ...]
+"""
+import json
+import sys
+
+
+def mean_max(rows):
+    errors = [abs(r["relative_error"]) for r in rows]
+    return (sum(errors) / len(errors), max(errors)) if errors else (0.0, 0.0)
+
+
+def summarize(path):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    summary = next(r for r in rows if r.get("summary"))
+    shapes = [r for r in rows if not r.get("summary")]
+    short = [r for r in shapes if r["tokens"] < 256]
+    prefill = [r for r in shapes if r["tokens"] >= 256]
+    print(f"{path}: {summary['calibration_shapes']} calibration shapes, {summary.get('device', 'cpu')}")
+    print("  held-out error, short spans: mean %.1f%%, max %.1f%%" % tuple(100 * x for x in mean_max(short)))
+    if not prefill:
+        return
+    print("  held-out error, prefill segments: mean %.1f%%, max %.1f%%" % tuple(100 * x for x in mean_max(prefill)))
+    print("  %7s %6s  %21s  %21s  %17s" % ("context", "tokens", "attention ms (pred)", "linear ms (pred)",
+                                          "linear/attention"))
+    for ctx in sorted({r["context"] for r in prefill}):
+        for tokens in sorted({r["tokens"] for r in prefill}):
+            pair = {r["mode"]: r for r in prefill if r["context"] == ctx and r["tokens"] == tokens}
+            if len(pair) < 2:
+                continue
+            a, l = pair["attention"], pair["linear"]
+            print("  %7d %6d  %9.1f (%9.1f)  %9.1f (%9.1f)  %.3f (%.3f)" % (
+                ctx, tokens, a["measured_ms"], a["predicted_ms"], l["measured_ms"], l["predicted_ms"],
+                l["measured_ms"] / a["measured_ms"], l["predicted_ms"] / a["predicted_ms"]))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        sys.exit(0 if len(sys.argv) >= 2 else 2)
+    for p in sys.argv[1:]:
+        summarize(p)
