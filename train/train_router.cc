@@ -842,6 +842,7 @@ void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) 
     labels.push_back(margin > 0 ? 1 : 0);
     weights.push_back(static_cast<float>(std::abs(margin)));
   }
+  const int64_t n_prefill = static_cast<int64_t>(labels.size());
   // The decode decisions: each generated example's best answer policy at this lambda among attention
   // (prefill-linear itself), linear (the decode flip) and the entropy-gated ones, its decode decisions
   // labelled with that policy's modes, the margin over the runner-up shared among them.
@@ -904,6 +905,25 @@ void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) 
   }
   nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
                       {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()}, {"loss", loss_value}};
+  {
+    // How closely the warm start follows its labels, prefill flips and decode decisions apart (their weights
+    // differ by orders of magnitude: a prefill segment's stake against a decode token's share of one answer).
+    torch::NoGradGuard no_grad;
+    const torch::Tensor match = (net->forward(x).first.argmax(-1) == y).to(torch::kFloat64);
+    const int64_t n = static_cast<int64_t>(labels.size());
+    auto part = [&](int64_t from, int64_t to) {
+      if (to <= from) return nlohmann::json();
+      const torch::Tensor pw = w.slice(0, from, to).to(torch::kFloat64);
+      return nlohmann::json{{"labels", to - from},
+                            {"attention_label_share", y.slice(0, from, to).to(torch::kFloat64).mean().item<double>()},
+                            {"agreement", match.slice(0, from, to).mean().item<double>()},
+                            {"weighted_agreement", (pw * match.slice(0, from, to)).sum().item<double>() /
+                                                       std::max(1e-300, pw.sum().item<double>())},
+                            {"weight_share", pw.sum().item<double>()}};
+    };
+    r["prefill_labels"] = part(0, n_prefill);
+    r["decode_labels"] = part(n_prefill, n);
+  }
   if (train_draft) {
     std::vector<int64_t> counts(n_lengths, 0);
     for (int64_t l : draft_labels) ++counts[l];

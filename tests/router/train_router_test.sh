@@ -55,6 +55,15 @@ grep -q 'lambda 0.5  iter' "$TMP/err" && fail "the resumed run trained the first
   --batch 2 --samples 2 --eval-examples 2 --threads 2 --out "$TMP/s.safetensors" 2>"$TMP/err" ||
   { fail "train-router with draft lengths exited $?"; cat "$TMP/err"; }
 grep -q '"prefill_linear_by_draft_length"' "$TMP/s.safetensors.log.jsonl" || fail "no draft-length counterfactuals"
+# The warm start reports how closely it follows its prefill and decode labels (text episodes decode).
+python3 - "$TMP/s.safetensors.log.jsonl" <<'PY' || fail "the warm start's label agreement is missing or out of [0, 1]"
+import json, sys
+warm = [r for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "warm_start"]
+assert warm, "no warm_start line"
+for part in ("prefill_labels", "decode_labels"):
+    p = warm[0][part]
+    assert p["labels"] > 0 and 0 <= p["agreement"] <= 1 and 0 <= p["weighted_agreement"] <= 1, (part, p)
+PY
 [[ $(grep -c '"phase":"eval"' "$TMP/s.safetensors.log.jsonl") -eq 16 ]] || fail "expected 16 eval log lines"
 grep -q '"task":"text","policy":"speculative:2"' <(sed 's/"acceptance":[^,]*,//' "$TMP/s.safetensors.log.jsonl" |
   python3 -c 'import json,sys
