@@ -245,9 +245,6 @@ int BenchCost(const Args& rest) {
   f.Bool("json", &c.out.json, "print JSON lines instead of a table");
   f.String("out", &c.out.out_file, "also write the JSON lines to this file (atomically)");
   return RunWithFlags(f, rest, [&]() -> absl::Status {
-    if (o.device != "cpu" && o.device != "cuda") {
-      return absl::InvalidArgumentError(Cat("--device: '", o.device, "' (cpu, cuda)"));
-    }
     o.repeats = static_cast<int>(repeats);
     o.threads = static_cast<int>(c.threads);
     c.out.row = [header = true](const nlohmann::json& j) mutable {
