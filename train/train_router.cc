@@ -26,6 +26,7 @@
 #include "router/features.h"
 #include "base/rng.h"
 #include "tasks/task_mix.h"
+#include "train/router_labels.h"
 #include "train/shards.h"
 #include "train/task_data.h"
 #include "engine/json_text.h"
@@ -365,6 +366,128 @@ torch::Tensor WeightedCrossEntropy(const torch::Tensor& logits, const torch::Ten
   return (w * ce * valid.to(torch::kFloat32)).sum();
 }
 
+// ---- Labels --------------------------------------------------------------------------------------------
+
+// Supervised labels for the network, each weighted by its stake in reward units at one lambda: mode labels
+// (flipped prefill decisions and decode decisions) and draft-length labels, from the warm start's
+// counterfactuals.
+struct Labels {
+  std::vector<const Step*> steps;  // mode head (into the episodes labelled)
+  std::vector<int64_t> modes;      // 1: attention
+  std::vector<float> weights;
+  std::vector<bool> in_decode;  // the label of a decode decision, else of a prefill flip
+  std::vector<const Step*> draft_steps;
+  std::vector<int64_t> drafts;
+  std::vector<float> draft_weights;
+
+  // A decision of `base` against `flipped`, the same episode with that decision flipped: attention where
+  // attention's reward is higher, weighted by the margin |gain - lambda * cost|. A decision that helps one
+  // example in five by a third of its answer then outweighs the four where it changes nothing (whose weight
+  // is only its small cost), so the classifier follows the expected gain rather than the majority of examples.
+  void AddFlip(const Episode& base, const Episode& flipped, StepKey key, double lambda) {
+    const Step& s = base.steps.at(key);
+    const double gain = flipped.Reward(lambda) - base.Reward(lambda);
+    const double margin = s.mode == Mode::kAttention ? -gain : gain;  // attention's reward over linear's
+    steps.push_back(&s);
+    modes.push_back(margin > 0 ? 1 : 0);
+    weights.push_back(static_cast<float>(std::abs(margin)));
+    in_decode.push_back(false);
+  }
+  // One example's answer decoded by several policies: the best one's decode decisions at this lambda,
+  // weighted by DecodeLabelWeights.
+  void AddDecode(std::span<const Episode* const> variants, double lambda) {
+    const auto decode = static_cast<int>(router::Phase::kDecode);
+    std::vector<AnswerDecoding> decodings(variants.size());
+    size_t best = 0;
+    for (size_t v = 0; v < variants.size(); ++v) {
+      decodings[v].reward = variants[v]->Reward(lambda);
+      for (const auto& [key, s] : variants[v]->steps) {
+        if (key.first == decode) decodings[v].modes[key.second] = s.mode;
+      }
+      if (decodings[v].reward > decodings[best].reward) best = v;
+    }
+    for (const auto& [position, weight] : DecodeLabelWeights(decodings, best)) {
+      const Step& s = variants[best]->steps.at({decode, position});
+      steps.push_back(&s);
+      modes.push_back(s.mode == Mode::kAttention ? 1 : 0);
+      weights.push_back(static_cast<float>(weight));
+      in_decode.push_back(true);
+    }
+  }
+  // One example decoded with each draft length: the best length's decisions, labelled with it and weighted
+  // by its reward over the mean of all lengths.
+  void AddDrafts(std::span<const Episode> by_length, double lambda) {
+    size_t best = 0;
+    double mean_reward = 0;
+    for (size_t j = 0; j < by_length.size(); ++j) {
+      mean_reward += by_length[j].Reward(lambda) / static_cast<double>(by_length.size());
+      if (by_length[j].Reward(lambda) > by_length[best].Reward(lambda)) best = j;
+    }
+    for (const auto& [key, s] : by_length[best].steps) {
+      if (s.draft_index < 0) continue;
+      draft_steps.push_back(&s);
+      drafts.push_back(s.draft_index);
+      draft_weights.push_back(static_cast<float>(by_length[best].Reward(lambda) - mean_reward));
+    }
+  }
+};
+
+// Fits the network to the labels: `steps` Adam steps of the stake-weighted cross-entropy (weights normalised
+// per head). Returns the loss and how closely the net then follows its prefill and decode labels (their
+// weights differ by orders of magnitude: a prefill segment's stake against a decode token's share of one
+// answer).
+nlohmann::json Fit(Net& net, torch::optim::Adam& opt, const Labels& labels, int64_t steps) {
+  auto normalised = [](const std::vector<float>& w) {
+    torch::Tensor t = torch::tensor(w);
+    return t / t.sum().clamp_min(1e-12);
+  };
+  torch::Tensor x, dx, unused;
+  Stack(labels.steps, &x, &unused);
+  const torch::Tensor y = torch::tensor(labels.modes, torch::kInt64), w = normalised(labels.weights);
+  const bool train_draft = net->draft && !labels.draft_steps.empty();
+  torch::Tensor dy, dw;
+  if (train_draft) {
+    Stack(labels.draft_steps, &dx, &unused);
+    dy = torch::tensor(labels.drafts, torch::kInt64), dw = normalised(labels.draft_weights);
+  }
+  double loss_value = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    torch::Tensor loss = WeightedCrossEntropy(net->forward(x).first, y, w);
+    if (train_draft) loss = loss + WeightedCrossEntropy(net->forward(dx).second, dy, dw);
+    loss.backward();
+    opt.step();
+    loss_value = loss.item<double>();
+  }
+  nlohmann::json r = {{"labels", labels.modes.size()},
+                      {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()},
+                      {"loss", loss_value}};
+  torch::NoGradGuard no_grad;
+  const torch::Tensor match = (net->forward(x).first.argmax(-1) == y).to(torch::kFloat64);
+  std::vector<double> decode_flags(labels.in_decode.begin(), labels.in_decode.end());
+  const torch::Tensor is_decode = torch::tensor(decode_flags, torch::kFloat64);
+  auto part = [&](const torch::Tensor& in) {
+    const double n = in.sum().item<double>();
+    if (n == 0) return nlohmann::json();
+    const torch::Tensor pw = w.to(torch::kFloat64) * in;
+    const torch::Tensor m = match * in;
+    return nlohmann::json{
+        {"labels", static_cast<int64_t>(n)},
+        {"attention_label_share", (y.to(torch::kFloat64) * in).sum().item<double>() / n},
+        {"agreement", m.sum().item<double>() / n},
+        {"weighted_agreement", (pw * match).sum().item<double>() / std::max(1e-300, pw.sum().item<double>())},
+        {"weight_share", pw.sum().item<double>()}};
+  };
+  r["prefill_labels"] = part(1 - is_decode);
+  r["decode_labels"] = part(is_decode);
+  if (train_draft) {
+    std::vector<int64_t> counts(net->draft->weight.size(0), 0);
+    for (int64_t l : labels.drafts) ++counts[l];
+    r["draft_labels_by_length"] = counts;
+  }
+  return r;
+}
+
 // ---- Training state ------------------------------------------------------------------------------------
 
 std::string StatePath(const TrainRouterOptions& o) { return o.out_path + ".state"; }
@@ -538,7 +661,9 @@ class RouterTrainer {
   // A router from a fixed rule, recording its decisions.
   std::unique_ptr<router::Router> Rule(RuleFn fn, LearnedRouter::Trace trace) const;
   void Record(const nlohmann::json& r) { log_ << JsonText(r) << "\n" << std::flush; }
-  // The warm start of a fresh network: cost-sensitive labels from the counterfactuals.
+  // The counterfactuals' cost-sensitive labels at a lambda.
+  Labels WarmLabels(double lambda) const;
+  // The warm start of a fresh network: fitted to WarmLabels.
   void WarmStart(double lambda, Net& net, torch::optim::Adam& opt);
   // REINFORCE iterations first_iteration .. o.iterations - 1; *last_record: the last one's log record.
   absl::Status Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration,
@@ -821,114 +946,28 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   return absl::OkStatus();
 }
 
-void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) {
-  const TrainRouterOptions& o = o_;
-  const size_t n_lengths = o.draft_lengths.size();
-  // Mode head, cost-sensitive labels: attention where attention beats linear by more than lambda times
-  // what it costs, each decision weighted by how much the choice matters, |gain - lambda * cost|. A
-  // decision that helps one example in five by a third of its answer then outweighs the four where it
-  // changes nothing (whose weight is only its small cost), so the classifier follows the expected gain
-  // rather than the majority of examples.
-  std::vector<const Step*> steps;
-  std::vector<int64_t> labels;
-  std::vector<float> weights;
-  for (size_t j = 0; j < flips_.size(); ++j) {
-    const Episode& b = base_[flips_[j].base];
-    const Step& s = b.steps.at(flips_[j].key);
-    const Episode& with_attention = s.mode == Mode::kAttention ? b : flipped_[j];
-    const Episode& with_linear = s.mode == Mode::kAttention ? flipped_[j] : b;
-    const double margin = with_attention.Reward(lambda) - with_linear.Reward(lambda);
-    steps.push_back(&s);
-    labels.push_back(margin > 0 ? 1 : 0);
-    weights.push_back(static_cast<float>(std::abs(margin)));
-  }
-  const int64_t n_prefill = static_cast<int64_t>(labels.size());
-  // The decode decisions: each generated example's best answer policy at this lambda among attention
-  // (prefill-linear itself), linear (the decode flip) and the entropy-gated ones, its decode decisions
-  // labelled with that policy's modes, the margin over the runner-up shared among them.
+Labels RouterTrainer::WarmLabels(double lambda) const {
+  Labels labels;
+  // Mode head: each base decision against the same episode with it flipped.
+  for (size_t j = 0; j < flips_.size(); ++j) labels.AddFlip(base_[flips_[j].base], flipped_[j], flips_[j].key, lambda);
+  // The decode decisions: each generated example's best answer policy among attention (prefill-linear
+  // itself), linear (the decode flip) and the entropy-gated ones.
   for (size_t j = 0; j < decode_flip_of_.size(); ++j) {
     std::vector<const Episode*> variants = {&base_[decode_flip_of_[j]], &decode_flipped_[j]};
     for (size_t v = 0; v < kDecodeVariants; ++v) variants.push_back(&decode_gated_[j * kDecodeVariants + v]);
-    std::ranges::stable_sort(variants,
-                             [&](const Episode* a, const Episode* b) { return a->Reward(lambda) > b->Reward(lambda); });
-    const Episode& best = *variants[0];
-    const double margin = best.Reward(lambda) - variants[1]->Reward(lambda);
-    int64_t n_decode = 0;
-    for (const auto& [key, s] : best.steps) n_decode += key.first == static_cast<int>(router::Phase::kDecode);
-    for (const auto& [key, s] : best.steps) {
-      if (key.first != static_cast<int>(router::Phase::kDecode)) continue;
-      steps.push_back(&s);
-      labels.push_back(s.mode == Mode::kAttention ? 1 : 0);
-      weights.push_back(static_cast<float>(margin / static_cast<double>(n_decode)));
-    }
+    labels.AddDecode(variants, lambda);
   }
-  // Draft head: each example's decode decisions under its best draft length, labelled with it and
-  // weighted by its reward over the mean of all lengths.
-  std::vector<const Step*> draft_steps;
-  std::vector<int64_t> draft_labels;
-  std::vector<float> draft_weights;
+  // Draft head: each generated example run prefill-linear with every draft length.
+  const size_t n_lengths = o_.draft_lengths.size();
   for (size_t g = 0; n_lengths > 0 && g + n_lengths <= drafted_.size(); g += n_lengths) {
-    size_t best = g;
-    double mean_reward = 0;
-    for (size_t j = g; j < g + n_lengths; ++j) {
-      mean_reward += drafted_[j].Reward(lambda) / static_cast<double>(n_lengths);
-      if (drafted_[j].Reward(lambda) > drafted_[best].Reward(lambda)) best = j;
-    }
-    for (const auto& [key, s] : drafted_[best].steps) {
-      if (s.draft_index < 0) continue;
-      draft_steps.push_back(&s);
-      draft_labels.push_back(s.draft_index);
-      draft_weights.push_back(static_cast<float>(drafted_[best].Reward(lambda) - mean_reward));
-    }
+    labels.AddDrafts(std::span(drafted_).subspan(g, n_lengths), lambda);
   }
-  auto normalised = [](const std::vector<float>& w) {
-    torch::Tensor t = torch::tensor(w);
-    return t / t.sum().clamp_min(1e-12);
-  };
-  torch::Tensor x, dx, unused;
-  Stack(steps, &x, &unused);
-  const torch::Tensor y = torch::tensor(labels, torch::kInt64), w = normalised(weights);
-  const bool train_draft = net->draft && !draft_steps.empty();
-  torch::Tensor dy, dw;
-  if (train_draft) {
-    Stack(draft_steps, &dx, &unused);
-    dy = torch::tensor(draft_labels, torch::kInt64), dw = normalised(draft_weights);
-  }
-  double loss_value = 0;
-  for (int64_t step = 0; step < o.warm_steps; ++step) {
-    opt.zero_grad();
-    torch::Tensor loss = WeightedCrossEntropy(net->forward(x).first, y, w);
-    if (train_draft) loss = loss + WeightedCrossEntropy(net->forward(dx).second, dy, dw);
-    loss.backward();
-    opt.step();
-    loss_value = loss.item<double>();
-  }
-  nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}, {"labels", labels.size()},
-                      {"attention_label_share", y.to(torch::kFloat64).mean().item<double>()}, {"loss", loss_value}};
-  {
-    // How closely the warm start follows its labels, prefill flips and decode decisions apart (their weights
-    // differ by orders of magnitude: a prefill segment's stake against a decode token's share of one answer).
-    torch::NoGradGuard no_grad;
-    const torch::Tensor match = (net->forward(x).first.argmax(-1) == y).to(torch::kFloat64);
-    const int64_t n = static_cast<int64_t>(labels.size());
-    auto part = [&](int64_t from, int64_t to) {
-      if (to <= from) return nlohmann::json();
-      const torch::Tensor pw = w.slice(0, from, to).to(torch::kFloat64);
-      return nlohmann::json{{"labels", to - from},
-                            {"attention_label_share", y.slice(0, from, to).to(torch::kFloat64).mean().item<double>()},
-                            {"agreement", match.slice(0, from, to).mean().item<double>()},
-                            {"weighted_agreement", (pw * match.slice(0, from, to)).sum().item<double>() /
-                                                       std::max(1e-300, pw.sum().item<double>())},
-                            {"weight_share", pw.sum().item<double>()}};
-    };
-    r["prefill_labels"] = part(0, n_prefill);
-    r["decode_labels"] = part(n_prefill, n);
-  }
-  if (train_draft) {
-    std::vector<int64_t> counts(n_lengths, 0);
-    for (int64_t l : draft_labels) ++counts[l];
-    r["draft_labels_by_length"] = counts;
-  }
+  return labels;
+}
+
+void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) {
+  nlohmann::json r = {{"phase", "warm_start"}, {"lambda", lambda}};
+  r.update(Fit(net, opt, WarmLabels(lambda), o_.warm_steps));
   Record(r);
   std::cerr << "train-router: warm start " << JsonText(r) << "\n";
 }
