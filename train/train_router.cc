@@ -26,6 +26,7 @@
 #include "router/features.h"
 #include "base/rng.h"
 #include "tasks/task_mix.h"
+#include "train/pareto.h"
 #include "train/router_labels.h"
 #include "train/shards.h"
 #include "train/task_data.h"
@@ -629,11 +630,6 @@ struct MixedPoint {
   double quality = 0, quality_error = 0, attention = 0, cost = 0;
 };
 
-// Whether a is at least as good as b on both axes and better on one.
-bool Dominates(const MixedPoint& a, const MixedPoint& b) {
-  return a.quality >= b.quality && a.cost <= b.cost && (a.quality > b.quality || a.cost < b.cost);
-}
-
 }  // namespace
 
 namespace {
@@ -1119,19 +1115,28 @@ absl::Status RouterTrainer::Evaluate() {
     std::fprintf(stderr, "%-30s %8.3f %8.3f %10.3f %8.3f\n", m.policy.c_str(), m.quality, m.quality_error,
                  m.attention, m.cost);
   }
-  int64_t dominated = 0;
+  // A rule that a learned policy beats only by margins below DominanceTolerance is a tie, counted apart.
+  const DominanceTolerance tolerance;
+  int64_t dominated = 0, tied = 0;
   for (size_t r = 0; r < num_rules; ++r) {
-    std::vector<std::string> by;
+    std::vector<std::string> by, ties;
     for (size_t l = num_rules; l < mixed.size(); ++l) {
-      if (Dominates(mixed[l], mixed[r])) by.push_back(mixed[l].policy);
+      const Dominance d = Compare({mixed[l].quality, mixed[l].cost}, {mixed[r].quality, mixed[r].cost}, tolerance);
+      if (d == Dominance::kClear) by.push_back(mixed[l].policy);
+      if (d == Dominance::kTie) ties.push_back(mixed[l].policy);
     }
     dominated += by.empty() ? 0 : 1;
-    Record({{"phase", "pareto"}, {"rule", mixed[r].policy}, {"dominated_by", by}});
-    std::fprintf(stderr, "%-30s %s\n", mixed[r].policy.c_str(),
-                 by.empty() ? "not dominated" : Cat("dominated by ", absl::StrJoin(by, ", ")).c_str());
+    tied += by.empty() && !ties.empty() ? 1 : 0;
+    Record({{"phase", "pareto"}, {"rule", mixed[r].policy}, {"dominated_by", by}, {"tied_by", ties}});
+    std::string verdict = by.empty() ? "not dominated" : Cat("dominated by ", absl::StrJoin(by, ", "));
+    if (!ties.empty()) verdict += Cat(by.empty() ? ", " : "; ", "tied by ", absl::StrJoin(ties, ", "));
+    std::fprintf(stderr, "%-30s %s\n", mixed[r].policy.c_str(), verdict.c_str());
   }
-  std::fprintf(stderr, "%lld of %zu rules dominated by a learned policy\n", static_cast<long long>(dominated),
-               num_rules);
+  std::fprintf(stderr,
+               "%lld of %zu rules dominated by a learned policy (%lld more only tied: better by less than %g quality "
+               "and %g cost)\n",
+               static_cast<long long>(dominated), num_rules, static_cast<long long>(tied), tolerance.quality,
+               tolerance.cost);
   return absl::OkStatus();
 }
 
