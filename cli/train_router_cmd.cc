@@ -48,6 +48,10 @@ int RunTrainRouter(const Args& args) {
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);
   f.Int("iterations", &o.iterations, "REINFORCE iterations per lambda", 0, 1 << 20);
+  f.Int("validation-examples", &o.validation_examples,
+        "greedy episodes per task, apart from training and held-out ones, that pick the network kept: the warm "
+        "start's or an iteration's, whichever scores the highest reward (0: the last iteration's)",
+        0, 1 << 20);
   f.Int("batch", &o.batch, "examples per iteration", 1, 4096);
   f.Int("samples", &o.samples, "sampled episodes per example (>= 2)", 2, 64);
   f.Double("lr", &o.learning_rate, "Adam learning rate");

@@ -491,10 +491,30 @@ nlohmann::json Fit(Net& net, torch::optim::Adam& opt, const Labels& labels, int6
 
 // ---- Training state ------------------------------------------------------------------------------------
 
+// The network a lambda keeps where validation chooses it (TrainRouterOptions::validation_examples): its
+// parameters when its validation reward was the highest so far.
+struct Kept {
+  int64_t iteration = -1;  // 0: the warm start's, i: after REINFORCE iteration i, -1: none yet
+  double reward = 0;
+  std::vector<torch::Tensor> parameters;
+
+  // Keeps net's parameters if `reward` is the best so far.
+  void Offer(Net& net, int64_t at, double r) {
+    if (iteration >= 0 && r <= reward) return;
+    iteration = at, reward = r, parameters.clear();
+    for (const torch::Tensor& p : net->parameters()) parameters.push_back(p.detach().clone());
+  }
+  void CopyInto(Net& net) const {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> ps = net->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(parameters[i]);
+  }
+};
+
 std::string StatePath(const TrainRouterOptions& o) { return o.out_path + ".state"; }
 
 absl::Status SaveState(const TrainRouterOptions& o, Net& net, torch::optim::Adam& opt, int64_t lambda_index,
-                       int64_t iteration) {
+                       int64_t iteration, const Kept& kept = {}) {
   const std::string path = StatePath(o), tmp = path + ".tmp";
   try {
     torch::serialize::OutputArchive archive;
@@ -504,6 +524,9 @@ absl::Status SaveState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
     archive.write("optimizer", opt_archive);
     archive.write("lambda_index", torch::tensor(lambda_index));
     archive.write("iteration", torch::tensor(iteration));
+    archive.write("kept_iteration", torch::tensor(kept.iteration));
+    archive.write("kept_reward", torch::tensor(kept.reward, torch::kFloat64));
+    for (size_t i = 0; i < kept.parameters.size(); ++i) archive.write(Cat("kept_", i), kept.parameters[i]);
     archive.save_to(tmp);
   } catch (const c10::Error& e) {
     return absl::InternalError(Cat("saving ", tmp, ": ", e.what_without_backtrace()));
@@ -532,7 +555,7 @@ absl::Status ReadCursor(const TrainRouterOptions& o, int64_t* lambda_index, int6
   return absl::OkStatus();
 }
 
-absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam& opt) {
+absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam& opt, Kept* kept) {
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(StatePath(o));
@@ -540,6 +563,16 @@ absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
     torch::serialize::InputArchive opt_archive;
     archive.read("optimizer", opt_archive);
     opt.load(opt_archive);
+    torch::Tensor t;
+    if (archive.try_read("kept_iteration", t) && t.item<int64_t>() >= 0) {
+      kept->iteration = t.item<int64_t>();
+      archive.read("kept_reward", t);
+      kept->reward = t.item<double>();
+      for (size_t i = 0; i < net->parameters().size(); ++i) {
+        archive.read(Cat("kept_", i), t);
+        kept->parameters.push_back(t.clone());
+      }
+    }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(Cat("--resume: cannot load ", StatePath(o),
                                           " (written with other --hidden widths?): ", e.what_without_backtrace()));
@@ -662,8 +695,11 @@ class RouterTrainer {
   // The warm start of a fresh network: fitted to WarmLabels.
   void WarmStart(double lambda, Net& net, torch::optim::Adam& opt);
   // REINFORCE iterations first_iteration .. o.iterations - 1; *last_record: the last one's log record.
-  absl::Status Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration,
+  absl::Status Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration, Kept& kept,
                          nlohmann::json* last_record);
+  // With validation examples: net's greedy mean reward on them (the tasks weighted alike), offered to
+  // `kept` as the network after `iteration` (0: the warm start).
+  absl::Status Validate(size_t li, Net& net, int64_t iteration, Kept& kept);
 
   const TrainRouterOptions& o_;
   Engine engine_;
@@ -680,7 +716,7 @@ class RouterTrainer {
     size_t base;  // index into base_
     StepKey key;
   };
-  std::vector<Example> warm_;
+  std::vector<Example> warm_, validation_;
   std::vector<const Example*> base_examples_;
   std::vector<Base> base_kinds_;
   std::vector<Episode> base_, flipped_, decode_flipped_, decode_gated_, drafted_;
@@ -917,8 +953,9 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   Net net(o.hidden, static_cast<int64_t>(o.draft_lengths.size()));
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(o.learning_rate));
   int64_t first_iteration = 0;
+  Kept kept;
   if (resume_iteration >= 0) {
-    ORYX_RETURN_IF_ERROR(LoadState(o, net, opt));
+    ORYX_RETURN_IF_ERROR(LoadState(o, net, opt, &kept));
     first_iteration = resume_iteration;
   } else {
     {
@@ -927,14 +964,24 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
       net->inv_std.copy_(inv_std_);
     }
     WarmStart(o.lambdas[li], net, opt);
-    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0));
+    ORYX_RETURN_IF_ERROR(Validate(li, net, 0, kept));
+    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), 0, kept));
   }
   nlohmann::json last;
-  ORYX_RETURN_IF_ERROR(Reinforce(li, net, opt, first_iteration, &last));
+  ORYX_RETURN_IF_ERROR(Reinforce(li, net, opt, first_iteration, kept, &last));
+  if (kept.iteration >= 0) {
+    kept.CopyInto(net);
+    std::fprintf(stderr, "train-router: lambda %g keeps the network after %s (validation reward %.4f)\n", o.lambdas[li],
+                 kept.iteration == 0 ? "the warm start" : Cat("iteration ", kept.iteration).c_str(), kept.reward);
+  }
   PolicyNetwork out = Export(net, o.segment_len, o.draft_lengths);
   out.training = {{"lambda", o.lambdas[li]}, {"cost", o.cost}, {"iterations", o.iterations}, {"batch", o.batch},
                   {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
                   {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
+  if (kept.iteration >= 0) {
+    out.training["validation"] = {
+        {"examples_per_task", o.validation_examples}, {"kept_iteration", kept.iteration}, {"reward", kept.reward}};
+  }
   const std::string path = PolicyPathFor(o, li);
   ORYX_RETURN_IF_ERROR(WritePolicyFile(path, out));
   std::cerr << "train-router: wrote " << path << "\n";
@@ -968,7 +1015,7 @@ void RouterTrainer::WarmStart(double lambda, Net& net, torch::optim::Adam& opt) 
   std::cerr << "train-router: warm start " << JsonText(r) << "\n";
 }
 
-absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration,
+absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& opt, int64_t first_iteration, Kept& kept,
                                       nlohmann::json* last_record) {
   const TrainRouterOptions& o = o_;
   const double lambda = o.lambdas[li];
@@ -1037,8 +1084,42 @@ absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& o
     std::fprintf(stderr, "train-router: lambda %g  iter %lld/%lld  reward %.3f  quality %.3f  attention %.3f  cost %.3f  entropy %.3f  %.1f s\n",
                  lambda, static_cast<long long>(it + 1), static_cast<long long>(o.iterations), reward_sum / n,
                  sum.quality / n, sum.attention / n, sum.cost / n, entropy.item<double>(), Seconds(ti));
-    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), it + 1));
+    ORYX_RETURN_IF_ERROR(Validate(li, net, it + 1, kept));
+    ORYX_RETURN_IF_ERROR(SaveState(o, net, opt, static_cast<int64_t>(li), it + 1, kept));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RouterTrainer::Validate(size_t li, Net& net, int64_t iteration, Kept& kept) {
+  const TrainRouterOptions& o = o_;
+  if (o.validation_examples == 0) return absl::OkStatus();
+  const int64_t n = o.validation_examples;
+  if (validation_.empty()) {  // the same examples for every lambda, from a stream no other phase draws from
+    for (size_t t = 0; t < o.tasks.size(); ++t) {
+      ORYX_ASSIGN_OR_RETURN(std::vector<Example> some, Examples(0x76616c31, 0, n, t));
+      for (Example& e : some) validation_.push_back(std::move(e));
+    }
+  }
+  ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot, LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
+  auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
+  std::vector<const Example*> ptrs;
+  for (const Example& e : validation_) ptrs.push_back(&e);
+  ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, [&](size_t, LearnedRouter::Trace trace) {
+    return std::make_unique<LearnedRouter>(policy, std::nullopt, std::move(trace));
+  }));
+  // validation_ holds each task's n examples in turn: every task's mean counts alike, as in the comparison.
+  const double lambda = o.lambdas[li], per_task = 1.0 / static_cast<double>(o.tasks.size() * n);
+  double reward = 0, quality = 0, cost = 0;
+  for (const Episode& e : episodes) {
+    reward += per_task * e.Reward(lambda), quality += per_task * e.quality, cost += per_task * e.cost;
+  }
+  const bool best = kept.iteration < 0 || reward > kept.reward;
+  kept.Offer(net, iteration, reward);
+  Record({{"phase", "validation"}, {"lambda", lambda}, {"iteration", iteration}, {"reward", reward},
+          {"quality", quality}, {"cost", cost}, {"best", best}});
+  std::fprintf(stderr, "train-router: lambda %g  validation after %s  reward %.4f  quality %.3f  cost %.3f%s\n", lambda,
+               iteration == 0 ? "the warm start" : Cat("iteration ", iteration).c_str(), reward, quality, cost,
+               best ? "  (best so far)" : "");
   return absl::OkStatus();
 }
 

@@ -77,6 +77,9 @@ struct TrainRouterOptions {
   double learning_rate = 3e-3;
   double entropy_bonus = 0.01;
   double exploration = 0.1;  // e above, in [0, 1)
+  // Greedy episodes per task, from a stream of their own, that choose which network a lambda's policy file
+  // keeps: the warm start's or one of the REINFORCE iterations', the highest mean reward. 0: the last one.
+  int64_t validation_examples = 0;
   uint64_t seed = 1;
   int threads = 0;
   // Where the episodes run: cpu, or cuda (the CUDA backend: long episodes at GPU speed, and the `time` cost

@@ -46,6 +46,23 @@ grep -q 'lambda 0.5  iter' "$TMP/err" && fail "the resumed run trained the first
 [[ "$(cksum <"$TMP/r-lambda0.5.safetensors")" == "$sum" ]] || fail "the first lambda's file changed"
 [[ -s "$TMP/r-lambda1.safetensors" ]] || fail "the resumed run wrote no file for the second lambda"
 
+# Validation: a line per check (the warm start and each iteration), and the policy file keeps the network of
+# the first check with the highest reward, and says which.
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --iterations 2 --validation-examples 1 \
+  2>"$TMP/err" || { fail "train-router --validation-examples exited $?"; cat "$TMP/err"; }
+grep -q 'lambda 1 keeps the network after' "$TMP/err" || fail "no line saying which network was kept"
+python3 - "$TMP/v.safetensors.log.jsonl" "$TMP/v.safetensors" <<'PY' || fail "the kept network is not validation's best"
+import json, struct, sys
+checks = [r for r in map(json.loads, open(sys.argv[1])) if r.get("phase") == "validation"]
+assert [r["iteration"] for r in checks] == [0, 1, 2], checks
+best = max(range(3), key=lambda i: (checks[i]["reward"], -i))
+with open(sys.argv[2], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+training = json.loads(header["__metadata__"]["oryx.router_policy"])["training"]
+assert training["validation"]["kept_iteration"] == best, (training["validation"], checks)
+assert abs(training["validation"]["reward"] - checks[best]["reward"]) < 1e-12
+PY
+
 # Speculation as an action: text episodes, a draft head over lengths 0 and 2, the bytes cost, and the
 # held-out comparison at the end (2 tasks x 8 policies: attention, linear, prefill-linear, the default rules
 # budget:0.1 and match:8, speculative:2, prefill-linear+speculative:2, the learned one), the mixed workload and
