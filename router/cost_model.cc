@@ -12,25 +12,29 @@
 namespace oryx::router {
 
 namespace {
-constexpr int kTerms = 9;
-constexpr const char* kTermNames[kTerms] = {"fixed_s",          "s_per_gemv_flop",   "s_per_small_product_flop",
-                                            "gemm_packing_s",   "s_per_gemm_flop",   "s_per_sequence",
-                                            "s_per_kv_byte",    "s_per_attention_flop", "s_per_recurrent_flop"};
+constexpr int kTerms = 11;
+constexpr const char* kTermNames[kTerms] = {"fixed_s",           "s_per_gemv_flop",        "s_per_small_product_flop",
+                                            "gemm_packing_s",    "s_per_gemm_flop",        "s_per_sequence",
+                                            "s_per_kv_byte",     "s_per_attention_flop",   "s_per_recurrent_flop",
+                                            "long_span_fixed_s", "s_per_long_span_kv_byte"};
 constexpr int64_t kSmallProductRows = 6;  // the CPU backend's MatMul: GEMV, small-product path, GEMM
 constexpr int kMaxGraphWarmups = 4;       // runs of a shape beyond `repeats` that may stand in for warm-ups
 
 std::array<double, kTerms> Features(const ModelConfig& c, const SpanShape& s) {
   const SpanWork w = WorkOf(c, s);
   const int64_t m = s.batch * s.tokens;
+  const bool long_span = s.tokens > kLongSpanTokens;
   return {1.0,
           m == 1 ? w.dense_flops : 0.0,
           m >= 2 && m <= kSmallProductRows ? w.dense_flops : 0.0,
           m > kSmallProductRows ? 1.0 : 0.0,  // GEMM packs every weight matrix once per forward
           m > kSmallProductRows ? w.dense_flops : 0.0,
           static_cast<double>(s.batch),
-          w.kv_bytes,
+          long_span ? 0.0 : w.kv_bytes,
           w.attention_flops,
-          w.recurrent_flops};
+          w.recurrent_flops,
+          long_span ? 1.0 : 0.0,
+          long_span ? w.kv_bytes : 0.0};
 }
 }  // namespace
 
@@ -75,7 +79,7 @@ std::vector<SpanShape> CalibrationShapes(const ModelConfig& c) {
       }
       // Prefill segments: where the attention FLOPs (tokens x keys) part from the KV bytes (keys), which
       // spans of 1 and 8 tokens, near the fixed cost of a forward, leave unresolved.
-      for (int64_t t : {64, 256, 1024}) {
+      for (int64_t t : {64, 256, 512, 1024}) {
         if (ctx + t <= c.max_position) shapes.push_back({1, t, ctx, m});
       }
     }
@@ -99,7 +103,7 @@ absl::StatusOr<CostModel> CostModel::Fit(const ModelConfig& config, std::span<co
     scale[j] = x.col(j).cwiseAbs().maxCoeff();
     if (scale[j] > 0) x.col(j) /= scale[j];
   }
-  // Non-negative least squares by trying every set of active terms (2^9): small and exact.
+  // Non-negative least squares by trying every set of active terms (2^11): small and exact.
   double best_err = INFINITY;
   Eigen::VectorXd best = Eigen::VectorXd::Zero(kTerms);
   for (int mask = 1; mask < (1 << kTerms); ++mask) {

@@ -8,9 +8,14 @@
 // (per-sequence work: conv, cache appends, dispatch).
 // The dense work is split by the regime the CPU backend's product runs in, which depends on the rows of
 // the whole batch (m = batch x tokens): one row is a bandwidth-bound GEMV, 2..6 rows the small-product
-// path, more rows a GEMM; each regime gets its own rate. The predicted time is a non-negative combination:
+// path, more rows a GEMM; each regime gets its own rate. Spans of more than kLongSpanTokens tokens a sequence
+// (prefill segments) get their own fixed cost and KV rate: on the CUDA backend they run the tiled prefill
+// attention, whose blocks walk the keys in turn (its time grows with the context nearly regardless of the
+// queries), outside CUDA graphs, where shorter spans replay graphs and read the KV in parallel splits. The
+// predicted time is a non-negative combination:
 //   t = c_fixed + c_gemv * dense[m = 1] + c_small * dense[2 <= m <= 6] + [m >= 7] (c_pack + c_gemm * dense)
-//       + c_seq * sequences + c_kv * kv_bytes + c_attn * attention_flops + c_rec * recurrent_flops
+//       + c_seq * sequences + c_kv * kv_bytes[short] + c_attn * attention_flops + c_rec * recurrent_flops
+//       + [long] (c_long + c_kv_long * kv_bytes)
 // (c_pack: the GEMM packs each weight matrix once per forward).
 #pragma once
 
@@ -27,6 +32,9 @@ namespace oryx::router {
 
 // One forward: `batch` sequences, each running `tokens` new tokens in `mode` after `context` earlier ones,
 // with the logits of every token (a verify span) or of the last one only (a prefill segment, a decode step).
+// Tokens a sequence above which a span counts as long (above): the CUDA backend graphs spans of up to 64.
+inline constexpr int64_t kLongSpanTokens = 64;
+
 struct SpanShape {
   int64_t batch = 1;
   int64_t tokens = 1;
@@ -52,8 +60,9 @@ SpanWork WorkOf(const ModelConfig& config, const SpanShape& shape);
 double SpanBytes(const ModelConfig& config, const SpanShape& shape);
 
 // The calibration grid of `oryx bench cost` and `train-router --cost time`: batch 1, 4, 16 with spans of 1
-// and 8 tokens (every token's logits, as verify spans), and batch 1 with spans of 64, 256 and 1,024 (prefill
-// segments: the last token's logits); contexts 128, a quarter and three quarters of max_position; both modes.
+// and 8 tokens (every token's logits, as verify spans), and batch 1 with spans of 64, 256, 512 and 1,024
+// (prefill segments: the last token's logits); contexts 128, a quarter and three quarters of max_position;
+// both modes.
 std::vector<SpanShape> CalibrationShapes(const ModelConfig& config);
 
 struct Measurement {
