@@ -17,10 +17,12 @@ def mean_max(rows):
 def summarize(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     summary = next(r for r in rows if r.get("summary"))
-    shapes = [r for r in rows if not r.get("summary")]
+    shapes = [r for r in rows if not r.get("summary") and not r.get("calibration")]
     short = [r for r in shapes if r["tokens"] < 256]
     prefill = [r for r in shapes if r["tokens"] >= 256]
     print(f"{path}: {summary['calibration_shapes']} calibration shapes, {summary.get('device', 'cpu')}")
+    if "calibration_mean_abs_relative_error" in summary:
+        print("  calibration (in-sample) error: mean %.1f%%" % (100 * summary["calibration_mean_abs_relative_error"]))
     print("  held-out error, short spans: mean %.1f%%, max %.1f%%" % tuple(100 * x for x in mean_max(short)))
     if not prefill:
         return
