@@ -35,12 +35,14 @@
 //   2. REINFORCE: batches of examples, `samples` sampled episodes each (modes sampled with an exploration
 //      floor: attention with probability e/2 + (1 - e) p; draft lengths from the head), advantage = reward
 //      minus the mean reward of the example's other samples (leave-one-out), plus an entropy bonus.
+//   3. With validation_examples: after the warm start and each iteration, the greedy policy's mean reward on
+//      validation examples ("phase": "validation"); the policy file keeps the best of those networks.
 // Every iteration appends a JSON line to the log and saves the training state atomically (--resume goes on
 // from it); the policy file is written at the end of each lambda. With eval_examples, the trained policies
 // and the rule baselines are then run on held-out examples (log lines with "phase": "eval", and a table),
 // then over the mixed workload (every task weighted alike: "phase": "eval_mixed"), where each rule is checked
-// for a learned policy that dominates it: quality at least as high at a cost at most as high, one of them
-// strictly ("phase": "pareto").
+// for a learned policy that dominates it: quality at least as high at a cost at most as high, better on one
+// by at least a tolerance (train/pareto.h; better by less is a tie, listed apart) ("phase": "pareto").
 #pragma once
 
 #include <cstdint>
