@@ -52,6 +52,9 @@ int RunTrainRouter(const Args& args) {
         "greedy episodes per task, apart from training and held-out ones, that pick the network kept: the warm "
         "start's or an iteration's, whichever scores the highest reward (0: the last iteration's)",
         0, 1 << 20);
+  f.Bool("validation-front", &o.validation_front,
+         "with --validation-examples: also write each lambda's networks on its validation front (quality against "
+         "cost) as FILE-lambdaL-iterN.ext, and compare them with the rules too (also with --eval-only)");
   f.Int("batch", &o.batch, "examples per iteration", 1, 4096);
   f.Int("samples", &o.samples, "sampled episodes per example (>= 2)", 2, 64);
   f.Double("lr", &o.learning_rate, "Adam learning rate");
@@ -78,6 +81,9 @@ int RunTrainRouter(const Args& args) {
     }
     o.eval_rules = SplitList({rules});
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
+    if (o.validation_front && o.validation_examples == 0 && !o.eval_only) {
+      return absl::InvalidArgumentError("--validation-front needs --validation-examples N (N >= 1)");
+    }
     o.lambdas.clear();
     for (const std::string& item : SplitList({lambdas})) {
       double v = 0;

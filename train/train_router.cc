@@ -493,21 +493,42 @@ nlohmann::json Fit(Net& net, torch::optim::Adam& opt, const Labels& labels, int6
 
 // The network a lambda keeps where validation chooses it (TrainRouterOptions::validation_examples): its
 // parameters when its validation reward was the highest so far.
+std::vector<torch::Tensor> CloneParameters(Net& net) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+void CopyParameters(const std::vector<torch::Tensor>& from, Net& net) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> ps = net->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(from[i]);
+}
+
 struct Kept {
   int64_t iteration = -1;  // 0: the warm start's, i: after REINFORCE iteration i, -1: none yet
   double reward = 0;
   std::vector<torch::Tensor> parameters;
+  // TrainRouterOptions::validation_front: the checks no other check dominates on (quality, cost).
+  struct Point {
+    int64_t iteration = 0;
+    double quality = 0, cost = 0;
+    std::vector<torch::Tensor> parameters;
+  };
+  std::vector<Point> front;
 
   // Keeps net's parameters if `reward` is the best so far.
   void Offer(Net& net, int64_t at, double r) {
     if (iteration >= 0 && r <= reward) return;
-    iteration = at, reward = r, parameters.clear();
-    for (const torch::Tensor& p : net->parameters()) parameters.push_back(p.detach().clone());
+    iteration = at, reward = r, parameters = CloneParameters(net);
   }
-  void CopyInto(Net& net) const {
-    torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> ps = net->parameters();
-    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(parameters[i]);
+  // Adds net to the front unless a point there has at least its quality at no more cost; drops the points it
+  // dominates.
+  void OfferFront(Net& net, int64_t at, double quality, double cost) {
+    for (const Point& p : front) {
+      if (p.quality >= quality && p.cost <= cost) return;
+    }
+    std::erase_if(front, [&](const Point& p) { return quality >= p.quality && cost <= p.cost; });
+    front.push_back({at, quality, cost, CloneParameters(net)});
   }
 };
 
@@ -527,6 +548,13 @@ absl::Status SaveState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
     archive.write("kept_iteration", torch::tensor(kept.iteration));
     archive.write("kept_reward", torch::tensor(kept.reward, torch::kFloat64));
     for (size_t i = 0; i < kept.parameters.size(); ++i) archive.write(Cat("kept_", i), kept.parameters[i]);
+    archive.write("front_points", torch::tensor(static_cast<int64_t>(kept.front.size())));
+    for (size_t k = 0; k < kept.front.size(); ++k) {
+      const Kept::Point& p = kept.front[k];
+      archive.write(Cat("front_", k),
+                    torch::tensor({static_cast<double>(p.iteration), p.quality, p.cost}, torch::kFloat64));
+      for (size_t i = 0; i < p.parameters.size(); ++i) archive.write(Cat("front_", k, "_", i), p.parameters[i]);
+    }
     archive.save_to(tmp);
   } catch (const c10::Error& e) {
     return absl::InternalError(Cat("saving ", tmp, ": ", e.what_without_backtrace()));
@@ -573,6 +601,18 @@ absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
         kept->parameters.push_back(t.clone());
       }
     }
+    if (archive.try_read("front_points", t)) {
+      const int64_t points = t.item<int64_t>();
+      for (int64_t k = 0; k < points; ++k) {
+        archive.read(Cat("front_", k), t);
+        Kept::Point p{static_cast<int64_t>(t[0].item<double>()), t[1].item<double>(), t[2].item<double>(), {}};
+        for (size_t i = 0; i < net->parameters().size(); ++i) {
+          archive.read(Cat("front_", k, "_", i), t);
+          p.parameters.push_back(t.clone());
+        }
+        kept->front.push_back(std::move(p));
+      }
+    }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(Cat("--resume: cannot load ", StatePath(o),
                                           " (written with other --hidden widths?): ", e.what_without_backtrace()));
@@ -580,16 +620,24 @@ absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
   return absl::OkStatus();
 }
 
+// `path` with `suffix` before its extension (or at its end).
+std::string BeforeExtension(const std::string& path, const std::string& suffix) {
+  const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+  const size_t cut = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : path.size();
+  return Cat(path.substr(0, cut), suffix, path.substr(cut));
+}
+
 }  // namespace
 
 std::string PolicyPathFor(const TrainRouterOptions& o, size_t index) {
   if (o.lambdas.size() <= 1) return o.out_path;
-  const std::string& p = o.out_path;
-  const size_t slash = p.find_last_of('/'), dot = p.find_last_of('.');
-  const size_t cut = dot != std::string::npos && (slash == std::string::npos || dot > slash) ? dot : p.size();
   char value[32];
   std::snprintf(value, sizeof(value), "%g", o.lambdas[index]);
-  return Cat(p.substr(0, cut), "-lambda", value, p.substr(cut));
+  return BeforeExtension(o.out_path, Cat("-lambda", value));
+}
+
+std::string FrontPathFor(const TrainRouterOptions& o, size_t index, int64_t iteration) {
+  return BeforeExtension(PolicyPathFor(o, index), Cat("-iter", iteration));
 }
 
 namespace {
@@ -969,8 +1017,23 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   }
   nlohmann::json last;
   ORYX_RETURN_IF_ERROR(Reinforce(li, net, opt, first_iteration, kept, &last));
+  nlohmann::json front = nlohmann::json::array();
+  std::sort(kept.front.begin(), kept.front.end(), [](const auto& a, const auto& b) { return a.cost < b.cost; });
+  for (const Kept::Point& p : kept.front) {
+    CopyParameters(p.parameters, net);
+    PolicyNetwork point = Export(net, o.segment_len, o.draft_lengths);
+    point.training = {{"lambda", o.lambdas[li]}, {"iteration", p.iteration}, {"validation_quality", p.quality},
+                      {"validation_cost", p.cost}, {"seed", o.seed}};
+    ORYX_RETURN_IF_ERROR(WritePolicyFile(FrontPathFor(o, li, p.iteration), point));
+    front.push_back({{"iteration", p.iteration}, {"quality", p.quality}, {"cost", p.cost}});
+  }
+  if (!kept.front.empty()) {
+    std::fprintf(stderr, "train-router: lambda %g wrote its validation front, %zu %s (the cheapest: %s)\n",
+                 o.lambdas[li], kept.front.size(), kept.front.size() == 1 ? "network" : "networks",
+                 FrontPathFor(o, li, kept.front[0].iteration).c_str());
+  }
   if (kept.iteration >= 0) {
-    kept.CopyInto(net);
+    CopyParameters(kept.parameters, net);
     std::fprintf(stderr, "train-router: lambda %g keeps the network after %s (validation reward %.4f)\n", o.lambdas[li],
                  kept.iteration == 0 ? "the warm start" : Cat("iteration ", kept.iteration).c_str(), kept.reward);
   }
@@ -979,8 +1042,10 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
                   {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
                   {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
   if (kept.iteration >= 0) {
-    out.training["validation"] = {
-        {"examples_per_task", o.validation_examples}, {"kept_iteration", kept.iteration}, {"reward", kept.reward}};
+    out.training["validation"] = {{"examples_per_task", o.validation_examples},
+                                  {"kept_iteration", kept.iteration},
+                                  {"reward", kept.reward},
+                                  {"front", front}};
   }
   const std::string path = PolicyPathFor(o, li);
   ORYX_RETURN_IF_ERROR(WritePolicyFile(path, out));
@@ -1115,6 +1180,7 @@ absl::Status RouterTrainer::Validate(size_t li, Net& net, int64_t iteration, Kep
   }
   const bool best = kept.iteration < 0 || reward > kept.reward;
   kept.Offer(net, iteration, reward);
+  if (o.validation_front) kept.OfferFront(net, iteration, quality, cost);
   Record({{"phase", "validation"}, {"lambda", lambda}, {"iteration", iteration}, {"reward", reward},
           {"quality", quality}, {"cost", cost}, {"best", best}});
   std::fprintf(stderr, "train-router: lambda %g  validation after %s  reward %.4f  quality %.3f  cost %.3f%s\n", lambda,
@@ -1145,6 +1211,7 @@ absl::Status RouterTrainer::Evaluate() {
     add_rule(Cat("prefill-linear+speculative:", k),
              [k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); });
   }
+  const size_t num_rules = policies.size();  // then the learned policies (and their fronts)
   for (size_t li = 0; li < o.lambdas.size(); ++li) {
     ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(PolicyPathFor(o, li)));
     ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
@@ -1154,8 +1221,18 @@ absl::Status RouterTrainer::Evaluate() {
     policies.push_back({name, [shared](size_t, LearnedRouter::Trace trace) {
                           return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));
                         }});
+    const nlohmann::json& validation = shared->network().training.value("validation", nlohmann::json::object());
+    if (!o.validation_front || !validation.contains("front")) continue;
+    for (const nlohmann::json& point : validation.at("front")) {
+      const int64_t iteration = point.at("iteration").get<int64_t>();
+      ORYX_ASSIGN_OR_RETURN(PolicyNetwork front_net, ReadPolicyFile(FrontPathFor(o, li, iteration)));
+      ORYX_ASSIGN_OR_RETURN(LearnedPolicy front_policy, LearnedPolicy::Create(std::move(front_net)));
+      auto front_shared = std::make_shared<const LearnedPolicy>(std::move(front_policy));
+      policies.push_back({Cat(name, " iter ", iteration), [front_shared](size_t, LearnedRouter::Trace trace) {
+                            return std::make_unique<LearnedRouter>(front_shared, std::nullopt, std::move(trace));
+                          }});
+    }
   }
-  const size_t num_learned = o.lambdas.size(), num_rules = policies.size() - num_learned;
   std::vector<MixedPoint> mixed(policies.size());
   for (size_t p = 0; p < policies.size(); ++p) mixed[p].policy = policies[p].first, mixed[p].learned = p >= num_rules;
   const double share = 1.0 / static_cast<double>(o.tasks.size());

@@ -82,6 +82,11 @@ struct TrainRouterOptions {
   // Greedy episodes per task, from a stream of their own, that choose which network a lambda's policy file
   // keeps: the warm start's or one of the REINFORCE iterations', the highest mean reward. 0: the last one.
   int64_t validation_examples = 0;
+  // With validation examples: also write each lambda's networks on its validation front (no other check of
+  // that lambda has at least their quality at no more cost, one of them better) as FILE-lambdaL-iterN.ext,
+  // and evaluate them with the lambda's policy. More candidates judged on the same held-out examples: a
+  // candidate may beat a rule by chance by about a standard error.
+  bool validation_front = false;
   uint64_t seed = 1;
   int threads = 0;
   // Where the episodes run: cpu, or cuda (the CUDA backend: long episodes at GPU speed, and the `time` cost
@@ -94,6 +99,9 @@ struct TrainRouterOptions {
 // The policy file path for lambda number `index` of the sweep: out_path itself when there is one lambda,
 // else out_path with "-lambda<value>" before its extension.
 std::string PolicyPathFor(const TrainRouterOptions& options, size_t index);
+// The file of the network after `iteration` on lambda `index`'s validation front: PolicyPathFor with
+// "-iter<iteration>" before its extension.
+std::string FrontPathFor(const TrainRouterOptions& options, size_t index, int64_t iteration);
 
 absl::Status TrainRouter(const TrainRouterOptions& options);
 

@@ -63,6 +63,27 @@ assert training["validation"]["kept_iteration"] == best, (training["validation"]
 assert abs(training["validation"]["reward"] - checks[best]["reward"]) < 1e-12
 PY
 
+# The validation front: one file per network on it, each named in the lambda's policy file, none dominated by
+# another on validation; --eval-only --validation-front compares them too.
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --iterations 3 --validation-examples 2 \
+  --validation-front 2>"$TMP/err" || { fail "train-router --validation-front exited $?"; cat "$TMP/err"; }
+python3 - "$TMP/f.safetensors" <<'PY' || fail "the validation front's files or their points are wrong"
+import json, os, struct, sys
+def meta(path):
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    return json.loads(header["__metadata__"]["oryx.router_policy"])["training"]
+front = meta(sys.argv[1])["validation"]["front"]
+assert front, "an empty front"
+for p in front:
+    assert not any(q["quality"] >= p["quality"] and q["cost"] <= p["cost"] for q in front if q is not p), front
+    point = meta(sys.argv[1].replace(".safetensors", "-iter%d.safetensors" % p["iteration"]))
+    assert point["iteration"] == p["iteration"] and point["validation_quality"] == p["quality"], point
+PY
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --eval-only --eval-examples 1 \
+  --validation-front --log "$TMP/front-eval.jsonl" 2>"$TMP/err" || { fail "--eval-only --validation-front"; cat "$TMP/err"; }
+grep -q '"policy":"learned lambda 0.05 iter ' "$TMP/front-eval.jsonl" || fail "the front was not compared"
+
 # Speculation as an action: text episodes, a draft head over lengths 0 and 2, the bytes cost, and the
 # held-out comparison at the end (2 tasks x 8 policies: attention, linear, prefill-linear, the default rules
 # budget:0.1 and match:8, speculative:2, prefill-linear+speculative:2, the learned one), the mixed workload and
@@ -123,6 +144,7 @@ bad "unknown cost" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --cost m
 bad "unknown rule" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --eval-rules budget:2
 bad "eval-only without its files" train-router "${TINY[@]}" --out "$TMP/none.safetensors" --eval-only --eval-examples 1
 bad "eval-only without examples" train-router "${TINY[@]}" --out "$TMP/s.safetensors" --eval-only
+bad "a validation front without validation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --validation-front
 bad "unknown device" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --device tpu
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
