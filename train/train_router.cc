@@ -591,25 +591,25 @@ absl::Status LoadState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
     torch::serialize::InputArchive opt_archive;
     archive.read("optimizer", opt_archive);
     opt.load(opt_archive);
-    torch::Tensor t;
-    if (archive.try_read("kept_iteration", t) && t.item<int64_t>() >= 0) {
-      kept->iteration = t.item<int64_t>();
-      archive.read("kept_reward", t);
-      kept->reward = t.item<double>();
-      for (size_t i = 0; i < net->parameters().size(); ++i) {
-        archive.read(Cat("kept_", i), t);
-        kept->parameters.push_back(t.clone());
-      }
+    // Each read into a tensor of its own: reading into one that holds another shape would resize the
+    // archive's storage, which it refuses.
+    auto read = [&](const std::string& key) {
+      torch::Tensor t;
+      archive.read(key, t);
+      return t.clone();
+    };
+    torch::Tensor kept_iteration, front_points;
+    if (archive.try_read("kept_iteration", kept_iteration) && kept_iteration.item<int64_t>() >= 0) {
+      kept->iteration = kept_iteration.item<int64_t>();
+      kept->reward = read("kept_reward").item<double>();
+      for (size_t i = 0; i < net->parameters().size(); ++i) kept->parameters.push_back(read(Cat("kept_", i)));
     }
-    if (archive.try_read("front_points", t)) {
-      const int64_t points = t.item<int64_t>();
-      for (int64_t k = 0; k < points; ++k) {
-        archive.read(Cat("front_", k), t);
-        Kept::Point p{static_cast<int64_t>(t[0].item<double>()), t[1].item<double>(), t[2].item<double>(), {}};
-        for (size_t i = 0; i < net->parameters().size(); ++i) {
-          archive.read(Cat("front_", k, "_", i), t);
-          p.parameters.push_back(t.clone());
-        }
+    if (archive.try_read("front_points", front_points)) {
+      for (int64_t k = 0; k < front_points.item<int64_t>(); ++k) {
+        const torch::Tensor point = read(Cat("front_", k));
+        Kept::Point p{
+            static_cast<int64_t>(point[0].item<double>()), point[1].item<double>(), point[2].item<double>(), {}};
+        for (size_t i = 0; i < net->parameters().size(); ++i) p.parameters.push_back(read(Cat("front_", k, "_", i)));
         kept->front.push_back(std::move(p));
       }
     }
