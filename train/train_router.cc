@@ -344,6 +344,12 @@ PolicyNetwork Export(Net& net, int64_t segment_len, const std::vector<int64_t>& 
   return n;
 }
 
+// A network as the routers that share it read it.
+absl::StatusOr<std::shared_ptr<const LearnedPolicy>> SharedPolicy(PolicyNetwork network) {
+  ORYX_ASSIGN_OR_RETURN(LearnedPolicy policy, LearnedPolicy::Create(std::move(network)));
+  return std::make_shared<const LearnedPolicy>(std::move(policy));
+}
+
 // Features [N, F], chosen modes [N] and draft indices [N] (-1 where the draft head was not asked).
 void Stack(const std::vector<const Step*>& steps, torch::Tensor* x, torch::Tensor* a, torch::Tensor* k = nullptr) {
   std::vector<float> flat;
@@ -491,8 +497,6 @@ nlohmann::json Fit(Net& net, torch::optim::Adam& opt, const Labels& labels, int6
 
 // ---- Training state ------------------------------------------------------------------------------------
 
-// The network a lambda keeps where validation chooses it (TrainRouterOptions::validation_examples): its
-// parameters when its validation reward was the highest so far.
 std::vector<torch::Tensor> CloneParameters(Net& net) {
   std::vector<torch::Tensor> out;
   for (const torch::Tensor& p : net->parameters()) out.push_back(p.detach().clone());
@@ -504,6 +508,8 @@ void CopyParameters(const std::vector<torch::Tensor>& from, Net& net) {
   for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(from[i]);
 }
 
+// The network a lambda keeps where validation chooses it (TrainRouterOptions::validation_examples): its
+// parameters when its validation reward was the highest so far.
 struct Kept {
   int64_t iteration = -1;  // 0: the warm start's, i: after REINFORCE iteration i, -1: none yet
   double reward = 0;
@@ -516,10 +522,11 @@ struct Kept {
   };
   std::vector<Point> front;
 
-  // Keeps net's parameters if `reward` is the best so far.
-  void Offer(Net& net, int64_t at, double r) {
-    if (iteration >= 0 && r <= reward) return;
+  // Keeps net's parameters if `reward` is the best so far; whether it was.
+  bool Offer(Net& net, int64_t at, double r) {
+    if (iteration >= 0 && r <= reward) return false;
     iteration = at, reward = r, parameters = CloneParameters(net);
+    return true;
   }
   // Adds net to the front unless a point there has at least its quality at no more cost; drops the points it
   // dominates.
@@ -1087,9 +1094,7 @@ absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& o
   nlohmann::json& last = *last_record;
   for (int64_t it = first_iteration; it < o.iterations; ++it) {
     auto ti = Clock::now();
-    ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot,
-                          LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
-    auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
+    ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o.segment_len, o.draft_lengths)));
     ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch, Examples(1 + li, it * o.batch, o.batch));
     std::vector<const Example*> ptrs;
     for (int64_t g = 0; g < o.samples; ++g) {
@@ -1165,8 +1170,7 @@ absl::Status RouterTrainer::Validate(size_t li, Net& net, int64_t iteration, Kep
       for (Example& e : some) validation_.push_back(std::move(e));
     }
   }
-  ORYX_ASSIGN_OR_RETURN(LearnedPolicy snapshot, LearnedPolicy::Create(Export(net, o.segment_len, o.draft_lengths)));
-  auto policy = std::make_shared<const LearnedPolicy>(std::move(snapshot));
+  ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o.segment_len, o.draft_lengths)));
   std::vector<const Example*> ptrs;
   for (const Example& e : validation_) ptrs.push_back(&e);
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, [&](size_t, LearnedRouter::Trace trace) {
@@ -1178,8 +1182,7 @@ absl::Status RouterTrainer::Validate(size_t li, Net& net, int64_t iteration, Kep
   for (const Episode& e : episodes) {
     reward += per_task * e.Reward(lambda), quality += per_task * e.quality, cost += per_task * e.cost;
   }
-  const bool best = kept.iteration < 0 || reward > kept.reward;
-  kept.Offer(net, iteration, reward);
+  const bool best = kept.Offer(net, iteration, reward);
   if (o.validation_front) kept.OfferFront(net, iteration, quality, cost);
   Record({{"phase", "validation"}, {"lambda", lambda}, {"iteration", iteration}, {"reward", reward},
           {"quality", quality}, {"cost", cost}, {"best", best}});
@@ -1212,25 +1215,25 @@ absl::Status RouterTrainer::Evaluate() {
              [k](const router::RouterContext& c) { return BaseDecision(Base::kPrefillLinear, c, k); });
   }
   const size_t num_rules = policies.size();  // then the learned policies (and their fronts)
-  for (size_t li = 0; li < o.lambdas.size(); ++li) {
-    ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(PolicyPathFor(o, li)));
-    ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
-    auto shared = std::make_shared<const LearnedPolicy>(std::move(p));
-    char name[48];
-    std::snprintf(name, sizeof(name), "learned lambda %g", o.lambdas[li]);
-    policies.push_back({name, [shared](size_t, LearnedRouter::Trace trace) {
+  // A policy file's network, under `name`.
+  auto add_learned = [&](std::string name,
+                         const std::string& path) -> absl::StatusOr<std::shared_ptr<const LearnedPolicy>> {
+    ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(path));
+    ORYX_ASSIGN_OR_RETURN(auto shared, SharedPolicy(std::move(net)));
+    policies.push_back({std::move(name), [shared](size_t, LearnedRouter::Trace trace) {
                           return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));
                         }});
-    const nlohmann::json& validation = shared->network().training.value("validation", nlohmann::json::object());
+    return shared;
+  };
+  for (size_t li = 0; li < o.lambdas.size(); ++li) {
+    char name[48];
+    std::snprintf(name, sizeof(name), "learned lambda %g", o.lambdas[li]);
+    ORYX_ASSIGN_OR_RETURN(auto shared, add_learned(name, PolicyPathFor(o, li)));
+    const nlohmann::json validation = shared->network().training.value("validation", nlohmann::json::object());
     if (!o.validation_front || !validation.contains("front")) continue;
     for (const nlohmann::json& point : validation.at("front")) {
       const int64_t iteration = point.at("iteration").get<int64_t>();
-      ORYX_ASSIGN_OR_RETURN(PolicyNetwork front_net, ReadPolicyFile(FrontPathFor(o, li, iteration)));
-      ORYX_ASSIGN_OR_RETURN(LearnedPolicy front_policy, LearnedPolicy::Create(std::move(front_net)));
-      auto front_shared = std::make_shared<const LearnedPolicy>(std::move(front_policy));
-      policies.push_back({Cat(name, " iter ", iteration), [front_shared](size_t, LearnedRouter::Trace trace) {
-                            return std::make_unique<LearnedRouter>(front_shared, std::nullopt, std::move(trace));
-                          }});
+      ORYX_RETURN_IF_ERROR(add_learned(Cat(name, " iter ", iteration), FrontPathFor(o, li, iteration)).status());
     }
   }
   std::vector<MixedPoint> mixed(policies.size());
