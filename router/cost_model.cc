@@ -12,11 +12,12 @@
 namespace oryx::router {
 
 namespace {
-constexpr int kTerms = 11;
-constexpr const char* kTermNames[kTerms] = {"fixed_s",           "s_per_gemv_flop",        "s_per_small_product_flop",
-                                            "gemm_packing_s",    "s_per_gemm_flop",        "s_per_sequence",
-                                            "s_per_kv_byte",     "s_per_attention_flop",   "s_per_recurrent_flop",
-                                            "long_span_fixed_s", "s_per_long_span_kv_byte"};
+constexpr int kTerms = 13;
+constexpr const char* kTermNames[kTerms] = {"fixed_s",           "s_per_gemv_flop",         "small_product_s",
+                                            "gemm_packing_s",    "s_per_gemm_flop",         "s_per_sequence",
+                                            "s_per_kv_byte",     "s_per_attention_flop",    "s_per_recurrent_flop",
+                                            "long_span_fixed_s", "s_per_long_span_kv_byte", "s_per_short_span_row",
+                                            "multi_token_span_s"};
 constexpr int64_t kSmallProductRows = 6;  // the CPU backend's MatMul: GEMV, small-product path, GEMM
 constexpr int kMaxGraphWarmups = 4;       // runs of a shape beyond `repeats` that may stand in for warm-ups
 
@@ -26,15 +27,17 @@ std::array<double, kTerms> Features(const ModelConfig& c, const SpanShape& s) {
   const bool long_span = s.tokens > kLongSpanTokens;
   return {1.0,
           m == 1 ? w.dense_flops : 0.0,
-          m >= 2 && m <= kSmallProductRows ? w.dense_flops : 0.0,
-          m > kSmallProductRows ? 1.0 : 0.0,  // GEMM packs every weight matrix once per forward
+          m >= 2 && m <= kSmallProductRows ? 1.0 : 0.0,  // reads each weight once, whatever its rows
+          m > kSmallProductRows ? 1.0 : 0.0,             // GEMM packs every weight matrix once per forward
           m > kSmallProductRows ? w.dense_flops : 0.0,
           static_cast<double>(s.batch),
           long_span ? 0.0 : w.kv_bytes,
           w.attention_flops,
           w.recurrent_flops,
           long_span ? 1.0 : 0.0,
-          long_span ? w.kv_bytes : 0.0};
+          long_span ? w.kv_bytes : 0.0,
+          long_span ? 0.0 : static_cast<double>(m),
+          s.tokens > 1 && !long_span ? 1.0 : 0.0};
 }
 }  // namespace
 
@@ -103,7 +106,7 @@ absl::StatusOr<CostModel> CostModel::Fit(const ModelConfig& config, std::span<co
     scale[j] = x.col(j).cwiseAbs().maxCoeff();
     if (scale[j] > 0) x.col(j) /= scale[j];
   }
-  // Non-negative least squares by trying every set of active terms (2^11): small and exact.
+  // Non-negative least squares by trying every set of active terms (2^13): small and exact.
   double best_err = INFINITY;
   Eigen::VectorXd best = Eigen::VectorXd::Zero(kTerms);
   for (int mask = 1; mask < (1 << kTerms); ++mask) {

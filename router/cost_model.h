@@ -8,14 +8,18 @@
 // (per-sequence work: conv, cache appends, dispatch).
 // The dense work is split by the regime the CPU backend's product runs in, which depends on the rows of
 // the whole batch (m = batch x tokens): one row is a bandwidth-bound GEMV, 2..6 rows the small-product
-// path, more rows a GEMM; each regime gets its own rate. Spans of more than kLongSpanTokens tokens a sequence
-// (prefill segments) get their own fixed cost and KV rate: on the CUDA backend they run the tiled prefill
-// attention, whose blocks walk the keys in turn (its time grows with the context nearly regardless of the
-// queries), outside CUDA graphs, where shorter spans replay graphs and read the KV in parallel splits. The
-// predicted time is a non-negative combination:
-//   t = c_fixed + c_gemv * dense[m = 1] + c_small * dense[2 <= m <= 6] + [m >= 7] (c_pack + c_gemm * dense)
+// path, which reads each weight once whatever its rows (a cost per forward, not per FLOP: a rate per FLOP
+// fitted at 4 rows put 2 rows at half their time on the H200), more rows a GEMM. Spans of
+// up to kLongSpanTokens tokens a sequence (decode steps, verify and draft spans) also pay per row (the
+// CUDA backend's products of a few rows loop over them) and, with more than one token a sequence, a cost of
+// their own (their kernels and the scan's steps: 8 tokens of one sequence took 1.5 times 8 sequences of one
+// on the H200). Longer spans (prefill segments) get their own fixed cost and KV rate: on the CUDA backend
+// they run the tiled prefill attention, whose blocks walk the keys in turn (its time grows with the context
+// nearly regardless of the queries), outside CUDA graphs, where shorter spans replay graphs and read the KV
+// in parallel splits. The predicted time is a non-negative combination:
+//   t = c_fixed + c_gemv * dense[m = 1] + c_small[2 <= m <= 6] + [m >= 7] (c_pack + c_gemm * dense)
 //       + c_seq * sequences + c_kv * kv_bytes[short] + c_attn * attention_flops + c_rec * recurrent_flops
-//       + [long] (c_long + c_kv_long * kv_bytes)
+//       + [long] (c_long + c_kv_long * kv_bytes) + [short] (c_row * m + c_multi [tokens > 1])
 // (c_pack: the GEMM packs each weight matrix once per forward).
 #pragma once
 
