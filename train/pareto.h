@@ -2,6 +2,8 @@
 // train-router` judges a learned policy against each rule on held-out episodes.
 #pragma once
 
+#include <vector>
+
 namespace oryx::policies {
 
 struct QualityCost {
@@ -25,5 +27,18 @@ struct DominanceTolerance {
 };
 
 Dominance Compare(const QualityCost& policy, const QualityCost& rule, DominanceTolerance tolerance = {});
+
+// How much better a policy's quality is than a rule's on the same held-out examples, with the standard error
+// of that difference: each example's difference counts, so the examples' own difficulty (which moves both
+// policies alike) drops out, and the error is usually far below either mean's.
+struct PairedGain {
+  double mean = 0;
+  double standard_error = 0;
+};
+
+// policy[t][i] and rule[t][i]: the qualities on example i of task t, the same examples for both; the tasks
+// weigh alike (the mixed workload). Tasks with fewer than 2 examples add no error.
+PairedGain PairedQualityGain(const std::vector<std::vector<double>>& policy,
+                             const std::vector<std::vector<double>>& rule);
 
 }  // namespace oryx::policies

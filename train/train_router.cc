@@ -1238,6 +1238,9 @@ absl::Status RouterTrainer::Evaluate() {
   }
   std::vector<MixedPoint> mixed(policies.size());
   for (size_t p = 0; p < policies.size(); ++p) mixed[p].policy = policies[p].first, mixed[p].learned = p >= num_rules;
+  // qualities[p][t][i]: policy p's quality on held-out example i of task t (the same examples for every policy).
+  std::vector<std::vector<std::vector<double>>> qualities(policies.size(),
+                                                          std::vector<std::vector<double>>(o.tasks.size()));
   const double share = 1.0 / static_cast<double>(o.tasks.size());
   std::fprintf(stderr, "\n%-16s %-30s %8s %9s %10s %8s %10s\n", "task", "policy", "quality", "accuracy", "attention",
                "cost", "acceptance");
@@ -1249,7 +1252,7 @@ absl::Status RouterTrainer::Evaluate() {
       const auto& [name, make] = policies[p];
       ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, make));
       EvalTotal sum;
-      for (const Episode& e : episodes) sum.Add(e);
+      for (const Episode& e : episodes) sum.Add(e), qualities[p][t].push_back(e.quality);
       MixedPoint& m = mixed[p];
       m.quality += share * sum.quality / sum.n, m.attention += share * sum.attention / sum.n;
       m.cost += share * sum.cost / sum.n;
@@ -1276,20 +1279,47 @@ absl::Status RouterTrainer::Evaluate() {
     std::fprintf(stderr, "%-30s %8.3f %8.3f %10.3f %8.3f\n", m.policy.c_str(), m.quality, m.quality_error,
                  m.attention, m.cost);
   }
-  // A rule that a learned policy beats only by margins below DominanceTolerance is a tie, counted apart.
+  // A rule that a learned policy beats only by margins below DominanceTolerance is a tie, counted apart. Each
+  // policy that dominates or ties a rule comes with its margins: the quality gain, paired over the same
+  // examples, with its standard error, and the cost saving.
   const DominanceTolerance tolerance;
   int64_t dominated = 0, tied = 0;
   for (size_t r = 0; r < num_rules; ++r) {
     std::vector<std::string> by, ties;
+    nlohmann::json margins = nlohmann::json::array();
+    std::string strongest;  // the dominating policy with the largest gain in standard errors
+    double strongest_z = -INFINITY;
     for (size_t l = num_rules; l < mixed.size(); ++l) {
       const Dominance d = Compare({mixed[l].quality, mixed[l].cost}, {mixed[r].quality, mixed[r].cost}, tolerance);
-      if (d == Dominance::kClear) by.push_back(mixed[l].policy);
-      if (d == Dominance::kTie) ties.push_back(mixed[l].policy);
+      if (d == Dominance::kNone) continue;
+      (d == Dominance::kClear ? by : ties).push_back(mixed[l].policy);
+      const PairedGain gain = PairedQualityGain(qualities[l], qualities[r]);
+      const double saving = mixed[r].cost - mixed[l].cost;
+      margins.push_back({{"policy", mixed[l].policy},
+                         {"quality_gain", gain.mean},
+                         {"quality_gain_error", gain.standard_error},
+                         {"cost_saving", saving}});
+      const double z = gain.standard_error > 0 ? gain.mean / gain.standard_error : gain.mean > 0 ? INFINITY : 0;
+      if (d == Dominance::kClear && z > strongest_z) {
+        strongest_z = z;
+        char margin[96];
+        std::snprintf(margin, sizeof(margin), " (quality %+.3f +- %.3f paired, cost %+.4f)", gain.mean,
+                      gain.standard_error, -saving);
+        strongest = mixed[l].policy + margin;
+      }
     }
     dominated += by.empty() ? 0 : 1;
     tied += by.empty() && !ties.empty() ? 1 : 0;
-    Record({{"phase", "pareto"}, {"rule", mixed[r].policy}, {"dominated_by", by}, {"tied_by", ties}});
-    std::string verdict = by.empty() ? "not dominated" : Cat("dominated by ", absl::StrJoin(by, ", "));
+    Record({{"phase", "pareto"},
+            {"rule", mixed[r].policy},
+            {"dominated_by", by},
+            {"tied_by", ties},
+            {"margins", margins}});
+    std::string verdict = "not dominated";
+    if (!by.empty()) {
+      verdict = Cat("dominated by ", strongest);
+      if (by.size() > 1) verdict += Cat(" and ", by.size() - 1, " more");
+    }
     if (!ties.empty()) verdict += Cat(by.empty() ? ", " : "; ", "tied by ", absl::StrJoin(ties, ", "));
     std::fprintf(stderr, "%-30s %s\n", mixed[r].policy.c_str(), verdict.c_str());
   }

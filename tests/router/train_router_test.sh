@@ -114,6 +114,22 @@ grep -q '"policy":"prefill-linear+speculative:2"' "$TMP/s.safetensors.log.jsonl"
 [[ $(grep -c '"phase":"eval_mixed"' "$TMP/s.safetensors.log.jsonl") -eq 8 ]] || fail "expected 8 eval_mixed log lines"
 [[ $(grep -c '"phase":"pareto"' "$TMP/s.safetensors.log.jsonl") -eq 7 ]] || fail "expected a pareto line per rule"
 grep -q 'rules dominated by a learned policy' "$TMP/err" || fail "no Pareto summary"
+# Each policy that dominates or ties a rule comes with its margins: the paired quality gain is the difference
+# of the two mixed means (the same examples, the tasks alike), with a standard error; the cost saving is the
+# difference of the costs, not negative.
+python3 - "$TMP/s.safetensors.log.jsonl" <<'PY' || fail "the Pareto margins do not match the eval_mixed lines"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+mixed = {r["policy"]: r for r in rows if r.get("phase") == "eval_mixed"}
+for p in (r for r in rows if r.get("phase") == "pareto"):
+    named = {m["policy"]: m for m in p["margins"]}
+    assert sorted(named) == sorted(p["dominated_by"] + p["tied_by"]), p
+    rule = mixed[p["rule"]]
+    for name, m in named.items():
+        assert abs(m["quality_gain"] - (mixed[name]["quality"] - rule["quality"])) < 1e-9, (p["rule"], m)
+        assert abs(m["cost_saving"] - (rule["cost"] - mixed[name]["cost"])) < 1e-9, (p["rule"], m)
+        assert m["cost_saving"] >= 0 and math.isfinite(m["quality_gain_error"]) and m["quality_gain_error"] >= 0, m
+PY
 # --eval-only: the same comparison from the finished run's file, with other rules; nothing trained.
 "$ORYX" train-router --model "$M" --haystack "$SRC"/tests/data/default_model/val-*.txt --tasks text niah --lengths 128 \
   --continuation 8 --draft-lengths 0,2 --cost bytes --lambda 1 --eval-examples 2 --eval-rules entropy:1,random:0.5 \
