@@ -179,11 +179,16 @@ absl::StatusOr<Json> EvalTask(const TaskEvalOptions& o, SequenceModel& model) {
   }
   std::vector<double> depths = kind == tasks::TaskKind::kMqar ? std::vector<double>{} : o.depths;
   ORYX_ASSIGN_OR_RETURN(std::vector<tasks::EvalPoint> grid, tasks::EvalGrid(o.lengths, depths, o.seeds, o.common.seed));
-  Json results = Json::array();
+  // Every policy checked before any runs: a bad one at the end of the list fails at once, not after the others.
   for (const std::string& policy : o.policies) {
     if (policy != "attention" && policy != "linear" && policy != "prefill-linear") {
-      return absl::InvalidArgumentError(absl::StrCat("unknown policy '", policy, "' (attention, linear, prefill-linear)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown policy '", policy,
+                                                     "' (attention, linear, prefill-linear; routed policies such as "
+                                                     "learned:FILE or entropy:TAU: oryx bench router)"));
     }
+  }
+  Json results = Json::array();
+  for (const std::string& policy : o.policies) {
     tasks::ScoreAggregator aggregate;
     double attention_tokens = 0, tokens = 0;
     for (const tasks::EvalPoint& p : grid) {

@@ -94,6 +94,11 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   mkdir -p "$TMP/broken" && find "$M" -maxdepth 1 -type f -exec cp {} "$TMP/broken/" \;
   chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00004.safetensors" >"$TMP/broken/model-00001-of-00004.safetensors"
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
+  # eval runs schedules; a routed policy is refused before any other policy runs, pointing to bench router.
+  expect 1 "eval niah: a routed policy" -- eval niah-multikey --model "$M" --haystack "$SRC"/tests/data/default_model/val-100000.txt \
+    --lengths 256 --seeds 1 --policies linear entropy:1
+  grep -q "bench router" "$TMP/err" && ! grep -q '"results"' "$TMP/out" ||
+    { failed=$((failed + 1)); echo "FAIL: eval niah with entropy:1 did not point to bench router before running"; }
 fi
 if [[ " ${commands[*]} " == *" serve "* ]]; then
   expect 0 "bench serve --help" -- bench serve --help
