@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +67,9 @@ struct Step {
 // Decisions by (phase, position): replayed prefill decisions land on the same key.
 using StepKey = std::pair<int, int64_t>;
 StepKey KeyOf(const router::RouterContext& c) { return {static_cast<int>(c.phase), c.position}; }
+
+// A lambda as a seed word (its bits), so that what a lambda draws does not depend on its place in --lambda.
+uint64_t LambdaKey(double lambda) { return std::bit_cast<uint64_t>(lambda); }
 
 struct Episode {
   std::map<StepKey, Step> steps;
@@ -1005,6 +1009,9 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
 
 absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   const TrainRouterOptions& o = o_;
+  // A lambda's network, warm start, training examples and samples depend on the seed and the lambda alone,
+  // not on the lambdas before it in the list: the same lambda alone, or resumed at its start, trains alike.
+  torch::manual_seed(MixSeed({o.seed, 0x6e6574, LambdaKey(o.lambdas[li])}));
   Net net(o.hidden, static_cast<int64_t>(o.draft_lengths.size()));
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(o.learning_rate));
   int64_t first_iteration = 0;
@@ -1095,13 +1102,15 @@ absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& o
   for (int64_t it = first_iteration; it < o.iterations; ++it) {
     auto ti = Clock::now();
     ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o.segment_len, o.draft_lengths)));
-    ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch, Examples(1 + li, it * o.batch, o.batch));
+    ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch,
+                          Examples(MixSeed({0x7472616e, LambdaKey(o.lambdas[li])}), it * o.batch, o.batch));
     std::vector<const Example*> ptrs;
     for (int64_t g = 0; g < o.samples; ++g) {
       for (const auto& e : batch) ptrs.push_back(&e);
     }
     ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, [&](size_t i, LearnedRouter::Trace trace) {
-      const uint64_t sample_seed = MixSeed({o.seed, li, static_cast<uint64_t>(it), i / batch.size()});
+      const uint64_t sample_seed =
+          MixSeed({o.seed, LambdaKey(o.lambdas[li]), static_cast<uint64_t>(it), i / batch.size()});
       return std::make_unique<LearnedRouter>(policy, sample_seed, std::move(trace), o.exploration);
     }));
     // Leave-one-out advantages; every decision of an episode is weighted by its episode's advantage.
