@@ -29,8 +29,9 @@ struct DominanceTolerance {
 Dominance Compare(const QualityCost& policy, const QualityCost& rule, DominanceTolerance tolerance = {});
 
 // How much better a policy's quality is than a rule's on the same held-out examples, with the standard error
-// of that difference: each example's difference counts, so the examples' own difficulty (which moves both
-// policies alike) drops out, and the error is usually far below either mean's.
+// of that difference: each example's difference counts, so what the examples share (their difficulty, which
+// moves both policies alike) drops out. Where the two fail on different examples the error is still about
+// either mean's (at CPU scale, 0.031 against 0.019-0.028 on 32 examples a task).
 struct PairedGain {
   double mean = 0;
   double standard_error = 0;
