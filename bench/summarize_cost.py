@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Summarises `oryx bench cost --json` files: the cost model's held-out error on short spans (decode steps,
 verify spans) and on prefill segments (256 tokens and more), and, where both modes were measured at a
-context, the linear mode's share of the attention mode's time, measured and predicted.
+context, the linear mode's share of the attention mode's time, measured and predicted. With --worst N, also
+the N held-out shapes the model misses most.
 
-usage: bench/summarize_cost.py FILE.jsonl [FILE.jsonl ...]
+usage: bench/summarize_cost.py [--worst N] FILE.jsonl [FILE.jsonl ...]
 """
 import json
 import sys
@@ -14,7 +15,7 @@ def mean_max(rows):
     return (sum(errors) / len(errors), max(errors)) if errors else (0.0, 0.0)
 
 
-def summarize(path):
+def summarize(path, worst=0):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     summary = next(r for r in rows if r.get("summary"))
     shapes = [r for r in rows if not r.get("summary") and not r.get("calibration")]
@@ -24,6 +25,12 @@ def summarize(path):
     if "calibration_mean_abs_relative_error" in summary:
         print("  calibration (in-sample) error: mean %.1f%%" % (100 * summary["calibration_mean_abs_relative_error"]))
     print("  held-out error, short spans: mean %.1f%%, max %.1f%%" % tuple(100 * x for x in mean_max(short)))
+    if worst > 0:
+        print("  the %d worst held-out shapes:" % min(worst, len(shapes)))
+        for r in sorted(shapes, key=lambda r: -abs(r["relative_error"]))[:worst]:
+            print("    %-9s batch %3d x %5d tokens after %6d: %8.3f ms measured, %8.3f predicted (%+.1f%%)" % (
+                r["mode"], r["batch"], r["tokens"], r["context"], r["measured_ms"], r["predicted_ms"],
+                100 * r["relative_error"]))
     if not prefill:
         return
     print("  held-out error, prefill segments: mean %.1f%%, max %.1f%%" % tuple(100 * x for x in mean_max(prefill)))
@@ -41,8 +48,14 @@ def summarize(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    args = sys.argv[1:]
+    if not args or args[0] in ("-h", "--help"):
         print(__doc__.strip())
-        sys.exit(0 if len(sys.argv) >= 2 else 2)
-    for p in sys.argv[1:]:
-        summarize(p)
+        sys.exit(0 if args else 2)
+    worst = 0
+    if args[0] == "--worst":
+        if len(args) < 3 or not args[1].isdigit():
+            sys.exit("usage: bench/summarize_cost.py [--worst N] FILE.jsonl [FILE.jsonl ...]")
+        worst, args = int(args[1]), args[2:]
+    for p in args:
+        summarize(p, worst)
