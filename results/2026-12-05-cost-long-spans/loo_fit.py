@@ -1,39 +1,12 @@
 # Fits the cost law (router/cost_model.cc, replicated) to measured spans by non-negative least squares over
 # every subset of terms, with and without the long-span terms, and reports the leave-one-out and in-sample
 # errors. Usage: python3 loo_fit.py MODEL_CONFIG.json BENCH_COST.jsonl (needs torch).
-import json, torch, sys
-torch.set_default_dtype(torch.float64)
-cfg = json.load(open(sys.argv[1]))
-D, H, dh, F, L, V = cfg['d_model'], cfg['n_heads'], cfg['head_dim'], cfg['mlp_hidden'], cfg['n_layers'], cfg['vocab_size']
-HD = H * dh; gates = H
-def work(b, t, ctx, att, all_logits):
-    tokens = b * t; keys = ctx + 0.5 * (t + 1)
-    lp = (4 * HD + gates + (HD if att else 0)) * D + HD * D + 3 * F * D
-    rows = b * (t if all_logits else 1)
-    dense = 2 * (tokens * L * lp + rows * V * D)
-    kv = b * L * (ctx + t) * 2 * HD * 4 if att else 0.0
-    af = tokens * L * keys * 4 * HD if att else 0.0
-    rec = tokens * L * H * dh * dh * 6
-    return dense, kv, af, rec
-def feats(s, new):
-    b, t, ctx, att, al = s
-    dense, kv, af, rec = work(*s)
-    m = b * t; long = t > 64
-    f = [1.0, dense if m == 1 else 0, dense if 2 <= m <= 6 else 0, 1.0 if m > 6 else 0, dense if m > 6 else 0, float(b),
-         kv if not (new and long) else 0, af, rec]
-    if new: f += [1.0 if long else 0, kv if long else 0]
-    return f
-def fit(rows, ys):
-    X = torch.tensor(rows) / torch.tensor(ys)[:, None]; y = torch.ones(len(ys))
-    sc = X.abs().max(0).values; sc[sc == 0] = 1; X = X / sc
-    best = (1e300, None); k = X.shape[1]
-    for mask in range(1, 1 << k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        A = X[:, cols]; sol = torch.linalg.lstsq(A, y[:, None], driver='gelsd').solution[:, 0]
-        if (sol < 0).any(): continue
-        e = ((A @ sol - y) ** 2).sum().item()
-        if e < best[0]: c = torch.zeros(k); c[cols] = sol; best = (e, c / sc)
-    return best[1]
+import json, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import torch
+from cost_law import base_features, fit, work_of  # the law's work terms and fit, shared with ../2026-12-05-cost-short-spans
+work = work_of(json.load(open(sys.argv[1])))
+def feats(s, new): return base_features(work, s, long_terms=new)
 pts = []
 for l in open(sys.argv[2]):
     r = json.loads(l)

@@ -6,45 +6,24 @@
 # B a multi-token short span's, C a per-row cost of short spans of more than 6 rows, E a per-row cost of
 # every short span, G a per-sequence attention cost of short spans, P drops the GEMM regime. '' is the law
 # before 2026-12-05 (later); SABE is the law after.
-import json, sys, itertools, torch
-torch.set_default_dtype(torch.float64)
+import json, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import torch
+from cost_law import base_features, fit, work_of  # the law's work terms and fit, shared with ../2026-12-05-cost-long-spans
 cfg = json.load(open(sys.argv[1]))
-D, H, dh, F, L, V = cfg['d_model'], cfg['n_heads'], cfg['head_dim'], cfg['mlp_hidden'], cfg['n_layers'], cfg['vocab_size']
-HD = H * dh; gates = H
-def work(b, t, ctx, att, al):
-    tokens = b * t; keys = ctx + 0.5 * (t + 1)
-    lp = (4 * HD + gates + (HD if att else 0)) * D + HD * D + 3 * F * D
-    rows = b * (t if al else 1)
-    dense = 2 * (tokens * L * lp + rows * V * D)
-    kv = b * L * (ctx + t) * 2 * HD * 4 if att else 0.0
-    af = tokens * L * keys * 4 * HD if att else 0.0
-    rec = tokens * L * H * dh * dh * 6
-    return dense, kv, af, rec
+work = work_of(cfg)
 def feats(s, variant):
-    b, t, ctx, att, al = s
-    dense, kv, af, rec = work(*s)
-    m = b * t; long = t > 64
-    f = [1.0, dense if m == 1 else 0, dense if 2 <= m <= 6 else 0, 1.0 if m > 6 else 0, dense if m > 6 else 0, float(b),
-         kv if not long else 0, af, rec, 1.0 if long else 0, kv if long else 0]
+    b, t, att = s[0], s[1], s[3]
+    m, long = b * t, t > 64
+    f = base_features(work, s)
     if 'S' in variant: f[2] = 0.0  # no small-product flop rate
     if 'P' in variant: f[3] = 0.0; f[4] = 0.0  # no GEMM regime for short spans
     if 'A' in variant: f.append(1.0 if 2 <= m <= 6 else 0)             # a small product's weight read
     if 'B' in variant: f.append(1.0 if (t > 1 and not long) else 0)    # a multi-token short span
     if 'C' in variant: f.append(float(m) if (m > 6 and not long) else 0)  # rows of a short span
     if 'E' in variant: f.append(float(m) if not long else 0)  # rows of any short span
-    if 'G' in variant: f.append(float(b*L) if (att and not long) else 0)  # attention launches/splits per sequence
+    if 'G' in variant: f.append(float(b * cfg['n_layers']) if (att and not long) else 0)  # attention launches/splits per sequence
     return f
-def fit(rows, ys):
-    X = torch.tensor(rows) / torch.tensor(ys)[:, None]; y = torch.ones(len(ys))
-    sc = X.abs().max(0).values; sc[sc == 0] = 1; X = X / sc
-    best = (1e300, None); k = X.shape[1]
-    for mask in range(1, 1 << k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        A = X[:, cols]; sol = torch.linalg.lstsq(A, y[:, None], driver='gelsd').solution[:, 0]
-        if (sol < 0).any(): continue
-        e = ((A @ sol - y) ** 2).sum().item()
-        if e < best[0]: c = torch.zeros(k); c[cols] = sol; best = (e, c / sc)
-    return best[1]
 def load(path):
     cal, ho = [], []
     for l in open(path):
