@@ -59,6 +59,8 @@ int RunGenerate(const Args& args) {
             "                              sequence's share of attention tokens stays at most FRACTION\n"
             "  match:L                     prompt linear, except its last token and segments repeating a run of at\n"
             "                              least L earlier tokens; generation in attention mode\n"
+            "  tail:N                      prompt linear, except its last N tokens (where a continuation or a\n"
+            "                              question begins); generation in attention mode\n"
             "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
             "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
             "                              features picks each segment's mode (and, if trained to, draft lengths)");

@@ -41,9 +41,14 @@ int RunTrainRouter(const Args& args) {
            "comparison adds the rules speculative:K and prefill-linear+speculative:K for each K > 0");
   f.Int("continuation", &o.continuation, "tokens a text episode generates", 1, 1 << 16);
   f.Int("eval-examples", &o.eval_examples, "held-out examples per task for the final comparison (0: none)", 0, 1 << 20);
-  f.String("eval-rules", &rules, "rule policies in the comparison, comma-separated (entropy:TAU budget:F match:L random:F)");
+  f.String("eval-rules", &rules,
+           "rule policies in the comparison, comma-separated (entropy:TAU budget:F match:L tail:N random:F)");
   f.Bool("eval-only", &o.eval_only, "train nothing: evaluate the policy files of a finished run (needs --eval-examples)");
   f.Int("segment-len", &o.segment_len, "prefill tokens per routing decision", 1, 1 << 20);
+  f.Int("segment-tail", &o.tail_len,
+        "cut the prompt's last --segment-len tokens finer, into segments ending N, 2N, 4N, ... tokens before its "
+        "last token, so that the policy can attend to the last few alone (0: off; below --segment-len)",
+        0, 1 << 20);
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);

@@ -60,6 +60,9 @@ absl::Status PolicyNetwork::Validate() const {
     }
   }
   if (segment_len < 1) return absl::InvalidArgumentError(Cat("segment_len ", segment_len, " must be >= 1"));
+  if (tail_len < 0 || (tail_len > 0 && tail_len >= segment_len)) {
+    return absl::InvalidArgumentError(Cat("tail_len ", tail_len, " must be 0 or below segment_len ", segment_len));
+  }
   for (int64_t k : draft_lengths) {
     if (k < 0 || k > 64) return absl::InvalidArgumentError(Cat("draft length ", k, " outside [0, 64]"));
   }
@@ -134,10 +137,15 @@ absl::Status WritePolicyFile(const std::string& path, const PolicyNetwork& n) {
   for (size_t i = 0; i < n.hidden.size(); ++i) add_linear(Cat("hidden.", i), n.hidden[i]);
   add_linear("mode", n.mode_head);
   if (n.draft_lengths.size() >= 2) add_linear("draft", n.draft_head);
-  const nlohmann::json meta = {{"format", kPolicyFormat},         {"version", kPolicyVersion},
-                               {"feature_version", router::kFeatureVersion}, {"features", n.features},
-                               {"activation", "tanh"},            {"segment_len", n.segment_len},
-                               {"draft_lengths", n.draft_lengths}, {"training", n.training}};
+  const nlohmann::json meta = {{"format", kPolicyFormat},
+                               {"version", kPolicyVersion},
+                               {"feature_version", router::kFeatureVersion},
+                               {"features", n.features},
+                               {"activation", "tanh"},
+                               {"segment_len", n.segment_len},
+                               {"tail_len", n.tail_len},
+                               {"draft_lengths", n.draft_lengths},
+                               {"training", n.training}};
   return WriteSafetensors(path, Views(tensors), {{std::string(kPolicyMetadataKey), JsonText(meta)}});
 }
 
@@ -167,6 +175,7 @@ absl::StatusOr<PolicyNetwork> ReadPolicyFile(const std::string& path) {
     }
     n.features = meta.at("features").get<std::vector<std::string>>();
     n.segment_len = meta.at("segment_len").get<int64_t>();
+    n.tail_len = meta.value("tail_len", int64_t{0});
     n.draft_lengths = meta.at("draft_lengths").get<std::vector<int64_t>>();
     if (meta.contains("training")) n.training = meta.at("training");
   } catch (const nlohmann::json::exception& e) {
@@ -282,6 +291,7 @@ std::unique_ptr<Decoder> MakeLearnedDecoder(std::shared_ptr<const LearnedPolicy>
                                             std::optional<uint64_t> sample_seed, LearnedRouter::Trace trace) {
   router::RouterOptions options;
   options.segment_len = policy->network().segment_len;
+  options.tail_len = policy->network().tail_len;
   return std::make_unique<router::RouterDecoder>(
       std::make_unique<LearnedRouter>(std::move(policy), sample_seed, std::move(trace)), std::move(options));
 }

@@ -3,7 +3,8 @@
 //
 // The policy file is one safetensors file. Its "__metadata__" holds, under "oryx.router_policy", a JSON
 // object: {"format": "oryx-router-policy", "version": 1, "feature_version": 1, "features": [names, in
-// order], "activation": "tanh", "segment_len": N, "draft_lengths": [k, ...], "training": {...}}. Its F32
+// order], "activation": "tanh", "segment_len": N, "tail_len": T, "draft_lengths": [k, ...], "training": {...}}
+// ("tail_len" may be absent: 0, a file written before it). Its F32
 // tensors (F = number of features, h_i = width of hidden layer i, h = the last width):
 //   input.mean [F], input.inv_std [F]          x = (features - mean) * inv_std
 //   hidden.<i>.weight [h_i, h_(i-1)], hidden.<i>.bias [h_i]   x = tanh(W x + b), i = 0, 1, ...
@@ -42,6 +43,7 @@ struct PolicyNetwork {
   };
   std::vector<std::string> features;   // must equal router::kFeatureNames
   int64_t segment_len = 128;           // the prefill segment length it was trained with
+  int64_t tail_len = 0;                // and its finer tail (router::PrefillSegmentTokens; 0: none)
   std::vector<int64_t> draft_lengths;  // the draft head's choices (empty or one entry: never speculates)
   std::vector<float> input_mean, input_inv_std;
   std::vector<Linear> hidden;

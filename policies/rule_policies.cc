@@ -39,6 +39,11 @@ router::Decision MatchRouter::Decide(const router::RouterContext& c) const {
   return {Mode::kAttention};
 }
 
+router::Decision TailRouter::Decide(const router::RouterContext& c) const {
+  const bool in_tail = c.position + c.segment_tokens > c.prompt_len - 1 - tail_;  // holds one of the last N tokens
+  return {PrefillBody(c) && !in_tail ? Mode::kLinear : Mode::kAttention};
+}
+
 router::Decision RandomRouter::Decide(const router::RouterContext& c) const {
   const uint64_t h = MixSeed({0x726f757465, c.sequence_hash, static_cast<uint64_t>(c.position)});
   return {Rng(h).UniformDouble() < fraction_ ? Mode::kAttention : Mode::kLinear};
@@ -60,6 +65,11 @@ absl::StatusOr<std::unique_ptr<router::Router>> MakeRuleRouter(std::string_view 
       return absl::InvalidArgumentError(Cat("policy '", policy, "': match:L needs a whole number L >= 1 (tokens)"));
     }
     r = std::make_unique<MatchRouter>(static_cast<int64_t>(value));
+  } else if (kind == "tail") {
+    if (!parsed || value < 0 || value != std::floor(value) || value > 1e9) {
+      return absl::InvalidArgumentError(Cat("policy '", policy, "': tail:N needs a whole number N >= 0 (tokens)"));
+    }
+    r = std::make_unique<TailRouter>(static_cast<int64_t>(value));
   } else if (kind == "budget" || kind == "random") {
     if (!parsed || value < 0 || value > 1) {
       return absl::InvalidArgumentError(Cat("policy '", policy, "': ", kind, ":FRACTION needs FRACTION in [0, 1]"));
@@ -77,13 +87,19 @@ absl::StatusOr<std::unique_ptr<router::Router>> MakeRuleRouter(std::string_view 
 
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy) {
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<router::Router> r, MakeRuleRouter(policy));
-  return std::unique_ptr<Decoder>(new router::RouterDecoder(std::move(r), {}));
+  router::RouterOptions options;
+  // tail:N alone attends to exactly the prompt's last N tokens: a finer tail ends a segment there.
+  if (const auto* tail = dynamic_cast<const TailRouter*>(r.get()); tail && tail->tail() < options.segment_len) {
+    options.tail_len = tail->tail();
+  }
+  return std::unique_ptr<Decoder>(new router::RouterDecoder(std::move(r), options));
 }
 
 void RegisterPolicies(PolicyRegistry& registry) {
   registry.Register("entropy", "entropy:TAU", MakeRulePolicy);
   registry.Register("budget", "budget:FRACTION", MakeRulePolicy);
   registry.Register("match", "match:L", MakeRulePolicy);
+  registry.Register("tail", "tail:N", MakeRulePolicy);
   registry.Register("random", "random:FRACTION", MakeRulePolicy);
   registry.Register("learned", "learned:PATH", MakeLearnedPolicy);
 }

@@ -8,6 +8,11 @@
 //                     least L tokens that occurred earlier in the prompt (a question repeating a needle's key,
 //                     a passage repeating earlier text: where attention can retrieve); generation in attention
 //                     mode. L >= 1.
+//   tail:N            the prompt in linear mode except the segments holding its last N tokens (and its last
+//                     token); generation in attention mode. Where a continuation or a question begins, attention
+//                     over the prompt's last tokens is what the linear prefill lacks most. Alone it attends to
+//                     exactly those N tokens (N below the default segment, cut with a tail of N); inside
+//                     `oryx train-router`, to the segments of its --segment-len and --segment-tail that hold them.
 //   random:FRACTION   every segment (and generated token) in attention mode with probability FRACTION, from a
 //                     fixed hash of the prompt and the position: the baseline a router must beat at a matched
 //                     attention fraction.
@@ -54,6 +59,17 @@ class MatchRouter final : public router::Router {
   int64_t min_length_;
 };
 
+class TailRouter final : public router::Router {
+ public:
+  explicit TailRouter(int64_t tail) : tail_(tail) {}
+  router::Decision Decide(const router::RouterContext& c) const override;
+  int64_t tail() const { return tail_; }
+  bool reads_earlier_match() const override { return false; }
+
+ private:
+  int64_t tail_;
+};
+
 class RandomRouter final : public router::Router {
  public:
   explicit RandomRouter(double fraction) : fraction_(fraction) {}
@@ -64,7 +80,8 @@ class RandomRouter final : public router::Router {
   double fraction_;
 };
 
-// Parses entropy:TAU, budget:FRACTION, match:L and random:FRACTION; InvalidArgument naming the policy for anything else.
+// Parses entropy:TAU, budget:FRACTION, match:L, tail:N and random:FRACTION; InvalidArgument naming the policy for
+// anything else.
 absl::StatusOr<std::unique_ptr<router::Router>> MakeRuleRouter(std::string_view policy);
 // The same rule as a decoder (router::RouterDecoder), for the policy registry.
 absl::StatusOr<std::unique_ptr<Decoder>> MakeRulePolicy(std::string_view policy);

@@ -51,8 +51,14 @@ void RouterDecoder::Release(int64_t slot_id) {
 
 int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
 
-int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len) {
-  return start == prompt_len - 1 ? 1 : std::min(std::max<int64_t>(1, segment_len), prompt_len - 1 - start);
+int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len, int64_t tail_len) {
+  if (start == prompt_len - 1) return 1;
+  const int64_t len = std::max<int64_t>(1, segment_len), left = prompt_len - 1 - start;
+  if (tail_len <= 0 || tail_len >= len) return std::min(len, left);
+  if (left > len) return std::min(len, left - len);  // up to the tail
+  int64_t boundary = 0;  // the farthest of tail_len, 2 tail_len, 4 tail_len, ... before the last token, short of `left`
+  for (int64_t b = tail_len; b < left; b *= 2) boundary = b;
+  return left - boundary;
 }
 
 uint64_t PromptHash(std::span<const int32_t> prompt) {
@@ -73,7 +79,7 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
-    c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len);
+    c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len, options_.tail_len);
     c.match_length = c.match_distance = 0;
     for (int64_t t = start; match && t < start + c.segment_tokens; ++t) {
       const EarlierMatch::Match m = matches.Push(prompt[t]);

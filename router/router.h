@@ -1,12 +1,13 @@
 // The router (DESIGN.md §7): at every segment boundary a Router sees a RouterContext and decides the mode of
 // the next segment. The RouterDecoder runs a Router inside Engine::Generate: the prompt in segments of
 // segment_len tokens (the prompt's last token, whose output predicts the first generated token, is a segment
-// of its own), then one decision per generated token.
+// of its own; with a tail, the segment before it is cut finer: PrefillSegmentTokens), then one decision per
+// generated token.
 //
-// Features are causal: during prefill only positions, counts and a hash of the prompt; while decoding also the entropy and top-2
-// margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost
-// model's predicted step times when a calibrated model is given, and the acceptance rate of this sequence's
-// recent speculative rounds.
+// Features are causal: during prefill only positions, counts and a hash of the prompt; while decoding also the entropy
+// and top-2 margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost model's
+// predicted step times when a calibrated model is given, and the acceptance rate of this sequence's recent speculative
+// rounds.
 //
 // A decode decision may also speculate: attention mode with draft_length k > 0 runs a speculative round
 // (k linear-mode drafts verified in attention mode, speculative/) instead of one step. It is lossless, so
@@ -73,6 +74,7 @@ class Router {
 
 struct RouterOptions {
   int64_t segment_len = 128;
+  int64_t tail_len = 0;                 // > 0: the prompt's last segment_len tokens cut finer (PrefillSegmentTokens)
   std::optional<CostModel> cost_model;  // for the predicted step times
 };
 
@@ -123,8 +125,12 @@ class RouterDecoder final : public StepwiseDecoder {
 };
 
 // The tokens of the prefill segment that starts at `start`: segment_len (at least 1) of the prompt's first
-// prompt_len - 1 tokens, the prompt's last token alone.
-int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len);
+// prompt_len - 1 tokens, the prompt's last token alone. With 0 < tail_len < segment_len, the last segment_len
+// of those tokens (the tail) are cut finer toward the prompt's end, at tail_len, 2 tail_len, 4 tail_len, ...
+// tokens before its last token, and the segments before the tail end where it begins. A policy can then attend
+// to the prompt's last few tokens (where a continuation or a question begins) without its last whole segment:
+// with 1,024 and 64, the tail is 512, 256, 128, 64 and 64 tokens.
+int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len, int64_t tail_len);
 
 // FNV-1a of the prompt's ids (RouterContext::sequence_hash).
 uint64_t PromptHash(std::span<const int32_t> prompt);

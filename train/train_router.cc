@@ -101,8 +101,9 @@ enum class CostKind { kAttention, kTime, kBytes };
 // normaliser). Attention cost counts attention tokens; time and bytes cost each forward's span.
 class Costs {
  public:
-  Costs(CostKind kind, const ModelConfig& config, std::optional<router::CostModel> model, int64_t segment_len)
-      : kind_(kind), config_(config), model_(std::move(model)), segment_len_(segment_len) {}
+  Costs(CostKind kind, const ModelConfig& config, std::optional<router::CostModel> model, int64_t segment_len,
+        int64_t tail_len)
+      : kind_(kind), config_(config), model_(std::move(model)), segment_len_(segment_len), tail_len_(tail_len) {}
 
   CostKind kind() const { return kind_; }
   // Time and bytes only (an attention-share cost is the episode's share, counted by the engine).
@@ -118,7 +119,7 @@ class Costs {
   double AllAttention(int64_t prompt_len, int64_t generated) const {
     double s = 0;
     for (int64_t start = 0; start < prompt_len;) {
-      const int64_t n = router::PrefillSegmentTokens(start, prompt_len, segment_len_);
+      const int64_t n = router::PrefillSegmentTokens(start, prompt_len, segment_len_, tail_len_);
       s += Span({1, n, start, Mode::kAttention});
       start += n;
     }
@@ -133,14 +134,19 @@ class Costs {
   CostKind kind_;
   ModelConfig config_;
   std::optional<router::CostModel> model_;
-  int64_t segment_len_;
+  int64_t segment_len_, tail_len_;
 };
 
 // Runs episodes through the engine with a router per episode whose every decision is recorded.
 class EpisodeRunner {
  public:
-  EpisodeRunner(Engine* engine, int64_t segment_len, const Costs* costs, std::vector<int64_t> draft_lengths)
-      : engine_(engine), segment_len_(segment_len), costs_(costs), draft_lengths_(std::move(draft_lengths)) {}
+  EpisodeRunner(Engine* engine, int64_t segment_len, int64_t tail_len, const Costs* costs,
+                std::vector<int64_t> draft_lengths)
+      : engine_(engine),
+        segment_len_(segment_len),
+        tail_len_(tail_len),
+        costs_(costs),
+        draft_lengths_(std::move(draft_lengths)) {}
 
   int64_t max_draft() const {
     return draft_lengths_.empty() ? 0 : *std::max_element(draft_lengths_.begin(), draft_lengths_.end());
@@ -209,6 +215,7 @@ class EpisodeRunner {
     f->inner = std::move(r);
     router::RouterOptions ro;
     ro.segment_len = segment_len_;
+    ro.tail_len = tail_len_;
     return std::make_unique<router::RouterDecoder>(std::move(f), ro);
   }
 
@@ -274,7 +281,7 @@ class EpisodeRunner {
   }
 
   Engine* engine_;
-  int64_t segment_len_;
+  int64_t segment_len_, tail_len_;
   const Costs* costs_;
   std::vector<int64_t> draft_lengths_;
 };
@@ -330,10 +337,11 @@ std::vector<float> Floats(const torch::Tensor& t) {
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-PolicyNetwork Export(Net& net, int64_t segment_len, const std::vector<int64_t>& draft_lengths) {
+PolicyNetwork Export(Net& net, const TrainRouterOptions& o) {
   PolicyNetwork n;
   n.features.assign(router::kFeatureNames.begin(), router::kFeatureNames.end());
-  n.segment_len = segment_len;
+  n.segment_len = o.segment_len;
+  n.tail_len = o.tail_len;
   n.input_mean = Floats(net->mean);
   n.input_inv_std = Floats(net->inv_std);
   auto linear = [](torch::nn::Linear& l) {
@@ -342,7 +350,7 @@ PolicyNetwork Export(Net& net, int64_t segment_len, const std::vector<int64_t>& 
   for (auto& l : net->hidden) n.hidden.push_back(linear(l));
   n.mode_head = linear(net->mode);
   if (net->draft) {
-    n.draft_lengths = draft_lengths;
+    n.draft_lengths = o.draft_lengths;
     n.draft_head = linear(net->draft);
   }
   return n;
@@ -660,6 +668,15 @@ absl::StatusOr<CostKind> ParseCost(const std::string& name) {
   return absl::InvalidArgumentError(Cat("--cost '", name, "': one of attention, time, bytes"));
 }
 
+// The comparison routes every policy in this run's segments: a file trained in others would be judged on
+// decisions it never learned.
+absl::Status SameSegments(const PolicyNetwork& net, const std::string& path, const TrainRouterOptions& o) {
+  if (net.segment_len == o.segment_len && net.tail_len == o.tail_len) return absl::OkStatus();
+  return absl::InvalidArgumentError(Cat("policy file ", path, " was trained with --segment-len ", net.segment_len,
+                                        " --segment-tail ", net.tail_len, "; this run routes with ", o.segment_len,
+                                        " and ", o.tail_len));
+}
+
 absl::Status ValidateOptions(const TrainRouterOptions& o) {
   if (o.lambdas.empty()) return absl::InvalidArgumentError("--lambda: give at least one value");
   for (double l : o.lambdas) {
@@ -667,6 +684,10 @@ absl::Status ValidateOptions(const TrainRouterOptions& o) {
   }
   if (o.samples < 2) return absl::InvalidArgumentError("--samples must be >= 2 (the leave-one-out baseline)");
   if (o.segment_len < 1) return absl::InvalidArgumentError("--segment-len must be >= 1");
+  if (o.tail_len < 0 || (o.tail_len > 0 && o.tail_len >= o.segment_len)) {
+    return absl::InvalidArgumentError(
+        Cat("--segment-tail ", o.tail_len, " must be 0 (off) or below --segment-len ", o.segment_len));
+  }
   if (o.continuation < 1) return absl::InvalidArgumentError("--continuation must be >= 1");
   if (o.device != "cpu" && o.device != "cuda") {
     return absl::InvalidArgumentError(Cat("--device '", o.device, "': cpu or cuda"));
@@ -694,6 +715,8 @@ absl::Status ValidateOptions(const TrainRouterOptions& o) {
       if (!std::filesystem::exists(path)) {
         return absl::NotFoundError(Cat("--eval-only: no policy file ", path, " (lambda ", o.lambdas[li], ")"));
       }
+      ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(path));
+      ORYX_RETURN_IF_ERROR(SameSegments(net, path, o));
     }
   }
   return ParseCost(o.cost).status();
@@ -833,8 +856,8 @@ absl::StatusOr<std::unique_ptr<RouterTrainer>> RouterTrainer::Create(const Train
     t->Record(r);
     std::cerr << "train-router: calibrated the cost model in " << Seconds(t0) << " s\n";
   }
-  t->costs_.emplace(cost_kind, config, cost_model, o.segment_len);
-  t->runner_.emplace(&t->engine_, o.segment_len, &*t->costs_, o.draft_lengths);
+  t->costs_.emplace(cost_kind, config, cost_model, o.segment_len, o.tail_len);
+  t->runner_.emplace(&t->engine_, o.segment_len, o.tail_len, &*t->costs_, o.draft_lengths);
   return t;
 }
 
@@ -1035,7 +1058,7 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   std::sort(kept.front.begin(), kept.front.end(), [](const auto& a, const auto& b) { return a.cost < b.cost; });
   for (const Kept::Point& p : kept.front) {
     CopyParameters(p.parameters, net);
-    PolicyNetwork point = Export(net, o.segment_len, o.draft_lengths);
+    PolicyNetwork point = Export(net, o);
     point.training = {{"lambda", o.lambdas[li]}, {"iteration", p.iteration}, {"validation_quality", p.quality},
                       {"validation_cost", p.cost}, {"seed", o.seed}};
     ORYX_RETURN_IF_ERROR(WritePolicyFile(FrontPathFor(o, li, p.iteration), point));
@@ -1051,7 +1074,7 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
     std::fprintf(stderr, "train-router: lambda %g keeps the network after %s (validation reward %.4f)\n", o.lambdas[li],
                  kept.iteration == 0 ? "the warm start" : Cat("iteration ", kept.iteration).c_str(), kept.reward);
   }
-  PolicyNetwork out = Export(net, o.segment_len, o.draft_lengths);
+  PolicyNetwork out = Export(net, o);
   out.training = {{"lambda", o.lambdas[li]}, {"cost", o.cost}, {"iterations", o.iterations}, {"batch", o.batch},
                   {"samples", o.samples}, {"warm_examples", o.warm_examples}, {"tasks", o.tasks},
                   {"lengths", o.lengths}, {"seed", o.seed}, {"last_iteration", last}};
@@ -1101,7 +1124,7 @@ absl::Status RouterTrainer::Reinforce(size_t li, Net& net, torch::optim::Adam& o
   nlohmann::json& last = *last_record;
   for (int64_t it = first_iteration; it < o.iterations; ++it) {
     auto ti = Clock::now();
-    ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o.segment_len, o.draft_lengths)));
+    ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o)));
     ORYX_ASSIGN_OR_RETURN(std::vector<Example> batch,
                           Examples(MixSeed({0x7472616e, LambdaKey(o.lambdas[li])}), it * o.batch, o.batch));
     std::vector<const Example*> ptrs;
@@ -1179,7 +1202,7 @@ absl::Status RouterTrainer::Validate(size_t li, Net& net, int64_t iteration, Kep
       for (Example& e : some) validation_.push_back(std::move(e));
     }
   }
-  ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o.segment_len, o.draft_lengths)));
+  ORYX_ASSIGN_OR_RETURN(auto policy, SharedPolicy(Export(net, o)));
   std::vector<const Example*> ptrs;
   for (const Example& e : validation_) ptrs.push_back(&e);
   ORYX_ASSIGN_OR_RETURN(std::vector<Episode> episodes, runner_->Run(ptrs, [&](size_t, LearnedRouter::Trace trace) {
@@ -1228,6 +1251,7 @@ absl::Status RouterTrainer::Evaluate() {
   auto add_learned = [&](std::string name,
                          const std::string& path) -> absl::StatusOr<std::shared_ptr<const LearnedPolicy>> {
     ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(path));
+    ORYX_RETURN_IF_ERROR(SameSegments(net, path, o));
     ORYX_ASSIGN_OR_RETURN(auto shared, SharedPolicy(std::move(net)));
     policies.push_back({std::move(name), [shared](size_t, LearnedRouter::Trace trace) {
                           return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));

@@ -47,11 +47,13 @@ TEST(LearnedPolicyTest, FileRoundTripKeepsTheFunction) {
   n.input_mean[3] = 0.5f;
   n.input_inv_std[3] = 2.0f;
   n.training = {{"lambda", 0.5}};
+  n.tail_len = 16;
   const std::string path = dir.path() + "/p.safetensors";
   ASSERT_TRUE(WritePolicyFile(path, n).ok());
   auto back = ReadPolicyFile(path);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->segment_len, 64);
+  EXPECT_EQ(back->tail_len, 16);
   EXPECT_EQ(back->draft_lengths, drafts);
   EXPECT_EQ(back->training["lambda"], 0.5);
   auto a = LearnedPolicy::Create(n), b = LearnedPolicy::Create(*std::move(back));
@@ -167,10 +169,12 @@ TEST(LearnedPolicyTest, BadFilesAreClearErrors) {
     return path;
   };
   PolicyNetwork n = RandomPolicyNetwork(std::vector<int64_t>{4}, {}, 8, 1);
-  {  // the hand writer itself is right
+  {  // the hand writer itself is right; it writes no tail length, as files did before there was one
     auto ok = ReadPolicyFile(write_raw("ok.safetensors", n, {}));
     ASSERT_TRUE(ok.ok()) << ok.status();
+    EXPECT_EQ(ok->tail_len, 0);
   }
+  expect_error(write_raw("tail.safetensors", n, {{"tail_len", 8}}), "tail_len 8 must be 0 or below segment_len 8");
   expect_error(write_raw("v9.safetensors", n, {{"version", 9}}), "format version 9");
   expect_error(write_raw("fv.safetensors", n, {{"feature_version", 0}}), "feature version 0");
   expect_error(write_raw("act.safetensors", n, {{"activation", "relu"}}), "activation 'relu'");

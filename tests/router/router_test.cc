@@ -329,13 +329,45 @@ TEST(Features, MatchEntersAsLogs) {
   EXPECT_FLOAT_EQ(f[kNumFeatures - 1], std::log1p(100.0f));
 }
 
+TEST(RouterDecoder, ATailCutsThePromptsLastSegmentFinerTowardItsEnd) {
+  auto segments = [](int64_t prompt_len, int64_t segment_len, int64_t tail_len) {
+    std::vector<int64_t> out;
+    for (int64_t start = 0; start < prompt_len; start += out.back()) {
+      out.push_back(PrefillSegmentTokens(start, prompt_len, segment_len, tail_len));
+    }
+    return out;
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(segments(4096, 1024, 0), (V{1024, 1024, 1024, 1023, 1}));
+  EXPECT_EQ(segments(4096, 1024, 64), (V{1024, 1024, 1023, 512, 256, 128, 64, 64, 1}));
+  EXPECT_EQ(segments(1100, 1024, 64), (V{75, 512, 256, 128, 64, 64, 1}));
+  EXPECT_EQ(segments(1001, 1024, 64), (V{488, 256, 128, 64, 64, 1}));  // a prompt shorter than a segment
+  EXPECT_EQ(segments(40, 16, 5), (V{16, 7, 6, 5, 5, 1}));              // boundaries 5, 10, 20 before the last
+  EXPECT_EQ(segments(3, 16, 5), (V{2, 1}));
+  EXPECT_EQ(segments(1, 16, 5), (V{1}));
+  EXPECT_EQ(segments(11, 4, 4), segments(11, 4, 0));  // a tail as long as a segment cuts nothing
+}
+
+TEST(RulePolicies, TailAttendsToExactlyThePromptsLastTokens) {
+  for (int64_t n : {0, 1, 5, 30}) {
+    absl::StatusOr<std::unique_ptr<Decoder>> d = policies::MakeRulePolicy("tail:" + std::to_string(n));
+    ASSERT_TRUE(d.ok()) << d.status();
+    const std::vector<int32_t> prompt(300, 7);
+    std::vector<Mode> modes(prompt.size());
+    (*d)->PrefillModes(prompt, 0, modes);
+    for (int64_t t = 0; t < 300; ++t) {
+      EXPECT_EQ(modes[t], t >= 299 - n ? Mode::kAttention : Mode::kLinear) << "tail:" << n << " token " << t;
+    }
+  }
+}
+
 TEST(RulePolicies, BadNamesAreErrors) {
   for (const char* ok : {"entropy:0", "entropy:2.5", "budget:0", "budget:0.1", "budget:1", "random:0.3", "match:1",
-                         "match:16"}) {
+                         "match:16", "tail:0", "tail:64"}) {
     EXPECT_TRUE(policies::MakeRulePolicy(ok).ok()) << ok;
   }
   for (const char* bad : {"entropy", "entropy:-1", "entropy:x", "budget:1.5", "budget:", "budget:nan", "random:2",
-                          "fancy:1", "match", "match:0", "match:2.5", "match:-3"}) {
+                          "fancy:1", "match", "match:0", "match:2.5", "match:-3", "tail", "tail:-1", "tail:1.5"}) {
     EXPECT_EQ(policies::MakeRulePolicy(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }

@@ -61,8 +61,9 @@ PY
 
 # Validation: a line per check (the warm start and each iteration), and the policy file keeps the network of
 # the first check with the highest reward, and says which.
+# (Its prompts end in a finer tail, which the file records.)
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --iterations 2 --validation-examples 1 \
-  2>"$TMP/err" || { fail "train-router --validation-examples exited $?"; cat "$TMP/err"; }
+  --segment-tail 16 2>"$TMP/err" || { fail "train-router --validation-examples exited $?"; cat "$TMP/err"; }
 grep -q 'lambda 1 keeps the network after' "$TMP/err" || fail "no line saying which network was kept"
 python3 - "$TMP/v.safetensors.log.jsonl" "$TMP/v.safetensors" <<'PY' || fail "the kept network is not validation's best"
 import json, struct, sys
@@ -71,7 +72,9 @@ assert [r["iteration"] for r in checks] == [0, 1, 2], checks
 best = max(range(3), key=lambda i: (checks[i]["reward"], -i))
 with open(sys.argv[2], "rb") as f:
     header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-training = json.loads(header["__metadata__"]["oryx.router_policy"])["training"]
+meta = json.loads(header["__metadata__"]["oryx.router_policy"])
+assert (meta["segment_len"], meta["tail_len"]) == (64, 16), meta
+training = meta["training"]
 assert training["validation"]["kept_iteration"] == best, (training["validation"], checks)
 assert abs(training["validation"]["reward"] - checks[best]["reward"]) < 1e-12
 PY
@@ -174,6 +177,8 @@ bad "unknown rule" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --eval-r
 bad "eval-only without its files" train-router "${TINY[@]}" --out "$TMP/none.safetensors" --eval-only --eval-examples 1
 bad "eval-only without examples" train-router "${TINY[@]}" --out "$TMP/s.safetensors" --eval-only
 bad "a validation front without validation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --validation-front
+bad "a tail as long as a segment" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-len 32 --segment-tail 32
+bad "eval-only in other segments" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --eval-only --eval-examples 1
 bad "unknown device" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --device tpu
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
