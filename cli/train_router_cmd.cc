@@ -69,7 +69,7 @@ int RunTrainRouter(const Args& args) {
   f.Int("threads", &threads, "CPU threads (0: all)", 0, 1024);
   f.String("device", &o.device, "where episodes run: cpu | cuda (then the time cost is the GPU's)");
   f.Bool("resume", &o.resume, "go on from FILE.state");
-  f.String("log", &o.log_path, "JSON-lines log (default FILE.log.jsonl)");
+  f.String("log", &o.log_path, "JSON-lines log (default FILE.log.jsonl; --resume and --eval-only append to it)");
   return RunWithFlags(f, args, [&]() -> absl::Status {
     o.seed = static_cast<uint64_t>(seed);
     o.threads = static_cast<int>(threads);

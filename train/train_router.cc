@@ -842,7 +842,8 @@ absl::StatusOr<std::unique_ptr<RouterTrainer>> RouterTrainer::Create(const Train
   }
 
   const std::string log_path = o.log_path.empty() ? o.out_path + ".log.jsonl" : o.log_path;
-  t->log_.open(log_path, o.resume ? std::ios::app : std::ios::trunc);
+  // A resumed run goes on with its log, and a comparison of a finished run's files adds to that run's.
+  t->log_.open(log_path, o.resume || o.eval_only ? std::ios::app : std::ios::trunc);
   if (!t->log_) return absl::InvalidArgumentError(Cat("cannot write the log ", log_path));
 
   const CostKind cost_kind = *ParseCost(o.cost);

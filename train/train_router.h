@@ -94,7 +94,7 @@ struct TrainRouterOptions {
   // calibrated on the device the policy will serve on). The policy network trains on the CPU either way.
   std::string device = "cpu";
   bool resume = false;
-  std::string log_path;  // default: out_path + ".log.jsonl"
+  std::string log_path;  // default: out_path + ".log.jsonl" (appended to with resume or eval_only)
 };
 
 // The policy file path for lambda number `index` of the sweep: out_path itself when there is one lambda,

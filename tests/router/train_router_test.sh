@@ -97,8 +97,10 @@ for p in front:
     assert point["iteration"] == p["iteration"] and point["validation_quality"] == p["quality"], point
 PY
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --eval-only --eval-examples 1 \
-  --validation-front --log "$TMP/front-eval.jsonl" 2>"$TMP/err" || { fail "--eval-only --validation-front"; cat "$TMP/err"; }
-grep -q '"policy":"learned lambda 0.05 iter ' "$TMP/front-eval.jsonl" || fail "the front was not compared"
+  --validation-front 2>"$TMP/err" || { fail "--eval-only --validation-front"; cat "$TMP/err"; }
+# (Without --log, the comparison goes after the training's lines in the run's log, which it keeps.)
+grep -q '"policy":"learned lambda 0.05 iter ' "$TMP/f.safetensors.log.jsonl" || fail "the front was not compared"
+grep -q '"phase":"reinforce"' "$TMP/f.safetensors.log.jsonl" || fail "--eval-only erased the training's log"
 
 # Speculation as an action: text episodes, a draft head over lengths 0 and 2, the bytes cost, and the
 # held-out comparison at the end (2 tasks x 8 policies: attention, linear, prefill-linear, the default rules
