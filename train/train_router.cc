@@ -564,6 +564,7 @@ absl::Status SaveState(const TrainRouterOptions& o, Net& net, torch::optim::Adam
     archive.write("optimizer", opt_archive);
     archive.write("lambda_index", torch::tensor(lambda_index));
     archive.write("iteration", torch::tensor(iteration));
+    archive.write("segments", torch::tensor({o.segment_len, o.tail_len}));
     archive.write("kept_iteration", torch::tensor(kept.iteration));
     archive.write("kept_reward", torch::tensor(kept.reward, torch::kFloat64));
     for (size_t i = 0; i < kept.parameters.size(); ++i) archive.write(Cat("kept_", i), kept.parameters[i]);
@@ -591,6 +592,15 @@ absl::Status ReadCursor(const TrainRouterOptions& o, int64_t* lambda_index, int6
     *lambda_index = t.item<int64_t>();
     archive.read("iteration", t);
     *iteration = t.item<int64_t>();
+    torch::Tensor segments;  // (absent from states written before the tail: segments of --segment-len alone)
+    const bool known = archive.try_read("segments", segments);
+    const int64_t segment_len = known ? segments[0].item<int64_t>() : o.segment_len;
+    const int64_t tail_len = known ? segments[1].item<int64_t>() : 0;
+    if (segment_len != o.segment_len || tail_len != o.tail_len) {
+      return absl::InvalidArgumentError(Cat("--resume: the state in ", StatePath(o), " was trained with --segment-len ",
+                                            segment_len, " --segment-tail ", tail_len, "; this run routes with ",
+                                            o.segment_len, " and ", o.tail_len));
+    }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(Cat("--resume: cannot read ", StatePath(o), ": ", e.what_without_backtrace()));
   }
@@ -1371,19 +1381,29 @@ absl::Status TrainRouter(const TrainRouterOptions& o) {
   ORYX_RETURN_IF_ERROR(ValidateOptions(o));
   if (o.threads > 0) torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
+  // The state file's cursor says where a resumed run goes on: (lambda index, iteration), iteration -1 when
+  // that lambda's warm start has not run. (Read first: a state that does not fit is refused at once.)
+  int64_t start_lambda = 0, start_iteration = -1;
+  const bool resuming = !o.eval_only && o.resume && std::filesystem::exists(StatePath(o));
+  if (resuming) {
+    ORYX_RETURN_IF_ERROR(ReadCursor(o, &start_lambda, &start_iteration));
+    if (start_lambda == static_cast<int64_t>(o.lambdas.size())) {
+      std::cerr << "train-router: every lambda in " << StatePath(o)
+                << " is trained; nothing to resume (a finished lambda takes no more --iterations)\n";
+    }
+  }
   ORYX_ASSIGN_OR_RETURN(std::unique_ptr<RouterTrainer> trainer, RouterTrainer::Create(o));
   if (o.eval_only) return trainer->Evaluate();
-  ORYX_RETURN_IF_ERROR(trainer->CollectCounterfactuals());
-  // The state file's cursor says where a resumed run goes on: (lambda index, iteration), iteration -1 when
-  // that lambda's warm start has not run.
-  int64_t start_lambda = 0, start_iteration = -1;
-  if (o.resume && std::filesystem::exists(StatePath(o))) {
-    ORYX_RETURN_IF_ERROR(ReadCursor(o, &start_lambda, &start_iteration));
-    std::cerr << "train-router: resuming at lambda index " << start_lambda << ", iteration " << start_iteration << "\n";
-  }
-  for (size_t li = static_cast<size_t>(start_lambda); li < o.lambdas.size(); ++li) {
-    ORYX_RETURN_IF_ERROR(
-        trainer->TrainLambda(li, static_cast<int64_t>(li) == start_lambda ? start_iteration : int64_t{-1}));
+  if (start_lambda < static_cast<int64_t>(o.lambdas.size())) {
+    if (resuming) {
+      std::cerr << "train-router: resuming at lambda index " << start_lambda << ", iteration " << start_iteration
+                << "\n";
+    }
+    ORYX_RETURN_IF_ERROR(trainer->CollectCounterfactuals());
+    for (size_t li = static_cast<size_t>(start_lambda); li < o.lambdas.size(); ++li) {
+      ORYX_RETURN_IF_ERROR(
+          trainer->TrainLambda(li, static_cast<int64_t>(li) == start_lambda ? start_iteration : int64_t{-1}));
+    }
   }
   if (o.eval_examples == 0) return absl::OkStatus();
   return trainer->Evaluate();

@@ -45,6 +45,11 @@ grep -q 'resuming at lambda index 1' "$TMP/err" || fail "the resumed run did not
 grep -q 'lambda 0.5  iter' "$TMP/err" && fail "the resumed run trained the first lambda again"
 [[ "$(cksum <"$TMP/r-lambda0.5.safetensors")" == "$sum" ]] || fail "the first lambda's file changed"
 [[ -s "$TMP/r-lambda1.safetensors" ]] || fail "the resumed run wrote no file for the second lambda"
+# Resumed again, a finished run says so and trains nothing.
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/r.safetensors" --lambda 0.5,1 --iterations 1 --resume 2>"$TMP/err" ||
+  { fail "a finished run resumed"; cat "$TMP/err"; }
+grep -q 'nothing to resume' "$TMP/err" || fail "a finished run resumed without saying that nothing is left"
+grep -q 'counterfactual episodes' "$TMP/err" && fail "a finished run resumed collected counterfactuals again"
 # What a lambda trains depends on the seed and the lambda, not on its place in --lambda: lambda 1 alone gives
 # the same policy file as lambda 1 second, resumed.
 # (The tensors are compared: the metadata holds the iterations' timings.)
@@ -181,6 +186,8 @@ bad "eval-only without examples" train-router "${TINY[@]}" --out "$TMP/s.safeten
 bad "a validation front without validation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --validation-front
 bad "a tail as long as a segment" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-len 32 --segment-tail 32
 bad "eval-only in other segments" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --eval-only --eval-examples 1
+bad "resume in other segments" train-router "${TINY[@]}" --out "$TMP/r.safetensors" --lambda 0.5,1 --iterations 1 \
+  --resume --segment-tail 16
 bad "unknown device" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --device tpu
 bad "missing policy file" generate --model "$M" --prompt hi --policy "learned:$TMP/none.safetensors"
 head -c 200 "$TMP/p-lambda2.safetensors" >"$TMP/cut.safetensors"
