@@ -1261,8 +1261,7 @@ absl::Status RouterTrainer::Evaluate() {
   // A policy file's network, under `name`.
   auto add_learned = [&](std::string name,
                          const std::string& path) -> absl::StatusOr<std::shared_ptr<const LearnedPolicy>> {
-    ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(path));
-    ORYX_RETURN_IF_ERROR(SameSegments(net, path, o));
+    ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(path));  // (in this run's segments: ValidateOptions)
     ORYX_ASSIGN_OR_RETURN(auto shared, SharedPolicy(std::move(net)));
     policies.push_back({std::move(name), [shared](size_t, LearnedRouter::Trace trace) {
                           return std::make_unique<LearnedRouter>(shared, std::nullopt, std::move(trace));
