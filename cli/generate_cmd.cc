@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
-#include "cli/prefix_cache_flags.h"
+#include "cli/engine_flags.h"
 #include "base/flags.h"
 #include "engine/engine.h"
 #include "base/file_util.h"
@@ -38,9 +38,9 @@ std::string StatsLine(const GenerateResult& r) {
 }  // namespace
 
 int RunGenerate(const Args& args) {
-  std::string model_dir, prompt, prompt_file, device = "cpu", weights = "f32", kv_dtype;
+  std::string prompt, prompt_file;
   std::vector<std::string> stop;
-  int64_t max_tokens = 128, top_k = 0, seed = 0, threads = 0;
+  int64_t max_tokens = 128, top_k = 0, seed = 0;
   double temperature = 0, top_p = 1;
   bool json = false, ignore_eos = false;
   GenerateRequest request;
@@ -64,7 +64,8 @@ int RunGenerate(const Args& args) {
             "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
             "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
             "                              features picks each segment's mode (and, if trained to, draft lengths)");
-  f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
+  EngineFlags engine_flags;
+  engine_flags.AddModel(f);
   f.String("prompt", &prompt, "the prompt text");
   f.String("prompt-file", &prompt_file, "read the prompt from this file");
   f.Int("max-tokens", &max_tokens, "tokens to generate at most", 1, 1 << 30);
@@ -75,12 +76,7 @@ int RunGenerate(const Args& args) {
   f.Int("seed", &seed, "sampling seed", 0);
   f.StringList("stop", &stop, "stop strings: generation ends before the first one produced");
   f.Bool("ignore-eos", &ignore_eos, "keep generating past the end-of-sequence token");
-  f.String("device", &device, "cpu | cuda");
-  f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
-  f.String("weights", &weights, kWeightsHelp);
-  f.String("kv-dtype", &kv_dtype, kKvDtypeHelp);
-  PrefixCacheFlags prefix_cache;
-  prefix_cache.Add(f);
+  engine_flags.AddBackend(f);
   f.Bool("json", &json, "print one JSON object (text, tokens, finish_reason, policy, stats) instead of streaming");
   int64_t logprobs = -1;
   bool echo = false;
@@ -109,14 +105,7 @@ int RunGenerate(const Args& args) {
     request.stop_at_eos = !ignore_eos;
     request.sampling = {static_cast<float>(temperature), top_k, static_cast<float>(top_p), static_cast<uint64_t>(seed)};
     ORYX_RETURN_IF_ERROR(ValidateSampling(request.sampling));
-    const BackendOptions backend{.device = device,
-                                 .threads = static_cast<int>(threads),
-                                 .weights = weights,
-                                 .kv_dtype = kv_dtype,
-                                 .cuda = CudaSwitches::FromEnvironment()};
-    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
-    ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
-    policies::RegisterAllPolicies(engine.policies());
+    ORYX_ASSIGN_OR_RETURN(Engine engine, engine_flags.Load());
     if (!json) {
       request.on_token = [](const TokenEvent& e) {
         std::fwrite(e.text.data(), 1, e.text.size(), stdout);

@@ -2,34 +2,34 @@
 // batching. Runs until SIGINT or SIGTERM, then ends the requests in flight and prints its counters.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <thread>
-#include <unistd.h>
 
-#include "cli/commands.h"
-#include "cli/prefix_cache_flags.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "base/file_util.h"
 #include "base/flags.h"
-#include "engine/engine.h"
 #include "base/status_macros.h"
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "engine/engine.h"
+#include "engine/json_text.h"
 #include "policies/rule_policies.h"
 #include "server/http_server.h"
-#include "engine/json_text.h"
 
 namespace oryx::cli {
 
 int RunServe(const Args& args) {
-  std::string model_dir, device = "cpu", weights = "f32", kv_dtype, name;
+  std::string name;
   server::ServerOptions o;
   int64_t port = o.port, max_batch = o.scheduler.max_batch, max_queue = o.scheduler.max_queue;
-  int64_t http_threads = o.http_threads, threads = 0, max_prefill_tokens = 0, kv_memory_mib = 0;
+  int64_t http_threads = o.http_threads, max_prefill_tokens = 0, kv_memory_mib = 0;
   bool quiet = false;
   FlagSet f("oryx serve --model DIR [--device cpu|cuda] [--host H] [--port P] [--max-batch N] [--max-queue N]",
             "Serves the model over HTTP until interrupted (Ctrl-C, SIGTERM):\n"
@@ -44,8 +44,8 @@ int RunServe(const Args& args) {
             "finish; a long prompt is prefilled a span per step, so it never stalls the others for long.\n"
             "Example:\n"
             "  curl -s localhost:8080/v1/completions -d '{\"prompt\": \"int main\", \"max_tokens\": 32}'");
-  f.String("model", &model_dir, "model directory (config.json, weights, tokenizer.model)", true);
-  f.String("device", &device, "cpu | cuda");
+  EngineFlags engine_flags;
+  engine_flags.AddModel(f);
   f.String("host", &o.host, "address to listen on (0.0.0.0: every interface)");
   f.Int("port", &port, "port to listen on (0: any free port, printed at start)", 0, 65535);
   f.Int("max-batch", &max_batch, "requests generating together at most", 1, 4096);
@@ -65,12 +65,8 @@ int RunServe(const Args& args) {
         "being read, so that a flood of slow clients leaves HTTP threads to the others (0: half of --http-threads; "
         "--http-threads or more: no cap, as behind a proxy, where every client has the proxy's address)",
         0, 1 << 20);
-  f.Int("threads", &threads, "CPU threads (0: one per hardware thread)", 0, 1024);
-  f.String("weights", &weights, kWeightsHelp);
-  f.String("kv-dtype", &kv_dtype, kKvDtypeHelp);
+  engine_flags.AddBackend(f);
   f.String("name", &name, "the model's name in responses (default: the model directory's name)");
-  PrefixCacheFlags prefix_cache;
-  prefix_cache.Add(f);
   std::vector<std::string> learned;
   std::string learned_dir;
   f.StringList("policy", &learned,
@@ -106,14 +102,7 @@ int RunServe(const Args& args) {
     if (o.tls_cert.empty() != o.tls_key.empty()) {  // before the model loads
       return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
     }
-    const BackendOptions backend{.device = device,
-                                 .threads = static_cast<int>(threads),
-                                 .weights = weights,
-                                 .kv_dtype = kv_dtype,
-                                 .cuda = CudaSwitches::FromEnvironment()};
-    ORYX_ASSIGN_OR_RETURN(Engine engine, Engine::Load(model_dir, backend));
-    ORYX_RETURN_IF_ERROR(prefix_cache.Apply(engine));
-    policies::RegisterAllPolicies(engine.policies());
+    ORYX_ASSIGN_OR_RETURN(Engine engine, engine_flags.Load());
     std::vector<std::pair<std::string, std::string>> served;
     for (const std::string& spec : learned) {
       const size_t eq = spec.find('=');
@@ -133,7 +122,7 @@ int RunServe(const Args& args) {
       for (const auto& p : found) served.emplace_back(p.stem().string(), p.string());
     }
     ORYX_RETURN_IF_ERROR(policies::RegisterServedLearnedPolicies(engine.policies(), served));
-    ORYX_ASSIGN_OR_RETURN(o.chat_template, server::ChatTemplate::Load(model_dir));
+    ORYX_ASSIGN_OR_RETURN(o.chat_template, server::ChatTemplate::Load(engine_flags.model_dir));
     if (!api_key_file.empty()) {
       ORYX_ASSIGN_OR_RETURN(const std::string keys, ReadFile(api_key_file));
       for (absl::string_view line : absl::StrSplit(keys, '\n')) {
@@ -160,8 +149,10 @@ int RunServe(const Args& args) {
     o.http_threads = static_cast<int>(http_threads);
     o.max_connections_per_client = static_cast<int>(max_connections_per_client);
     o.log_requests = !quiet;
-    o.model_name = !name.empty() ? name : std::filesystem::path(model_dir).lexically_normal().filename().string();
-    if (o.model_name.empty()) o.model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
+    o.model_name =
+        !name.empty() ? name : std::filesystem::path(engine_flags.model_dir).lexically_normal().filename().string();
+    if (o.model_name.empty())
+      o.model_name = std::filesystem::path(engine_flags.model_dir).lexically_normal().parent_path().filename().string();
     ORYX_ASSIGN_OR_RETURN(std::unique_ptr<server::HttpServer> http, server::HttpServer::Start(engine, o));
     std::cerr << "oryx serve: model '" << o.model_name << "' on " << engine.backend().name() << ", listening on "
               << (o.tls_cert.empty() ? "http://" : "https://")
