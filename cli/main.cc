@@ -50,7 +50,29 @@ void PrintHelp() {
     name.resize(14, ' ');
     std::cout << "  " << name << c.summary << "\n";
   }
-  std::cout << "\nRun 'oryx <command> --help' for a command's flags.\n";
+  std::cout << "\nRun 'oryx <command> --help' for a command's flags, 'oryx --version' for the build.\n";
+}
+
+// `oryx --version`: the version, and what this build holds.
+void PrintVersion() {
+  std::cout << "oryx " << ORYX_VERSION << "\n";
+#ifdef ORYX_HAVE_CUDA
+  std::cout << "  CUDA backend     built (--device cuda)\n";
+#else
+  std::cout << "  CUDA backend     not built (ORYX_CUDA=OFF)\n";
+#endif
+#ifdef ORYX_HAVE_SERVER
+  std::cout << "  HTTP server      built (oryx serve, oryx bench serve)\n";
+#else
+  std::cout << "  HTTP server      not built (ORYX_SERVER=OFF)\n";
+#endif
+#if defined(ORYX_HAVE_TORCH)
+  std::cout << "  LibTorch         linked (oryx-torch: train, train-router, eval --backend libtorch)\n";
+#elif defined(ORYX_HAVE_TORCH_BINARY)
+  std::cout << "  LibTorch         in oryx-torch beside this binary (train, train-router, eval --backend libtorch)\n";
+#else
+  std::cout << "  LibTorch         not built (ORYX_TORCH=OFF)\n";
+#endif
 }
 
 }  // namespace
@@ -60,6 +82,10 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     PrintHelp();
     return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version" || args[0] == "version") {
+    PrintVersion();
+    return 0;
   }
   for (const Command& c : kCommands) {
     if (args[0] != c.name) continue;

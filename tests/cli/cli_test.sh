@@ -31,6 +31,14 @@ expect() {
 
 expect 0 "top-level help" -- --help
 expect 2 "unknown command" -- frobnicate
+expect 0 "version" -- --version
+if ! "$ORYX" --version | head -1 | grep -Eq '^oryx [0-9]+\.[0-9]+\.[0-9]+$'; then
+  failed=$((failed + 1)); echo "FAIL: oryx --version's first line is not 'oryx X.Y.Z'"
+elif [[ -n "$SRC" ]]; then  # the version CMake gives is the one pyproject.toml gives
+  want=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$SRC/pyproject.toml")
+  got=$("$ORYX" --version | head -1 | cut -d' ' -f2)
+  [[ "$got" == "$want" ]] || { failed=$((failed + 1)); echo "FAIL: oryx --version says $got, pyproject.toml $want"; }
+fi
 commands=(generate eval bench tokenizer data)
 "$ORYX" --help | grep -q '^  train ' && commands+=(train)
 "$ORYX" --help | grep -q '^  train-router ' && commands+=(train-router)
