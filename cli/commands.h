@@ -30,7 +30,7 @@ int ExecTorchBinary(const std::string& command, const Args& args);
 // Whether args hold `--NAME VALUE` or `--NAME=VALUE`.
 bool HasFlagValue(const Args& args, const std::string& name, const std::string& value);
 
-// The help of the backend flags that generate and serve share.
+// The help of the backend flags (EngineFlags in cli/engine_flags.h for generate and serve; eval and bench too).
 inline constexpr const char* kWeightsHelp =
     "projection weights, fewer bytes per token: cpu f32 | bf16 | int8 (per-row scales) | w8a8 (int8 activations "
     "too); cuda bf16 (f32 loads as bf16) | fp8 (e4m3, a power-of-two scale per row; on an H200 faster than bf16 up "
