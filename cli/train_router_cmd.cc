@@ -49,6 +49,9 @@ int RunTrainRouter(const Args& args) {
         "cut the prompt's last --segment-len tokens finer, into segments ending N, 2N, 4N, ... tokens before its "
         "last token, so that the policy can attend to the last few alone (0: off; below --segment-len)",
         0, 1 << 20);
+  f.Bool("warm-tail", &o.warm_tail,
+         "with --segment-tail N: the warm start's counterfactuals also flip each decision of the rule tail:N, not "
+         "only those of prefill-linear, all-linear and all-attention");
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);
@@ -85,6 +88,7 @@ int RunTrainRouter(const Args& args) {
       o.draft_lengths.push_back(k);
     }
     o.eval_rules = SplitList({rules});
+    if (o.warm_tail && o.tail_len == 0) return absl::InvalidArgumentError("--warm-tail needs --segment-tail N");
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
     if (o.validation_front && o.validation_examples == 0 && !o.eval_only) {
       return absl::InvalidArgumentError("--validation-front needs --validation-examples N (N >= 1)");

@@ -289,9 +289,11 @@ class EpisodeRunner {
 // The counterfactual bases: prefill-linear (the prompt linear, its last token and the answer in attention
 // mode, drafting `draft` tokens per round when > 0), all-linear and all-attention. Each finds what one
 // flipped decision is worth next to it: a text continuation agrees with the all-attention one only when
-// most of the prompt ran in attention, which no single flip away from the first two shows.
-enum class Base { kPrefillLinear, kLinear, kAttention };
-constexpr int kBases = 3;
+// most of the prompt ran in attention, which no single flip away from the first two shows. With
+// TrainRouterOptions::warm_tail, also the rule tail:N (N = the tail length): what each decision
+// is worth next to a prompt whose last segment attends.
+enum class Base { kPrefillLinear, kLinear, kAttention, kTail };
+constexpr int kBases = 4;
 
 // The decode counterfactuals past all-attention and all-linear decoding: the entropy:TAU rule, prefill-linear
 // whose answer attends only where the last distribution had more than tau nats of entropy. Each example's
@@ -299,7 +301,8 @@ constexpr int kBases = 3;
 // decode choices, which one flip of the whole answer cannot show.
 constexpr double kDecodeEntropyTaus[] = {0.5, 1, 2, 4};
 constexpr size_t kDecodeVariants = std::size(kDecodeEntropyTaus);
-router::Decision BaseDecision(Base base, const router::RouterContext& c, int64_t draft = 0) {
+router::Decision BaseDecision(Base base, const router::RouterContext& c, int64_t draft = 0, int64_t tail = 0) {
+  if (base == Base::kTail) return policies::TailRouter(tail).Decide(c);
   const bool attend = base == Base::kAttention ||
                       (base == Base::kPrefillLinear && (c.phase == router::Phase::kDecode || c.last_prompt_token));
   return {attend ? Mode::kAttention : Mode::kLinear, attend && c.phase == router::Phase::kDecode ? draft : 0};
@@ -922,12 +925,16 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   // decision flipped_; and each generated example run prefill-linear with every draft length.
   auto t0 = Clock::now();
   ORYX_ASSIGN_OR_RETURN(warm_, Examples(0, 0, o.warm_examples));
-  for (Base b : {Base::kPrefillLinear, Base::kLinear, Base::kAttention}) {
+  std::vector<Base> bases = {Base::kPrefillLinear, Base::kLinear, Base::kAttention};
+  if (o.warm_tail) bases.push_back(Base::kTail);
+  for (Base b : bases) {
     for (const auto& e : warm_) base_examples_.push_back(&e), base_kinds_.push_back(b);
   }
+  const int64_t tail = o.tail_len;
   ORYX_ASSIGN_OR_RETURN(base_, runner_->Run(base_examples_, [&](size_t i, LearnedRouter::Trace trace) {
     const Base kind = base_kinds_[i];
-    return Rule([kind](const router::RouterContext& c) { return BaseDecision(kind, c); }, std::move(trace));
+    return Rule([kind, tail](const router::RouterContext& c) { return BaseDecision(kind, c, 0, tail); },
+                std::move(trace));
   }));
   std::vector<const Example*> flip_examples;
   for (size_t i = 0; i < base_.size(); ++i) {
@@ -957,11 +964,13 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   ORYX_ASSIGN_OR_RETURN(flipped_, runner_->Run(flip_examples, [&](size_t j, LearnedRouter::Trace trace) {
     const StepKey key = flips_[j].key;
     const Base kind = base_kinds_[flips_[j].base];
-    return Rule([kind, key](const router::RouterContext& c) {
-      router::Decision d = BaseDecision(kind, c);
-      if (KeyOf(c) == key) d.mode = d.mode == Mode::kAttention ? Mode::kLinear : Mode::kAttention;
-      return d;
-    }, std::move(trace));  // (the trace also costs the decisions)
+    return Rule(
+        [kind, key, tail](const router::RouterContext& c) {
+          router::Decision d = BaseDecision(kind, c, 0, tail);
+          if (KeyOf(c) == key) d.mode = d.mode == Mode::kAttention ? Mode::kLinear : Mode::kAttention;
+          return d;
+        },
+        std::move(trace));  // (the trace also costs the decisions)
   }));
   ORYX_ASSIGN_OR_RETURN(decode_flipped_, runner_->Run(decode_flip_examples, [&](size_t, LearnedRouter::Trace trace) {
     return Rule([](const router::RouterContext& c) {
@@ -996,6 +1005,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
+    if (o.warm_tail) r["tail_quality"] = base_quality[3] / n, r["tail_cost"] = base_cost[3] / n;
     if (!decode_gated_.empty()) {  // the entropy-gated answers, over the generated examples
       nlohmann::json by_tau = nlohmann::json::array();
       for (size_t v = 0; v < kDecodeVariants; ++v) {

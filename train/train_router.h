@@ -25,13 +25,14 @@
 // Training, for each lambda of the sweep:
 //   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each of three base
 //      schedules (prefill-linear: the prompt linear, its last token and the answer in attention mode;
-//      all-linear; all-attention), the base episode and one episode per decision with that decision
-//      flipped, and prefill-linear with its whole decode phase flipped to linear; a decision is
-//      labelled attention when attention there beats linear by more than lambda times what it costs, and
-//      weighted by the size of that margin (cost-sensitive: the classifier follows the expected gain, not
-//      the majority of examples, where most single flips change nothing). Draft head: each generated
-//      warm-start example run prefill-linear with every draft length; its decode decisions are labelled with
-//      the best length's, weighted by how much better it is than the others' mean.
+//      all-linear; all-attention; with warm_tail a fourth, the rule tail:<tail_len>), the base episode and
+//      one episode per decision with that decision flipped, and prefill-linear with its whole decode phase
+//      flipped to linear; a decision is labelled attention when attention there beats linear by more than
+//      lambda times what it costs, and weighted by the size of that margin (cost-sensitive: the classifier
+//      follows the expected gain, not the majority of examples, where most single flips change nothing).
+//      Draft head: each generated warm-start example run prefill-linear with every draft length; its decode
+//      decisions are labelled with the best length's, weighted by how much better it is than the others'
+//      mean.
 //   2. REINFORCE: batches of examples, `samples` sampled episodes each (modes sampled with an exploration
 //      floor: attention with probability e/2 + (1 - e) p; draft lengths from the head), advantage = reward
 //      minus the mean reward of the example's other samples (leave-one-out), plus an entropy bonus.
@@ -62,6 +63,7 @@ struct TrainRouterOptions {
   std::vector<int32_t> lengths = {256, 512, 1024};
   int64_t segment_len = 64;
   int64_t tail_len = 0;  // > 0: the prompt's last segment cut finer (router::PrefillSegmentTokens)
+  bool warm_tail = false;  // with tail_len: the rule tail:<tail_len> is a fourth counterfactual base
   std::vector<double> lambdas = {1.0};
   std::string cost = "attention";           // attention | time | bytes
   std::vector<int64_t> draft_lengths;       // the draft head's choices (empty: the router never speculates)

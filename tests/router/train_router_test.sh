@@ -84,6 +84,17 @@ assert training["validation"]["kept_iteration"] == best, (training["validation"]
 assert abs(training["validation"]["reward"] - checks[best]["reward"]) < 1e-12
 PY
 
+# --warm-tail: the rule tail:N is a fourth counterfactual base, so the same warm start runs more episodes (the
+# tail base and one flip per decision of it) and logs the base's quality and cost.
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/wt.safetensors" --lambda 1 --iterations 0 --segment-tail 16 \
+  --warm-tail 2>"$TMP/err" || { fail "train-router --warm-tail exited $?"; cat "$TMP/err"; }
+python3 - "$TMP/v.safetensors.log.jsonl" "$TMP/wt.safetensors.log.jsonl" <<'PY' || fail "--warm-tail adds no base"
+import json, sys
+v, wt = ([r for r in map(json.loads, open(p)) if r.get("phase") == "counterfactual"][0] for p in sys.argv[1:])
+assert "tail_quality" not in v and 0 <= wt["tail_quality"] <= 1 and wt["tail_cost"] > 0, (v, wt)
+assert wt["examples"] == v["examples"] and wt["episodes"] > v["episodes"], (v["episodes"], wt["episodes"])
+PY
+
 # The validation front: one file per network on it, each named in the lambda's policy file, none dominated by
 # another on validation; --eval-only --validation-front compares them too.
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --iterations 3 --validation-examples 2 \
@@ -184,6 +195,7 @@ bad "unknown rule" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --eval-r
 bad "eval-only without its files" train-router "${TINY[@]}" --out "$TMP/none.safetensors" --eval-only --eval-examples 1
 bad "eval-only without examples" train-router "${TINY[@]}" --out "$TMP/s.safetensors" --eval-only
 bad "a validation front without validation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --validation-front
+bad "a tail base without a tail" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --warm-tail
 bad "a tail as long as a segment" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-len 32 --segment-tail 32
 bad "eval-only in other segments" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --eval-only --eval-examples 1
 bad "resume in other segments" train-router "${TINY[@]}" --out "$TMP/r.safetensors" --lambda 0.5,1 --iterations 1 \
