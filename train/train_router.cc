@@ -1005,7 +1005,10 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
-    if (o.warm_tail) r["tail_quality"] = base_quality[3] / n, r["tail_cost"] = base_cost[3] / n;
+    if (o.warm_tail) {
+      constexpr int kTail = static_cast<int>(Base::kTail);
+      r["tail_quality"] = base_quality[kTail] / n, r["tail_cost"] = base_cost[kTail] / n;
+    }
     if (!decode_gated_.empty()) {  // the entropy-gated answers, over the generated examples
       nlohmann::json by_tau = nlohmann::json::array();
       for (size_t v = 0; v < kDecodeVariants; ++v) {

@@ -23,8 +23,8 @@
 // also the draft length of each decode step in attention mode (a speculative round when > 0).
 //
 // Training, for each lambda of the sweep:
-//   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each of three base
-//      schedules (prefill-linear: the prompt linear, its last token and the answer in attention mode;
+//   1. Warm start from counterfactual labels. Mode head: for each warm-start example and each base
+//      schedule (prefill-linear: the prompt linear, its last token and the answer in attention mode;
 //      all-linear; all-attention; with warm_tail a fourth, the rule tail:<tail_len>), the base episode and
 //      one episode per decision with that decision flipped, and prefill-linear with its whole decode phase
 //      flipped to linear; a decision is labelled attention when attention there beats linear by more than
