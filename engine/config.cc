@@ -283,6 +283,14 @@ absl::Status ValidateModelConfig(const ModelConfig& c, std::string_view src) {
   return absl::OkStatus();
 }
 
+ModelConfig WithTrainingRecordOf(ModelConfig config, const ModelConfig& run) {
+  config.fragment_len = run.fragment_len;
+  config.attn_fraction = run.attn_fraction;
+  return config;
+}
+
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) { return a == WithTrainingRecordOf(b, a); }
+
 std::string ToJson(const ModelConfig& config) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   for (const Field& field : Fields()) {

@@ -63,6 +63,13 @@ struct ModelConfig {
   bool operator==(const ModelConfig& other) const = default;
 };
 
+// `config` with the two fields that record how a model was trained (fragment_len, attn_fraction) taken
+// from `run`: a later training stage may change them.
+ModelConfig WithTrainingRecordOf(ModelConfig config, const ModelConfig& run);
+
+// Whether weights of one config load into a model of the other: every field agrees but that record.
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b);
+
 // Parses config.json text. Rejects: non-JSON, duplicate or unknown keys, a missing field, a value of the
 // wrong JSON type (integer fields accept only integer literals: not 3.5, 3.0, "3" or true), and anything
 // ValidateModelConfig rejects. Errors are InvalidArgument and read

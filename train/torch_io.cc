@@ -37,7 +37,7 @@ absl::Status ExportCheckpoint(OryxModel& model, const std::string& dir, const st
 }
 
 absl::Status LoadWeights(const Checkpoint& checkpoint, OryxModel& model) {
-  if (!(checkpoint.config() == model->config())) {
+  if (!SameArchitecture(checkpoint.config(), model->config())) {
     return absl::InvalidArgumentError(
         absl::StrCat(checkpoint.dir(), ": config differs from the model it is loaded into"));
   }

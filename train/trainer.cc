@@ -202,6 +202,20 @@ double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
   return 6.0 * params + 6.0 * c.n_layers * c.qk_dim() * seq_len;
 }
 
+// "key: checkpoint X, this run Y" for each field in which two configs differ, joined by "; ": the whole
+// config twice would bury them.
+std::string ConfigDifferences(const ModelConfig& checkpoint, const ModelConfig& run) {
+  const Json was = Json::parse(ToJson(checkpoint)), asked = Json::parse(ToJson(run));
+  std::vector<std::string> diffs;
+  for (const auto& [key, value] : asked.items()) {
+    if (!was.contains(key) || was[key] != value) {
+      diffs.push_back(absl::StrCat(key, ": checkpoint ", was.contains(key) ? was[key].dump() : "(none)", ", this run ",
+                                   value.dump()));
+    }
+  }
+  return absl::StrJoin(diffs, "; ");
+}
+
 int WorldSize(const TrainOptions& o) { return o.dist.env ? o.dist.env->world_size : 1; }
 
 Json TrainingIdentity(const TrainOptions& o) {
@@ -476,11 +490,12 @@ absl::Status Trainer::Setup() {
 
 absl::Status Trainer::InitFrom(const std::string& model_dir) {
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(model_dir));
-  const std::string ours = ToJson(o_.model), theirs = ToJson(ckpt.config());
-  if (ours != theirs) {
-    return absl::FailedPreconditionError(absl::StrCat("--init-from ", model_dir,
-                                                      ": its config differs from this run's model options:\n  ",
-                                                      theirs, "\nthis run:\n  ", ours));
+  // A later stage may train with another attention share or fragment length; its exported config then
+  // records this run's.
+  if (!SameArchitecture(ckpt.config(), o_.model)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--init-from ", model_dir, ": a model of another config (",
+                     ConfigDifferences(WithTrainingRecordOf(ckpt.config(), o_.model), o_.model), ")"));
   }
   ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
   if (lead_) std::fprintf(stderr, "initialised from %s\n", model_dir.c_str());
@@ -505,18 +520,8 @@ absl::Status Trainer::Resume() {
   }
   ORYX_ASSIGN_OR_RETURN(ModelConfig saved, ParseModelConfig(state["config"].dump(), (dir / "state.json").string()));
   if (!(saved == o_.model)) {
-    // Name only the fields that differ: the whole config twice buries them.
-    const Json was = Json::parse(ToJson(saved)), asked = Json::parse(ToJson(o_.model));
-    std::vector<std::string> diffs;
-    for (const auto& [key, value] : asked.items()) {
-      if (!was.contains(key) || was[key] != value) {
-        diffs.push_back(absl::StrCat(key, ": checkpoint ", was.contains(key) ? was[key].dump() : "(none)",
-                                     ", this run ", value.dump()));
-      }
-    }
-    return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(),
-                                                      " holds a model of another config (",
-                                                      absl::StrJoin(diffs, "; "), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("--resume: ", dir.string(), " holds a model of another config (",
+                                                      ConfigDifferences(saved, o_.model), ")"));
   }
   if (state["identity"] != TrainingIdentity(o_)) {
     return absl::FailedPreconditionError(

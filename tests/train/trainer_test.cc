@@ -149,6 +149,35 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
   EXPECT_EQ(s.message().find("d_model"), std::string::npos) << "fields that agree are not listed: " << s;
 }
 
+// A later stage may train a model with another attention share or fragment length (they record how it was
+// trained), but not change its shape.
+TEST(Trainer, InitFromTakesAnotherTrainingMixButNotAnotherShape) {
+  TrainOptions first = Tiny(Root() + "/init_first");
+  first.steps = 2;
+  ASSERT_TRUE(Train(first).ok());
+
+  TrainOptions later = Tiny(Root() + "/init_later");
+  later.steps = 2;
+  later.init_from = first.out_dir + "/model";
+  later.model.attn_fraction = 1.0;
+  later.model.fragment_len = 32;
+  absl::Status s = Train(later);
+  ASSERT_TRUE(s.ok()) << s;
+  std::ifstream in(later.out_dir + "/model/config.json");
+  const auto config = nlohmann::json::parse(in);
+  EXPECT_EQ(config["attn_fraction"].get<double>(), 1.0);
+  EXPECT_EQ(config["fragment_len"].get<int64_t>(), 32);
+
+  TrainOptions other = Tiny(Root() + "/init_other");
+  other.steps = 2;
+  other.init_from = first.out_dir + "/model";
+  other.model.n_layers = 3;
+  s = Train(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("another config (n_layers: checkpoint 2, this run 3)"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("d_model"), std::string::npos) << "fields that agree are not listed: " << s;
+}
+
 TEST(Trainer, ResumeWithAnotherTaskMixIsRefused) {
   TrainOptions o = Tiny(Root() + "/other_mix");
   o.steps = 2;
