@@ -52,6 +52,9 @@ int RunTrainRouter(const Args& args) {
   f.Bool("warm-tail", &o.warm_tail,
          "with --segment-tail N: the warm start's counterfactuals also flip each decision of the rule tail:N, not "
          "only those of prefill-linear, all-linear and all-attention");
+  f.Bool("warm-imitate", &o.warm_imitate,
+         "with --warm-tail: the warm start imitates the rule tail:N's decisions instead of learning from flipped "
+         "decisions, so that training starts at that rule's point (and runs no flipped episodes)");
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);
@@ -89,6 +92,7 @@ int RunTrainRouter(const Args& args) {
     }
     o.eval_rules = SplitList({rules});
     if (o.warm_tail && o.tail_len == 0) return absl::InvalidArgumentError("--warm-tail needs --segment-tail N");
+    if (o.warm_imitate && !o.warm_tail) return absl::InvalidArgumentError("--warm-imitate needs --warm-tail");
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
     if (o.validation_front && o.validation_examples == 0 && !o.eval_only) {
       return absl::InvalidArgumentError("--validation-front needs --validation-examples N (N >= 1)");

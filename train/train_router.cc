@@ -436,6 +436,15 @@ struct Labels {
       in_decode.push_back(true);
     }
   }
+  // Every decision of `e` labelled with its own mode, all alike: imitation of the policy that ran it.
+  void AddEpisode(const Episode& e) {
+    for (const auto& [key, s] : e.steps) {
+      steps.push_back(&s);
+      modes.push_back(s.mode == Mode::kAttention ? 1 : 0);
+      weights.push_back(1.0f);
+      in_decode.push_back(key.first == static_cast<int>(router::Phase::kDecode));
+    }
+  }
   // One example decoded with each draft length: the best length's decisions, labelled with it and weighted
   // by its reward over the mean of all lengths.
   void AddDrafts(std::span<const Episode> by_length, double lambda) {
@@ -937,7 +946,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                 std::move(trace));
   }));
   std::vector<const Example*> flip_examples;
-  for (size_t i = 0; i < base_.size(); ++i) {
+  for (size_t i = 0; i < base_.size() && !o.warm_imitate; ++i) {  // imitation learns from the bases alone
     for (const auto& [key, step] : base_[i].steps) {
       flips_.push_back({i, key});
       flip_examples.push_back(base_examples_[i]);
@@ -946,7 +955,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   // The decode phase flipped_ as one segment: prefill-linear with linear decoding. One decode step rarely
   // changes a continuation alone, while all of them do.
   std::vector<const Example*> decode_flip_examples;
-  for (size_t i = 0; i < warm_.size(); ++i) {
+  for (size_t i = 0; i < warm_.size() && !o.warm_imitate; ++i) {
     if (!warm_[i].teacher_forced && warm_[i].generate >= 2) decode_flip_of_.push_back(i), decode_flip_examples.push_back(&warm_[i]);
   }
   std::vector<const Example*> draft_examples;  // each generated warm example once per draft length, in order
@@ -1005,6 +1014,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
+    if (o.warm_imitate) r["warm_start"] = "imitation";
     if (o.warm_tail) {
       constexpr int kTail = static_cast<int>(Base::kTail);
       r["tail_quality"] = base_quality[kTail] / n, r["tail_cost"] = base_cost[kTail] / n;
@@ -1117,6 +1127,11 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
 
 Labels RouterTrainer::WarmLabels(double lambda) const {
   Labels labels;
+  if (o_.warm_imitate) {  // mode head: the tail rule's decisions
+    for (size_t i = 0; i < base_.size(); ++i) {
+      if (base_kinds_[i] == Base::kTail) labels.AddEpisode(base_[i]);
+    }
+  }
   // Mode head: each base decision against the same episode with it flipped.
   for (size_t j = 0; j < flips_.size(); ++j) labels.AddFlip(base_[flips_[j].base], flipped_[j], flips_[j].key, lambda);
   // The decode decisions: each generated example's best answer policy among attention (prefill-linear

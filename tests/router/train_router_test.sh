@@ -95,6 +95,21 @@ assert "tail_quality" not in v and 0 <= wt["tail_quality"] <= 1 and wt["tail_cos
 assert wt["examples"] == v["examples"] and wt["episodes"] > v["episodes"], (v["episodes"], wt["episodes"])
 PY
 
+# --warm-imitate: the warm start learns the tail rule's own decisions and runs no flipped episodes, so it has
+# fewer episodes than --warm-tail's and, given the steps, follows its prefill labels (a function of the
+# features) closely.
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/wi.safetensors" --lambda 1 --iterations 0 --segment-tail 16 \
+  --warm-tail --warm-imitate --warm-steps 300 2>"$TMP/err" || { fail "train-router --warm-imitate exited $?"; cat "$TMP/err"; }
+python3 - "$TMP/wt.safetensors.log.jsonl" "$TMP/wi.safetensors.log.jsonl" <<'PY' || fail "--warm-imitate does not imitate"
+import json, sys
+(wt, wt_warm), (wi, wi_warm) = ([[r for r in recs if r.get("phase") == p][0] for p in ("counterfactual", "warm_start")]
+                                for recs in ([json.loads(l) for l in open(path)] for path in sys.argv[1:]))
+assert wi["warm_start"] == "imitation" and "warm_start" not in wt, (wi, wt)
+assert wi["flips_that_helped"] + wi["flips_that_hurt"] == 0 and wi["episodes"] < wt["episodes"], (wi, wt)
+assert 0 < wi_warm["prefill_labels"]["attention_label_share"] < 1, wi_warm
+assert wi_warm["prefill_labels"]["agreement"] >= 0.9, wi_warm
+PY
+
 # The validation front: one file per network on it, each named in the lambda's policy file, none dominated by
 # another on validation; --eval-only --validation-front compares them too.
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --iterations 3 --validation-examples 2 \
@@ -196,6 +211,8 @@ bad "eval-only without its files" train-router "${TINY[@]}" --out "$TMP/none.saf
 bad "eval-only without examples" train-router "${TINY[@]}" --out "$TMP/s.safetensors" --eval-only
 bad "a validation front without validation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --validation-front
 bad "a tail base without a tail" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --warm-tail
+bad "imitation without the tail base" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-tail 16 \
+  --warm-imitate
 bad "a tail as long as a segment" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-len 32 --segment-tail 32
 bad "eval-only in other segments" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --eval-only --eval-examples 1
 bad "resume in other segments" train-router "${TINY[@]}" --out "$TMP/r.safetensors" --lambda 0.5,1 --iterations 1 \
