@@ -53,8 +53,9 @@ int RunTrainRouter(const Args& args) {
          "with --segment-tail N: the warm start's counterfactuals also flip each decision of the rule tail:N, not "
          "only those of prefill-linear, all-linear and all-attention");
   f.Bool("warm-imitate", &o.warm_imitate,
-         "with --warm-tail: the warm start imitates the rule tail:N's decisions instead of learning from flipped "
-         "decisions, so that training starts at that rule's point (and runs no flipped episodes)");
+         "with --warm-tail: the warm start imitates, for each of its examples, the best of the rules tail:N, "
+         "tail:2N, tail:4N and tail:8N at the lambda, instead of learning from flipped decisions (and runs no "
+         "flipped episodes)");
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);

@@ -823,6 +823,7 @@ class RouterTrainer {
   std::vector<Example> warm_, validation_;
   std::vector<const Example*> base_examples_;
   std::vector<Base> base_kinds_;
+  std::vector<int64_t> base_tails_;  // the tail of each kTail base episode (else 0)
   std::vector<Episode> base_, flipped_, decode_flipped_, decode_gated_, drafted_;
   std::vector<Flip> flips_;
   std::vector<size_t> decode_flip_of_;  // warm example index of each decode flip
@@ -936,13 +937,22 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   ORYX_ASSIGN_OR_RETURN(warm_, Examples(0, 0, o.warm_examples));
   std::vector<Base> bases = {Base::kPrefillLinear, Base::kLinear, Base::kAttention};
   if (o.warm_tail) bases.push_back(Base::kTail);
-  for (Base b : bases) {
-    for (const auto& e : warm_) base_examples_.push_back(&e), base_kinds_.push_back(b);
-  }
   const int64_t tail = o.tail_len;
+  for (Base b : bases) {
+    for (const auto& e : warm_) {
+      base_examples_.push_back(&e), base_kinds_.push_back(b), base_tails_.push_back(b == Base::kTail ? tail : 0);
+    }
+  }
+  // Imitation also runs the longer tails 2N, 4N and 8N (the segment ends of --segment-tail N), and learns
+  // each example's best at the lambda.
+  for (int64_t longer = 2 * tail; o.warm_imitate && longer <= 8 * tail; longer *= 2) {
+    for (const auto& e : warm_)
+      base_examples_.push_back(&e), base_kinds_.push_back(Base::kTail), base_tails_.push_back(longer);
+  }
   ORYX_ASSIGN_OR_RETURN(base_, runner_->Run(base_examples_, [&](size_t i, LearnedRouter::Trace trace) {
     const Base kind = base_kinds_[i];
-    return Rule([kind, tail](const router::RouterContext& c) { return BaseDecision(kind, c, 0, tail); },
+    const int64_t its_tail = base_tails_[i];
+    return Rule([kind, its_tail](const router::RouterContext& c) { return BaseDecision(kind, c, 0, its_tail); },
                 std::move(trace));
   }));
   std::vector<const Example*> flip_examples;
@@ -997,7 +1007,12 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   }));
   {
     double base_quality[kBases] = {}, base_cost[kBases] = {}, helped = 0, hurt = 0;
+    std::map<int64_t, std::pair<double, double>> by_tail;  // imitation: each tail's quality and cost
     for (size_t i = 0; i < base_.size(); ++i) {
+      if (base_kinds_[i] == Base::kTail) {
+        by_tail[base_tails_[i]].first += base_[i].quality, by_tail[base_tails_[i]].second += base_[i].cost;
+      }
+      if (base_tails_[i] != 0 && base_tails_[i] != tail) continue;  // the longer tails are logged apart
       base_quality[static_cast<int>(base_kinds_[i])] += base_[i].quality;
       base_cost[static_cast<int>(base_kinds_[i])] += base_[i].cost;
     }
@@ -1014,7 +1029,13 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                         {"attention_quality", base_quality[2] / n}, {"prefill_linear_cost", base_cost[0] / n},
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
-    if (o.warm_imitate) r["warm_start"] = "imitation";
+    if (o.warm_imitate) {
+      r["warm_start"] = "imitation";
+      nlohmann::json tails = nlohmann::json::array();
+      for (const auto& [t, qc] : by_tail)
+        tails.push_back({{"tail", t}, {"quality", qc.first / n}, {"cost", qc.second / n}});
+      r["imitation_tails"] = tails;
+    }
     if (o.warm_tail) {
       constexpr int kTail = static_cast<int>(Base::kTail);
       r["tail_quality"] = base_quality[kTail] / n, r["tail_cost"] = base_cost[kTail] / n;
@@ -1127,10 +1148,14 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
 
 Labels RouterTrainer::WarmLabels(double lambda) const {
   Labels labels;
-  if (o_.warm_imitate) {  // mode head: the tail rule's decisions
+  if (o_.warm_imitate) {  // mode head: each example's best tail rule at this lambda, decision for decision
+    std::map<const Example*, size_t> best;
     for (size_t i = 0; i < base_.size(); ++i) {
-      if (base_kinds_[i] == Base::kTail) labels.AddEpisode(base_[i]);
+      if (base_kinds_[i] != Base::kTail) continue;
+      auto [at, inserted] = best.try_emplace(base_examples_[i], i);
+      if (!inserted && base_[i].Reward(lambda) > base_[at->second].Reward(lambda)) at->second = i;
     }
+    for (const auto& [example, i] : best) labels.AddEpisode(base_[i]);
   }
   // Mode head: each base decision against the same episode with it flipped.
   for (size_t j = 0; j < flips_.size(); ++j) labels.AddFlip(base_[flips_[j].base], flipped_[j], flips_[j].key, lambda);

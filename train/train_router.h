@@ -30,9 +30,10 @@
 //      flipped to linear; a decision is labelled attention when attention there beats linear by more than
 //      lambda times what it costs, and weighted by the size of that margin (cost-sensitive: the classifier
 //      follows the expected gain, not the majority of examples, where most single flips change nothing).
-//      With warm_imitate the mode head instead learns the rule tail:<tail_len>'s own decisions on the
-//      warm-start examples (imitation, every decision alike; no flipped episodes are run), so that
-//      REINFORCE starts at that rule's point.
+//      With warm_imitate the mode head instead learns, for each warm-start example, the decisions of the
+//      best rule tail:T at the lambda among T = tail_len, 2, 4 and 8 times it (imitation, every decision
+//      alike; no flipped episodes are run): REINFORCE starts at a rule's point, or at a tail whose length
+//      follows the prompt where the examples' best tails differ.
 //      Draft head: each generated warm-start example run prefill-linear with every draft length; its decode
 //      decisions are labelled with the best length's, weighted by how much better it is than the others'
 //      mean.
@@ -67,7 +68,7 @@ struct TrainRouterOptions {
   int64_t segment_len = 64;
   int64_t tail_len = 0;  // > 0: the prompt's last segment cut finer (router::PrefillSegmentTokens)
   bool warm_tail = false;  // with tail_len: the rule tail:<tail_len> is a fourth counterfactual base
-  bool warm_imitate = false;  // with warm_tail: the warm start imitates tail:<tail_len> instead (no flips)
+  bool warm_imitate = false;  // with warm_tail: the warm start imitates each example's best tail rule instead
   std::vector<double> lambdas = {1.0};
   std::string cost = "attention";           // attention | time | bytes
   std::vector<int64_t> draft_lengths;       // the draft head's choices (empty: the router never speculates)

@@ -95,9 +95,9 @@ assert "tail_quality" not in v and 0 <= wt["tail_quality"] <= 1 and wt["tail_cos
 assert wt["examples"] == v["examples"] and wt["episodes"] > v["episodes"], (v["episodes"], wt["episodes"])
 PY
 
-# --warm-imitate: the warm start learns the tail rule's own decisions and runs no flipped episodes, so it has
-# fewer episodes than --warm-tail's and, given the steps, follows its prefill labels (a function of the
-# features) closely.
+# --warm-imitate: the warm start learns each example's best tail rule (of tails 16, 32, 64 and 128 here) and
+# runs no flipped episodes, so it has fewer episodes than --warm-tail's and, given the steps, follows its
+# prefill labels closely.
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/wi.safetensors" --lambda 1 --iterations 0 --segment-tail 16 \
   --warm-tail --warm-imitate --warm-steps 300 2>"$TMP/err" || { fail "train-router --warm-imitate exited $?"; cat "$TMP/err"; }
 python3 - "$TMP/wt.safetensors.log.jsonl" "$TMP/wi.safetensors.log.jsonl" <<'PY' || fail "--warm-imitate does not imitate"
@@ -106,6 +106,8 @@ import json, sys
                                 for recs in ([json.loads(l) for l in open(path)] for path in sys.argv[1:]))
 assert wi["warm_start"] == "imitation" and "warm_start" not in wt, (wi, wt)
 assert wi["flips_that_helped"] + wi["flips_that_hurt"] == 0 and wi["episodes"] < wt["episodes"], (wi, wt)
+assert [t["tail"] for t in wi["imitation_tails"]] == [16, 32, 64, 128], wi
+assert wi["imitation_tails"][0]["quality"] == wi["tail_quality"], wi
 assert 0 < wi_warm["prefill_labels"]["attention_label_share"] < 1, wi_warm
 assert wi_warm["prefill_labels"]["agreement"] >= 0.9, wi_warm
 PY
