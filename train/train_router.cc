@@ -1007,14 +1007,14 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
   }));
   {
     double base_quality[kBases] = {}, base_cost[kBases] = {}, helped = 0, hurt = 0;
-    std::map<int64_t, std::pair<double, double>> by_tail;  // imitation: each tail's quality and cost
+    std::map<int64_t, std::pair<double, double>> by_tail;  // each tail base's quality and cost
     for (size_t i = 0; i < base_.size(); ++i) {
       if (base_kinds_[i] == Base::kTail) {
         by_tail[base_tails_[i]].first += base_[i].quality, by_tail[base_tails_[i]].second += base_[i].cost;
+      } else {
+        base_quality[static_cast<int>(base_kinds_[i])] += base_[i].quality;
+        base_cost[static_cast<int>(base_kinds_[i])] += base_[i].cost;
       }
-      if (base_tails_[i] != 0 && base_tails_[i] != tail) continue;  // the longer tails are logged apart
-      base_quality[static_cast<int>(base_kinds_[i])] += base_[i].quality;
-      base_cost[static_cast<int>(base_kinds_[i])] += base_[i].cost;
     }
     for (size_t j = 0; j < flips_.size(); ++j) {
       const double d = flipped_[j].quality - base_[flips_[j].base].quality;
@@ -1036,10 +1036,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
         tails.push_back({{"tail", t}, {"quality", qc.first / n}, {"cost", qc.second / n}});
       r["imitation_tails"] = tails;
     }
-    if (o.warm_tail) {
-      constexpr int kTail = static_cast<int>(Base::kTail);
-      r["tail_quality"] = base_quality[kTail] / n, r["tail_cost"] = base_cost[kTail] / n;
-    }
+    if (o.warm_tail) r["tail_quality"] = by_tail[tail].first / n, r["tail_cost"] = by_tail[tail].second / n;
     if (!decode_gated_.empty()) {  // the entropy-gated answers, over the generated examples
       nlohmann::json by_tau = nlohmann::json::array();
       for (size_t v = 0; v < kDecodeVariants; ++v) {
@@ -1149,13 +1146,13 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
 Labels RouterTrainer::WarmLabels(double lambda) const {
   Labels labels;
   if (o_.warm_imitate) {  // mode head: each example's best tail rule at this lambda, decision for decision
-    std::map<const Example*, size_t> best;
+    // The bases run every warm example in turn, so base i is of warm example i % warm_.size().
+    std::vector<const Episode*> best(warm_.size(), nullptr);
     for (size_t i = 0; i < base_.size(); ++i) {
-      if (base_kinds_[i] != Base::kTail) continue;
-      auto [at, inserted] = best.try_emplace(base_examples_[i], i);
-      if (!inserted && base_[i].Reward(lambda) > base_[at->second].Reward(lambda)) at->second = i;
+      const Episode*& b = best[i % warm_.size()];
+      if (base_kinds_[i] == Base::kTail && (b == nullptr || base_[i].Reward(lambda) > b->Reward(lambda))) b = &base_[i];
     }
-    for (const auto& [example, i] : best) labels.AddEpisode(base_[i]);
+    for (const Episode* b : best) labels.AddEpisode(*b);
   }
   // Mode head: each base decision against the same episode with it flipped.
   for (size_t j = 0; j < flips_.size(); ++j) labels.AddFlip(base_[flips_[j].base], flipped_[j], flips_[j].key, lambda);
