@@ -56,6 +56,11 @@ int RunTrainRouter(const Args& args) {
          "with --warm-tail: the warm start imitates, for each of its examples, the best of the rules tail:N, "
          "tail:2N, tail:4N and tail:8N at the lambda, instead of learning from flipped decisions (and runs no "
          "flipped episodes)");
+  f.Bool("warm-margins", &o.warm_margins,
+         "with --warm-imitate: label each band of the prompt's tail (and its start, and the decode phase) by the "
+         "reward margin between the two neighbouring schedules of all-linear, prefill-linear, tail:N..8N and "
+         "all-attention that differ in it, weighted by its size (the flips' cost-sensitive labels), instead of "
+         "each example's best tail");
   f.String("hidden", &hidden, "hidden layer widths of the MLP, comma-separated");
   f.Int("warm-examples", &o.warm_examples, "examples for the counterfactual warm start", 0, 1 << 20);
   f.Int("warm-steps", &o.warm_steps, "optimiser steps of the warm start", 0, 1 << 20);
@@ -94,6 +99,7 @@ int RunTrainRouter(const Args& args) {
     o.eval_rules = SplitList({rules});
     if (o.warm_tail && o.tail_len == 0) return absl::InvalidArgumentError("--warm-tail needs --segment-tail N");
     if (o.warm_imitate && !o.warm_tail) return absl::InvalidArgumentError("--warm-imitate needs --warm-tail");
+    if (o.warm_margins && !o.warm_imitate) return absl::InvalidArgumentError("--warm-margins needs --warm-imitate");
     if (!(o.exploration >= 0 && o.exploration < 1)) return absl::InvalidArgumentError("--explore must be in [0, 1)");
     if (o.validation_front && o.validation_examples == 0 && !o.eval_only) {
       return absl::InvalidArgumentError("--validation-front needs --validation-examples N (N >= 1)");

@@ -436,6 +436,31 @@ struct Labels {
       in_decode.push_back(true);
     }
   }
+  // One example run by a chain of schedules, each attending a superset of the decisions of the one before
+  // it (all-linear, prefill-linear, the tails, all-attention): where two neighbours differ, attention where the
+  // later one's reward is higher, weighted by that margin shared among the decisions they differ in. These are
+  // AddFlip's cost-sensitive labels with a band of decisions flipped at once, from episodes already run; the
+  // steps come from the neighbour with the higher reward (a band of the prompt: the same features in both).
+  void AddChain(std::span<const Episode* const> chain, double lambda) {
+    for (size_t j = 1; j < chain.size(); ++j) {
+      const Episode& a = *chain[j - 1];
+      const Episode& b = *chain[j];
+      const double margin = b.Reward(lambda) - a.Reward(lambda);
+      const Episode& from = margin > 0 ? b : a;
+      const Episode& other = margin > 0 ? a : b;
+      std::vector<std::pair<StepKey, const Step*>> differ;
+      for (const auto& [key, s] : from.steps) {
+        const auto it = other.steps.find(key);
+        if (it != other.steps.end() && it->second.mode != s.mode) differ.emplace_back(key, &s);
+      }
+      for (const auto& [key, s] : differ) {
+        steps.push_back(s);
+        modes.push_back(margin > 0 ? 1 : 0);
+        weights.push_back(static_cast<float>(std::abs(margin) / static_cast<double>(differ.size())));
+        in_decode.push_back(key.first == static_cast<int>(router::Phase::kDecode));
+      }
+    }
+  }
   // Every decision of `e` labelled with its own mode, all alike: imitation of the policy that ran it.
   void AddEpisode(const Episode& e) {
     for (const auto& [key, s] : e.steps) {
@@ -1030,7 +1055,7 @@ absl::Status RouterTrainer::CollectCounterfactuals() {
                         {"linear_cost", base_cost[1] / n}, {"attention_cost", base_cost[2] / n},
                         {"flips_that_helped", helped}, {"flips_that_hurt", hurt}, {"seconds", Seconds(t0)}};
     if (o.warm_imitate) {
-      r["warm_start"] = "imitation";
+      r["warm_start"] = o.warm_margins ? "imitation-margins" : "imitation";
       nlohmann::json tails = nlohmann::json::array();
       for (const auto& [t, qc] : by_tail)
         tails.push_back({{"tail", t}, {"quality", qc.first / n}, {"cost", qc.second / n}});
@@ -1145,8 +1170,23 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
 
 Labels RouterTrainer::WarmLabels(double lambda) const {
   Labels labels;
-  if (o_.warm_imitate) {  // mode head: each example's best tail rule at this lambda, decision for decision
-    // The bases run every warm example in turn, so base i is of warm example i % warm_.size().
+  // The bases run every warm example in turn, so base i is of warm example i % warm_.size().
+  if (o_.warm_imitate && o_.warm_margins) {  // mode head: each example's chain of schedules, band by band
+    std::vector<std::map<int64_t, const Episode*>> chains(warm_.size());  // ordered by what they attend
+    for (size_t i = 0; i < base_.size(); ++i) {
+      constexpr int64_t kLinearRank = -2, kPrefillLinearRank = -1, kAttentionRank = int64_t{1} << 40;
+      const int64_t rank = base_kinds_[i] == Base::kLinear          ? kLinearRank
+                           : base_kinds_[i] == Base::kPrefillLinear ? kPrefillLinearRank
+                           : base_kinds_[i] == Base::kAttention     ? kAttentionRank
+                                                                    : base_tails_[i];
+      chains[i % warm_.size()][rank] = &base_[i];
+    }
+    for (const auto& chain : chains) {
+      std::vector<const Episode*> ordered;
+      for (const auto& [rank, e] : chain) ordered.push_back(e);
+      labels.AddChain(ordered, lambda);
+    }
+  } else if (o_.warm_imitate) {  // mode head: each example's best tail rule at this lambda, decision for decision
     std::vector<const Episode*> best(warm_.size(), nullptr);
     for (size_t i = 0; i < base_.size(); ++i) {
       const Episode*& b = best[i % warm_.size()];

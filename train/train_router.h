@@ -33,7 +33,12 @@
 //      With warm_imitate the mode head instead learns, for each warm-start example, the decisions of the
 //      best rule tail:T at the lambda among T = tail_len, 2, 4 and 8 times it (imitation, every decision
 //      alike; no flipped episodes are run): REINFORCE starts at a rule's point, or at a tail whose length
-//      follows the prompt where the examples' best tails differ.
+//      follows the prompt where the examples' best tails differ. With warm_margins too, each example's
+//      schedules form a chain, each attending a superset of the one before (all-linear, prefill-linear, the
+//      four tails, all-attention), and where two neighbours differ (a band of the prompt's tail, its start, or
+//      the decode phase) the decisions are labelled as flips are, by the sign and size of the reward margin
+//      between them: the classifier then follows each band's expected gain over the examples, where the best
+//      tail of most examples may be the shortest by a hair.
 //      Draft head: each generated warm-start example run prefill-linear with every draft length; its decode
 //      decisions are labelled with the best length's, weighted by how much better it is than the others'
 //      mean.
@@ -69,6 +74,7 @@ struct TrainRouterOptions {
   int64_t tail_len = 0;  // > 0: the prompt's last segment cut finer (router::PrefillSegmentTokens)
   bool warm_tail = false;  // with tail_len: the rule tail:<tail_len> is a fourth counterfactual base
   bool warm_imitate = false;  // with warm_tail: the warm start imitates each example's best tail rule instead
+  bool warm_margins = false;  // with warm_imitate: labels from the reward margins along each example's chain
   std::vector<double> lambdas = {1.0};
   std::string cost = "attention";           // attention | time | bytes
   std::vector<int64_t> draft_lengths;       // the draft head's choices (empty: the router never speculates)

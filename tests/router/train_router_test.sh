@@ -112,6 +112,26 @@ assert 0 < wi_warm["prefill_labels"]["attention_label_share"] < 1, wi_warm
 assert wi_warm["prefill_labels"]["agreement"] >= 0.9, wi_warm
 PY
 
+# --warm-margins: the same episodes, labelled band by band along each example's chain of schedules by the
+# reward margins between neighbours, the decode decisions among them (all-linear against prefill-linear).
+"$ORYX" train-router "${TINY[@]}" --out "$TMP/wm.safetensors" --lambda 1 --iterations 0 --segment-tail 16 \
+  --warm-tail --warm-imitate --warm-margins --warm-steps 300 2>"$TMP/err" ||
+  { fail "train-router --warm-margins exited $?"; cat "$TMP/err"; }
+python3 - "$TMP/wi.safetensors.log.jsonl" "$TMP/wm.safetensors.log.jsonl" <<'PY' || fail "--warm-margins labels wrong"
+import json, sys
+(wi, wi_warm), (wm, wm_warm) = ([[r for r in recs if r.get("phase") == p][0] for p in ("counterfactual", "warm_start")]
+                                for recs in ([json.loads(l) for l in open(path)] for path in sys.argv[1:]))
+assert wm["warm_start"] == "imitation-margins" and wm["episodes"] == wi["episodes"], (wm, wi)
+assert wm["imitation_tails"] == wi["imitation_tails"], (wm, wi)
+# Each decision switches to attention once along the chain, so it is labelled once, as imitation labels it;
+# the weights are the margins', not imitation's uniform ones.
+for part in ("prefill_labels", "decode_labels"):
+    assert wm_warm[part]["labels"] == wi_warm[part]["labels"] > 0, (part, wm_warm, wi_warm)
+uniform = wm_warm["decode_labels"]["labels"] / wm_warm["labels"]
+assert abs(wi_warm["decode_labels"]["weight_share"] - uniform) < 1e-6, wi_warm
+assert abs(wm_warm["decode_labels"]["weight_share"] - uniform) > 1e-3, wm_warm
+PY
+
 # The validation front: one file per network on it, each named in the lambda's policy file, none dominated by
 # another on validation; --eval-only --validation-front compares them too.
 "$ORYX" train-router "${TINY[@]}" --out "$TMP/f.safetensors" --lambda 0.05 --iterations 3 --validation-examples 2 \
@@ -215,6 +235,8 @@ bad "a validation front without validation" train-router "${TINY[@]}" --out "$TM
 bad "a tail base without a tail" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --warm-tail
 bad "imitation without the tail base" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-tail 16 \
   --warm-imitate
+bad "margins without imitation" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-tail 16 --warm-tail \
+  --warm-margins
 bad "a tail as long as a segment" train-router "${TINY[@]}" --out "$TMP/x.safetensors" --segment-len 32 --segment-tail 32
 bad "eval-only in other segments" train-router "${TINY[@]}" --out "$TMP/v.safetensors" --lambda 1 --eval-only --eval-examples 1
 bad "resume in other segments" train-router "${TINY[@]}" --out "$TMP/r.safetensors" --lambda 0.5,1 --iterations 1 \
