@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# bench/copy_probe.py on the shipped model (LibTorch on the CPU, a few seconds): a passage of random tokens
+# repeated 200 tokens later is copied far better than the same rows score with the passage hidden (random
+# tokens leave the model no prior to fall back on), the copying heads put real attention on it, and a corpus
+# without a validation split is refused.
+#   copy_probe_test.sh SOURCE_DIR
+set -euo pipefail
+SRC="$1"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+mkdir -p "$TMP/corpus" "$TMP/empty"
+python3 -c "
+import random, struct
+random.seed(1)
+open('$TMP/corpus/val-00000.bin', 'wb').write(struct.pack('<4000H', *(random.randrange(100, 8000) for _ in range(4000))))"
+python3 "$SRC/bench/copy_probe.py" --model "$SRC/models/default" --data "$TMP/corpus" --lengths 256 --depths 1 \
+  --seeds 2 --threads 2 --out "$TMP/probe.json" >"$TMP/out" 2>&1 || { fail "copy_probe exited $?"; cat "$TMP/out"; }
+python3 - "$TMP/probe.json" <<'PY' || fail "random tokens are not copied, or the probe's fields are wrong"
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+assert r["length"] == 256 and r["depth"] == 1 and len(r["heads"]) == 3, r
+assert r["token_accuracy"] >= r["token_accuracy_hidden"] + 0.3, r
+assert r["token_accuracy_hidden"] <= 0.2, r
+assert max(h["mass"] for h in r["heads"]) > 0.3, r
+PY
+if python3 "$SRC/bench/copy_probe.py" --model "$SRC/models/default" --data "$TMP/empty" >"$TMP/out" 2>&1; then
+  fail "a corpus without val-*.bin was accepted"
+elif ! grep -q "no val-\*.bin" "$TMP/out"; then
+  fail "no clear error for a corpus without val-*.bin: $(tail -1 "$TMP/out")"
+fi
+exit $failed
