@@ -283,13 +283,15 @@ absl::Status ValidateModelConfig(const ModelConfig& c, std::string_view src) {
   return absl::OkStatus();
 }
 
-ModelConfig WithTrainingRecordOf(ModelConfig config, const ModelConfig& run) {
+ModelConfig WithStageFieldsOf(ModelConfig config, const ModelConfig& run) {
   config.fragment_len = run.fragment_len;
   config.attn_fraction = run.attn_fraction;
+  config.rope_theta = run.rope_theta;
+  config.max_position = run.max_position;
   return config;
 }
 
-bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) { return a == WithTrainingRecordOf(b, a); }
+bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) { return a == WithStageFieldsOf(b, a); }
 
 std::string ToJson(const ModelConfig& config) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();

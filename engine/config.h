@@ -63,11 +63,13 @@ struct ModelConfig {
   bool operator==(const ModelConfig& other) const = default;
 };
 
-// `config` with the two fields that record how a model was trained (fragment_len, attn_fraction) taken
-// from `run`: a later training stage may change them.
-ModelConfig WithTrainingRecordOf(ModelConfig config, const ModelConfig& run);
+// `config` with the fields a later training stage may change taken from `run`: the two that record how a
+// model was trained (fragment_len, attn_fraction) and the two of its positions (rope_theta, max_position:
+// a stage may raise RoPE's base or the context, as long-context continued training does). None changes
+// a weight's shape or meaning.
+ModelConfig WithStageFieldsOf(ModelConfig config, const ModelConfig& run);
 
-// Whether weights of one config load into a model of the other: every field agrees but that record.
+// Whether weights of one config load into a model of the other: every field agrees but those.
 bool SameArchitecture(const ModelConfig& a, const ModelConfig& b);
 
 // Parses config.json text. Rejects: non-JSON, duplicate or unknown keys, a missing field, a value of the

@@ -490,12 +490,12 @@ absl::Status Trainer::Setup() {
 
 absl::Status Trainer::InitFrom(const std::string& model_dir) {
   ORYX_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(model_dir));
-  // A later stage may train with another attention share or fragment length; its exported config then
-  // records this run's.
+  // A later stage may train with another attention share or fragment length, or raise RoPE's base or the
+  // context (engine/config.h: WithStageFieldsOf); its exported config then holds this run's.
   if (!SameArchitecture(ckpt.config(), o_.model)) {
     return absl::FailedPreconditionError(
         absl::StrCat("--init-from ", model_dir, ": a model of another config (",
-                     ConfigDifferences(WithTrainingRecordOf(ckpt.config(), o_.model), o_.model), ")"));
+                     ConfigDifferences(WithStageFieldsOf(ckpt.config(), o_.model), o_.model), ")"));
   }
   ORYX_RETURN_IF_ERROR(LoadWeights(ckpt, *model_));
   if (lead_) std::fprintf(stderr, "initialised from %s\n", model_dir.c_str());

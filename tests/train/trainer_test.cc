@@ -151,7 +151,7 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
 
 // A later stage may train a model with another attention share or fragment length (they record how it was
 // trained), but not change its shape.
-TEST(Trainer, InitFromTakesAnotherTrainingMixButNotAnotherShape) {
+TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
   TrainOptions first = Tiny(Root() + "/init_first");
   first.steps = 2;
   ASSERT_TRUE(Train(first).ok());
@@ -161,12 +161,16 @@ TEST(Trainer, InitFromTakesAnotherTrainingMixButNotAnotherShape) {
   later.init_from = first.out_dir + "/model";
   later.model.attn_fraction = 1.0;
   later.model.fragment_len = 32;
+  later.model.rope_theta = 4 * first.model.rope_theta;
+  later.model.max_position = 256;  // (first: the seq_len, 64)
   absl::Status s = Train(later);
   ASSERT_TRUE(s.ok()) << s;
   std::ifstream in(later.out_dir + "/model/config.json");
   const auto config = nlohmann::json::parse(in);
   EXPECT_EQ(config["attn_fraction"].get<double>(), 1.0);
   EXPECT_EQ(config["fragment_len"].get<int64_t>(), 32);
+  EXPECT_EQ(config["rope_theta"].get<double>(), 4 * first.model.rope_theta);
+  EXPECT_EQ(config["max_position"].get<int64_t>(), 256);
 
   TrainOptions other = Tiny(Root() + "/init_other");
   other.steps = 2;
