@@ -116,6 +116,8 @@ def main():
                     "(a diagnostic: not the model's math)")
     ap.add_argument("--position-scale", type=float, default=1.0,
                     help="RoPE's positions times this (a diagnostic: 0.25 shows 16K positions as 4K ones)")
+    ap.add_argument("--rope-theta", type=float, default=0,
+                    help="RoPE's theta instead of the model's (a diagnostic: a larger one slows the slow dimensions most)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu | cuda (fp32 either way)")
     ap.add_argument("--out", help="write the JSON here too (atomically)")
@@ -125,6 +127,8 @@ def main():
     torch.set_grad_enabled(False)
     torch.set_default_device(args.device)
     c, t = load_checkpoint(args.model)
+    if args.rope_theta > 0:
+        c["rope_theta"] = args.rope_theta
     t = {k: v.float().to(args.device) for k, v in t.items()}
     shards = sorted(f for f in os.listdir(args.data) if f.startswith("val-") and f.endswith(".bin"))
     if not shards:
@@ -181,6 +185,7 @@ def main():
                   f"{fmt(r['right_if_not'])}", flush=True)
     doc = {"probe": "copy", "model": args.model, "cue": args.cue, "answer": args.answer,
            "sharpen": {f"{l}.{h}": f for (l, h), f in sharpen.items()}, "position_scale": args.position_scale,
+           "rope_theta": c["rope_theta"],
            "results": results}
     if args.out:
         tmp = args.out + ".tmp"
