@@ -19,23 +19,21 @@ The copying heads are the --top heads with the most neighbourhood mass at the fi
   python3 bench/copy_probe.py --model models/default --data data/c1 --lengths 1024,4096 --seeds 4 \
       --out results/copy-probe.json
 """
-import argparse, json, math, os, random, sys
+import argparse, array, json, math, os, random, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import torch.nn.functional as F
-from torch_reference import load_checkpoint, rms_norm
+from torch_reference import load_checkpoint, rms_norm, rope
 
 
-def rope(x, theta, position_scale=1.0):  # x [T, H, dh], half-split pairing; positions times position_scale
+def rope_all(x, theta, position_scale=1.0):  # x [T, H, dh]: RoPE at positions 0.. times position_scale
     T, dh = x.shape[0], x.shape[-1]
     if theta <= 0:
         return x
     freq = theta ** (-2.0 * torch.arange(dh // 2, dtype=torch.float64) / dh)
     ang = (position_scale * torch.arange(T, dtype=torch.float64)[:, None] * freq).float()
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    x1, x2 = x[..., :dh // 2], x[..., dh // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    return rope(x, ang.cos()[:, None, :], ang.sin()[:, None, :])
 
 
 def forward(c, t, ids, rows, block=512, hide=None, sharpen=None, position_scale=1.0):
@@ -66,7 +64,7 @@ def forward(c, t, ids, rows, block=512, hide=None, sharpen=None, position_scale=
         if c["conv_activation"] == "silu":
             kv = F.silu(kv)
         k, v = kv[:, :HD].view(T, H, dh), kv[:, HD:].view(T, H, dh)
-        q, k = rope(qa.view(T, H, dh), c["rope_theta"], position_scale), rope(k, c["rope_theta"], position_scale)
+        q, k = (rope_all(y, c["rope_theta"], position_scale) for y in (qa.view(T, H, dh), k))
         for (layer, head), factor in (sharpen or {}).items():
             if layer == i:
                 q[:, head] *= factor
@@ -133,11 +131,13 @@ def main():
     shards = sorted(f for f in os.listdir(args.data) if f.startswith("val-") and f.endswith(".bin"))
     if not shards:
         sys.exit(f"copy_probe: error: no val-*.bin in {args.data}")
-    val = []
+    val = array.array("H")  # uint16 little-endian tokens (oryx data prepare's token_dtype)
     for f in shards:
         with open(os.path.join(args.data, f), "rb") as fh:
-            blob = fh.read()
-        val += [int.from_bytes(blob[i:i + 2], "little") for i in range(0, len(blob), 2)]
+            val.frombytes(fh.read())
+    if sys.byteorder != "little":
+        val.byteswap()
+    val = val.tolist()
     lengths = [int(x) for x in args.lengths.split(",")]
     depths = [float(x) for x in args.depths.split(",")]
     if max(lengths) > c["max_position"]:

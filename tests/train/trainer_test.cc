@@ -150,7 +150,7 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
 }
 
 // A later stage may train a model with another attention share or fragment length (they record how it was
-// trained), but not change its shape.
+// trained), or with another RoPE base or context, but not change its shape.
 TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
   TrainOptions first = Tiny(Root() + "/init_first");
   first.steps = 2;
