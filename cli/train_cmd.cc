@@ -68,6 +68,10 @@ int RunTrain(const Args& args) {
   flags.String("mixer", &mixer, "linear mixer: mamba2 | gdn");
   flags.Double("rope-theta", &m.rope_theta, "RoPE base (0: no RoPE)");
   flags.Int("max-position", &m.max_position, "longest context the model supports (0: --seq-len)", 0);
+  flags.Int("attn-log-scale-base", &m.attn_log_scale_base,
+            "attention queries at position p times max(1, ln(p+1)/ln(N)): far matches not diluted by many keys "
+            "(0: off)",
+            0);
   flags.Int("fragment-len", &m.fragment_len, "tokens per mode fragment", 1);
   flags.Double("attn-fraction", &m.attn_fraction, "probability that a fragment runs in attention mode");
   flags.String("mixing", &mixing, "fragment | sequence (one mode per sequence: the ablation)");

@@ -1,6 +1,7 @@
 // config.json parsing, validation and serialisation, driven by one field table in schema order.
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -27,6 +28,7 @@ using FieldMember = std::variant<int64_t ModelConfig::*, double ModelConfig::*, 
 struct Field {
   std::string_view name;
   FieldMember member;
+  bool optional = false;  // may be absent (then ModelConfig's default); written only when not the default
 };
 
 const std::vector<Field>& Fields() {
@@ -50,6 +52,7 @@ const std::vector<Field>& Fields() {
       {"bos_id", &ModelConfig::bos_id},
       {"eos_id", &ModelConfig::eos_id},
       {"pad_id", &ModelConfig::pad_id},
+      {"attn_log_scale_base", &ModelConfig::attn_log_scale_base, /*optional=*/true},
   };
   return kFields;
 }
@@ -222,7 +225,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
   ModelConfig config;
   for (const Field& field : Fields()) {
     auto it = json.find(std::string(field.name));
-    if (it == json.end()) return FieldError(source_name, field.name, "missing (every field is required)");
+    if (it == json.end()) {
+      if (field.optional) continue;
+      return FieldError(source_name, field.name, "missing (every field but attn_log_scale_base is required)");
+    }
     if (absl::Status s = std::visit(FieldReader{*it, config}, field.member); !s.ok()) {
       return FieldError(source_name, field.name, std::string(s.message()));
     }
@@ -280,7 +286,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c, std::string_view src) {
   ORYX_RETURN_IF_ERROR(CheckTokenId(src, "bos_id", c.bos_id, c.vocab_size));
   ORYX_RETURN_IF_ERROR(CheckTokenId(src, "eos_id", c.eos_id, c.vocab_size));
   ORYX_RETURN_IF_ERROR(CheckTokenId(src, "pad_id", c.pad_id, c.vocab_size));
+  if (c.attn_log_scale_base != 0 && (c.attn_log_scale_base < 2 || c.attn_log_scale_base > kMaxPosition)) {
+    return FieldError(src, "attn_log_scale_base",
+                      Cat("must be 0 (off) or in [2, ", kMaxPosition, "], got ", c.attn_log_scale_base));
+  }
   return absl::OkStatus();
+}
+
+double AttnQueryScale(int64_t attn_log_scale_base, int64_t position) {
+  if (attn_log_scale_base <= 0) return 1.0;
+  return std::max(1.0,
+                  std::log(static_cast<double>(position) + 1.0) / std::log(static_cast<double>(attn_log_scale_base)));
 }
 
 ModelConfig WithStageFieldsOf(ModelConfig config, const ModelConfig& run) {
@@ -288,6 +304,7 @@ ModelConfig WithStageFieldsOf(ModelConfig config, const ModelConfig& run) {
   config.attn_fraction = run.attn_fraction;
   config.rope_theta = run.rope_theta;
   config.max_position = run.max_position;
+  config.attn_log_scale_base = run.attn_log_scale_base;
   return config;
 }
 
@@ -295,7 +312,10 @@ bool SameArchitecture(const ModelConfig& a, const ModelConfig& b) { return a == 
 
 std::string ToJson(const ModelConfig& config) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  static const ModelConfig kDefaults;
   for (const Field& field : Fields()) {
+    const bool is_default = std::visit([&](auto member) { return config.*member == kDefaults.*member; }, field.member);
+    if (field.optional && is_default) continue;
     std::string key(field.name);
     std::visit(
         [&](auto member) {

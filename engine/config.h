@@ -35,8 +35,13 @@ inline constexpr int64_t kMaxMlpHidden = int64_t{1} << 18;
 inline constexpr int64_t kMaxPosition = int64_t{1} << 30;
 inline constexpr double kMaxRopeTheta = 1e12;
 
-// Every field of config.json, in schema order. All are required in the file; the defaults here only make
-// a default-constructed value well defined (it is not a valid config until the sizes are filled in).
+// The factor attention mode multiplies the query at `position` by (ModelConfig::attn_log_scale_base; 1 when
+// it is 0). In double, as every backend computes it.
+double AttnQueryScale(int64_t attn_log_scale_base, int64_t position);
+
+// Every field of config.json, in schema order. All are required in the file but attn_log_scale_base, which
+// may be absent (0); the defaults here only make a default-constructed value well defined (it is not a
+// valid config until the sizes are filled in).
 struct ModelConfig {
   int64_t format_version = kModelConfigFormatVersion;
   int64_t vocab_size = 0;  // V
@@ -57,6 +62,10 @@ struct ModelConfig {
   int64_t bos_id = 0;
   int64_t eos_id = 0;
   int64_t pad_id = 0;
+  // Optional. Attention mode multiplies the query of the token at position p (0-based) by
+  // max(1, ln(p + 1) / ln(attn_log_scale_base)): its logits sharpen as the keys grow in number past the
+  // base, so that a match far back is not diluted by them (scalable softmax). 0: off.
+  int64_t attn_log_scale_base = 0;
 
   int64_t qk_dim() const { return n_heads * head_dim; }  // H*dh: width of q, k, v, g
 
@@ -64,9 +73,9 @@ struct ModelConfig {
 };
 
 // `config` with the fields a later training stage may change taken from `run`: the two that record how a
-// model was trained (fragment_len, attn_fraction) and the two of its positions (rope_theta, max_position:
-// a stage may raise RoPE's base or the context, as long-context continued training does). None changes
-// a weight's shape or meaning.
+// model was trained (fragment_len, attn_fraction) and the three of its positions (rope_theta,
+// max_position, attn_log_scale_base: a stage may raise RoPE's base or the context, as long-context
+// continued training does, or sharpen far attention). None changes a weight's shape.
 ModelConfig WithStageFieldsOf(ModelConfig config, const ModelConfig& run);
 
 // Whether weights of one config load into a model of the other: every field agrees but those.

@@ -88,6 +88,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   d.conv_silu = c.conv_activation == ConvActivation::kSilu;
   d.norm_eps = static_cast<float>(c.norm_eps);
   d.rope_theta = c.rope_theta;
+  d.attn_log_scale_base = c.attn_log_scale_base;
   ctx_->L = c.n_layers;
   ctx_->H = H;
   ctx_->dh = c.head_dim;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 #include <ATen/autocast_mode.h>
 
@@ -40,6 +41,12 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
   auto s = sin.unsqueeze(-2).to(x.scalar_type());
   auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   return torch::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+torch::Tensor AttnQueryScales(int64_t attn_log_scale_base, int64_t begin, int64_t len, torch::Device device) {
+  std::vector<float> scale(len);
+  for (int64_t t = 0; t < len; ++t) scale[t] = static_cast<float>(AttnQueryScale(attn_log_scale_base, begin + t));
+  return torch::tensor(scale).view({len, 1, 1}).to(device);
 }
 
 std::pair<torch::Tensor, torch::Tensor> RopeTables(double theta, int64_t dh, int64_t begin, int64_t len,
@@ -192,8 +199,8 @@ Prepared PrepareScan(const ModelConfig& c, const torch::Tensor& mixer_in, const 
 
 }  // namespace
 
-torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor& is_attn, bool any_attn,
-                                     bool any_lin, const torch::Tensor& cos, const torch::Tensor& sin,
+torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor& is_attn, bool any_attn, bool any_lin,
+                                     const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& q_scale,
                                      int64_t scan_chunk) {
   const int64_t B = x.size(0), T = x.size(1), H = config_.n_heads, dh = config_.head_dim, HD = config_.qk_dim();
   auto u = RmsNorm(x, attn_norm_, config_.norm_eps);
@@ -261,6 +268,7 @@ torch::Tensor OryxLayerImpl::Forward(const torch::Tensor& x, const torch::Tensor
       q = ApplyRope(q, cos, sin);
       kr = ApplyRope(k, cos, sin);
     }
+    if (q_scale.defined()) q = (q * q_scale).to(q.scalar_type());  // the factor in fp32, as the engines apply it
     auto va = v;
     if (x.is_cuda() && x.scalar_type() != torch::kFloat64) {
       // bf16 on the GPU so that SDPA takes the flash kernel, not the math fallback that materialises
@@ -331,6 +339,7 @@ torch::Tensor OryxLayerImpl::Step(const torch::Tensor& x, const torch::Tensor& i
     q = ApplyRope(q.unsqueeze(1), cos, sin).squeeze(1);
     kr = ApplyRope(k.unsqueeze(1), cos, sin).squeeze(1);
   }
+  if (config_.attn_log_scale_base > 0) q = q * static_cast<float>(AttnQueryScale(config_.attn_log_scale_base, pos));
   st.k_cache = torch::cat({st.k_cache, kr.unsqueeze(1)}, 1);
   st.v_cache = torch::cat({st.v_cache, v.unsqueeze(1)}, 1);
   auto ql = F::linear(u, q_linear_).reshape({B, H, dh});
@@ -382,7 +391,17 @@ torch::Tensor OryxModelImpl::Forward(const torch::Tensor& tokens, const torch::T
     cos = rope_cos_.narrow(0, 0, T);
     sin = rope_sin_.narrow(0, 0, T);
   }
-  for (auto& layer : layers_) x = layer->Forward(x, is_attn, modes.any_attn, modes.any_lin, cos, sin, scan_chunk);
+  torch::Tensor q_scale;  // undefined when attn_log_scale_base = 0
+  if (config_.attn_log_scale_base > 0) {
+    const int64_t T = tokens.size(1);
+    if (!q_scale_.defined() || q_scale_.size(0) < T || q_scale_.device() != tokens.device()) {
+      q_scale_ = AttnQueryScales(config_.attn_log_scale_base, 0, T, tokens.device());
+    }
+    q_scale = q_scale_.narrow(0, 0, T);
+  }
+  for (auto& layer : layers_) {
+    x = layer->Forward(x, is_attn, modes.any_attn, modes.any_lin, cos, sin, q_scale, scan_chunk);
+  }
   return Logits(x);
 }
 

@@ -21,10 +21,12 @@ class OryxLayerImpl : public torch::nn::Module {
  public:
   explicit OryxLayerImpl(const ModelConfig& config);
 
-  // x [B,T,D], is_attn [B,T] bool, rope cos/sin [T, dh/2] (undefined when rope_theta = 0).
+  // x [B,T,D], is_attn [B,T] bool, rope cos/sin [T, dh/2] (undefined when rope_theta = 0), q_scale
+  // [T, 1, 1] the attention queries' factors (AttnQueryScales; undefined when attn_log_scale_base = 0).
   // any_attn / any_lin: whether is_attn has any true / false entry (the branch not taken is skipped).
   torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& is_attn, bool any_attn, bool any_lin,
-                        const torch::Tensor& cos, const torch::Tensor& sin, int64_t scan_chunk);
+                        const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& q_scale,
+                        int64_t scan_chunk);
 
   // The state one layer keeps for a batch of sequences (reference forward).
   struct State {
@@ -102,6 +104,7 @@ class OryxModelImpl : public torch::nn::Module {
   torch::Tensor lm_head_;     // [V, D], undefined when tied
   std::vector<OryxLayer> layers_;
   torch::Tensor rope_cos_, rope_sin_;  // Forward's RoPE tables on the device, [positions, dh/2]
+  torch::Tensor q_scale_;              // Forward's query factors on the device, [positions, 1, 1]
 };
 TORCH_MODULE(OryxModel);
 
@@ -113,6 +116,9 @@ torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, doubl
 // and rounded to float32 (the engine's RoPE kernel does the same).
 std::pair<torch::Tensor, torch::Tensor> RopeTables(double theta, int64_t dh, int64_t begin, int64_t len,
                                                    torch::Device device);
+// The factors attention mode multiplies the queries of positions begin .. begin+len-1 by, [len, 1, 1] fp32
+// (AttnQueryScale in double, rounded to float, as the engines compute them).
+torch::Tensor AttnQueryScales(int64_t attn_log_scale_base, int64_t begin, int64_t len, torch::Device device);
 // Half-split RoPE of x [..., T, H, dh] with cos/sin [T, dh/2].
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 

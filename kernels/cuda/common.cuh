@@ -171,6 +171,13 @@ __device__ __forceinline__ void RopeAngle(int64_t i, int64_t dh, int64_t pos, do
   sincosf(static_cast<float>(static_cast<double>(pos) * inv_freq), sin_out, cos_out);
 }
 
+// The factor attention mode multiplies the query at `pos` by: max(1, ln(pos + 1) / ln(base)) in double, as
+// engine/config.cc's AttnQueryScale; 1 when base is 0 (ModelConfig::attn_log_scale_base).
+__device__ __forceinline__ float AttnQueryScale(int64_t base, int64_t pos) {
+  if (base <= 0) return 1.f;
+  return static_cast<float>(fmax(1.0, log(static_cast<double>(pos) + 1.0) / log(static_cast<double>(base))));
+}
+
 // Thread-block clusters (compute capability 9). ClusterSync: waits until every thread of every block of the
 // cluster has arrived (release / acquire at cluster scope: shared-memory writes before it are seen by the
 // peers after it). ClusterRank: the block's rank in its cluster. ClusterPeer: the address of `local` (in

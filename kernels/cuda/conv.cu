@@ -60,8 +60,9 @@ __global__ void ConvRopeAppendKernel(ConvRopeAppendParams p) {
       const float* q = p.proj_ptr + r * P + P - HD;  // q_attn: the last HD columns
       const float q_lo = q[c_lo], q_hi = has_hi ? q[c_hi] : 0.f;
       float* qa = p.qa_ptr + r * HD;
-      qa[c_lo] = rope ? q_lo * cs - q_hi * sn : q_lo;
-      if (has_hi) qa[c_hi] = rope ? q_hi * cs + q_lo * sn : q_hi;
+      const float scale = AttnQueryScale(p.dims.attn_log_scale_base, pos);
+      qa[c_lo] = (rope ? q_lo * cs - q_hi * sn : q_lo) * scale;
+      if (has_hi) qa[c_hi] = (rope ? q_hi * cs + q_lo * sn : q_hi) * scale;
     }
   }
 }

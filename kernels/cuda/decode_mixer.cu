@@ -112,7 +112,8 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
     if (attention_row) {
       const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns
-      p.qa_ptr[r * HD + h * kDh + j] = rope ? rotate(q[j], q[partner]) : q[j];
+      p.qa_ptr[r * HD + h * kDh + j] =
+          (rope ? rotate(q[j], q[partner]) : q[j]) * AttnQueryScale(p.dims.attn_log_scale_base, pos);
     }
   }
 

@@ -51,6 +51,7 @@ struct ModelDims {
   bool conv_silu;      // conv activation SiLU (else identity)
   float norm_eps;
   double rope_theta;   // 0: no RoPE
+  int64_t attn_log_scale_base;  // attention queries x AttnQueryScale(base, position) (common.cuh); 0: off
 };
 
 // Weights in FP8 (`--weights fp8`): W[n, k] = row_scale[n] * e4m3[n, k], the scale a power of two chosen per

@@ -111,6 +111,36 @@ TEST(ConfigTest, RejectsEachMissingField) {
   }
 }
 
+// attn_log_scale_base may be absent (0, off: every checkpoint before it), is read when present, and is
+// written only when set, so that older configs round-trip byte for byte.
+TEST(ConfigTest, AttnLogScaleBaseIsOptional) {
+  absl::StatusOr<ModelConfig> absent = ParseModelConfig(ValidJson().dump(), kSource);
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->attn_log_scale_base, 0);
+  EXPECT_EQ(ToJson(*absent).find("attn_log_scale_base"), std::string::npos);
+
+  Json j = ValidJson();
+  j["attn_log_scale_base"] = 1024;
+  absl::StatusOr<ModelConfig> set = ParseModelConfig(j.dump(), kSource);
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->attn_log_scale_base, 1024);
+  EXPECT_NE(ToJson(*set).find("\"attn_log_scale_base\": 1024"), std::string::npos);
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ToJson(*set), kSource);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *set);
+}
+
+// The query factor: 1 up to the base's position, then ln(p + 1) / ln(base); 1 everywhere when off.
+TEST(ConfigTest, AttnQueryScaleGrowsWithLogPosition) {
+  EXPECT_EQ(AttnQueryScale(0, 1 << 20), 1.0);
+  EXPECT_EQ(AttnQueryScale(1024, 0), 1.0);
+  EXPECT_EQ(AttnQueryScale(1024, 1022), 1.0);
+  EXPECT_DOUBLE_EQ(AttnQueryScale(1024, 1023), 1.0);
+  EXPECT_DOUBLE_EQ(AttnQueryScale(1024, 1024 * 1024 - 1), 2.0);
+  EXPECT_DOUBLE_EQ(AttnQueryScale(4096, 16383), 14.0 / 12.0);
+  EXPECT_GT(AttnQueryScale(1024, 5000), AttnQueryScale(1024, 4000));
+}
+
 TEST(ConfigTest, RejectsUnknownField) {
   Json j = ValidJson();
   j["n_kv_heads"] = 4;
@@ -186,6 +216,9 @@ TEST(ConfigTest, RejectsOutOfRangeValues) {
       {"eos_id", -1, "field 'eos_id': must be a token id in [0, vocab_size=32000), got -1"},
       {"pad_id", 40000, "field 'pad_id': must be a token id"},
       {"n_heads", uint64_t{18446744073709551615u}, "field 'n_heads': integer out of range"},
+      {"attn_log_scale_base", 1, "field 'attn_log_scale_base': must be 0 (off) or in [2, 1073741824], got 1"},
+      {"attn_log_scale_base", -4, "field 'attn_log_scale_base': must be 0 (off) or in [2, "},
+      {"attn_log_scale_base", 1.5, "field 'attn_log_scale_base': must be an integer"},
   };
   for (const Case& c : cases) {
     EXPECT_HAS_SUBSTR(ErrorWith(c.field, c.value), (std::string(kSource) + ": " + c.expected))

@@ -286,10 +286,13 @@ TEST_P(CudaParityTest, LogitsMatchTheCpuBackendOnRandomModels) {
   silu.conv_activation = ConvActivation::kSilu;
   silu.rope_theta = 0;  // no RoPE
   silu.head_dim = 5;    // odd head_dim (allowed without RoPE): the scalar attention path
+  ModelConfig log_scale = HeadDim64Config(GetParam());
+  log_scale.attn_log_scale_base = 64;  // queries x1.5 at position 511, x1.6 at 900: prefill and decode kernels
   // The head-dim-64 model prefills 600 tokens: attention over more than two 256-key chunks.
-  for (const Case& k : {Case{"tiny", testutil::TinyConfig(GetParam()), 12, 7}, Case{"tiny-tied", tied, 9, 1},
-                        Case{"tiny-silu-odd", silu, 10, 4}, Case{"dh64", HeadDim64Config(GetParam()), 600, 300},
-                        Case{"dh128", HeadDim128Config(GetParam()), 300, 120}}) {
+  for (const Case& k :
+       {Case{"tiny", testutil::TinyConfig(GetParam()), 12, 7}, Case{"tiny-tied", tied, 9, 1},
+        Case{"tiny-silu-odd", silu, 10, 4}, Case{"dh64", HeadDim64Config(GetParam()), 600, 300},
+        Case{"dh64-log-scale", log_scale, 600, 300}, Case{"dh128", HeadDim128Config(GetParam()), 300, 120}}) {
     SCOPED_TRACE(k.name);
     testutil::ScratchDir scratch;
     testutil::WriteTinyCheckpoint(scratch.path(), k.config, ScaledTensors(k.config, 7));

@@ -16,6 +16,7 @@ struct ParityCase {
   LinearMixer mixer;
   bool rope;
   bool tied;
+  int64_t attn_log_scale_base = 0;  // > 0: queries sharpen from this position on (T = 41 reaches 1.8x at 8)
 };
 
 class ModelParityTest : public ::testing::TestWithParam<ParityCase> {};
@@ -32,6 +33,7 @@ TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
   ModelConfig config = train::SmallModel(pc.mixer, /*vocab=*/61);
   config.rope_theta = pc.rope ? 10000.0 : 0.0;
   config.tie_embeddings = pc.tied;
+  config.attn_log_scale_base = pc.attn_log_scale_base;
   train::OryxModel reference(config, /*seed=*/17);
   testutil::ScratchDir scratch;
   auto model = ExportAndLoad(reference, scratch);
@@ -74,16 +76,16 @@ TEST_P(ModelParityTest, EngineLogitsEqualLibTorchForAnyModeScheduleAndSplit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, ModelParityTest,
-                         ::testing::Values(ParityCase{LinearMixer::kMamba2, true, false},
-                                           ParityCase{LinearMixer::kMamba2, false, true},
-                                           ParityCase{LinearMixer::kGdn, true, true},
-                                           ParityCase{LinearMixer::kGdn, false, false}),
-                         [](const auto& info) {
-                           const ParityCase& c = info.param;
-                           return std::string(LinearMixerName(c.mixer)) + (c.rope ? "_rope" : "_norope") +
-                                  (c.tied ? "_tied" : "_untied");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ModelParityTest,
+    ::testing::Values(ParityCase{LinearMixer::kMamba2, true, false}, ParityCase{LinearMixer::kMamba2, false, true},
+                      ParityCase{LinearMixer::kGdn, true, true}, ParityCase{LinearMixer::kGdn, false, false},
+                      ParityCase{LinearMixer::kMamba2, true, false, 8}, ParityCase{LinearMixer::kGdn, false, true, 4}),
+    [](const auto& info) {
+      const ParityCase& c = info.param;
+      return std::string(LinearMixerName(c.mixer)) + (c.rope ? "_rope" : "_norope") + (c.tied ? "_tied" : "_untied") +
+             (c.attn_log_scale_base > 0 ? "_logscale" + std::to_string(c.attn_log_scale_base) : "");
+    });
 
 TEST(ModelInput, BadSpansAreErrorsAndLeaveTheSequenceUntouched) {
   ModelConfig config = train::SmallModel(LinearMixer::kMamba2, 61);

@@ -102,13 +102,16 @@ struct ModelCase {
   LinearMixer mixer;
   bool rope;
   bool tied;
+  int64_t attn_log_scale_base = 0;  // > 0: attention queries sharpen from this position on
 };
 
 class ModelParityTest : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(ModelParityTest, ParallelForwardEqualsTokenByTokenReference) {
   const ModelCase mc = GetParam();
-  OryxModel model(TinyConfig(mc.mixer, mc.rope, mc.tied), 11);
+  ModelConfig config = TinyConfig(mc.mixer, mc.rope, mc.tied);
+  config.attn_log_scale_base = mc.attn_log_scale_base;
+  OryxModel model(config, 11);
   model->scan_chunk = 8;  // T = 29 exercises full and partial chunks
   torch::NoGradGuard no_grad;
   const int64_t B = 2, T = 29;
@@ -123,13 +126,24 @@ TEST_P(ModelParityTest, ParallelForwardEqualsTokenByTokenReference) {
   auto attn = model->Forward(tokens, Pattern("attention", B, T));
   auto lin = model->Forward(tokens, Pattern("linear", B, T));
   EXPECT_GT((attn - lin).abs().max().item<double>(), 1e-3);
+  if (mc.attn_log_scale_base > 0) {
+    // And the scale is applied from the base on: the same weights without it give bit-identical logits up to
+    // the base's position and others after it. (Small ones: at initialisation the attention logits are near
+    // 0, so sharpening them moves a near-uniform softmax only a little.)
+    config.attn_log_scale_base = 0;
+    OryxModel unscaled(config, 11);
+    auto plain = unscaled->Forward(tokens, Pattern("attention", B, T));
+    const int64_t b = mc.attn_log_scale_base;
+    EXPECT_EQ((attn.narrow(1, 0, b) - plain.narrow(1, 0, b)).abs().max().item<double>(), 0.0);
+    EXPECT_GT((attn.narrow(1, b, T - b) - plain.narrow(1, b, T - b)).abs().max().item<double>(), 1e-5);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, ModelParityTest,
-                         ::testing::Values(ModelCase{LinearMixer::kMamba2, true, true},
-                                           ModelCase{LinearMixer::kMamba2, false, false},
-                                           ModelCase{LinearMixer::kGdn, true, false},
-                                           ModelCase{LinearMixer::kGdn, false, true}));
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ModelParityTest,
+    ::testing::Values(ModelCase{LinearMixer::kMamba2, true, true}, ModelCase{LinearMixer::kMamba2, false, false},
+                      ModelCase{LinearMixer::kGdn, true, false}, ModelCase{LinearMixer::kGdn, false, true},
+                      ModelCase{LinearMixer::kMamba2, true, false, 4}, ModelCase{LinearMixer::kGdn, false, false, 6}));
 
 // Central finite differences in fp64 against autograd on a handful of entries of every tensor.
 TEST(ModelGradient, MatchesFiniteDifferences) {

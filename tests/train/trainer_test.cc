@@ -150,7 +150,7 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
 }
 
 // A later stage may train a model with another attention share or fragment length (they record how it was
-// trained), or with another RoPE base or context, but not change its shape.
+// trained), or with another RoPE base, context or query scale, but not change its shape.
 TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
   TrainOptions first = Tiny(Root() + "/init_first");
   first.steps = 2;
@@ -163,6 +163,7 @@ TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
   later.model.fragment_len = 32;
   later.model.rope_theta = 4 * first.model.rope_theta;
   later.model.max_position = 256;  // (first: the seq_len, 64)
+  later.model.attn_log_scale_base = 16;
   absl::Status s = Train(later);
   ASSERT_TRUE(s.ok()) << s;
   std::ifstream in(later.out_dir + "/model/config.json");
@@ -171,6 +172,9 @@ TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
   EXPECT_EQ(config["fragment_len"].get<int64_t>(), 32);
   EXPECT_EQ(config["rope_theta"].get<double>(), 4 * first.model.rope_theta);
   EXPECT_EQ(config["max_position"].get<int64_t>(), 256);
+  EXPECT_EQ(config["attn_log_scale_base"].get<int64_t>(), 16);
+  EXPECT_FALSE(
+      nlohmann::json::parse(std::ifstream(first.out_dir + "/model/config.json")).contains("attn_log_scale_base"));
 
   TrainOptions other = Tiny(Root() + "/init_other");
   other.steps = 2;
