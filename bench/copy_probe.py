@@ -24,7 +24,7 @@ import argparse, array, json, math, os, random, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import torch.nn.functional as F
-from torch_reference import load_checkpoint, rms_norm, rope
+from torch_reference import attn_query_scales, load_checkpoint, rms_norm, rope
 
 
 def rope_all(x, theta, position_scale=1.0):  # x [T, H, dh]: RoPE at positions 0.. times position_scale
@@ -65,6 +65,7 @@ def forward(c, t, ids, rows, block=512, hide=None, sharpen=None, position_scale=
             kv = F.silu(kv)
         k, v = kv[:, :HD].view(T, H, dh), kv[:, HD:].view(T, H, dh)
         q, k = (rope_all(y, c["rope_theta"], position_scale) for y in (qa.view(T, H, dh), k))
+        q = q * attn_query_scales(c.get("attn_log_scale_base", 0), T)[:, None, None]
         for (layer, head), factor in (sharpen or {}).items():
             if layer == i:
                 q[:, head] *= factor
@@ -116,6 +117,9 @@ def main():
                     help="RoPE's positions times this (a diagnostic: 0.25 shows 16K positions as 4K ones)")
     ap.add_argument("--rope-theta", type=float, default=0,
                     help="RoPE's theta instead of the model's (a diagnostic: a larger one slows the slow dimensions most)")
+    ap.add_argument("--attn-log-scale-base", type=int, default=-1,
+                    help="queries at position p times max(1, ln(p+1)/ln(N)) instead of the model's setting (0: off; "
+                    "a diagnostic unless the model was trained with it)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cpu", help="cpu | cuda (fp32 either way)")
     ap.add_argument("--out", help="write the JSON here too (atomically)")
@@ -127,6 +131,8 @@ def main():
     c, t = load_checkpoint(args.model)
     if args.rope_theta > 0:
         c["rope_theta"] = args.rope_theta
+    if args.attn_log_scale_base >= 0:
+        c["attn_log_scale_base"] = args.attn_log_scale_base
     t = {k: v.float().to(args.device) for k, v in t.items()}
     shards = sorted(f for f in os.listdir(args.data) if f.startswith("val-") and f.endswith(".bin"))
     if not shards:
@@ -185,7 +191,7 @@ def main():
                   f"{fmt(r['right_if_not'])}", flush=True)
     doc = {"probe": "copy", "model": args.model, "cue": args.cue, "answer": args.answer,
            "sharpen": {f"{l}.{h}": f for (l, h), f in sharpen.items()}, "position_scale": args.position_scale,
-           "rope_theta": c["rope_theta"],
+           "rope_theta": c["rope_theta"], "attn_log_scale_base": c.get("attn_log_scale_base", 0),
            "results": results}
     if args.out:
         tmp = args.out + ".tmp"

@@ -138,6 +138,15 @@ def l2norm(x):
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
 
 
+def attn_query_scales(base, length):
+    """The factors attention mode multiplies the queries of positions 0..length-1 by (config.json's
+    attn_log_scale_base: max(1, ln(pos + 1) / ln(base)) in double, then float; 1 when base is 0 or absent)."""
+    pos = torch.arange(length, dtype=torch.float64)
+    if not base:
+        return torch.ones(length)
+    return torch.clamp(torch.log(pos + 1) / math.log(base), min=1.0).float()
+
+
 def rope(x, cos, sin):  # x [B, H, dh], half-split pairing
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -172,7 +181,7 @@ class OryxLayer(torch.nn.Module):
                                 ("S", (batch, H, dh, dh), torch.float32)):
             self.register_buffer(name, torch.zeros(shape, dtype=dt, device=device), persistent=False)
 
-    def forward(self, x, pos: int, cos, sin, attn: bool):
+    def forward(self, x, pos: int, cos, sin, q_scale, attn: bool):
         c = self.c
         B, H, dh, eps = x.shape[0], c["n_heads"], c["head_dim"], c["norm_eps"]
         HD, ng = H * dh, (1 if c["linear_mixer"] == "mamba2" else 2) * H
@@ -205,7 +214,7 @@ class OryxLayer(torch.nn.Module):
         self.k_cache[:, :, pos] = rope(k, cos, sin).to(self.k_cache.dtype)
         self.v_cache[:, :, pos] = v.to(self.v_cache.dtype)
         if attn:
-            q = rope(qa.view(B, H, dh), cos, sin).unsqueeze(2)
+            q = (rope(qa.view(B, H, dh), cos, sin).float() * q_scale).to(qa.dtype).unsqueeze(2)
             o = F.scaled_dot_product_attention(q, self.k_cache[:, :, :pos + 1], self.v_cache[:, :, :pos + 1])
             o = o.squeeze(2).float()
         else:
@@ -242,15 +251,17 @@ class OryxDecoder(torch.nn.Module):
         ang = (torch.arange(length, dtype=torch.float64)[:, None] * freq).float()
         self.register_buffer("cos", ang.cos().to(self.device), persistent=False)
         self.register_buffer("sin", ang.sin().to(self.device), persistent=False)
+        q_scale = attn_query_scales(self.c.get("attn_log_scale_base", 0), length)
+        self.register_buffer("q_scale", q_scale.to(self.device), persistent=False)
 
     def head(self):
         return self.embed if self.c["tie_embeddings"] else self.lm_head
 
     def forward(self, tokens, pos: int, attn: bool):
         x = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[pos], self.sin[pos]
+        cos, sin, q_scale = self.cos[pos], self.sin[pos], self.q_scale[pos]
         for layer in self.layers:
-            x = layer(x, pos, cos, sin, attn)
+            x = layer(x, pos, cos, sin, q_scale, attn)
         return F.linear(rms_norm(x, self.final_norm, self.c["norm_eps"]), self.head())
 
 
