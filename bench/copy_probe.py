@@ -54,6 +54,7 @@ def forward(c, t, ids, rows, block=512, hide=None, sharpen=None, position_scale=
         if hide is not None:
             out = out.masked_fill(hidden[None, :e] & (query_rows[:, None] >= hide[1]), float("-inf"))
         return out
+    q_scale = attn_query_scales(c.get("attn_log_scale_base", 0), T)[:, None, None]
     for i in range(c["n_layers"]):
         p, m = f"layers.{i}.", f"layers.{i}.mixer."
         u = rms_norm(x, t[p + "attn_norm.weight"], eps)
@@ -65,7 +66,7 @@ def forward(c, t, ids, rows, block=512, hide=None, sharpen=None, position_scale=
             kv = F.silu(kv)
         k, v = kv[:, :HD].view(T, H, dh), kv[:, HD:].view(T, H, dh)
         q, k = (rope_all(y, c["rope_theta"], position_scale) for y in (qa.view(T, H, dh), k))
-        q = q * attn_query_scales(c.get("attn_log_scale_base", 0), T)[:, None, None]
+        q = q * q_scale
         for (layer, head), factor in (sharpen or {}).items():
             if layer == i:
                 q[:, head] *= factor

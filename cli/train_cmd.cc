@@ -104,10 +104,11 @@ int RunTrain(const Args& args) {
             4096);
   flags.Bool("allow-short-documents", &o.allow_short_documents,
              "train even when the corpus's documents average less than half of --seq-len");
-  flags.String("init-from", &o.init_from,
-               "start from this model directory's weights with a fresh optimizer and schedule (a run continued "
-               "elsewhere from exported weights); the model flags must match its config, except --attn-fraction, "
-               "--fragment-len, --rope-theta and --max-position (a later stage may change them)");
+  flags.String(
+      "init-from", &o.init_from,
+      "start from this model directory's weights with a fresh optimizer and schedule (a run continued "
+      "elsewhere from exported weights); the model flags must match its config, except --attn-fraction, "
+      "--fragment-len, --rope-theta, --max-position and --attn-log-scale-base (a later stage may change them)");
   flags.Int("log-every", &o.log_every, "steps between progress lines", 1);
   flags.Int("eval-every", &o.eval_every, "steps between validation losses (0: only at the end)", 0);
   flags.Int("eval-sequences", &o.eval_sequences, "validation sequences per mode", 1);

@@ -227,7 +227,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text, std::st
     auto it = json.find(std::string(field.name));
     if (it == json.end()) {
       if (field.optional) continue;
-      return FieldError(source_name, field.name, "missing (every field but attn_log_scale_base is required)");
+      return FieldError(source_name, field.name, "missing (a required field)");
     }
     if (absl::Status s = std::visit(FieldReader{*it, config}, field.member); !s.ok()) {
       return FieldError(source_name, field.name, std::string(s.message()));
@@ -314,8 +314,9 @@ std::string ToJson(const ModelConfig& config) {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   static const ModelConfig kDefaults;
   for (const Field& field : Fields()) {
-    const bool is_default = std::visit([&](auto member) { return config.*member == kDefaults.*member; }, field.member);
-    if (field.optional && is_default) continue;
+    if (field.optional && std::visit([&](auto member) { return config.*member == kDefaults.*member; }, field.member)) {
+      continue;  // an optional field at its default is left out, so that older configs round-trip unchanged
+    }
     std::string key(field.name);
     std::visit(
         [&](auto member) {

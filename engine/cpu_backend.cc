@@ -329,10 +329,12 @@ void CpuBackend::LayerForward(int64_t il, std::span<const ForwardItem> batch, st
       if (seq.has_kv_ && s.any_attention && c.rope_theta > 0) {
         k::cpu::Rope({T, H, dh, pos, c.rope_theta, P, proj + s.row * P + col_qa});
       }
-      for (int64_t t = 0; seq.has_kv_ && s.any_attention && c.attn_log_scale_base > 0 && t < T; ++t) {
-        const float scale = static_cast<float>(AttnQueryScale(c.attn_log_scale_base, pos + t));
-        float* q = proj + (s.row + t) * P + col_qa;
-        for (int64_t j = 0; j < HD; ++j) q[j] *= scale;
+      if (seq.has_kv_ && s.any_attention && c.attn_log_scale_base > 0) {
+        for (int64_t t = 0; t < T; ++t) {
+          const float scale = static_cast<float>(AttnQueryScale(c.attn_log_scale_base, pos + t));
+          float* q = proj + (s.row + t) * P + col_qa;
+          for (int64_t j = 0; j < HD; ++j) q[j] *= scale;
+        }
       }
     }
   });
