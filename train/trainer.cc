@@ -203,14 +203,21 @@ double FlopsPerToken(const ModelConfig& c, int64_t params, int64_t seq_len) {
 }
 
 // "key: checkpoint X, this run Y" for each field in which two configs differ, joined by "; ": the whole
-// config twice would bury them.
+// config twice would bury them. Optional fields are written only when set, so a field on either side alone
+// differs too ("(none)" on the other).
 std::string ConfigDifferences(const ModelConfig& checkpoint, const ModelConfig& run) {
   const Json was = Json::parse(ToJson(checkpoint)), asked = Json::parse(ToJson(run));
-  std::vector<std::string> diffs;
-  for (const auto& [key, value] : asked.items()) {
-    if (!was.contains(key) || was[key] != value) {
-      diffs.push_back(absl::StrCat(key, ": checkpoint ", was.contains(key) ? was[key].dump() : "(none)", ", this run ",
-                                   value.dump()));
+  const auto shown = [](const Json& config, const std::string& key) {
+    return config.contains(key) ? config[key].dump() : std::string("(none)");
+  };
+  std::vector<std::string> keys, diffs;
+  for (const auto& [key, value] : asked.items()) keys.push_back(key);
+  for (const auto& [key, value] : was.items()) {
+    if (!asked.contains(key)) keys.push_back(key);
+  }
+  for (const std::string& key : keys) {
+    if (shown(was, key) != shown(asked, key)) {
+      diffs.push_back(absl::StrCat(key, ": checkpoint ", shown(was, key), ", this run ", shown(asked, key)));
     }
   }
   return absl::StrJoin(diffs, "; ");

@@ -149,6 +149,21 @@ TEST(Trainer, ResumeFromACheckpointOfAnotherConfigIsRefused) {
   EXPECT_EQ(s.message().find("d_model"), std::string::npos) << "fields that agree are not listed: " << s;
 }
 
+// An optional field the checkpoint has and this run lacks (config.json writes it only when set) is named too.
+TEST(Trainer, ResumeWithoutTheCheckpointsQueryScaleNamesIt) {
+  TrainOptions o = Tiny(Root() + "/other_scale");
+  o.steps = 2;
+  o.model.attn_log_scale_base = 16;
+  ASSERT_TRUE(Train(o).ok());
+  o.resume = true;
+  o.steps = 4;
+  o.model.attn_log_scale_base = 0;
+  absl::Status s = Train(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("another config (attn_log_scale_base: checkpoint 16, this run (none))"), std::string::npos)
+      << s;
+}
+
 // A later stage may train a model with another attention share or fragment length (they record how it was
 // trained), or with another RoPE base, context or query scale, but not change its shape.
 TEST(Trainer, InitFromTakesAnotherTrainingMixOrPositionsButNotAnotherShape) {
