@@ -141,9 +141,9 @@ def l2norm(x):
 def attn_query_scales(base, length):
     """The factors attention mode multiplies the queries of positions 0..length-1 by (config.json's
     attn_log_scale_base: max(1, ln(pos + 1) / ln(base)) in double, then float; 1 when base is 0 or absent)."""
-    pos = torch.arange(length, dtype=torch.float64)
     if not base:
         return torch.ones(length)
+    pos = torch.arange(length, dtype=torch.float64)
     return torch.clamp(torch.log(pos + 1) / math.log(base), min=1.0).float()
 
 
