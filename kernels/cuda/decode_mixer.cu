@@ -50,11 +50,13 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
   }
   const float a_log = p.a_log_ptr[h], dt_bias = p.dt_bias_ptr[h];  // (exp'd after the wait: no stall here)
-  // The row's mode (uploaded with the forward's metadata) and RoPE's angle for feature j at this position:
-  // neither depends on the input projection, so neither is left for after the wait.
+  // The row's mode (uploaded with the forward's metadata), RoPE's angle for feature j at this position and
+  // the attention query's scale (a double-precision log): none depends on the input projection, so none is
+  // left for after the wait.
   const bool rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
-  float rope_cos = 1.f, rope_sin = 0.f;
+  float rope_cos = 1.f, rope_sin = 0.f, q_scale = 1.f;
   if (rope && threadIdx.y == 0) RopeAngle(j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &rope_sin, &rope_cos);
+  if (attention_row && threadIdx.y == 0) q_scale = AttnQueryScale(p.dims.attn_log_scale_base, pos);
   const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
   // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
   // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
@@ -112,8 +114,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
     if (attention_row) {
       const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns
-      p.qa_ptr[r * HD + h * kDh + j] =
-          (rope ? rotate(q[j], q[partner]) : q[j]) * AttnQueryScale(p.dims.attn_log_scale_base, pos);
+      p.qa_ptr[r * HD + h * kDh + j] = (rope ? rotate(q[j], q[partner]) : q[j]) * q_scale;
     }
   }
 
