@@ -410,9 +410,11 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   clock.Host(3);
   if (profiler_) {
     const char* mode = plan.NA == plan.N ? "attention" : plan.NA == 0 ? "linear" : "mixed";
-    const std::string kind = plan.N == plan.B ? Cat("decode step, ", mode, ", batch ", plan.B)
-                                              : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
-    profiler_->Collect(plan.tiled_attention ? nullptr : &kind);
+    // Long spans (tiled attention: prefill chunks) of every length share one entry.
+    const std::string kind = plan.N == plan.B       ? Cat("decode step, ", mode, ", batch ", plan.B)
+                             : plan.tiled_attention ? Cat("long spans (prefill), ", mode)
+                                                    : Cat("span of ", plan.N, " rows in ", plan.B, " sequences, ", mode);
+    profiler_->Collect(&kind);
   }
   const int32_t* drawn = draws.on ? reinterpret_cast<const int32_t*>(sc.meta_host + draws.tokens) : nullptr;
   int32_t key_token = 0;

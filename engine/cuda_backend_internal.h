@@ -619,9 +619,10 @@ class WarmupTimer {
 }  // namespace cuda_internal
 
 // ORYX_CUDA_PROFILE=1: time every op of the decode-step and span forwards (verify spans: more rows than
-// sequences, each at most kMaxGraphSpan; prefill chunks are not kept) and of whole speculative rounds (their
-// forwards' ops summed) with events (graphs off), and print the mean time per forward or round of each op, by
-// kind, when the backend is destroyed. For finding where a step's, a verify's or a round's time goes.
+// sequences, each at most kMaxGraphSpan; prefill chunks, all lengths together) and of whole speculative
+// rounds (their forwards' ops summed) with events (graphs off), and print the mean time per forward or round
+// of each op, by kind, when the backend is destroyed. For finding where a step's, a verify's, a round's or
+// a prefill's time goes.
 struct CudaBackend::Profiler {
   std::vector<cudaEvent_t> events;  // reused
   std::vector<const char*> names;   // names[i]: the op that ended at events[i]
