@@ -257,7 +257,6 @@ struct CudaSwitches {
   bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks
   bool tiled_attention = true;      // TILED_ATTENTION: prefill attention on tensor cores
-  bool tiled_split = true;          // TILED_SPLIT: ... split over chunks of keys where a span has few tiles
   bool group_mma = true;            // GROUP_MMA: verify spans of 3 or more rows attend on tensor cores
   bool wide_gemv = true;            // GEMV_WIDE: the wide single-row product where its grid fits
   bool early_loads = true;          // EARLY_LOADS: loads of constants before the wait for the previous kernel

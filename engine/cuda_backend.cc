@@ -110,7 +110,6 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   skip_q_linear_ = switches.skip_q_linear;
   chunked_scan_ = switches.chunked_scan;
   tiled_attention_ = switches.tiled_attention;
-  tiled_split_ = switches.tiled_split;
   gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
   fused_rows_ = switches.fused_rows;
   graph_after_ = switches.graph_after;

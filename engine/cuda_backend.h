@@ -168,7 +168,6 @@ class CudaBackend final : public Backend {
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
-  bool tiled_split_ = true;      // TILED_SPLIT: ... in chunks of keys where a span has few tiles
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   int fused_rows_ = 1;          // ORYX_CUDA_FUSED_ROWS: the most rows of a forward on the fused path
   int graph_after_ = 2;         // ORYX_CUDA_GRAPH_AFTER: a shape's use at which its graph is captured

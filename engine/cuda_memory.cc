@@ -142,7 +142,7 @@ absl::Status CudaBackend::EnsureScratch(int64_t N, int64_t NL, int64_t partial, 
 
 int64_t CudaBackend::PartialFloats(const Plan& plan) const {
   const int64_t scan = kc::ChunkedScanScratchFloats(ctx_->dims, plan.scan_chunks);
-  if (plan.tiled_attention && plan.max_chunks == 1) return scan;
+  if (plan.tiled_attention) return scan;
   return std::max(scan, plan.NA * config_.n_heads * plan.max_chunks * (config_.head_dim + 2));
 }
 

@@ -80,9 +80,6 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   const kc::KernelSwitches& sw = kc::GetKernelSwitches();
   plan.chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, plan.NG), c.n_heads,
                                      mma ? sw.group_mma_chunk : sw.attention_chunk);
-  if (plan.tiled_attention) {  // one chunk (no partials), or as many as a span of few tiles needs
-    plan.chunk = tiled_split_ ? kc::TiledAttentionChunk(max_keys, plan.NG, c.n_heads) : max_keys;
-  }
   plan.max_chunks = std::max<int64_t>(1, (max_keys + plan.chunk - 1) / plan.chunk);
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
   plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;

@@ -28,7 +28,6 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.skip_q_linear = on("ORYX_CUDA_SKIP_Q_LINEAR");
   s.chunked_scan = on("ORYX_CUDA_CHUNKED_SCAN");
   s.tiled_attention = on("ORYX_CUDA_TILED_ATTENTION");
-  s.tiled_split = on("ORYX_CUDA_TILED_SPLIT");
   s.group_mma = on("ORYX_CUDA_GROUP_MMA");
   s.wide_gemv = on("ORYX_CUDA_GEMV_WIDE");
   s.early_loads = on("ORYX_CUDA_EARLY_LOADS");

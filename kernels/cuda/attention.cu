@@ -446,11 +446,6 @@ int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, in
   return chunk;
 }
 
-void AttentionCombine(const AttentionParams& p, cudaStream_t stream) {
-  LaunchAfterPrevious(AttentionCombineKernel, dim3(static_cast<unsigned>(p.attn_rows), static_cast<unsigned>(p.dims.heads)),
-                      kCombineThreads, 0, stream, p);
-}
-
 void Attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.attn_rows == 0) return;
   const dim3 grid(static_cast<unsigned>(p.attn_rows), static_cast<unsigned>(p.dims.heads),

@@ -224,21 +224,17 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
     keys_of[i] = i < rows ? s.pos + (row - s.row) + 1 : 0;
   }
   __syncthreads();
-  // This block's keys: [k0, end), the chunk's part of the keys of the tile's last row.
-  const bool split = p.max_chunks > 1;
-  const int64_t k0 = split ? int64_t(blockIdx.z) * p.chunk : 0;
-  const int64_t end = split ? min(k0 + p.chunk, keys_of[rows - 1]) : keys_of[rows - 1];
-  if (k0 >= end) return;  // (the same for the whole block)
   StageQueries<kDh, kQStride>(p, row_of, kAttentionTileRows, rows, h, HD, qs, qr);
+  const int64_t max_keys = keys_of[rows - 1];
   const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const int64_t keys0 = min(keys_of[r0], end), keys1 = min(keys_of[r1], end);
+  const int64_t keys0 = keys_of[r0], keys1 = keys_of[r1];
   const int64_t warp_keys = warp * 16 < rows ? keys_of[min(warp * 16 + 15, rows - 1)] : 0;
   const KvRows keys = KeyRows(s, p.layer, HD, 0, h * kDh), values = ValueRows(s, p.layer, HD, 0, h * kDh);
   const float scale = rsqrtf(static_cast<float>(kDh));
 
   float o[kDh / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  StreamTiles<kDh, kQStride>(kv_tiles, k0, end, keys, values, [&](int64_t kv0, const bf16* ks) {
+  StreamTiles<kDh, kQStride>(kv_tiles, 0, max_keys, keys, values, [&](int64_t kv0, const bf16* ks) {
     if (kv0 >= warp_keys) return;  // every row of this warp is done (or absent)
     AttendKeys<kDh, kQStride, kTileKeys>(qs + warp * 16 * kQStride, qr + warp * 16 * kQStride, ks,
                                          ks + kTileKeys * kQStride, kv0, keys0, keys1, scale, o, m0, m1, l0, l1);
@@ -248,24 +244,6 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionTiledKernel(AttentionP
   for (int off = 1; off < 4; off *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, off);
     l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-  }
-  if (split) {
-    // Each row that sees a key of this chunk: its (max, sum, unnormalised output) for AttentionCombine.
-    auto partial = [&](int r) {
-      return p.partial_ptr + ((int64_t(first + r) * p.dims.heads + h) * p.max_chunks + blockIdx.z) * (kDh + 2);
-    };
-    const bool write0 = r0 < rows && k0 < keys_of[r0], write1 = r1 < rows && k0 < keys_of[r1];
-    float* out0 = write0 ? partial(r0) : nullptr;
-    float* out1 = write1 ? partial(r1) : nullptr;
-    if (t == 0 && write0) out0[0] = m0, out0[1] = l0;
-    if (t == 0 && write1) out1[0] = m1, out1[1] = l1;
-#pragma unroll
-    for (int nt = 0; nt < kDh / 8; ++nt) {
-      const int d = 2 + nt * 8 + 2 * t;
-      if (write0) out0[d] = o[nt][0], out0[d + 1] = o[nt][1];
-      if (write1) out1[d] = o[nt][2], out1[d + 1] = o[nt][3];
-    }
-    return;
   }
 #pragma unroll
   for (int nt = 0; nt < kDh / 8; ++nt) {
@@ -295,10 +273,8 @@ void LaunchTensorCoreKernel(dim3 grid, const AttentionParams& p, cudaStream_t st
 
 template <int kDh>
 void LaunchTiled(const AttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads),
-                  static_cast<unsigned>(std::max<int64_t>(1, p.max_chunks)));
+  const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads));
   LaunchTensorCoreKernel<AttentionTiledKernel<kDh>, TiledLayout<kDh>::kBytes>(grid, p, stream);
-  if (p.max_chunks > 1) AttentionCombine(p, stream);
 }
 
 // Split-KV attention of a group of up to kAttentionMmaGroupRows rows of one sequence (a verify span) on tensor
@@ -398,7 +374,7 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
 template <int kDh>
 void LaunchGroupMma(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.attn_groups), static_cast<unsigned>(p.dims.heads),
-                  static_cast<unsigned>(std::max<int64_t>(1, p.max_chunks)));
+                  static_cast<unsigned>(p.max_chunks));
   LaunchTensorCoreKernel<AttentionGroupMmaKernel<kDh>, GroupLayout<kDh>::kBytes>(grid, p, stream);
 }
 
@@ -423,19 +399,6 @@ void GroupAttentionMma(const AttentionParams& p, cudaStream_t stream) {
     case 128: return LaunchGroupMma<128>(p, stream);
     default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check GroupAttentionMmaApplies
   }
-}
-
-int64_t TiledAttentionChunk(int64_t max_keys, int64_t tiles, int64_t heads) {
-  // About three waves of four blocks on each SM of an H100 / H200 (the kernel's shared memory allows four),
-  // and chunks of at least 512 keys, so that staging the queries and the partials' round trip stay small
-  // against the keys a block reads. A 16K prefill chunk of 2048 rows (32 tiles, 8 heads: 256 blocks)
-  // splits into 7 chunks.
-  constexpr int64_t kTargetBlocks = 132 * 4 * 3, kMinChunk = 512;
-  static_assert(kKvBlockTokens % kTileKeys == 0, "a chunk of whole tiles starts each tile in one KV block");
-  const int64_t blocks = std::max<int64_t>(1, tiles * heads);
-  const int64_t splits =
-      std::max<int64_t>(1, std::min(CeilDiv(kTargetBlocks, blocks), CeilDiv(max_keys, kMinChunk)));
-  return CeilDiv(CeilDiv(max_keys, splits), kTileKeys) * kTileKeys;
 }
 
 void TiledAttention(const AttentionParams& p, cudaStream_t stream) {

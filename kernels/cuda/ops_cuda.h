@@ -305,7 +305,7 @@ struct AttentionParams {
   ModelDims dims;
   int32_t layer;
   int64_t attn_rows;               // NA
-  int64_t chunk;                   // keys per block: <= kAttentionChunk on CUDA cores, a multiple of 64 tiled
+  int64_t chunk;                   // keys per block, <= kAttentionChunk
   int64_t max_chunks;              // >= chunks of the longest row (ceil((pos + 1) / chunk))
   const int32_t* attn_rows_ptr;    // [NA] row indices
   const int32_t* row_seq_ptr;      // [N]
@@ -325,19 +325,14 @@ inline constexpr int kAttentionGroupRows = 8;
 void Attention(const AttentionParams& p, cudaStream_t stream);
 
 // The same on tensor cores for long spans (prefill), flash-attention style: a block per (group of up to
-// kAttentionTileRows attention rows of one sequence in position order, given in groups_ptr, head, chunk of
-// keys), keys streamed through shared memory in tiles of 64 with an online softmax; the fp32 queries and
-// probabilities enter the bf16 products as two bf16 terms each (16 bits of mantissa), fp32 accumulation and
-// softmax. With one chunk (max_chunks 1) each block writes its rows' outputs, and partial_ptr is unused;
-// with more, the blocks write partials and Attention's combine follows. TiledAttentionChunk picks the chunk
-// (a multiple of 64 keys) so that a span of few tiles still has blocks enough for the GPU. head_dim 64 or
-// 128 on compute capability 8 or later (TiledAttentionApplies).
+// kAttentionTileRows attention rows of one sequence in position order, given in groups_ptr, head), keys
+// streamed through shared memory in tiles of 64 with an online softmax; the fp32 queries and probabilities
+// enter the bf16 products as two bf16 terms each (16 bits of mantissa), fp32 accumulation and softmax. No
+// partials (partial_ptr, chunk unused). head_dim 64 or 128 on compute capability 8 or later
+// (TiledAttentionApplies).
 inline constexpr int kAttentionTileRows = 64;
 bool TiledAttentionApplies(const ModelDims& dims);
-int64_t TiledAttentionChunk(int64_t max_keys, int64_t tiles, int64_t heads);
 void TiledAttention(const AttentionParams& p, cudaStream_t stream);
-// Attention's second kernel alone: each attention row's output from its chunks' partials.
-void AttentionCombine(const AttentionParams& p, cudaStream_t stream);
 // Attention's first kernel for groups of rows (groups_ptr set) on tensor cores: the same partials as the
 // CUDA-core group kernel, for AttentionCombine, for groups of up to kAttentionMmaGroupRows rows (the 16 rows
 // of an mma). head_dim 64 or 128 on compute capability 8 or later; ORYX_CUDA_GROUP_MMA=0: never. Attention

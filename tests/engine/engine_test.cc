@@ -642,14 +642,13 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
 // The CUDA backend's switches come from ORYX_CUDA_* variables only through CudaSwitches::FromEnvironment:
 // every path on when none is set, "0" turns one off, PROFILE=1 and GEMV_ROWS=N set the others.
 TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
-  const char* names[] = {"ORYX_CUDA_FUSED",      "ORYX_CUDA_PDL",        "ORYX_CUDA_GEMV_ROWS",
-                         "ORYX_CUDA_PROFILE",    "ORYX_CUDA_SPLIT_GEMM", "ORYX_CUDA_GROUP_MMA_ROWS",
-                         "ORYX_CUDA_MMA_CHUNK",  "ORYX_CUDA_ATTN_CHUNK", "ORYX_CUDA_FP8_MMA_ROWS",
-                         "ORYX_CUDA_TILED_SPLIT"};
+  const char* names[] = {"ORYX_CUDA_FUSED",     "ORYX_CUDA_PDL",        "ORYX_CUDA_GEMV_ROWS",
+                         "ORYX_CUDA_PROFILE",   "ORYX_CUDA_SPLIT_GEMM", "ORYX_CUDA_GROUP_MMA_ROWS",
+                         "ORYX_CUDA_MMA_CHUNK", "ORYX_CUDA_ATTN_CHUNK", "ORYX_CUDA_FP8_MMA_ROWS"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
-              defaults.split_ragged_gemm && defaults.tiled_split);
+              defaults.split_ragged_gemm);
   EXPECT_EQ(defaults.gemv_rows_per_warp, 0);
   EXPECT_FALSE(defaults.profile);
   EXPECT_EQ(defaults.group_mma_min_rows, 3);
@@ -665,13 +664,11 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_MMA_CHUNK", "4096", 1);  // past the kernel's longest: clamped
   setenv("ORYX_CUDA_ATTN_CHUNK", "128", 1);
   setenv("ORYX_CUDA_FP8_MMA_ROWS", "4", 1);
-  setenv("ORYX_CUDA_TILED_SPLIT", "0", 1);
   const CudaSwitches set = CudaSwitches::FromEnvironment();
   for (const char* n : names) unsetenv(n);
   EXPECT_FALSE(set.fused_gemv);
   EXPECT_FALSE(set.programmatic_launch);
   EXPECT_FALSE(set.split_ragged_gemm);
-  EXPECT_FALSE(set.tiled_split);
   EXPECT_TRUE(set.decode_mixer && set.tiled_attention && set.wide_gemv);
   EXPECT_EQ(set.gemv_rows_per_warp, 4);
   EXPECT_TRUE(set.profile);

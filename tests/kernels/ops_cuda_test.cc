@@ -992,9 +992,7 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
 // eleven 64-key tiles, its rows in tiles of 64 with a partial last one, a third of them linear and skipped),
 // a 70-row prefill from position 0 (a row whose first key tile is its only one) and a single row. Queries and
 // probabilities enter the products as two bf16 terms (2^-17 relative), the keys and values are bf16 on both
-// sides, and the sums are fp32 in another order, so the fp32 kernels' bound holds (kFp32Tol). Whole, and
-// split over chunks of 64, 192 and 512 keys (partials, then the combine; one chunk more than the longest row
-// needs, whose blocks exit).
+// sides, and the sums are fp32 in another order, so the fp32 kernels' bound holds (kFp32Tol).
 TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
   cudaDeviceProp prop{};
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
@@ -1014,7 +1012,7 @@ TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
       paged.push_back(std::make_unique<PagedKv>(k_caches.back(), v_caches.back(), L, cap, HD));
     }
     const std::vector<float> qa = Random(b.N * HD, 64, -2, 2);
-    DeviceBuffer<float> dqa(qa), dstate(1);
+    DeviceBuffer<float> dqa(qa), dout(b.N * HD), dstate(1);
     std::vector<cuda::SeqDesc> seqs;
     std::vector<int32_t> attn, tiles;
     int32_t row = 0;
@@ -1032,32 +1030,25 @@ TEST(OpsCuda, TiledAttentionMatchesAttentionReference) {
     }
     DeviceBuffer<cuda::SeqDesc> dseqs(seqs);
     DeviceBuffer<int32_t> drow(b.row_seq), dattn(attn), dtiles(tiles);
-    const int64_t NA = static_cast<int64_t>(attn.size());
-    for (int64_t chunk : {0, 64, 192, 512}) {
-      SCOPED_TRACE("chunk=" + std::to_string(chunk));
-      const int64_t max_chunks = chunk == 0 ? 1 : (700 + chunk - 1) / chunk + 1;
-      DeviceBuffer<float> dpartial(chunk == 0 ? 1 : NA * H * max_chunks * (dh + 2));
-      DeviceBuffer<float> dout(b.N * HD);  // zeros: a row left unwritten fails
-      cuda::TiledAttention(
-          {b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(), dseqs.get(), dqa.get(),
-           dpartial.get(), dout.get(), static_cast<int64_t>(tiles.size() / 2), dtiles.get(), cuda::kAttentionTileRows},
-          nullptr);
-      const std::vector<float> out = dout.Host();
-      row = 0;
-      for (size_t q = 0; q < lens.size(); ++q) {
-        const int64_t T = lens[q], keys = pos[q] + T;
-        std::vector<float> ref(T * HD), scratch(T * keys), got(T * HD), want(T * HD);
-        cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD,
-                                 k_caches[q].data() + layer * cap * HD, v_caches[q].data() + layer * cap * HD,
-                                 ref.data(), scratch.data()});
-        for (int64_t t = 0; t < T; ++t) {  // attention rows only; the others are not written
-          if (!b.modes[row + t]) continue;
-          std::copy_n(out.begin() + (row + t) * HD, HD, got.begin() + t * HD);
-          std::copy_n(ref.begin() + t * HD, HD, want.begin() + t * HD);
-        }
-        ExpectClose(got, want, kFp32Tol, "sequence " + std::to_string(q), 1.0);
-        row += T;
+    cuda::TiledAttention({b.dims, static_cast<int32_t>(layer), static_cast<int64_t>(attn.size()), 0, 0, dattn.get(),
+                          drow.get(), dseqs.get(), dqa.get(), nullptr, dout.get(), static_cast<int64_t>(tiles.size() / 2),
+                          dtiles.get(), cuda::kAttentionTileRows},
+                         nullptr);
+    const std::vector<float> out = dout.Host();
+    row = 0;
+    for (size_t q = 0; q < lens.size(); ++q) {
+      const int64_t T = lens[q], keys = pos[q] + T;
+      std::vector<float> ref(T * HD), scratch(T * keys), got(T * HD), want(T * HD);
+      cpu::AttentionReference({T, keys, H, dh, HD, HD, HD, qa.data() + row * HD,
+                               k_caches[q].data() + layer * cap * HD, v_caches[q].data() + layer * cap * HD, ref.data(),
+                               scratch.data()});
+      for (int64_t t = 0; t < T; ++t) {  // attention rows only; the others are not written
+        if (!b.modes[row + t]) continue;
+        std::copy_n(out.begin() + (row + t) * HD, HD, got.begin() + t * HD);
+        std::copy_n(ref.begin() + t * HD, HD, want.begin() + t * HD);
       }
+      ExpectClose(got, want, kFp32Tol, "sequence " + std::to_string(q), 1.0);
+      row += T;
     }
   }
 }
