@@ -38,7 +38,7 @@ mkdir -p "$TMP/o"  # (oryx train makes it)
 "$script" compare --mixer gdn --corpus "$TMP/c" --out "$TMP/o" >/dev/null 2>&1
 check "compare runs oryx four times" test "$(wc -l <"$CALLS")" -eq 4
 train=$(head -1 "$CALLS")
-for want in "^train " "--mixer gdn " "--seq-len 4096 --batch 32 --max-position 4096" "--steps 400 " \
+for want in "^train " "--mixer gdn " "--seq-len 4096 --batch 32 --max-position 4096" "--steps 1200 " \
             "--rope-theta 500000 " "--attn-log-scale-base 0 "; do
   check "compare's training has '$want'" grep -q -e "$want" <<<"$train"
 done
