@@ -362,15 +362,16 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
                          {"copy_bandwidth_gb_s", bandwidth / 1e9}};
   base.update(Provenance());
 
-  // Prefill throughput by mode, from an empty sequence, in chunks of 2048 tokens (attention mode only up to
-  // o.prefill_max_attention: its cost grows with the square of the context): the median of three fills,
-  // each of a fresh sequence. One untimed fill of a chunk in each mode first, so that no timed fill pays
-  // for the process's first launches (cuBLAS's set-up, module loading, scratch growth).
-  const int64_t warm_len = std::min<int64_t>(2048, max_context);
+  // Prefill throughput by mode, from an empty sequence, in the backend's spans for one prompt (attention mode only up
+  // to o.prefill_max_attention: its cost grows with the square of the context): the median of three fills, each of a
+  // fresh sequence. One untimed fill of a chunk in each mode first, so that no timed fill pays for the process's first
+  // launches (cuBLAS's set-up, module loading, scratch growth).
+  const int64_t span = backend->PrefillSpan(1);
+  const int64_t warm_len = std::min<int64_t>(span, max_context);
   for (Mode mode : {Mode::kLinear, Mode::kAttention}) {
     SequenceState warm = backend->NewSequence();
     ORYX_RETURN_IF_ERROR(warm.Reserve(warm_len));
-    ORYX_RETURN_IF_ERROR(Fill(*backend, warm, warm_len, mode, 2048).status());
+    ORYX_RETURN_IF_ERROR(Fill(*backend, warm, warm_len, mode, span).status());
   }
   for (Mode mode : {Mode::kLinear, Mode::kAttention}) {
     for (int64_t context : o.contexts) {
@@ -379,13 +380,18 @@ absl::Status RunCudaDecodeBench(const DecodeBenchOptions& o, const Emit& emit) {
       for (int rep = 0; rep < 3; ++rep) {
         SequenceState seq = backend->NewSequence();
         ORYX_RETURN_IF_ERROR(seq.Reserve(context));
-        ORYX_ASSIGN_OR_RETURN(double s, Fill(*backend, seq, context, mode, 2048));
+        ORYX_ASSIGN_OR_RETURN(double s, Fill(*backend, seq, context, mode, span));
         runs.push_back(s);
       }
       const double s = Median(runs);
       nlohmann::json r = base;
-      r.update({{"bench", "prefill"}, {"mode", ModeName(mode)}, {"context", context}, {"chunk", 2048},
-                {"prefill_s", s}, {"prefill_s_runs", runs}, {"prefill_tokens_per_s", context / s}});
+      r.update({{"bench", "prefill"},
+                {"mode", ModeName(mode)},
+                {"context", context},
+                {"chunk", span},
+                {"prefill_s", s},
+                {"prefill_s_runs", runs},
+                {"prefill_tokens_per_s", context / s}});
       emit(r);
     }
   }

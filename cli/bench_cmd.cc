@@ -362,7 +362,9 @@ int BenchServe(const Args& rest) {
         "the first N tokens of a level's prompts are the same (a system prompt), the rest differ", 0, 1 << 24);
   f.Bool("no-prefix-cache", &no_prefix_cache, "every prompt computed in full (the prefix cache off)");
   f.Int("prefix-snapshot-every", &o.prefix_snapshot_every,
-        "the prefix cache snapshots prompts every N tokens (a multiple of 64; 0: its default)", 0, 1 << 30);
+        "the prefix cache snapshots prompts every N tokens (a multiple of 64; 0: the backend's prefill span for one "
+        "prompt, at least 2048)",
+        0, 1 << 30);
   f.Int("max-tokens", &o.max_tokens, "tokens generated per request", 1, 1 << 24);
   f.String("policy", &o.policy, "mode policy of every request; several, comma-separated: request i takes the (i mod n)-th");
   f.String("data", &o.data_dir, "a corpus: prompts from its validation split (default: random token ids)");

@@ -18,14 +18,15 @@ namespace oryx::cli {
 struct PrefixCacheFlags {
   bool off = false;
   int64_t mib = PrefixCacheOptions{}.max_bytes >> 20;
-  int64_t snapshot_every = PrefixCacheOptions{}.snapshot_every;
+  int64_t snapshot_every = 0;
 
   void Add(FlagSet& f) {
     f.Bool("no-prefix-cache", &off, "compute every prompt in full (no reuse of earlier prompts' beginnings)");
     f.Int("prefix-cache-mib", &mib, "memory the prefix cache's snapshots may hold, in MiB", 1, int64_t{1} << 30);
     f.Int("prefix-snapshot-every", &snapshot_every,
-          "a prompt is snapshotted every N tokens as it is prefilled (a multiple of 64), and at its end", 64,
-          int64_t{1} << 30);
+          "a prompt is snapshotted every N tokens as it is prefilled (a multiple of 64), and at its end; 0: the "
+          "backend's prefill span for one prompt, at least 2048 (2048 on the CPU, 16384 on the GPU)",
+          0, int64_t{1} << 30);
   }
   absl::Status Apply(Engine& engine) const {
     if (snapshot_every % PrefixCacheOptions{}.block_tokens != 0) {

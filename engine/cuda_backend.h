@@ -62,11 +62,13 @@ class CudaBackend final : public Backend {
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
   // BackendOptions::device_rounds).
   void set_runs_rounds(bool on) { runs_rounds_ = on; }
-  // Up to 2048 tokens per prompt and 8192 rows per forward (the activations of 8192 rows of 1.4b take about
-  // 1 GB), at least 256: attention runs in tiles, with no score buffer, and long spans keep the chunked scan
-  // and the products busy.
+  // Up to 16,384 tokens per prompt and as many rows per forward as 1.25 GiB of activations hold (8,704 for
+  // 1.4b, 32,768 for models/default; CudaSwitches::prefill_span and prefill_rows), at least 256:
+  // attention runs in tiles, with no score buffer, and long spans keep the tiled attention, the chunked scan
+  // and the products busy. A decoding request waits for such a forward (`--max-prefill-tokens` bounds it).
   int64_t PrefillSpan(int64_t sequences) const override {
-    return std::clamp<int64_t>(8192 / std::max<int64_t>(1, sequences), 256, 2048);
+    return std::clamp<int64_t>(prefill_rows_ / std::max<int64_t>(1, sequences), std::min<int64_t>(256, prefill_span_),
+                               prefill_span_);
   }
 
   // Bytes of the weight matrices on the device (bf16, or FP8 and their scales), the embedding table's included.
@@ -169,6 +171,8 @@ class CudaBackend final : public Backend {
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
+  int64_t prefill_rows_ = 8192;   // ORYX_CUDA_PREFILL_ROWS or the activation budget: prompt rows of a forward
+  int64_t prefill_span_ = 16384;  // ORYX_CUDA_PREFILL_SPAN: one prompt's tokens in a forward at most
   int fused_rows_ = 1;          // ORYX_CUDA_FUSED_ROWS: the most rows of a forward on the fused path
   int graph_after_ = 2;         // ORYX_CUDA_GRAPH_AFTER: a shape's use at which its graph is captured
   bool round_padding_ = true;   // ORYX_CUDA_ROUND_PADDING: RoundBatch

@@ -209,11 +209,17 @@ absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view p
 }
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::optional<Tokenizer> tokenizer)
-    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), prefix_cache_(std::make_unique<PrefixCache>()) {}
+    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)) {
+  set_prefix_cache(PrefixCacheOptions{.snapshot_every = 0});
+}
 Engine::Engine(Engine&&) noexcept = default;
 Engine::~Engine() = default;
 
 void Engine::set_prefix_cache(std::optional<PrefixCacheOptions> options) {
+  if (options && options->snapshot_every == 0) {
+    const int64_t b = options->block_tokens, span = std::max<int64_t>(2048, backend_->PrefillSpan(1));
+    options->snapshot_every = (span + b - 1) / b * b;
+  }
   prefix_cache_ = options ? std::make_unique<PrefixCache>(*options) : nullptr;
 }
 
@@ -307,12 +313,13 @@ absl::Status Engine::ScoreOn(SequenceState& seq, std::span<const int32_t> tokens
                                    " with ", modes.size(), " modes"));
   }
   ORYX_RETURN_IF_ERROR(seq.Reserve(rows));
-  const int64_t span = backend_->PrefillSpan(1);
+  // Scoring spans return [span, V] logits to the host: at most 2048 rows of them at a time.
+  const int64_t span = backend_->PrefillSpan(1), score_span = std::min<int64_t>(span, 2048);
   const int64_t V = backend_->config().vocab_size;
   std::vector<float> logits;
   for (int64_t begin = seq.position(); begin < rows;) {
     const bool scores = begin >= first_row;
-    const int64_t end = std::min(rows, begin + span);
+    const int64_t end = std::min(rows, begin + (scores ? score_span : span));
     const int64_t stop = scores ? end : std::min(end, first_row);
     ForwardItem item{&seq, tokens.subspan(begin, stop - begin), modes.subspan(begin, stop - begin),
                      scores ? LogitsRows::kAll : LogitsRows::kNone, scores ? &logits : nullptr, false};

@@ -247,7 +247,9 @@ class Engine {
   PolicyRegistry& policies() { return policies_; }
   // The prefix cache its batches share (engine/prefix_cache.h), null when off; on by default. A prompt then
   // resumes from the longest snapshot of its beginning run in the same modes, and is snapshotted as it is
-  // prefilled. set_prefix_cache(std::nullopt) turns it off (dropping its snapshots).
+  // prefilled. set_prefix_cache(std::nullopt) turns it off (dropping its snapshots). snapshot_every 0 (the
+  // engine's default): the backend's prefill span for one prompt rounded up to blocks, at least 2048, so
+  // that snapshots do not cut the spans shorter (a 16K prompt on the GPU: one span).
   PrefixCache* prefix_cache() { return prefix_cache_.get(); }
   void set_prefix_cache(std::optional<PrefixCacheOptions> options);
 

@@ -33,7 +33,9 @@ namespace oryx {
 
 struct PrefixCacheOptions {
   int64_t block_tokens = 64;             // snapshots sit at multiples of this many positions
-  int64_t snapshot_every = 2048;         // a prompt is snapshotted every this many tokens (a multiple of block_tokens)
+  // A prompt is snapshotted every this many tokens (a multiple of block_tokens). A prefill span ends at each
+  // snapshot, so an Engine given 0 takes its backend's span for one prompt (at least 2048; Engine::set_prefix_cache).
+  int64_t snapshot_every = 2048;
   int64_t max_bytes = int64_t{4} << 30;  // snapshots held at most (a host snapshot counts the blocks it shares)
 };
 

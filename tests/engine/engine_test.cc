@@ -463,6 +463,35 @@ TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
   for (auto& [id, got] : finished) EXPECT_EQ(got.tokens, engine_->Generate(qs[id])->tokens) << "request " << id;
 }
 
+// A prompt's prefill spans end at its prefix-cache snapshots, so an engine snapshots no closer than its
+// backend's span for one prompt: at least 2048 (the CPU's 256), rounded up to blocks (a span of 5000: 5056).
+// An explicit interval stays.
+TEST(Engine, PrefixSnapshotsAreNoCloserThanTheBackendsPrefillSpan) {
+  class LongSpans final : public Backend {
+   public:
+    explicit LongSpans(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+    std::string_view name() const override { return inner_->name(); }
+    const ModelConfig& config() const override { return inner_->config(); }
+    SequenceState NewSequence() const override { return inner_->NewSequence(); }
+    absl::Status Forward(std::span<const ForwardItem> batch) override { return inner_->Forward(batch); }
+    int64_t PrefillSpan(int64_t sequences) const override { return 5000 / sequences; }
+
+   private:
+    std::unique_ptr<Backend> inner_;
+  };
+  testutil::ScratchDir scratch, other;
+  Engine cpu = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 1);
+  ASSERT_NE(cpu.prefix_cache(), nullptr);
+  EXPECT_EQ(cpu.prefix_cache()->options().snapshot_every, 2048);
+  Engine long_spans(std::make_unique<LongSpans>(testutil::TinyBackend(other, LinearMixer::kMamba2, 1)), std::nullopt);
+  ASSERT_NE(long_spans.prefix_cache(), nullptr);
+  EXPECT_EQ(long_spans.prefix_cache()->options().snapshot_every, 5056);
+  long_spans.set_prefix_cache(PrefixCacheOptions{.snapshot_every = 0});
+  EXPECT_EQ(long_spans.prefix_cache()->options().snapshot_every, 5056);
+  long_spans.set_prefix_cache(PrefixCacheOptions{.snapshot_every = 128});
+  EXPECT_EQ(long_spans.prefix_cache()->options().snapshot_every, 128);
+}
+
 TEST_F(EngineTest, GenerationStopsAtMaxPosition) {
   auto r = engine_->Generate(Request("a b c", 1000));
   ASSERT_TRUE(r.ok());
@@ -642,9 +671,10 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnceAcrossManyCalls) {
 // The CUDA backend's switches come from ORYX_CUDA_* variables only through CudaSwitches::FromEnvironment:
 // every path on when none is set, "0" turns one off, PROFILE=1 and GEMV_ROWS=N set the others.
 TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
-  const char* names[] = {"ORYX_CUDA_FUSED",     "ORYX_CUDA_PDL",        "ORYX_CUDA_GEMV_ROWS",
-                         "ORYX_CUDA_PROFILE",   "ORYX_CUDA_SPLIT_GEMM", "ORYX_CUDA_GROUP_MMA_ROWS",
-                         "ORYX_CUDA_MMA_CHUNK", "ORYX_CUDA_ATTN_CHUNK", "ORYX_CUDA_FP8_MMA_ROWS"};
+  const char* names[] = {"ORYX_CUDA_FUSED",        "ORYX_CUDA_PDL",         "ORYX_CUDA_GEMV_ROWS",
+                         "ORYX_CUDA_PROFILE",      "ORYX_CUDA_SPLIT_GEMM",  "ORYX_CUDA_GROUP_MMA_ROWS",
+                         "ORYX_CUDA_MMA_CHUNK",    "ORYX_CUDA_ATTN_CHUNK",  "ORYX_CUDA_FP8_MMA_ROWS",
+                         "ORYX_CUDA_PREFILL_ROWS", "ORYX_CUDA_PREFILL_SPAN"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
@@ -655,6 +685,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.group_mma_chunk, 1024);
   EXPECT_EQ(defaults.attention_chunk, 256);
   EXPECT_EQ(defaults.fp8_mma_min_rows, 8);
+  EXPECT_EQ(defaults.prefill_rows, 0);
+  EXPECT_EQ(defaults.prefill_span, 16384);
   setenv("ORYX_CUDA_FUSED", "0", 1);
   setenv("ORYX_CUDA_PDL", "0", 1);
   setenv("ORYX_CUDA_GEMV_ROWS", "4", 1);
@@ -664,6 +696,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_MMA_CHUNK", "4096", 1);  // past the kernel's longest: clamped
   setenv("ORYX_CUDA_ATTN_CHUNK", "128", 1);
   setenv("ORYX_CUDA_FP8_MMA_ROWS", "4", 1);
+  setenv("ORYX_CUDA_PREFILL_ROWS", "16384", 1);
+  setenv("ORYX_CUDA_PREFILL_SPAN", "100", 1);  // under the least span: clamped
   const CudaSwitches set = CudaSwitches::FromEnvironment();
   for (const char* n : names) unsetenv(n);
   EXPECT_FALSE(set.fused_gemv);
@@ -676,6 +710,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.group_mma_chunk, 1024);
   EXPECT_EQ(set.attention_chunk, 128);
   EXPECT_EQ(set.fp8_mma_min_rows, 4);
+  EXPECT_EQ(set.prefill_rows, 16384);
+  EXPECT_EQ(set.prefill_span, 256);
 }
 
 #ifdef ORYX_HAVE_CUDA
