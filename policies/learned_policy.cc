@@ -1,15 +1,16 @@
 #include "policies/learned_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "Eigen/Core"
-#include "engine/safetensors.h"
+#include "base/rng.h"
 #include "base/status_macros.h"
 #include "base/str_cat.h"
-#include "router/features.h"
-#include "base/rng.h"
 #include "engine/json_text.h"
+#include "engine/safetensors.h"
+#include "router/features.h"
 
 namespace oryx::policies {
 
@@ -47,16 +48,21 @@ Eigen::VectorXf Apply(const PolicyNetwork::Linear& l, const Eigen::VectorXf& x) 
 
 }  // namespace
 
+int64_t FeatureIndex(std::string_view name) {
+  const auto it = std::find(router::kFeatureNames.begin(), router::kFeatureNames.end(), name);
+  return it == router::kFeatureNames.end() ? -1 : it - router::kFeatureNames.begin();
+}
+
 absl::Status PolicyNetwork::Validate() const {
-  const int64_t F = router::kNumFeatures;
-  if (static_cast<int64_t>(features.size()) != F) {
-    return absl::InvalidArgumentError(Cat("the policy reads ", features.size(), " features; this build computes ", F,
-                                          " (feature version ", router::kFeatureVersion, ")"));
-  }
+  const int64_t F = static_cast<int64_t>(features.size());
   for (int64_t i = 0; i < F; ++i) {
-    if (features[i] != router::kFeatureNames[i]) {
-      return absl::InvalidArgumentError(Cat("feature ", i, " of the policy is '", features[i], "'; this build's is '",
-                                            router::kFeatureNames[i], "'"));
+    if (FeatureIndex(features[i]) < 0) {
+      return absl::InvalidArgumentError(Cat("feature ", i, " of the policy, '", features[i],
+                                            "', is not one this build computes (feature version ",
+                                            router::kFeatureVersion, ")"));
+    }
+    if (std::find(features.begin(), features.begin() + i, features[i]) != features.begin() + i) {
+      return absl::InvalidArgumentError(Cat("feature '", features[i], "' is listed twice"));
     }
   }
   if (segment_len < 1) return absl::InvalidArgumentError(Cat("segment_len ", segment_len, " must be >= 1"));
@@ -167,8 +173,9 @@ absl::StatusOr<PolicyNetwork> ReadPolicyFile(const std::string& path) {
     if (const int v = meta.at("version").get<int>(); v != kPolicyVersion) {
       return fail(absl::InvalidArgumentError(Cat("format version ", v, "; this build reads version ", kPolicyVersion)));
     }
-    if (const int v = meta.at("feature_version").get<int>(); v != router::kFeatureVersion) {
-      return fail(absl::InvalidArgumentError(Cat("feature version ", v, "; this build computes version ", router::kFeatureVersion)));
+    if (const int v = meta.at("feature_version").get<int>(); v < kOldestFeatureVersion || v > router::kFeatureVersion) {
+      return fail(absl::InvalidArgumentError(Cat("feature version ", v, "; this build reads versions ",
+                                                 kOldestFeatureVersion, " to ", router::kFeatureVersion)));
     }
     if (meta.at("activation").get<std::string>() != "tanh") {
       return fail(absl::InvalidArgumentError(Cat("activation '", meta.at("activation").get<std::string>(), "' (only tanh)")));
@@ -232,11 +239,16 @@ absl::StatusOr<LearnedPolicy> LearnedPolicy::Create(PolicyNetwork network) {
   return LearnedPolicy(std::move(network));
 }
 
+LearnedPolicy::LearnedPolicy(PolicyNetwork net) : net_(std::move(net)) {
+  for (const std::string& name : net_.features) inputs_.push_back(static_cast<int>(FeatureIndex(name)));
+}
+
 void LearnedPolicy::Evaluate(std::span<const float> features, Output* out) const {
-  const int64_t F = router::kNumFeatures;
-  Eigen::VectorXf x = (Eigen::Map<const Eigen::VectorXf>(features.data(), F) -
-                       Eigen::Map<const Eigen::VectorXf>(net_.input_mean.data(), F))
-                          .cwiseProduct(Eigen::Map<const Eigen::VectorXf>(net_.input_inv_std.data(), F));
+  const int64_t F = static_cast<int64_t>(inputs_.size());
+  Eigen::VectorXf x(F);
+  for (int64_t i = 0; i < F; ++i) x[i] = features[inputs_[i]];
+  x = (x - Eigen::Map<const Eigen::VectorXf>(net_.input_mean.data(), F))
+          .cwiseProduct(Eigen::Map<const Eigen::VectorXf>(net_.input_inv_std.data(), F));
   for (const PolicyNetwork::Linear& l : net_.hidden) x = Apply(l, x).array().tanh().matrix();
   std::vector<double> mode;
   Softmax(Apply(net_.mode_head, x), &mode);

@@ -33,6 +33,12 @@ namespace oryx::policies {
 inline constexpr std::string_view kPolicyFormat = "oryx-router-policy";
 inline constexpr int kPolicyVersion = 1;
 inline constexpr std::string_view kPolicyMetadataKey = "oryx.router_policy";
+// Policy files of feature versions kOldestFeatureVersion to router::kFeatureVersion load: every version since
+// adds features and changes none, so an older file's network reads the features it names.
+inline constexpr int kOldestFeatureVersion = 2;
+
+// The position of a feature in router::kFeatureNames, or -1.
+int64_t FeatureIndex(std::string_view name);
 
 // The network as plain data: what the trainer exports and the file holds.
 struct PolicyNetwork {
@@ -41,7 +47,9 @@ struct PolicyNetwork {
     std::vector<float> weight;  // [out, in] row-major
     std::vector<float> bias;    // [out]
   };
-  std::vector<std::string> features;   // must equal router::kFeatureNames
+  // The features it reads, in its input order: this build's router::kFeatureNames when trained by it; a file
+  // of an earlier feature version lists the ones it was trained on (version 2: all but the last two).
+  std::vector<std::string> features;
   int64_t segment_len = 128;           // the prefill segment length it was trained with
   int64_t tail_len = 0;                // and its finer tail (router::PrefillSegmentTokens; 0: none)
   std::vector<int64_t> draft_lengths;  // the draft head's choices (empty or one entry: never speculates)
@@ -59,7 +67,8 @@ PolicyNetwork RandomPolicyNetwork(std::span<const int64_t> hidden, std::span<con
                                   int64_t segment_len, uint64_t seed);
 
 // Reads and validates a policy file: InvalidArgument (naming the file and the problem) for a file that is not
-// a policy, a format version or feature list other than this build's, or tensors that are missing, extra,
+// a policy, a format version other than this build's, a feature version it does not read, a feature it does
+// not compute (or one listed twice), or tensors that are missing, extra,
 // misshapen or not finite.
 absl::StatusOr<PolicyNetwork> ReadPolicyFile(const std::string& path);
 // Writes atomically (the previous file stays intact on failure).
@@ -75,11 +84,13 @@ class LearnedPolicy {
     double p_attention = 0;           // probability of attention mode
     std::vector<double> draft_probs;  // over network().draft_lengths (empty without a draft head)
   };
+  // `features`: the router::kNumFeatures values router::Featurize writes (the network reads its own).
   void Evaluate(std::span<const float> features, Output* out) const;
 
  private:
-  explicit LearnedPolicy(PolicyNetwork net) : net_(std::move(net)) {}
+  explicit LearnedPolicy(PolicyNetwork net);
   PolicyNetwork net_;
+  std::vector<int> inputs_;  // of each of net_.features, its place in router::kFeatureNames
 };
 
 // Routes with a LearnedPolicy. By default greedily: attention when p_attention >= 0.5, and the most likely

@@ -57,6 +57,17 @@ EarlierMatch::Match EarlierMatch::Push(int32_t token) {
   return {earlier.len, n - earlier.first_end};
 }
 
+EarlierMatch::Match LongestMatchAtEnd(std::span<const int32_t> tokens, int64_t last) {
+  EarlierMatch index;
+  EarlierMatch::Match best;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const EarlierMatch::Match m = index.Push(tokens[i]);
+    if (i >= n - last && m.length > best.length) best = m;
+  }
+  return best;
+}
+
 EarlierMatch::Match NaiveEarlierMatch(const std::vector<int32_t>& tokens, int64_t end) {
   // The longest L such that tokens[end-L+1 .. end] equals tokens[j-L+1 .. j] for some j < end; among the
   // j that reach L, the first.

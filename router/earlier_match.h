@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,11 @@ class EarlierMatch {
   int32_t last_ = 0;
   int64_t size_ = 0;
 };
+
+// The longest of the matches Push returns for the last `last` of `tokens`, pushed from the start (the first
+// such, on a tie): for a prompt, whether it ends with text that occurred earlier in it (a question naming a
+// needle's key, a passage that repeats) and how far back. O(tokens).
+EarlierMatch::Match LongestMatchAtEnd(std::span<const int32_t> tokens, int64_t last);
 
 // What Push returns for tokens[end] after tokens[0..end-1], by brute force (O(end^2)): the reference the
 // tests check the automaton against.

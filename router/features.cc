@@ -35,6 +35,8 @@ void Featurize(const RouterContext& c, std::span<float> out) {
       acceptance_known ? static_cast<float>(c.acceptance) : 0.0f,
       Log1p(c.match_length),
       Log1p(c.match_distance),
+      Log1p(c.prompt_end_match_length),
+      Log1p(c.prompt_end_match_distance),
   };
   std::copy(std::begin(values), std::end(values), out.begin());
 }

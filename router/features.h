@@ -11,12 +11,12 @@
 
 namespace oryx::router {
 
-inline constexpr int kFeatureVersion = 2;
+inline constexpr int kFeatureVersion = 3;
 
 // Unknown statistics (entropy, margin, acceptance before they are measured) read as 0 with their *_known
 // flag 0. Counts and lengths enter as log(1 + x). The batch size is deliberately not a feature: a mode is
 // a per-sequence choice, and a policy trained at one batch size would read another as a new situation.
-inline constexpr std::array<std::string_view, 18> kFeatureNames = {
+inline constexpr std::array<std::string_view, 20> kFeatureNames = {
     "decode",                    // 0 prefill, 1 decode
     "log_position",              // the segment's first token
     "prompt_fraction",           // position / prompt_len, capped at 1
@@ -24,17 +24,19 @@ inline constexpr std::array<std::string_view, 18> kFeatureNames = {
     "log_prompt_len",
     "log_segment_tokens",
     "last_prompt_token",
-    "attention_fraction",        // of the tokens forwarded so far
+    "attention_fraction",  // of the tokens forwarded so far
     "log_tokens_since_attention",
     "entropy_known",
-    "entropy",                   // nats, of the last sampling distribution
-    "margin",                    // top-1 minus top-2 logit, capped at 20
+    "entropy",  // nats, of the last sampling distribution
+    "margin",   // top-1 minus top-2 logit, capped at 20
     "repeated_ngram",
-    "log_cost_ratio",            // log(predicted attention step / predicted linear step); 0 without a cost model
+    "log_cost_ratio",  // log(predicted attention step / predicted linear step); 0 without a cost model
     "acceptance_known",
-    "acceptance",                // recent speculative acceptance rate
-    "log_match_length",          // the longest earlier match ending at the decision's tokens (version 2)
-    "log_match_distance",        // how far back it first occurred
+    "acceptance",               // recent speculative acceptance rate
+    "log_match_length",         // the longest earlier match ending at the decision's tokens (version 2)
+    "log_match_distance",       // how far back it first occurred
+    "log_prompt_end_match",     // the longest earlier match ending in the prompt's last 32 tokens (version 3)
+    "log_prompt_end_distance",  // how far back it first occurred
 };
 inline constexpr int kNumFeatures = static_cast<int>(kFeatureNames.size());
 

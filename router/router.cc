@@ -75,6 +75,10 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
   const bool match = router_->reads_earlier_match();
+  if (match) {
+    const EarlierMatch::Match end_match = LongestMatchAtEnd(prompt, kPromptEndTokens);
+    c.prompt_end_match_length = end_match.length, c.prompt_end_match_distance = end_match.distance;
+  }
   EarlierMatch matches;
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
@@ -100,7 +104,10 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
 Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   auto [it, fresh] = slots_.try_emplace(s.id);
   SlotState& st = it->second;
-  if (fresh) st.prompt_hash = PromptHash(*s.prompt);
+  if (fresh) {
+    st.prompt_hash = PromptHash(*s.prompt);
+    if (router_->reads_earlier_match()) st.prompt_end = LongestMatchAtEnd(*s.prompt, kPromptEndTokens);
+  }
   RouterContext c;
   c.phase = Phase::kDecode;
   c.position = s.seq->position();
@@ -113,6 +120,7 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.margin = st.margin;
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
+  c.prompt_end_match_length = st.prompt_end.length, c.prompt_end_match_distance = st.prompt_end.distance;
   c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
   if (router_->reads_earlier_match()) {
     for (int64_t i = st.matches.size(); i < s.context_size(); ++i) st.match = st.matches.Push(s.context_token(i));

@@ -4,7 +4,8 @@
 // of its own; with a tail, the segment before it is cut finer: PrefillSegmentTokens), then one decision per
 // generated token.
 //
-// Features are causal: during prefill only positions, counts and a hash of the prompt; while decoding also the entropy
+// Features are causal: during prefill only positions, counts, a hash of the prompt and whether its end repeats earlier
+// text (the whole prompt is known before prefill); while decoding also the entropy
 // and top-2 margin of the distribution the last token was sampled from, a repeated-n-gram signal, and the cost model's
 // predicted step times when a calibrated model is given, and the acceptance rate of this sequence's recent speculative
 // rounds.
@@ -30,6 +31,8 @@ namespace oryx::router {
 
 enum class Phase { kPrefill, kDecode };
 
+inline constexpr int64_t kPromptEndTokens = 32;  // RouterContext::prompt_end_match_length
+
 struct RouterContext {
   Phase phase = Phase::kPrefill;
   int64_t position = 0;        // the segment's first token
@@ -47,6 +50,10 @@ struct RouterContext {
   // sequence (router/earlier_match.h): its length (the longest over a prefill segment's tokens; while
   // decoding, ending at the token about to run) and how far back its first occurrence ends. 0 and 0: none.
   int64_t match_length = 0, match_distance = 0;
+  // The same for the prompt's last kPromptEndTokens tokens (LongestMatchAtEnd): known before prefill, since the
+  // whole prompt is, and the same for every decision of a sequence. It tells a prompt that ends by naming
+  // something earlier (a needle's key, a passage to go on with) from one that ends in new text.
+  int64_t prompt_end_match_length = 0, prompt_end_match_distance = 0;
   uint64_t sequence_hash = 0;   // a hash of the prompt: lets a randomised policy differ between sequences
   double predicted_attention_s = -1, predicted_linear_s = -1;  // the cost model's step times, when given
   double acceptance = -1;  // running average of accepted / drafted over recent speculative rounds (-1: none)
@@ -102,6 +109,7 @@ class RouterDecoder final : public StepwiseDecoder {
  private:
   struct SlotState {
     uint64_t prompt_hash = 0;
+    EarlierMatch::Match prompt_end;  // LongestMatchAtEnd of the prompt
     EarlierMatch matches;  // over the slot's context, pushed up to the token about to run
     EarlierMatch::Match match;
     int64_t since_attention = 0;

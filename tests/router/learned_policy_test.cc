@@ -3,6 +3,7 @@
 // and sampled decisions that repeat when prefill is replayed.
 #include "policies/learned_policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -153,8 +154,9 @@ TEST(LearnedPolicyTest, BadFilesAreClearErrors) {
   auto write_raw = [&](const std::string& name, const PolicyNetwork& n, nlohmann::json meta_patch,
                        std::vector<HostTensor> extra = {}) {
     std::vector<HostTensor> t;
-    t.push_back(MakeHostTensor("input.mean", {kNumFeatures}, n.input_mean, DType::kF32));
-    t.push_back(MakeHostTensor("input.inv_std", {kNumFeatures}, n.input_inv_std, DType::kF32));
+    const int64_t f = static_cast<int64_t>(n.input_mean.size());
+    t.push_back(MakeHostTensor("input.mean", {f}, n.input_mean, DType::kF32));
+    t.push_back(MakeHostTensor("input.inv_std", {f}, n.input_inv_std, DType::kF32));
     t.push_back(MakeHostTensor("hidden.0.weight", {n.hidden[0].out, n.hidden[0].in}, n.hidden[0].weight, DType::kF32));
     t.push_back(MakeHostTensor("hidden.0.bias", {n.hidden[0].out}, n.hidden[0].bias, DType::kF32));
     t.push_back(MakeHostTensor("mode.weight", {n.mode_head.out, n.mode_head.in}, n.mode_head.weight, DType::kF32));
@@ -176,11 +178,61 @@ TEST(LearnedPolicyTest, BadFilesAreClearErrors) {
   }
   expect_error(write_raw("tail.safetensors", n, {{"tail_len", 8}}), "tail_len 8 must be 0 or below segment_len 8");
   expect_error(write_raw("v9.safetensors", n, {{"version", 9}}), "format version 9");
-  expect_error(write_raw("fv.safetensors", n, {{"feature_version", 0}}), "feature version 0");
+  expect_error(write_raw("fv.safetensors", n, {{"feature_version", 1}}), "feature version 1");
+  expect_error(write_raw("fv9.safetensors", n, {{"feature_version", router::kFeatureVersion + 1}}),
+               "feature version " + std::to_string(router::kFeatureVersion + 1));
   expect_error(write_raw("act.safetensors", n, {{"activation", "relu"}}), "activation 'relu'");
   PolicyNetwork renamed = n;
   renamed.features[2] = "mystery";
-  expect_error(write_raw("feat.safetensors", renamed, {}), "feature 2 of the policy is 'mystery'");
+  expect_error(write_raw("feat.safetensors", renamed, {}), "feature 2 of the policy, 'mystery', is not one");
+  PolicyNetwork twice = n;
+  twice.features[2] = twice.features[1];
+  expect_error(write_raw("twice.safetensors", twice, {}), "'" + n.features[1] + "' is listed twice");
+  {
+    // A file of feature version 2 lists the features before the last two and reads just those: it acts as
+    // the whole network with no weight on the two.
+    PolicyNetwork whole = n;
+    const int64_t old_f = kNumFeatures - 2, width = whole.hidden[0].out;
+    for (int64_t o = 0; o < width; ++o) {
+      for (int64_t i = old_f; i < kNumFeatures; ++i) whole.hidden[0].weight[o * kNumFeatures + i] = 0;
+    }
+    PolicyNetwork older = whole;
+    older.features.resize(old_f);
+    older.input_mean.resize(old_f);
+    older.input_inv_std.resize(old_f);
+    older.hidden[0].in = old_f;
+    older.hidden[0].weight.clear();
+    for (int64_t o = 0; o < width; ++o) {
+      for (int64_t i = 0; i < old_f; ++i)
+        older.hidden[0].weight.push_back(whole.hidden[0].weight[o * kNumFeatures + i]);
+    }
+    auto read = ReadPolicyFile(write_raw("v2.safetensors", older, {{"feature_version", 2}}));
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->features.size(), static_cast<size_t>(old_f));
+    auto a = LearnedPolicy::Create(whole), b = LearnedPolicy::Create(*read);
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::vector<float> f = SomeFeatures();
+    f[kNumFeatures - 2] = 3.0f, f[kNumFeatures - 1] = 7.0f;  // what only the whole network sees
+    LearnedPolicy::Output oa, ob;
+    a->Evaluate(f, &oa);
+    b->Evaluate(f, &ob);
+    EXPECT_NEAR(oa.p_attention, ob.p_attention, 1e-6);
+    // Listed in another order, with the weights and normalisation in that order, the network is the same.
+    PolicyNetwork reversed = older;
+    std::reverse(reversed.features.begin(), reversed.features.end());
+    std::reverse(reversed.input_mean.begin(), reversed.input_mean.end());
+    std::reverse(reversed.input_inv_std.begin(), reversed.input_inv_std.end());
+    for (int64_t o = 0; o < width; ++o) {
+      auto row = reversed.hidden[0].weight.begin() + o * old_f;
+      std::reverse(row, row + old_f);
+    }
+    auto c = LearnedPolicy::Create(reversed);
+    ASSERT_TRUE(c.ok()) << c.status();
+    LearnedPolicy::Output oc;
+    c->Evaluate(f, &oc);
+    EXPECT_NEAR(oc.p_attention, ob.p_attention, 1e-6);
+    EXPECT_NE(oc.p_attention, 0.5);  // (the weights are not all zero)
+  }
   PolicyNetwork nan = n;
   nan.hidden[0].weight[1] = NAN;
   expect_error(write_raw("nan.safetensors", nan, {}), "hidden.0.weight: not finite");

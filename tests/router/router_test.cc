@@ -318,15 +318,71 @@ TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
   }
 }
 
-TEST(Features, MatchEntersAsLogs) {
+TEST(Features, MatchesEnterAsLogs) {
   RouterContext c;
   c.match_length = 7;
   c.match_distance = 100;
+  c.prompt_end_match_length = 5;
+  c.prompt_end_match_distance = 3000;
   std::vector<float> f(kNumFeatures);
   Featurize(c, f);
-  EXPECT_EQ(kFeatureNames[kNumFeatures - 2], "log_match_length");
-  EXPECT_FLOAT_EQ(f[kNumFeatures - 2], std::log1p(7.0f));
-  EXPECT_FLOAT_EQ(f[kNumFeatures - 1], std::log1p(100.0f));
+  EXPECT_EQ(kFeatureNames[kNumFeatures - 4], "log_match_length");
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 4], std::log1p(7.0f));
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 3], std::log1p(100.0f));
+  EXPECT_EQ(kFeatureNames[kNumFeatures - 2], "log_prompt_end_match");
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 2], std::log1p(5.0f));
+  EXPECT_FLOAT_EQ(f[kNumFeatures - 1], std::log1p(3000.0f));
+}
+
+// The prompt's end match is the longest of the per-token matches over its last `last` tokens, the first on a
+// tie, whatever comes before them.
+TEST(EarlierMatch, LongestMatchAtEndAgreesWithTheNaiveMatches) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int32_t> text(1 + rng() % 60);
+    for (int32_t& t : text) t = static_cast<int32_t>(rng() % 3);
+    const int64_t n = static_cast<int64_t>(text.size());
+    for (int64_t last : {int64_t{1}, int64_t{5}, int64_t{32}, n + 3}) {
+      EarlierMatch::Match want;
+      for (int64_t end = std::max<int64_t>(0, n - last); end < n; ++end) {
+        const EarlierMatch::Match m = NaiveEarlierMatch(text, end);
+        if (m.length > want.length) want = m;
+      }
+      const EarlierMatch::Match got = LongestMatchAtEnd(text, last);
+      EXPECT_EQ(got.length, want.length) << trial << " " << last;
+      EXPECT_EQ(got.distance, want.distance) << trial << " " << last;
+    }
+  }
+  EXPECT_EQ(LongestMatchAtEnd({}, 32).length, 0);
+}
+
+// Every prefill decision sees the prompt's end match, from the prompt's first segment on: here its last
+// tokens 11 12 13 repeat tokens 1..3, ending 10 tokens after them; a router that never reads matches gets 0.
+TEST(RouterDecoder, EveryDecisionSeesThePromptsEndMatch) {
+  class EndRouter final : public Router {
+   public:
+    explicit EndRouter(bool reads) : reads_(reads) {}
+    Decision Decide(const RouterContext& c) const override {
+      seen.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
+      return {Mode::kAttention};
+    }
+    bool reads_earlier_match() const override { return reads_; }
+    mutable std::vector<std::pair<int64_t, int64_t>> seen;
+    bool reads_;
+  };
+  const std::vector<int32_t> prompt = {10, 11, 12, 13, 20, 21, 22, 23, 24, 25, 26, 11, 12, 13};
+  for (bool reads : {true, false}) {
+    RouterOptions o;
+    o.segment_len = 4;
+    auto router = std::make_unique<EndRouter>(reads);
+    EndRouter* r = router.get();
+    RouterDecoder decoder(std::move(router), o);
+    std::vector<Mode> got(prompt.size());
+    decoder.PrefillModes(prompt, 0, got);
+    ASSERT_EQ(r->seen.size(), 5u);
+    const std::pair<int64_t, int64_t> want = reads ? std::pair<int64_t, int64_t>{3, 10} : std::pair<int64_t, int64_t>{};
+    for (const auto& m : r->seen) EXPECT_EQ(m, want);
+  }
 }
 
 TEST(RouterDecoder, ATailCutsThePromptsLastSegmentFinerTowardItsEnd) {
