@@ -467,23 +467,13 @@ TEST_F(EngineTest, APrefillBudgetBoundsEachStepsPromptTokens) {
 // backend's span for one prompt: at least 2048 (the CPU's 256), rounded up to blocks (a span of 5000: 5056).
 // An explicit interval stays.
 TEST(Engine, PrefixSnapshotsAreNoCloserThanTheBackendsPrefillSpan) {
-  class LongSpans final : public Backend {
-   public:
-    explicit LongSpans(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-    std::string_view name() const override { return inner_->name(); }
-    const ModelConfig& config() const override { return inner_->config(); }
-    SequenceState NewSequence() const override { return inner_->NewSequence(); }
-    absl::Status Forward(std::span<const ForwardItem> batch) override { return inner_->Forward(batch); }
-    int64_t PrefillSpan(int64_t sequences) const override { return 5000 / sequences; }
-
-   private:
-    std::unique_ptr<Backend> inner_;
-  };
   testutil::ScratchDir scratch, other;
   Engine cpu = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 1);
   ASSERT_NE(cpu.prefix_cache(), nullptr);
   EXPECT_EQ(cpu.prefix_cache()->options().snapshot_every, 2048);
-  Engine long_spans(std::make_unique<LongSpans>(testutil::TinyBackend(other, LinearMixer::kMamba2, 1)), std::nullopt);
+  auto counting = std::make_unique<testutil::CountingBackend>(testutil::TinyBackend(other, LinearMixer::kMamba2, 1));
+  counting->prefill_span = 5000;
+  Engine long_spans(std::move(counting), std::nullopt);
   ASSERT_NE(long_spans.prefix_cache(), nullptr);
   EXPECT_EQ(long_spans.prefix_cache()->options().snapshot_every, 5056);
   long_spans.set_prefix_cache(PrefixCacheOptions{.snapshot_every = 0});

@@ -118,7 +118,11 @@ class CountingBackend final : public Backend {
     max_prompt_rows = std::max(max_prompt_rows, prompt_rows);
     return inner_->Forward(batch);
   }
+  int64_t PrefillSpan(int64_t sequences) const override {
+    return prefill_span > 0 ? prefill_span / sequences : inner_->PrefillSpan(sequences);
+  }
   int64_t forwards = 0, rows = 0, max_prompt_rows = 0;  // max_prompt_rows: of spans longer than one token
+  int64_t prefill_span = 0;  // > 0: PrefillSpan answers this over the sequences, as a device backend's might
 
  private:
   std::unique_ptr<Backend> inner_;
