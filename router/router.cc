@@ -104,10 +104,7 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
 Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   auto [it, fresh] = slots_.try_emplace(s.id);
   SlotState& st = it->second;
-  if (fresh) {
-    st.prompt_hash = PromptHash(*s.prompt);
-    if (router_->reads_earlier_match()) st.prompt_end = LongestMatchAtEnd(*s.prompt, kPromptEndTokens);
-  }
+  if (fresh) st.prompt_hash = PromptHash(*s.prompt);
   RouterContext c;
   c.phase = Phase::kDecode;
   c.position = s.seq->position();
@@ -120,12 +117,18 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.margin = st.margin;
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
-  c.prompt_end_match_length = st.prompt_end.length, c.prompt_end_match_distance = st.prompt_end.distance;
   c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
   if (router_->reads_earlier_match()) {
-    for (int64_t i = st.matches.size(); i < s.context_size(); ++i) st.match = st.matches.Push(s.context_token(i));
+    for (int64_t i = st.matches.size(); i < s.context_size(); ++i) {
+      st.match = st.matches.Push(s.context_token(i));
+      // The prompt's last tokens pass once, on the first decision: LongestMatchAtEnd without a second index.
+      if (i < s.prompt_len && i >= s.prompt_len - kPromptEndTokens && st.match.length > st.prompt_end.length) {
+        st.prompt_end = st.match;
+      }
+    }
     c.match_length = st.match.length;
     c.match_distance = st.match.distance;
+    c.prompt_end_match_length = st.prompt_end.length, c.prompt_end_match_distance = st.prompt_end.distance;
   }
   if (options_.cost_model) {
     c.predicted_attention_s = options_.cost_model->PredictSeconds({batch, 1, c.position, Mode::kAttention});

@@ -109,7 +109,7 @@ class RouterDecoder final : public StepwiseDecoder {
  private:
   struct SlotState {
     uint64_t prompt_hash = 0;
-    EarlierMatch::Match prompt_end;  // LongestMatchAtEnd of the prompt
+    EarlierMatch::Match prompt_end;  // LongestMatchAtEnd of the prompt, kept as `matches` passes its end
     EarlierMatch matches;  // over the slot's context, pushed up to the token about to run
     EarlierMatch::Match match;
     int64_t since_attention = 0;

@@ -155,31 +155,40 @@ TEST(EarlierMatch, DocumentedCases) {
   EXPECT_EQ(got[6].distance, 4);
 }
 
+// What a MatchRouter's decisions saw, in order: match_* and prompt_end_match_*. The test owns it, since the
+// router goes with its decoder (an engine's, when Generate returns).
+struct Seen {
+  std::vector<std::pair<int64_t, int64_t>> matches, ends;
+};
+
 // Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token).
 class MatchRouter final : public Router {
  public:
+  explicit MatchRouter(Seen* seen) : seen_(seen) {}
   Decision Decide(const RouterContext& c) const override {
-    seen.push_back({c.match_length, c.match_distance});
+    seen_->matches.push_back({c.match_length, c.match_distance});
+    seen_->ends.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
     return {c.last_prompt_token || c.match_length >= 3 ? Mode::kAttention : Mode::kLinear};
   }
-  mutable std::vector<std::pair<int64_t, int64_t>> seen;
+
+ private:
+  Seen* seen_;
 };
 
 TEST(RouterDecoder, PrefillSegmentsSeeWhetherTheirTokensOccurredEarlier) {
   RouterOptions o;
   o.segment_len = 4;
-  auto router = std::make_unique<MatchRouter>();
-  MatchRouter* r = router.get();
-  RouterDecoder decoder(std::move(router), o);
+  Seen seen;
+  RouterDecoder decoder(std::make_unique<MatchRouter>(&seen), o);
   // Segments [0,4) [4,8) [8,12) [12,14), then the last token alone; [8,12) repeats tokens 1..4.
   const std::vector<int32_t> prompt = {10, 11, 12, 13, 14, 20, 21, 22, 11, 12, 13, 14, 30, 31, 32};
   std::vector<Mode> got(prompt.size());
   decoder.PrefillModes(prompt, 0, got);
   const Mode A = Mode::kAttention, L = Mode::kLinear;
   EXPECT_EQ(got, (std::vector<Mode>{L, L, L, L, L, L, L, L, A, A, A, A, L, L, A}));
-  ASSERT_EQ(r->seen.size(), 5u);
-  EXPECT_EQ(r->seen[2], (std::pair<int64_t, int64_t>(4, 7)));  // 11 12 13 14 at 8..11, first at 1..4
-  EXPECT_EQ(r->seen[3], (std::pair<int64_t, int64_t>(0, 0)));
+  ASSERT_EQ(seen.matches.size(), 5u);
+  EXPECT_EQ(seen.matches[2], (std::pair<int64_t, int64_t>(4, 7)));  // 11 12 13 14 at 8..11, first at 1..4
+  EXPECT_EQ(seen.matches[3], (std::pair<int64_t, int64_t>(0, 0)));
 }
 
 TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
@@ -207,10 +216,9 @@ TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
 TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   testutil::ScratchDir scratch;
   Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
-  auto router = std::make_unique<MatchRouter>();
-  MatchRouter* r = router.get();
+  Seen seen;
   engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
-    return std::unique_ptr<Decoder>(new RouterDecoder(std::move(router), RouterOptions{}));
+    return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<MatchRouter>(&seen), RouterOptions{}));
   });
   GenerateRequest q;
   q.prompt_tokens = {5, 6, 7, 8, 5, 6, 7};
@@ -223,12 +231,16 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   // ending at the token it is about to run, checked here against the brute force over the context.
   std::vector<int32_t> context = q.prompt_tokens;
   context.insert(context.end(), result->tokens.begin(), result->tokens.end());
-  ASSERT_GE(r->seen.size(), 2u + 5u);
+  ASSERT_GE(seen.matches.size(), 2u + 5u);
   for (size_t i = 2; i < 2 + 5; ++i) {
     const int64_t at = static_cast<int64_t>(q.prompt_tokens.size() + i - 2);  // the token run by decision i
     const EarlierMatch::Match want = NaiveEarlierMatch(context, at);
-    EXPECT_EQ(r->seen[i], (std::pair<int64_t, int64_t>(want.length, want.distance))) << "decode decision " << i - 2;
+    EXPECT_EQ(seen.matches[i], (std::pair<int64_t, int64_t>(want.length, want.distance)))
+        << "decode decision " << i - 2;
   }
+  // Every decision, prefill and decode, sees the prompt's end match: 5 6 7 again, ending 4 tokens later.
+  ASSERT_EQ(seen.ends.size(), seen.matches.size());
+  for (size_t i = 0; i < seen.ends.size(); ++i) EXPECT_EQ(seen.ends[i], (std::pair<int64_t, int64_t>(3, 4))) << i;
 }
 
 // Requests of prompts of the given lengths (a fixed pattern of ids), each generating max_tokens under `policy`.
