@@ -122,7 +122,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                         ? switches.prefill_rows
                         : std::clamp<int64_t>(kActivationBytes / row_bytes / 256 * 256, 2048, 32768);
   }
-  prefill_span_ = switches.prefill_span;
+  prefill_span_ = std::max(256, switches.prefill_span);  // (PrefillSpan's least)
   graph_after_ = switches.graph_after;
   round_padding_ = switches.round_padding;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,

@@ -67,8 +67,7 @@ class CudaBackend final : public Backend {
   // attention runs in tiles, with no score buffer, and long spans keep the tiled attention, the chunked scan
   // and the products busy. A decoding request waits for such a forward (`--max-prefill-tokens` bounds it).
   int64_t PrefillSpan(int64_t sequences) const override {
-    return std::clamp<int64_t>(prefill_rows_ / std::max<int64_t>(1, sequences), std::min<int64_t>(256, prefill_span_),
-                               prefill_span_);
+    return std::clamp<int64_t>(prefill_rows_ / std::max<int64_t>(1, sequences), 256, prefill_span_);
   }
 
   // Bytes of the weight matrices on the device (bf16, or FP8 and their scales), the embedding table's included.
