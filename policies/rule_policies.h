@@ -45,6 +45,7 @@ class BudgetRouter final : public router::Router {
   explicit BudgetRouter(double fraction) : fraction_(fraction) {}
   router::Decision Decide(const router::RouterContext& c) const override;
   bool reads_earlier_match() const override { return false; }
+  bool reads_entropy() const override { return false; }
 
  private:
   double fraction_;
@@ -54,6 +55,7 @@ class MatchRouter final : public router::Router {
  public:
   explicit MatchRouter(int64_t min_length) : min_length_(min_length) {}
   router::Decision Decide(const router::RouterContext& c) const override;
+  bool reads_entropy() const override { return false; }
 
  private:
   int64_t min_length_;
@@ -65,6 +67,7 @@ class TailRouter final : public router::Router {
   router::Decision Decide(const router::RouterContext& c) const override;
   int64_t tail() const { return tail_; }
   bool reads_earlier_match() const override { return false; }
+  bool reads_entropy() const override { return false; }
 
  private:
   int64_t tail_;
@@ -75,6 +78,7 @@ class RandomRouter final : public router::Router {
   explicit RandomRouter(double fraction) : fraction_(fraction) {}
   router::Decision Decide(const router::RouterContext& c) const override;
   bool reads_earlier_match() const override { return false; }
+  bool reads_entropy() const override { return false; }
 
  private:
   double fraction_;

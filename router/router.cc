@@ -142,12 +142,10 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
 
 Mode RouterDecoder::ChooseMode(const DecodeSlot& s, int64_t batch) {
   SlotState& st = slots_[s.id];
-  if (st.decided) {
-    const Mode m = *st.decided;
-    st.decided.reset();
-    return m;
-  }
-  return DecideDecode(s, batch).mode;
+  const Mode m = st.decided ? *st.decided : DecideDecode(s, batch).mode;
+  st.decided.reset();
+  st.since_attention = m == Mode::kAttention ? 0 : st.since_attention + 1;  // the step runs in m
+  return m;
 }
 
 void RouterDecoder::DecideStep(std::span<DecodeSlot* const> slots) {
@@ -221,9 +219,8 @@ void RouterDecoder::NoteRounds() {
   }
 }
 
-void RouterDecoder::Observe(const DecodeSlot& s, Mode mode, std::span<const float> logits) {
+void RouterDecoder::Observe(const DecodeSlot& s, Mode, std::span<const float> logits) {
   SlotState& st = slots_[s.id];
-  st.since_attention = mode == Mode::kAttention ? 0 : st.since_attention + 1;
   DistributionStats(logits, &st.entropy, &st.margin);
 }
 

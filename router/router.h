@@ -77,6 +77,11 @@ class Router {
   // Whether Decide reads match_length / match_distance. Those cost an index over the sequence's tokens, kept
   // only for routers that read them; a router that never does says so and its contexts hold 0 there.
   virtual bool reads_earlier_match() const { return true; }
+  // Whether Decide reads entropy / margin. Those need each decode step's logits on the host, where a device
+  // backend otherwise draws the token itself and returns only it (and a router that copies V floats a
+  // sequence a step serves at a fraction of attention mode's rate); a router that never does says so, and its
+  // contexts hold -1 there.
+  virtual bool reads_entropy() const { return true; }
 };
 
 struct RouterOptions {
@@ -103,7 +108,7 @@ class RouterDecoder final : public StepwiseDecoder {
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
-  bool ObservesLogits() const override { return true; }  // the entropy and margin of each step
+  bool ObservesLogits() const override { return router_->reads_entropy(); }  // each step's entropy and margin
   void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) override;
 
  private:

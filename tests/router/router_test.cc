@@ -75,6 +75,27 @@ TEST_F(RouterTest, RandomPolicyHitsItsFractionOnAverage) {
   EXPECT_EQ(Generated(*engine_, "random:1", 4, 20).linear_tokens, 0);
 }
 
+// A decode step's logits come back to the host only for a router that reads their entropy: the rules that
+// never do let the backend draw the token (on a GPU, V floats a sequence a step not copied), and generate the
+// same tokens as when they did.
+TEST(RouterDecoder, OnlyRoutersThatReadEntropyTakeTheStepsLogits) {
+  testutil::ScratchDir scratch;
+  auto counting = std::make_unique<testutil::CountingBackend>(testutil::TinyBackend(scratch, LinearMixer::kMamba2, 4));
+  testutil::CountingBackend* backend = counting.get();
+  Engine engine(std::move(counting), std::nullopt);
+  policies::RegisterPolicies(engine.policies());
+  for (const std::string policy : {"budget:0.5", "tail:4", "match:3", "random:0.5", "entropy:1"}) {
+    backend->step_logits = 0;
+    const GenerateStats s = Generated(engine, policy, 12, 10);
+    if (policy == "entropy:1") {
+      EXPECT_EQ(backend->step_logits, 9) << policy;  // every step after the prompt's
+    } else {
+      EXPECT_EQ(backend->step_logits, 0) << policy;
+    }
+    EXPECT_EQ(s.attention_tokens + s.linear_tokens, 12 + 9) << policy;
+  }
+}
+
 // Attention for even segments, linear for odd ones.
 class AlternatingRouter final : public Router {
  public:
