@@ -1,5 +1,8 @@
 // The segment scheduler and the rule policies on a random tiny model: which tokens each policy runs in which
 // mode, the replay of prefill decisions by segment, the distribution statistics, and bad policy names.
+#include "router/router.h"
+
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -8,7 +11,6 @@
 #include "policies/rule_policies.h"
 #include "router/earlier_match.h"
 #include "router/features.h"
-#include "router/router.h"
 #include "tests/engine/testing_checkpoint.h"
 
 namespace oryx::router {
@@ -137,6 +139,24 @@ TEST(RouterDecoder, DistributionStats) {
   DistributionStats(std::vector<float>{10.f, 0.f, -1.f}, &entropy, &margin);
   EXPECT_LT(entropy, 0.01);
   EXPECT_EQ(margin, 10.0);
+  // A vocabulary's worth of logits, spread and peaked, against softmax then -sum p log p in double.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (float peak : {0.f, 25.f}) {
+    std::vector<float> logits(32000);
+    for (float& l : logits) l = normal(rng);
+    logits[123] += peak;
+    const double top = *std::max_element(logits.begin(), logits.end());
+    double z = 0, want = 0;
+    for (float l : logits) z += std::exp(l - top);
+    for (float l : logits) {
+      const double p = std::exp(l - top) / z;
+      if (p > 0) want -= p * std::log(p);
+    }
+    DistributionStats(logits, &entropy, &margin);
+    EXPECT_NEAR(entropy, want, 1e-6) << peak;
+    EXPECT_GT(entropy, peak > 0 ? 0.0 : 5.0) << peak;  // spread: near log(32000) - 4.5; peaked: near 0
+  }
 }
 
 TEST(EarlierMatch, AgreesWithBruteForceOnRepetitiveText) {
