@@ -1,6 +1,7 @@
 // The host's share of a routed decode step: router::DistributionStats (the entropy and top-2 margin a router
-// that reads them needs, RouterDecoder::Observe) over a batch of logit rows, beside the form it replaced (a
-// softmax, then -sum p log p, in double: three passes and two double exps a logit), in one run. Prints one JSON
+// that reads them needs, RouterDecoder::Observe; kernels::cpu::DistributionStats) over a batch of logit rows,
+// beside its reference, the form it replaced (a softmax, then -sum p log p, in double: three passes and two
+// double exps a logit), in one run. Prints one JSON
 // line per (vocabulary, rows): the median time of a batch for each, their ratio and the largest difference.
 //
 //   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--passes 9]
@@ -15,20 +16,10 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "kernels/ops.h"
 #include "router/router.h"
 
 namespace {
-
-double ReferenceEntropy(std::span<const float> logits) {
-  const double top = *std::max_element(logits.begin(), logits.end());
-  double z = 0, e = 0;
-  for (float l : logits) z += std::exp(l - top);
-  for (float l : logits) {
-    const double p = std::exp(l - top) / z;
-    if (p > 0) e -= p * std::log(p);
-  }
-  return e;
-}
 
 std::vector<int64_t> ParseList(const char* text) {
   std::vector<int64_t> out;
@@ -92,7 +83,11 @@ int main(int argc, char** argv) {
       }
       const auto t1 = std::chrono::steady_clock::now();
       double reference_sum = 0;
-      for (const auto& row : logits) reference_sum += ReferenceEntropy(row);
+      for (const auto& row : logits) {
+        double entropy = 0, margin = 0;
+        oryx::kernels::cpu::DistributionStatsReference(row.data(), vocab, &entropy, &margin);
+        reference_sum += entropy;
+      }
       const auto t2 = std::chrono::steady_clock::now();
       fast_s.push_back(std::chrono::duration<double>(t1 - t0).count());
       reference_s.push_back(std::chrono::duration<double>(t2 - t1).count());

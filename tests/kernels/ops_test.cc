@@ -668,6 +668,32 @@ TEST(SampleCpu, GreedyPicksLowestIndexOnTies) {
   EXPECT_EQ(Greedy(cpu::SampleGreedyReference, logits), 1);
 }
 
+// The one-pass entropy against the double softmax: small sizes and a vocabulary's, logits spread, peaked,
+// tied at the top and far below the maximum (whose float exps underflow).
+TEST(SampleCpu, DistributionStatsMatchesReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (int64_t n : {2, 17, 255, 256, 257, 4099, 32000}) {
+    for (int shape = 0; shape < 4; ++shape) {
+      std::vector<float> logits(n);
+      for (float& l : logits) l = normal(rng);
+      if (shape == 1) logits[n / 2] += 30.f;             // peaked
+      if (shape == 2) logits[0] = logits[n - 1] = 12.f;  // tied at the top
+      for (int64_t i = 1; shape == 3 && i < n; i += 2) logits[i] = -200.f;  // far below
+      double entropy = 0, margin = 0, want_entropy = 0, want_margin = 0;
+      cpu::DistributionStats(logits.data(), n, &entropy, &margin);
+      cpu::DistributionStatsReference(logits.data(), n, &want_entropy, &want_margin);
+      EXPECT_NEAR(entropy, want_entropy, 1e-6) << n << " " << shape;
+      EXPECT_EQ(margin, want_margin) << n << " " << shape;
+    }
+  }
+  double entropy = 0, margin = 0;
+  const std::vector<float> uniform(1000, 0.25f);
+  cpu::DistributionStats(uniform.data(), 1000, &entropy, &margin);
+  EXPECT_NEAR(entropy, std::log(1000.0), 1e-6);
+  EXPECT_EQ(margin, 0.0);
+}
+
 TEST(SampleCpu, GreedyMatchesReference) {
   for (int64_t v : {1, 7, 1000}) {
     const std::vector<float> logits = RandomVector(v, 48, -5.f, 5.f);
