@@ -202,18 +202,21 @@ struct Seen {
   std::vector<std::pair<int64_t, int64_t>> matches, ends;
 };
 
-// Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token).
+// Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token). With
+// `reads` false it says it never reads matches (Router::reads_earlier_match), and sees none.
 class MatchRouter final : public Router {
  public:
-  explicit MatchRouter(Seen* seen) : seen_(seen) {}
+  explicit MatchRouter(Seen* seen, bool reads = true) : seen_(seen), reads_(reads) {}
   Decision Decide(const RouterContext& c) const override {
     seen_->matches.push_back({c.match_length, c.match_distance});
     seen_->ends.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
     return {c.last_prompt_token || c.match_length >= 3 ? Mode::kAttention : Mode::kLinear};
   }
+  bool reads_earlier_match() const override { return reads_; }
 
  private:
   Seen* seen_;
+  bool reads_;
 };
 
 TEST(RouterDecoder, PrefillSegmentsSeeWhetherTheirTokensOccurredEarlier) {
@@ -233,25 +236,15 @@ TEST(RouterDecoder, PrefillSegmentsSeeWhetherTheirTokensOccurredEarlier) {
 }
 
 TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
-  class Blind final : public Router {
-   public:
-    Decision Decide(const RouterContext& c) const override {
-      seen.push_back({c.match_length, c.match_distance});
-      return {Mode::kAttention};
-    }
-    bool reads_earlier_match() const override { return false; }
-    mutable std::vector<std::pair<int64_t, int64_t>> seen;
-  };
   RouterOptions o;
   o.segment_len = 4;
-  auto router = std::make_unique<Blind>();
-  Blind* r = router.get();
-  RouterDecoder decoder(std::move(router), o);
+  Seen seen;
+  RouterDecoder decoder(std::make_unique<MatchRouter>(&seen, false), o);
   const std::vector<int32_t> prompt = {10, 11, 12, 13, 14, 20, 21, 22, 11, 12, 13, 14, 30, 31, 32};
   std::vector<Mode> got(prompt.size());
   decoder.PrefillModes(prompt, 0, got);
-  ASSERT_EQ(r->seen.size(), 5u);
-  for (const auto& m : r->seen) EXPECT_EQ(m, (std::pair<int64_t, int64_t>(0, 0)));
+  ASSERT_EQ(seen.matches.size(), 5u);
+  for (const auto& m : seen.matches) EXPECT_EQ(m, (std::pair<int64_t, int64_t>(0, 0)));
 }
 
 TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
@@ -412,29 +405,17 @@ TEST(EarlierMatch, LongestMatchAtEndAgreesWithTheNaiveMatches) {
 // Every prefill decision sees the prompt's end match, from the prompt's first segment on: here its last
 // tokens 11 12 13 repeat tokens 1..3, ending 10 tokens after them; a router that never reads matches gets 0.
 TEST(RouterDecoder, EveryDecisionSeesThePromptsEndMatch) {
-  class EndRouter final : public Router {
-   public:
-    explicit EndRouter(bool reads) : reads_(reads) {}
-    Decision Decide(const RouterContext& c) const override {
-      seen.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
-      return {Mode::kAttention};
-    }
-    bool reads_earlier_match() const override { return reads_; }
-    mutable std::vector<std::pair<int64_t, int64_t>> seen;
-    bool reads_;
-  };
   const std::vector<int32_t> prompt = {10, 11, 12, 13, 20, 21, 22, 23, 24, 25, 26, 11, 12, 13};
   for (bool reads : {true, false}) {
     RouterOptions o;
     o.segment_len = 4;
-    auto router = std::make_unique<EndRouter>(reads);
-    EndRouter* r = router.get();
-    RouterDecoder decoder(std::move(router), o);
+    Seen seen;
+    RouterDecoder decoder(std::make_unique<MatchRouter>(&seen, reads), o);
     std::vector<Mode> got(prompt.size());
     decoder.PrefillModes(prompt, 0, got);
-    ASSERT_EQ(r->seen.size(), 5u);
+    ASSERT_EQ(seen.ends.size(), 5u);
     const std::pair<int64_t, int64_t> want = reads ? std::pair<int64_t, int64_t>{3, 10} : std::pair<int64_t, int64_t>{};
-    for (const auto& m : r->seen) EXPECT_EQ(m, want);
+    for (const auto& m : seen.ends) EXPECT_EQ(m, want);
   }
 }
 
