@@ -1,5 +1,5 @@
-// The host's share of a routed decode step: router::DistributionStats (the entropy and top-2 margin a router
-// that reads them needs, RouterDecoder::Observe; kernels::cpu::DistributionStats) over a batch of logit rows,
+// The host's share of a routed decode step on the CPU backend: LogitStatsOf (the entropy and top-2 margin a
+// router that reads them needs, engine/sampler.h; kernels::cpu::DistributionStats) over a batch of logit rows,
 // beside its reference, the form it replaced (a softmax, then -sum p log p, in double: three passes and two
 // double exps a logit), in one run. Prints one JSON line per (vocabulary, rows): the median time of a batch
 // for each, their ratio and the largest difference.
@@ -18,8 +18,8 @@
 #include "base/flags.h"
 #include "base/status_macros.h"
 #include "bench/bench_util.h"
+#include "engine/sampler.h"
 #include "kernels/ops.h"
-#include "router/router.h"
 
 namespace {
 
@@ -37,9 +37,7 @@ absl::Status Run(int64_t vocab, const std::vector<int64_t>& rows, int passes) {
       double fast_sum = 0, reference_sum = 0;
       const auto t0 = std::chrono::steady_clock::now();
       for (const auto& row : logits) {
-        double entropy = 0, margin = 0;
-        oryx::router::DistributionStats(row, &entropy, &margin);
-        fast_sum += entropy;
+        fast_sum += oryx::LogitStatsOf(row).entropy;
       }
       const auto t1 = std::chrono::steady_clock::now();
       for (const auto& row : logits) {

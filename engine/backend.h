@@ -177,6 +177,7 @@ class SequenceState {
 };
 
 class Sampler;
+struct LogitStats;  // engine/sampler.h
 
 // Which rows of logits a forward returns for a span.
 enum class LogitsRows : uint8_t { kNone, kLast, kAll };
@@ -195,6 +196,9 @@ struct ForwardItem {
   // and the samplers share their parameters: only the tokens come back to the host, not V floats a row.
   Sampler* sampler = nullptr;
   int32_t* next_token = nullptr;
+  // Set (with a sampler): the backend also writes the last row's LogitStats (LogitStatsOf). The CUDA backend computes
+  // them on the device beside its draw, so that a router that reads them still gets two numbers back, not V floats.
+  LogitStats* stats_out = nullptr;
 };
 
 // One sequence's part of a speculative round run whole by the backend (Backend::SpeculativeRound).
@@ -352,7 +356,8 @@ class Backend {
   // Runs every item's span, advancing each sequence. Sequences in one batch must be distinct. Validates the
   // whole batch before touching any state: InvalidArgument for an empty span, mismatched lengths, an id
   // outside the vocabulary, a span past max_position, an attention token on a draft sequence, a missing
-  // logits_out, a sampler without kLast or without next_token, or a sequence given twice.
+  // logits_out, a sampler without kLast or without next_token, stats_out without a sampler, or a sequence
+  // given twice.
   virtual absl::Status Forward(std::span<const ForwardItem> batch) = 0;
 
   // Speculative rounds run whole by the backend (DESIGN.md §6), for backends where returning to the host

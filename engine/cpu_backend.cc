@@ -497,6 +497,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
       it.logits_out->resize(rows * V);
       std::copy(logits + r * V, logits + (r + rows) * V, it.logits_out->data());
     }
+    if (it.stats_out != nullptr) *it.stats_out = LogitStatsOf(std::span(logits + r * V, V));
     if (it.sampler != nullptr) *it.next_token = it.sampler->Next(std::span(logits + r * V, V));
     r += rows;
   }

@@ -409,8 +409,9 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   clock.Device(1);
   // Back to the host: the drawn tokens (or the key), else the logits asked for.
   if (draws.on) {
-    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws.tokens, sc.meta + draws.tokens, draws.key ? 8 : plan.NL * 4,
-                                    cudaMemcpyDeviceToHost, ctx.stream));
+    const int64_t bytes = plan.stats ? draws.meta_bytes - draws.tokens : draws.key ? 8 : plan.NL * 4;
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws.tokens, sc.meta + draws.tokens, bytes, cudaMemcpyDeviceToHost,
+                                    ctx.stream));
   } else if (plan.NL > 0) {
     ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, plan.NL * config_.vocab_size * sizeof(float),
                                     cudaMemcpyDeviceToHost, ctx.stream));
@@ -433,7 +434,8 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
     key_token = kc::ArgmaxToken(*reinterpret_cast<const unsigned long long*>(drawn));
     drawn = &key_token;
   }
-  FinishForward(batch, sc.logits_host, drawn);
+  FinishForward(batch, sc.logits_host, drawn,
+                plan.stats ? reinterpret_cast<const float*>(sc.meta_host + draws.stats) : nullptr);
   clock.Host(4);
   if (step_timing_) last_timing_ = clock.Timing();
   return absl::OkStatus();

@@ -137,8 +137,10 @@ class CudaBackend final : public Backend {
   DrawLayout LayOutDraws(const Plan& plan, int64_t meta_bytes) const;
   void Draw(const Plan& plan, const DrawLayout& d);
   void LayerForward(int64_t il, const Plan& plan);
-  // The host's side of a finished forward: positions, logits, next tokens (drawn on the device: draws_host).
-  void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host);
+  // The host's side of a finished forward: positions, logits, next tokens and logit statistics (drawn and
+  // computed on the device: draws_host, stats_host [NL, 2]).
+  void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host,
+                     const float* stats_host = nullptr);
   // The batch a whole round of B sequences and draft length k runs as (round_padding_): B rounded up to 1, 2,
   // 4 or a multiple of 8 while the verify's rows fit a graph; B otherwise.
   int64_t RoundBatch(int64_t B, int64_t k) const;

@@ -699,11 +699,12 @@ struct CudaBackend::Plan {
   bool device_draw = false;
   float temperature = 0.f, top_p = 1.f;
   int64_t top_k = 0;
+  bool stats = false;              // with device_draw: some item asks for its row's LogitStats, computed on the device
   bool graph = false;              // replayed as a CUDA graph (not part of the key)
 
   auto Key() const {
-    return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused,
-                    decode_mixer, scan_chunks, tiled_attention, group_size, device_draw, temperature, top_p, top_k);
+    return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused, decode_mixer,
+                    scan_chunks, tiled_attention, group_size, device_draw, temperature, top_p, top_k, stats);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
@@ -757,10 +758,11 @@ struct CudaBackend::Scratch {
 
 // Where a forward's next tokens, drawn on the device, sit in the metadata buffer: after the forward's own
 // metadata, the tokens [NL] (for one greedy row, the LM head's 64-bit argmax key: kc::ArgmaxKey, zeroed by
-// the metadata's copy), then, sampled, each row's uniform. All offsets 0 when the forward draws nothing.
+// the metadata's copy), then, sampled, each row's uniform, then (Plan::stats) each row's entropy and margin
+// [NL, 2] as floats. All offsets 0 when the forward draws nothing; the copy back runs from `tokens` to the end.
 struct CudaBackend::DrawLayout {
   bool on = false, sampled = false, key = false;
-  int64_t tokens = 0, uniforms = 0;
+  int64_t tokens = 0, uniforms = 0, stats = 0;
   int64_t meta_bytes = 0;  // the metadata's bytes, the draws' included
 };
 }  // namespace oryx

@@ -160,8 +160,8 @@ void CudaBackend::RunModel(const Plan& plan) {
   }
 }
 
-void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host,
-                                const int32_t* draws_host) {
+void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host,
+                                const float* stats_host) {
   const int64_t V = config_.vocab_size;
   int64_t lr = 0;
   for (const ForwardItem& it : batch) {
@@ -172,6 +172,10 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
     if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);
       std::memcpy(it.logits_out->data(), logits_host + lr * V, rows * V * sizeof(float));
+    }
+    if (it.stats_out != nullptr) {
+      *it.stats_out = stats_host != nullptr ? LogitStats{stats_host[2 * lr], stats_host[2 * lr + 1]}
+                                            : LogitStatsOf(std::span(logits_host + lr * V, V));
     }
     if (it.sampler != nullptr && draws_host != nullptr) {
       *it.next_token = draws_host[lr];
@@ -184,8 +188,16 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
 }
 
 void CudaBackend::Draw(const Plan& plan, const DrawLayout& d) {
-  if (!d.on || d.key) return;  // (the key: drawn by the LM head, in RunModel)
+  if (!d.on) return;
   Scratch& sc = *scratch_;
+  if (plan.stats) {
+    kc::DistributionStats({.rows = plan.NL,
+                           .vocab = config_.vocab_size,
+                           .logits_ptr = sc.logits,
+                           .stats_ptr = reinterpret_cast<float*>(sc.meta + d.stats)},
+                          ctx_->stream);
+  }
+  if (d.key) return;  // (drawn by the LM head, in RunModel)
   auto* tokens = reinterpret_cast<int32_t*>(sc.meta + d.tokens);
   if (!d.sampled) return kc::Argmax({.rows = plan.NL, .vocab = config_.vocab_size, .logits_ptr = sc.logits,
                                      .tokens_ptr = tokens}, ctx_->stream);

@@ -54,6 +54,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   if (plan.device_draw) {
     const SamplingParams& sp = drawer->params();
     plan.temperature = sp.temperature, plan.top_p = sp.top_p, plan.top_k = sp.top_k;
+    for (const ForwardItem& it : batch) plan.stats |= it.stats_out != nullptr;
   }
   // Spans too long for a graph (prefill) attend on tensor cores, in tiles of a sequence's attention rows.
   // (Many short spans, a large batch's verify spans, are not tiled: a tile would hold a few rows of its 64.)
@@ -156,7 +157,8 @@ CudaBackend::DrawLayout CudaBackend::LayOutDraws(const Plan& plan, int64_t meta_
                            .w_ptr = lm_head_.data, .y_ptr = nullptr, .w_scale = lm_head_.scale});
   d.tokens = meta_bytes;
   d.uniforms = d.tokens + AlignMeta(plan.NL * 4);  // (room for the key too)
-  d.meta_bytes = d.uniforms + (d.sampled ? AlignMeta(plan.NL * 8) : 0);
+  d.stats = d.uniforms + (d.sampled ? AlignMeta(plan.NL * 8) : 0);
+  d.meta_bytes = d.stats + (plan.stats ? AlignMeta(plan.NL * 8) : 0);
   return d;
 }
 

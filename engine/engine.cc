@@ -63,25 +63,29 @@ absl::Status StepDecoder(Decoder& decoder, Backend& backend, std::span<DecodeSlo
 absl::Status StepwiseDecoder::Plan(const Backend&, std::span<DecodeSlot* const> slots,
                                    std::vector<ForwardItem>& items) {
   const size_t n = slots.size();
-  const bool observe = ObservesLogits();
+  const bool observe = ObservesStats();
   modes_.resize(n);
-  logits_.resize(n);
+  stats_.resize(n);
   next_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     DecodeSlot& s = *slots[i];
     modes_[i] = ChooseMode(s, static_cast<int64_t>(n));
-    items.push_back({s.seq, std::span(&s.pending, 1), std::span(&modes_[i], 1), LogitsRows::kLast,
-                     observe ? &logits_[i] : nullptr, false, s.sampler, &next_[i]});
+    items.push_back({.seq = s.seq,
+                     .tokens = std::span(&s.pending, 1),
+                     .modes = std::span(&modes_[i], 1),
+                     .sampler = s.sampler,
+                     .next_token = &next_[i],
+                     .stats_out = observe ? &stats_[i] : nullptr});
   }
   return absl::OkStatus();
 }
 
 absl::Status StepwiseDecoder::Finish(std::span<DecodeSlot* const> slots) {
-  const bool observe = ObservesLogits();
+  const bool observe = ObservesStats();
   for (size_t i = 0; i < slots.size(); ++i) {
     DecodeSlot& s = *slots[i];
     CountModes(std::span(&modes_[i], 1), *s.stats);
-    if (observe) Observe(s, modes_[i], logits_[i]);
+    if (observe) Observe(s, modes_[i], stats_[i]);
     s.emitted.assign(1, next_[i]);
   }
   return absl::OkStatus();

@@ -198,14 +198,15 @@ class StepwiseDecoder : public Decoder {
 
  protected:
   virtual Mode ChooseMode(const DecodeSlot& slot, int64_t batch) = 0;
-  // A decoder that reads each step's logits (Observe) says so; the others let the backend draw the next
-  // tokens itself (ForwardItem::sampler), so that a device backend returns tokens rather than logits.
-  virtual bool ObservesLogits() const { return false; }
-  virtual void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) {}
+  // The backend draws each slot's next token itself (ForwardItem::sampler), so that a device backend returns
+  // tokens rather than logits. A decoder that reads the statistics of the distribution a token was drawn from
+  // (Observe) says so, and the backend returns those beside the token (ForwardItem::stats_out).
+  virtual bool ObservesStats() const { return false; }
+  virtual void Observe(const DecodeSlot& slot, Mode mode, const LogitStats& stats) {}
 
  private:
   std::vector<Mode> modes_;
-  std::vector<std::vector<float>> logits_;
+  std::vector<LogitStats> stats_;
   std::vector<int32_t> next_;
 };
 

@@ -9,6 +9,14 @@
 
 namespace oryx {
 
+LogitStats LogitStatsOf(std::span<const float> logits) {
+  LogitStats stats{0, 0};
+  if (logits.size() >= 2) {
+    kernels::cpu::DistributionStats(logits.data(), static_cast<int64_t>(logits.size()), &stats.entropy, &stats.margin);
+  }
+  return stats;
+}
+
 absl::Status ValidateSampling(const SamplingParams& p) {
   if (!std::isfinite(p.temperature) || p.temperature < 0.f) {
     return absl::InvalidArgumentError(Cat("temperature must be a finite number >= 0, got ", p.temperature));

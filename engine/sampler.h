@@ -41,6 +41,15 @@ struct SamplingParams {
 // outside (0, 1], a penalty outside [-2, 2], or a logit bias outside [-100, 100] or on a negative token.
 absl::Status ValidateSampling(const SamplingParams& params);
 
+// What a router reads of a step's distribution (ForwardItem::stats_out): of the raw logits, before penalties,
+// temperature and truncation, the entropy of their softmax in nats and the top-1 minus top-2 logit.
+struct LogitStats {
+  double entropy = -1, margin = -1;
+};
+// Of logits [V] in one pass of float exponentials (kernels::cpu::DistributionStats); a vocabulary of one
+// entry is certain: 0 and 0.
+LogitStats LogitStatsOf(std::span<const float> logits);
+
 // One sequence's sampler: its parameters and its own random stream. Not thread-safe.
 class Sampler {
  public:

@@ -258,6 +258,9 @@ absl::Status ValidateForwardBatch(const ModelConfig& c, std::span<const ForwardI
     if (it.sampler != nullptr && (it.logits != LogitsRows::kLast || it.next_token == nullptr)) {
       return absl::InvalidArgumentError(where() + "a sampler needs the last row's logits and a next_token to write");
     }
+    if (it.stats_out != nullptr && it.sampler == nullptr) {
+      return absl::InvalidArgumentError(where() + "logit statistics asked for without a sampler");
+    }
     if (it.logits != LogitsRows::kNone && it.logits_out == nullptr && it.sampler == nullptr) {
       return absl::InvalidArgumentError(where() + "logits asked for but no output buffer given");
     }

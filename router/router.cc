@@ -6,21 +6,12 @@
 #include <utility>
 
 #include "base/status_macros.h"
-#include "kernels/ops.h"
 
 namespace oryx::router {
 
 double RouterContext::attention_fraction() const {
   const int64_t total = attention_tokens + linear_tokens;
   return total == 0 ? 0.0 : static_cast<double>(attention_tokens) / static_cast<double>(total);
-}
-
-void DistributionStats(std::span<const float> logits, double* entropy, double* margin) {
-  if (logits.size() < 2) {  // one outcome: certain
-    *entropy = 0, *margin = 0;
-    return;
-  }
-  kernels::cpu::DistributionStats(logits.data(), static_cast<int64_t>(logits.size()), entropy, margin);
 }
 
 RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions options)
@@ -208,9 +199,9 @@ void RouterDecoder::NoteRounds() {
   }
 }
 
-void RouterDecoder::Observe(const DecodeSlot& s, Mode, std::span<const float> logits) {
+void RouterDecoder::Observe(const DecodeSlot& s, Mode, const LogitStats& stats) {
   SlotState& st = slots_[s.id];
-  DistributionStats(logits, &st.entropy, &st.margin);
+  st.entropy = stats.entropy, st.margin = stats.margin;
 }
 
 }  // namespace oryx::router

@@ -77,10 +77,9 @@ class Router {
   // Whether Decide reads match_length / match_distance. Those cost an index over the sequence's tokens, kept
   // only for routers that read them; a router that never does says so and its contexts hold 0 there.
   virtual bool reads_earlier_match() const { return true; }
-  // Whether Decide reads entropy / margin. Those need each decode step's logits on the host, where a device
-  // backend otherwise draws the token itself and returns only it (and a router that copies V floats a
-  // sequence a step serves at a fraction of attention mode's rate); a router that never does says so, and its
-  // contexts hold -1 there.
+  // Whether Decide reads entropy / margin. The backend computes those beside each decode step's draw
+  // (ForwardItem::stats_out; a device backend on the device, two numbers back a sequence rather than V
+  // floats), and a router that never reads them says so: its contexts hold -1 there and nothing is computed.
   virtual bool reads_entropy() const { return true; }
 };
 
@@ -108,8 +107,8 @@ class RouterDecoder final : public StepwiseDecoder {
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
-  bool ObservesLogits() const override { return router_->reads_entropy(); }  // each step's entropy and margin
-  void Observe(const DecodeSlot& slot, Mode mode, std::span<const float> logits) override;
+  bool ObservesStats() const override { return router_->reads_entropy(); }  // each step's entropy and margin
+  void Observe(const DecodeSlot& slot, Mode mode, const LogitStats& stats) override;
 
  private:
   struct SlotState {
@@ -147,9 +146,5 @@ int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_
 
 // FNV-1a of the prompt's ids (RouterContext::sequence_hash).
 uint64_t PromptHash(std::span<const int32_t> prompt);
-
-// The entropy (nats) of softmax(logits) and the top-1 minus top-2 logit margin: the model's own
-// uncertainty, whatever the sampling settings.
-void DistributionStats(std::span<const float> logits, double* entropy, double* margin);
 
 }  // namespace oryx::router

@@ -372,6 +372,16 @@ struct ArgmaxParams {
 };
 void Argmax(const ArgmaxParams& p, cudaStream_t stream);
 
+// What a router reads of each row of logits (kernels::cpu::DistributionStats, engine/sampler.h's LogitStats):
+// stats[2r] the entropy of softmax(logits[r]) in nats, stats[2r + 1] the top-1 minus top-2 logit (0 and 0
+// for a vocabulary of one). Float sums in another order than the CPU's. One block per row.
+struct DistributionStatsParams {
+  int64_t rows, vocab;
+  const float* logits_ptr;  // [rows, V]
+  float* stats_ptr;         // [rows, 2]
+};
+void DistributionStats(const DistributionStatsParams& p, cudaStream_t stream);
+
 // Sampling as engine/sampler.cc's Sampler does it, with the uniforms drawn by the caller. A row's
 // distribution: candidates ordered by (logit descending, index ascending), the first top_k (0: all), softmax
 // of logit / temperature over them, the shortest prefix whose mass reaches top_p, renormalised; temperature

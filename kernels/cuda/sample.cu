@@ -53,6 +53,61 @@ __global__ void __launch_bounds__(kSampleThreads) ArgmaxKernel(ArgmaxParams p) {
   if (lane == 0) p.tokens_ptr[blockIdx.x * p.tokens_stride] = ArgmaxToken(best);
 }
 
+// One block of kSampleThreads per row: each thread's two largest logits (the CPU's TopTwo: a repeated
+// largest is also the second), the block's, then in a second pass over the row (from L2) Z = sum e^d and
+// sum e^d d with d = l - top1, so that H = log Z - (sum e^d d) / Z.
+__global__ void __launch_bounds__(kSampleThreads) DistributionStatsKernel(DistributionStatsParams p) {
+  __shared__ float scratch[32];
+  const float* row = p.logits_ptr + int64_t(blockIdx.x) * p.vocab;
+  float* out = p.stats_ptr + 2 * int64_t(blockIdx.x);
+  if (p.vocab < 2) {
+    if (threadIdx.x == 0) out[0] = 0.f, out[1] = 0.f;
+    return;
+  }
+  const bool quads = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0;
+  float a = -INFINITY, b = -INFINITY;
+  auto fold = [&](float l) {
+    if (l > a) {
+      b = a, a = l;
+    } else if (l > b) {
+      b = l;
+    }
+  };
+  if (quads) {
+    const float4* q4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+    for (int64_t q = threadIdx.x; q < p.vocab / 4; q += blockDim.x) {
+      const float4 v = __ldg(q4 + q);
+      fold(v.x), fold(v.y), fold(v.z), fold(v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) fold(row[i]);
+  }
+  const float top1 = BlockMax(a, scratch);
+  // Two threads holding the largest: it is also the second. Otherwise the second is the best of the holder's
+  // second and the other threads' largest.
+  const float holders = BlockSum(a == top1 ? 1.f : 0.f, scratch);
+  const float top2 = holders > 1.5f ? top1 : BlockMax(a == top1 ? b : a, scratch);
+  float z = 0.f, weighted = 0.f;
+  auto add = [&](float l) {
+    const float d = l - top1, w = expf(d);
+    z += w, weighted += w * d;
+  };
+  if (quads) {
+    const float4* q4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+    for (int64_t q = threadIdx.x; q < p.vocab / 4; q += blockDim.x) {
+      const float4 v = __ldg(q4 + q);
+      add(v.x), add(v.y), add(v.z), add(v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) add(row[i]);
+  }
+  z = BlockSum(z, scratch);
+  weighted = BlockSum(weighted, scratch);
+  if (threadIdx.x == 0) out[0] = logf(z) - weighted / z, out[1] = top1 - top2;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Sampling distributions
 
@@ -459,6 +514,12 @@ __global__ void AcceptKernel(AcceptLosslessParams p, const RowCut* cuts_ptr) {
 void Argmax(const ArgmaxParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   ArgmaxKernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, stream>>>(p);
+  ORYX_CUDA_CHECK(cudaGetLastError());
+}
+
+void DistributionStats(const DistributionStatsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  DistributionStatsKernel<<<static_cast<unsigned>(p.rows), kSampleThreads, 0, stream>>>(p);
   ORYX_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,11 +9,12 @@
 #include <random>
 #include <sstream>
 
+#include "base/file_util.h"
 #include "base/status_macros.h"
+#include "base/str_cat.h"
 #include "engine/checkpoint.h"
 #include "engine/cpu_backend.h"
-#include "base/file_util.h"
-#include "base/str_cat.h"
+#include "engine/sampler.h"
 #include "engine/tensor_names.h"
 #include "engine/tokenizer.h"
 #include "gtest/gtest.h"
@@ -166,6 +167,7 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     host_samplers.emplace_back(p);
   }
   std::vector<std::vector<float>> logits(3);
+  std::vector<LogitStats> stats(3);
   int64_t not_argmax = 0;
   for (int step = 0; step < 10; ++step) {
     const std::vector<Mode> modes = {step % 2 ? Mode::kLinear : Mode::kAttention, Mode::kLinear, Mode::kAttention};
@@ -174,7 +176,7 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
       const bool draws = !(one_returns_logits && i == 1);
       by_backend.push_back({&drawn[i], std::span(&drawn_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast,
                             draws ? nullptr : &logits[i], false, draws ? &drawn_samplers[i] : nullptr,
-                            draws ? &drawn_next[i] : nullptr});
+                            draws ? &drawn_next[i] : nullptr, draws ? &stats[i] : nullptr});
       by_host.push_back({&host[i], std::span(&host_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast, &logits[i],
                          false});
     }
@@ -183,6 +185,12 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     ASSERT_TRUE(backend.Forward(by_host).ok());
     for (int i = 0; i < 3; ++i) {
       ASSERT_EQ(logits[i].size(), static_cast<size_t>(backend.config().vocab_size));
+      if (!(one_returns_logits && i == 1)) {  // the statistics beside the draw: the host's of the same logits
+        const LogitStats want = LogitStatsOf(logits[i]);
+        EXPECT_NEAR(stats[i].entropy, want.entropy, 1e-4 * std::max(1.0, want.entropy)) << "step " << step;
+        EXPECT_NEAR(stats[i].margin, want.margin, 1e-5 * std::max(1.0, want.margin)) << "step " << step;
+        stats[i] = {};
+      }
       host_next[i] = host_samplers[i].Next(logits[i]);
       not_argmax += host_next[i] != std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin();
     }

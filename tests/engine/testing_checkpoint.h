@@ -115,6 +115,7 @@ class CountingBackend final : public Backend {
       rows += static_cast<int64_t>(item.tokens.size());
       if (item.tokens.size() > 1) prompt_rows += static_cast<int64_t>(item.tokens.size());
       if (item.tokens.size() == 1 && item.logits_out != nullptr) ++step_logits;
+      if (item.stats_out != nullptr) ++step_stats;
     }
     max_prompt_rows = std::max(max_prompt_rows, prompt_rows);
     return inner_->Forward(batch);
@@ -124,6 +125,7 @@ class CountingBackend final : public Backend {
   }
   int64_t forwards = 0, rows = 0, max_prompt_rows = 0;  // max_prompt_rows: of spans longer than one token
   int64_t step_logits = 0;   // one-token items that asked for their logits back (not only a drawn token)
+  int64_t step_stats = 0;    // items that asked for their last row's LogitStats
   int64_t prefill_span = 0;  // > 0: PrefillSpan answers this over the sequences, as a device backend's might
 
  private:

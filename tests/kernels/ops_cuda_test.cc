@@ -516,6 +516,37 @@ TEST(OpsCuda, EmbedGathersRowsAndArgmaxTakesTheLowestIndexOfATie) {
   EXPECT_EQ(got[0], 30);
 }
 
+// The entropy and margin a router reads, on the device, against the CPU's (kernels::cpu::DistributionStats):
+// spread and peaked rows, a largest logit held twice (margin 0), a vocabulary the 16-byte loads do not
+// divide, and a vocabulary of one.
+TEST(OpsCuda, DistributionStatsMatchTheCpu) {
+  for (const int64_t vocab : {int64_t{32000}, int64_t{1001}, int64_t{1}}) {
+    const int64_t rows = 4;
+    std::vector<float> logits = Random(rows * vocab, 21);
+    for (float& l : logits) l *= 6.f;
+    if (vocab > 1) {
+      logits[1 * vocab + vocab / 2] += 30.f;                              // peaked
+      logits[2 * vocab + 3] = logits[2 * vocab + vocab - 1] = 100.f;      // the largest, twice
+      for (int64_t i = 0; i < vocab; ++i) logits[3 * vocab + i] = 0.25f;  // uniform
+    }
+    DeviceBuffer<float> dl(logits), ds(rows * 2);
+    cuda::DistributionStats({rows, vocab, dl.get(), ds.get()}, nullptr);
+    const std::vector<float> got = ds.Host();
+    for (int64_t r = 0; r < rows; ++r) {
+      double entropy = 0, margin = 0;
+      if (vocab > 1) cpu::DistributionStatsReference(logits.data() + r * vocab, vocab, &entropy, &margin);
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + ", row " + std::to_string(r));
+      EXPECT_NEAR(got[2 * r], entropy, 1e-4 * std::max(1.0, entropy));
+      EXPECT_NEAR(got[2 * r + 1], margin, 1e-5 * std::max(1.0, margin));
+    }
+    if (vocab > 1) {
+      EXPECT_EQ(got[2 * 2 + 1], 0.f);  // the tie
+      EXPECT_NEAR(got[2 * 3], std::log(static_cast<double>(vocab)), 1e-4 * std::log(static_cast<double>(vocab)));
+      EXPECT_LT(got[2 * 1], 0.01);  // peaked: near certain
+    }
+  }
+}
+
 // A sequence's paged KV cache on the device (SeqDesc::kv_blocks) made from host keys and values [L][cap][HD]:
 // its blocks lie in one buffer in reverse position order, so that a kernel that read positions in memory
 // order instead of through the table would fail. Keys() and Values() read it back in the host layout.

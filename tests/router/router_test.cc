@@ -77,23 +77,19 @@ TEST_F(RouterTest, RandomPolicyHitsItsFractionOnAverage) {
   EXPECT_EQ(Generated(*engine_, "random:1", 4, 20).linear_tokens, 0);
 }
 
-// A decode step's logits come back to the host only for a router that reads their entropy: the rules that
-// never do let the backend draw the token (on a GPU, V floats a sequence a step not copied), and generate the
-// same tokens as when they did.
-TEST(RouterDecoder, OnlyRoutersThatReadEntropyTakeTheStepsLogits) {
+// No router takes a decode step's logits: the backend draws the token (on a GPU, V floats a sequence a step
+// not copied), and computes the entropy and margin beside the draw only for a router that reads them.
+TEST(RouterDecoder, OnlyRoutersThatReadEntropyAskForTheStepsStatistics) {
   testutil::ScratchDir scratch;
   auto counting = std::make_unique<testutil::CountingBackend>(testutil::TinyBackend(scratch, LinearMixer::kMamba2, 4));
   testutil::CountingBackend* backend = counting.get();
   Engine engine(std::move(counting), std::nullopt);
   policies::RegisterPolicies(engine.policies());
   for (const std::string policy : {"budget:0.5", "tail:4", "match:3", "random:0.5", "entropy:1"}) {
-    backend->step_logits = 0;
+    backend->step_logits = 0, backend->step_stats = 0;
     const GenerateStats s = Generated(engine, policy, 12, 10);
-    if (policy == "entropy:1") {
-      EXPECT_EQ(backend->step_logits, 9) << policy;  // every step after the prompt's
-    } else {
-      EXPECT_EQ(backend->step_logits, 0) << policy;
-    }
+    EXPECT_EQ(backend->step_logits, 0) << policy;
+    EXPECT_EQ(backend->step_stats, policy == "entropy:1" ? 9 : 0) << policy;  // every step after the prompt's
     EXPECT_EQ(s.attention_tokens + s.linear_tokens, 12 + 9) << policy;
   }
 }
@@ -131,14 +127,16 @@ TEST(RouterDecoder, PrefillDecisionsFollowSegmentsAndTheLastPromptTokenIsItsOwn)
   EXPECT_EQ(got, want);
 }
 
-TEST(RouterDecoder, DistributionStats) {
-  double entropy = 0, margin = 0;
-  DistributionStats(std::vector<float>(8, 0.5f), &entropy, &margin);
-  EXPECT_NEAR(entropy, std::log(8.0), 1e-9);
-  EXPECT_EQ(margin, 0.0);
-  DistributionStats(std::vector<float>{10.f, 0.f, -1.f}, &entropy, &margin);
-  EXPECT_LT(entropy, 0.01);
-  EXPECT_EQ(margin, 10.0);
+TEST(RouterDecoder, LogitStatsOf) {
+  LogitStats stats = LogitStatsOf(std::vector<float>(8, 0.5f));
+  EXPECT_NEAR(stats.entropy, std::log(8.0), 1e-9);
+  EXPECT_EQ(stats.margin, 0.0);
+  stats = LogitStatsOf(std::vector<float>{10.f, 0.f, -1.f});
+  EXPECT_LT(stats.entropy, 0.01);
+  EXPECT_EQ(stats.margin, 10.0);
+  stats = LogitStatsOf(std::vector<float>{3.f});
+  EXPECT_EQ(stats.entropy, 0.0);
+  EXPECT_EQ(stats.margin, 0.0);
   // A vocabulary's worth of logits, spread and peaked, against softmax then -sum p log p in double.
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 3.f);
@@ -153,9 +151,9 @@ TEST(RouterDecoder, DistributionStats) {
       const double p = std::exp(l - top) / z;
       if (p > 0) want -= p * std::log(p);
     }
-    DistributionStats(logits, &entropy, &margin);
-    EXPECT_NEAR(entropy, want, 1e-6) << peak;
-    EXPECT_GT(entropy, peak > 0 ? 0.0 : 5.0) << peak;  // spread: near log(32000) - 4.5; peaked: near 0
+    stats = LogitStatsOf(logits);
+    EXPECT_NEAR(stats.entropy, want, 1e-6) << peak;
+    EXPECT_GT(stats.entropy, peak > 0 ? 0.0 : 5.0) << peak;  // spread: near log(32000) - 4.5; peaked: near 0
   }
 }
 
