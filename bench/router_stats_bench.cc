@@ -2,9 +2,12 @@
 // router that reads them needs, engine/sampler.h; kernels::cpu::DistributionStats) over a batch of logit rows,
 // beside its reference, the form it replaced (a softmax, then -sum p log p, in double: three passes and two
 // double exps a logit), in one run. Prints one JSON line per (vocabulary, rows): the median time of a batch
-// for each, their ratio and the largest difference.
+// for each, their ratio and the largest difference. Then the other host work a router that reads earlier
+// matches does once a prompt (RouterDecoder: the prefill's decisions and the first decode step's): a
+// router::EarlierMatch over each of --contexts tokens (ids drawn Zipf-like over the vocabulary, as text's
+// are), and LongestMatchAtEnd of them; one JSON line per context, median milliseconds a prompt.
 //
-//   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--passes 9]
+//   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "bench/bench_util.h"
 #include "engine/sampler.h"
 #include "kernels/ops.h"
+#include "router/earlier_match.h"
 
 namespace {
 
@@ -65,18 +69,58 @@ absl::Status Run(int64_t vocab, const std::vector<int64_t>& rows, int passes) {
   return absl::OkStatus();
 }
 
+void RunEarlierMatch(int64_t vocab, const std::vector<int64_t>& contexts, int passes) {
+  std::mt19937 rng(2);
+  std::vector<double> weights(vocab);
+  for (int64_t i = 0; i < vocab; ++i) weights[i] = 1.0 / static_cast<double>(i + 1);
+  std::discrete_distribution<int32_t> zipf(weights.begin(), weights.end());
+  for (int64_t n : contexts) {
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = zipf(rng);
+    std::vector<double> push_s, end_s;
+    int64_t longest = 0;
+    for (int pass = 0; pass < passes; ++pass) {
+      const auto t0 = std::chrono::steady_clock::now();
+      oryx::router::EarlierMatch index;
+      for (int32_t t : tokens) longest = std::max(longest, index.Push(t).length);
+      const auto t1 = std::chrono::steady_clock::now();
+      longest = std::max(longest, oryx::router::LongestMatchAtEnd(tokens, 32).length);
+      const auto t2 = std::chrono::steady_clock::now();
+      push_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+      end_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+    }
+    std::vector<int32_t> distinct = tokens;
+    std::sort(distinct.begin(), distinct.end());
+    nlohmann::json line = oryx::bench::Provenance();
+    line.update({{"bench", "router_earlier_match"},
+                 {"vocab", vocab},
+                 {"tokens", n},
+                 {"distinct_tokens", std::unique(distinct.begin(), distinct.end()) - distinct.begin()},
+                 {"passes", passes},
+                 {"push_ms", oryx::bench::Median(push_s) * 1e3},
+                 {"longest_match_at_end_ms", oryx::bench::Median(end_s) * 1e3},
+                 {"longest_match", longest}});
+    std::cout << line.dump() << std::endl;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t vocab = 32000, passes = 9;
-  std::vector<std::string> rows = {"1,8,64"};
-  oryx::FlagSet flags("bench_router_stats [--vocab 32000] [--rows 1,8,64] [--passes 9]",
-                      "Times the entropy and margin of rows of logits against their reference; JSON lines.");
+  std::vector<std::string> rows = {"1,8,64"}, contexts = {"4096,16384"};
+  oryx::FlagSet flags("bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9]",
+                      "Times a router's host work: the entropy and margin of rows of logits against their reference, "
+                      "and the earlier-match index over a prompt; JSON lines.");
   flags.Int("vocab", &vocab, "logits a row", 2);
   flags.StringList("rows", &rows, "rows a batch (sequences a decode step), comma-separated");
+  flags.StringList("contexts", &contexts, "prompt lengths for the earlier-match index, comma-separated");
   flags.Int("passes", &passes, "timed passes; the median is reported", 1, 1000);
   return oryx::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
     ORYX_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, oryx::ParsePositiveInts(rows, "rows"));
-    return Run(vocab, counts, static_cast<int>(passes));
+    ORYX_ASSIGN_OR_RETURN(const std::vector<int64_t> lengths, oryx::ParsePositiveInts(contexts, "contexts"));
+    ORYX_RETURN_IF_ERROR(Run(vocab, counts, static_cast<int>(passes)));
+    RunEarlierMatch(vocab, lengths, static_cast<int>(passes));
+    return absl::OkStatus();
   });
 }

@@ -7,26 +7,30 @@ namespace oryx::router {
 EarlierMatch::EarlierMatch() { states_.push_back(State{}); }
 
 int32_t EarlierMatch::Next(int32_t state, int32_t token) const {
-  for (const auto& [t, target] : states_[state].next) {
-    if (t == token) return target;
-  }
-  return -1;
+  if (state == 0 && Dense(token)) return token < static_cast<int64_t>(start_next_.size()) ? start_next_[token] : -1;
+  const auto it = next_.find(Key(state, token));
+  return it == next_.end() ? -1 : it->second;
 }
 
 void EarlierMatch::SetNext(int32_t state, int32_t token, int32_t target) {
-  for (auto& [t, to] : states_[state].next) {
-    if (t == token) {
-      to = target;
-      return;
-    }
+  if (state == 0 && Dense(token)) {
+    if (token >= static_cast<int64_t>(start_next_.size())) start_next_.resize(token + 1, -1);
+    start_next_[token] = target;  // (the start state is never cloned: its token list is not kept)
+    return;
   }
-  states_[state].next.emplace_back(token, target);
+  const auto [it, fresh] = next_.try_emplace(Key(state, token), target);
+  if (fresh) {
+    tokens_.emplace_back(token, states_[state].tokens);
+    states_[state].tokens = static_cast<int32_t>(tokens_.size()) - 1;
+  } else {
+    it->second = target;
+  }
 }
 
 EarlierMatch::Match EarlierMatch::Push(int32_t token) {
   const int64_t n = size_++;
   const int32_t cur = static_cast<int32_t>(states_.size());
-  states_.push_back(State{states_[last_].len + 1, -1, n, {}});
+  states_.push_back(State{.len = states_[last_].len + 1, .first_end = n});
   int32_t p = last_;
   while (p != -1 && Next(p, token) == -1) {
     SetNext(p, token, cur);
@@ -40,9 +44,13 @@ EarlierMatch::Match EarlierMatch::Push(int32_t token) {
       states_[cur].link = q;
     } else {
       const int32_t clone = static_cast<int32_t>(states_.size());
-      State copy = states_[q];  // transitions, link and first occurrence of q; a shorter length
+      State copy = states_[q];  // link and first occurrence of q; a shorter length; q's transitions below
       copy.len = states_[p].len + 1;
-      states_.push_back(std::move(copy));
+      copy.tokens = -1;
+      states_.push_back(copy);
+      for (int32_t e = states_[q].tokens; e != -1; e = tokens_[e].second) {
+        SetNext(clone, tokens_[e].first, next_.at(Key(q, tokens_[e].first)));
+      }
       while (p != -1 && Next(p, token) == q) {
         SetNext(p, token, clone);
         p = states_[p].link;

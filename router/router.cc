@@ -97,7 +97,7 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.margin = st.margin;
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
-  c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;
+  if (!router_->reads_earlier_match()) c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;  // (a scan back)
   if (router_->reads_earlier_match()) {
     for (int64_t i = st.matches.size(); i < s.context_size(); ++i) {
       st.match = st.matches.Push(s.context_token(i));
@@ -108,6 +108,7 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
     }
     c.match_length = st.match.length;
     c.match_distance = st.match.distance;
+    c.repeated_ngram = st.match.length >= 3;  // the last 3 tokens end somewhere earlier: LatestEarlierMatch(3)
     c.prompt_end_match_length = st.prompt_end.length, c.prompt_end_match_distance = st.prompt_end.distance;
   }
   if (options_.cost_model) {

@@ -158,8 +158,9 @@ TEST(RouterDecoder, LogitStatsOf) {
 }
 
 TEST(EarlierMatch, AgreesWithBruteForceOnRepetitiveText) {
-  // Small alphabets repeat a lot, so long matches, clones and overlapping occurrences all happen.
-  for (int32_t vocab : {2, 3, 5, 50}) {
+  // Small alphabets repeat a lot, so long matches, clones and overlapping occurrences all happen; a large
+  // one gives the start state hundreds of transitions.
+  for (int32_t vocab : {2, 3, 5, 50, 2000}) {
     std::mt19937 rng(vocab);
     std::vector<int32_t> text;
     for (int i = 0; i < 300; ++i) {
@@ -194,10 +195,11 @@ TEST(EarlierMatch, DocumentedCases) {
   EXPECT_EQ(got[6].distance, 4);
 }
 
-// What a MatchRouter's decisions saw, in order: match_* and prompt_end_match_*. The test owns it, since the
-// router goes with its decoder (an engine's, when Generate returns).
+// What a MatchRouter's decisions saw, in order: match_*, prompt_end_match_* and repeated_ngram. The test owns
+// it, since the router goes with its decoder (an engine's, when Generate returns).
 struct Seen {
   std::vector<std::pair<int64_t, int64_t>> matches, ends;
+  std::vector<bool> repeated;
 };
 
 // Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token). With
@@ -208,6 +210,7 @@ class MatchRouter final : public Router {
   Decision Decide(const RouterContext& c) const override {
     seen_->matches.push_back({c.match_length, c.match_distance});
     seen_->ends.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
+    seen_->repeated.push_back(c.repeated_ngram);
     return {c.last_prompt_token || c.match_length >= 3 ? Mode::kAttention : Mode::kLinear};
   }
   bool reads_earlier_match() const override { return reads_; }
@@ -260,7 +263,8 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   auto result = engine.Generate(q);
   ASSERT_TRUE(result.ok()) << result.status();
   // The prefill is one segment (and the last token alone); each decode decision after it sees the match
-  // ending at the token it is about to run, checked here against the brute force over the context.
+  // ending at the token it is about to run, checked here against the brute force over the context, and
+  // whether that token's last 3 repeat (repeated_ngram, read off the match).
   std::vector<int32_t> context = q.prompt_tokens;
   context.insert(context.end(), result->tokens.begin(), result->tokens.end());
   ASSERT_GE(seen.matches.size(), 2u + 5u);
@@ -269,10 +273,34 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
     const EarlierMatch::Match want = NaiveEarlierMatch(context, at);
     EXPECT_EQ(seen.matches[i], (std::pair<int64_t, int64_t>(want.length, want.distance)))
         << "decode decision " << i - 2;
+    EXPECT_EQ(seen.repeated[i], want.length >= 3) << "decode decision " << i - 2;
   }
   // Every decision, prefill and decode, sees the prompt's end match: 5 6 7 again, ending 4 tokens later.
   ASSERT_EQ(seen.ends.size(), seen.matches.size());
   for (size_t i = 0; i < seen.ends.size(); ++i) EXPECT_EQ(seen.ends[i], (std::pair<int64_t, int64_t>(3, 4))) << i;
+  // Longer: a small random model falls into a loop, so that some decisions see a repeat and some do not.
+  // A router that reads no matches gets repeated_ngram from a scan back over the context: the same.
+  for (const bool reads : {true, false}) {
+    Seen longer;
+    engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+      return std::unique_ptr<Decoder>(
+          new RouterDecoder(std::make_unique<MatchRouter>(&longer, reads), RouterOptions{}));
+    });
+    q.max_tokens = 60;
+    result = engine.Generate(q);
+    ASSERT_TRUE(result.ok()) << result.status();
+    std::vector<int32_t> all = q.prompt_tokens;
+    all.insert(all.end(), result->tokens.begin(), result->tokens.end());
+    ASSERT_GE(longer.repeated.size(), 2u + 40u);
+    int64_t repeats = 0;
+    for (size_t i = 2; i < longer.repeated.size(); ++i) {
+      const int64_t at = static_cast<int64_t>(q.prompt_tokens.size() + i - 2);
+      EXPECT_EQ(longer.repeated[i], NaiveEarlierMatch(all, at).length >= 3) << "decode decision " << i - 2;
+      repeats += longer.repeated[i];
+    }
+    EXPECT_GT(repeats, 0) << reads;
+    EXPECT_LT(repeats, static_cast<int64_t>(longer.repeated.size()) - 2) << reads;
+  }
 }
 
 // Requests of prompts of the given lengths (a fixed pattern of ids), each generating max_tokens under `policy`.
