@@ -47,6 +47,7 @@ struct Sample {
   std::vector<double> gaps_s;  // between consecutive token chunks, as the client received them
   int64_t tokens = 0;
   int64_t cached_tokens = 0;          // prompt tokens restored from the prefix cache
+  int64_t attention_tokens = 0, linear_tokens = 0;  // forwarded in each mode, prompt and generation
   int64_t drafted = 0, accepted = 0;  // speculative policies
   std::vector<int64_t> rounds_by_length;  // and their rounds by draft length, with the rounds' wall time
   std::vector<double> round_s_by_length;
@@ -120,6 +121,8 @@ Sample Complete(httplib::Client& client, const ServeBenchOptions& o, const std::
     } else {
       s.tokens = last["usage"]["completion_tokens"].get<int64_t>();
       s.cached_tokens = last["oryx"]["stats"].value("cached_tokens", int64_t{0});
+      s.attention_tokens = last["oryx"]["stats"].value("attention_tokens", int64_t{0});
+      s.linear_tokens = last["oryx"]["stats"].value("linear_tokens", int64_t{0});
       if (last["oryx"]["stats"].contains("spec")) {
         s.drafted = last["oryx"]["stats"]["spec"]["drafted"].get<int64_t>();
         s.accepted = last["oryx"]["stats"]["spec"]["accepted"].get<int64_t>();
@@ -286,6 +289,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
     const server::SchedulerStats after = http->stats();
     std::vector<double> ttft, latency, between, gaps;
     int64_t tokens = 0, drafted = 0, accepted = 0, cached_tokens = 0, backend_rounds = 0;
+    int64_t attention_tokens = 0, linear_tokens = 0;
     std::vector<int64_t> rounds_by_length;
     std::vector<double> round_s_by_length;
     for (const Sample& s : samples) {
@@ -305,6 +309,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       for (double g : s.gaps_s) gaps.push_back(1e3 * g);
       tokens += s.tokens;
       cached_tokens += s.cached_tokens;
+      attention_tokens += s.attention_tokens, linear_tokens += s.linear_tokens;
     }
     const int64_t steps = after.steps - before.steps;
     json row = {
@@ -321,6 +326,12 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         // Prompt tokens restored from the prefix cache, of all the level's prompt tokens.
         {"prefix_hit_rate", static_cast<double>(cached_tokens) / static_cast<double>(count * o.prompt_tokens)},
         {"max_tokens", o.max_tokens},
+        // Of the tokens the requests forwarded (prompts and generations), the share in attention mode: what
+        // a routed policy chose.
+        {"attention_fraction",
+         attention_tokens + linear_tokens > 0
+             ? static_cast<double>(attention_tokens) / static_cast<double>(attention_tokens + linear_tokens)
+             : 0.0},
         {"max_batch", so.scheduler.max_batch},
         {"max_prefill_tokens", o.max_prefill_tokens},
         {"wall_s", wall},

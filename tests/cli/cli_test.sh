@@ -102,6 +102,15 @@ if [[ -n "$SRC" && -f "$SRC/models/default/config.json" ]]; then
   mkdir -p "$TMP/broken" && find "$M" -maxdepth 1 -type f -exec cp {} "$TMP/broken/" \;
   chmod u+w "$TMP/broken"/* && head -c 1000 "$M/model-00001-of-00004.safetensors" >"$TMP/broken/model-00001-of-00004.safetensors"
   expect 1 "generate: truncated shard" -- generate --model "$TMP/broken" --prompt hi
+  # bench serve through the real server: each policy's attention share of the tokens its requests forwarded.
+  for policy in attention linear; do
+    expect 0 "bench serve: $policy" -- bench serve --model "$M" --concurrency 2 --requests 2 --prompt-tokens 64 \
+      --max-tokens 4 --policy "$policy" --json
+    want=$([[ $policy == attention ]] && echo 1 || echo 0)
+    python3 -c 'import json, sys; j = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+sys.exit(0 if j["attention_fraction"] == float(sys.argv[2]) and j["generated_tokens_per_s"] > 0 else 1)' "$TMP/out" "$want" ||
+      { failed=$((failed + 1)); echo "FAIL: bench serve --policy $policy: attention_fraction is not $want"; cat "$TMP/out"; }
+  done
   # eval runs schedules; a routed policy is refused before any other policy runs, pointing to bench router.
   expect 1 "eval niah: a routed policy" -- eval niah-multikey --model "$M" --haystack "$SRC"/tests/data/default_model/val-100000.txt \
     --lengths 256 --seeds 1 --policies linear entropy:1
