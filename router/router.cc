@@ -55,18 +55,29 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
   const bool match = router_->reads_earlier_match();
-  if (match) {
-    const EarlierMatch::Match end_match = LongestMatchAtEnd(prompt, kPromptEndTokens);
+  // Every token's match, from one index over the whole prompt: the segments' and the prompt's end match
+  // (LongestMatchAtEnd's: the first longest among the last kPromptEndTokens).
+  std::vector<EarlierMatch::Match> matches;
+  if (match && prompt_len > 0) {
+    EarlierMatch index;
+    ++prompts_indexed_;
+    matches.reserve(prompt.size());
+    for (const int32_t t : prompt) matches.push_back(index.Push(t));
+    EarlierMatch::Match end_match;
+    for (int64_t t = std::max<int64_t>(0, prompt_len - kPromptEndTokens); t < prompt_len; ++t) {
+      if (matches[t].length > end_match.length) end_match = matches[t];
+    }
     c.prompt_end_match_length = end_match.length, c.prompt_end_match_distance = end_match.distance;
+    prompt_indexes_.push_back({{prompt.begin(), prompt.end()}, std::move(index), end_match, matches.back()});
+    if (prompt_indexes_.size() > kMaxPromptIndexes) prompt_indexes_.pop_front();
   }
-  EarlierMatch matches;
   for (int64_t start = 0; start < std::min(end, prompt_len);) {
     c.position = start;
     c.last_prompt_token = start == prompt_len - 1;
     c.segment_tokens = PrefillSegmentTokens(start, prompt_len, options_.segment_len, options_.tail_len);
     c.match_length = c.match_distance = 0;
     for (int64_t t = start; match && t < start + c.segment_tokens; ++t) {
-      const EarlierMatch::Match m = matches.Push(prompt[t]);
+      const EarlierMatch::Match m = matches[t];
       if (m.length > c.match_length) std::tie(c.match_length, c.match_distance) = std::pair(m.length, m.distance);
     }
     if (options_.cost_model) {
@@ -81,10 +92,27 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   }
 }
 
+void RouterDecoder::AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st) {
+  // The newest first: a prompt prefilled twice (two requests of one prompt) is kept twice.
+  for (auto it = prompt_indexes_.rbegin(); it != prompt_indexes_.rend(); ++it) {
+    if (it->prompt != prompt) continue;
+    st.matches = std::move(it->index);
+    st.prompt_end = it->end, st.match = it->last;
+    prompt_indexes_.erase(std::next(it).base());
+    return;
+  }
+}
+
 Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
-  auto [it, fresh] = slots_.try_emplace(s.id);
-  SlotState& st = it->second;
-  if (fresh) st.prompt_hash = PromptHash(*s.prompt);
+  SlotState& st = slots_[s.id];  // (ChooseMode may have made it)
+  if (!st.started) {
+    st.started = true;
+    st.prompt_hash = PromptHash(*s.prompt);
+    if (router_->reads_earlier_match()) {
+      AdoptPromptIndex(*s.prompt, st);
+      if (st.matches.size() == 0 && !s.prompt->empty()) ++prompts_indexed_;  // built below
+    }
+  }
   RouterContext c;
   c.phase = Phase::kDecode;
   c.position = s.seq->position();

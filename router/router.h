@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -104,6 +105,9 @@ class RouterDecoder final : public StepwiseDecoder {
   absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override;
   bool RunsAlone(const Backend& backend) const override { return spec_ != nullptr && backend.runs_rounds(); }
   void Release(int64_t slot_id) override;
+  // How many prompts were indexed for earlier matches (router/earlier_match.h): once a request when its
+  // PrefillModes and its decoding ran here (the first decode decision takes the prefill's index).
+  int64_t prompts_indexed() const { return prompts_indexed_; }
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -112,6 +116,7 @@ class RouterDecoder final : public StepwiseDecoder {
 
  private:
   struct SlotState {
+    bool started = false;  // the slot's first decode decision was made (prompt_hash and its index set)
     uint64_t prompt_hash = 0;
     EarlierMatch::Match prompt_end;  // LongestMatchAtEnd of the prompt, kept as `matches` passes its end
     EarlierMatch matches;  // over the slot's context, pushed up to the token about to run
@@ -125,8 +130,21 @@ class RouterDecoder final : public StepwiseDecoder {
   void DecideStep(std::span<DecodeSlot* const> slots);
   // After the speculating slots' step: the acceptance of the rounds that ended.
   void NoteRounds();
+  // PrefillModes' index of a prompt, kept for the first decode decision of the request that prefilled it, so
+  // that a prompt is indexed once (a 16K prompt's index takes milliseconds of the serving thread): the prompt
+  // (to find it by), the index over it, its end match and its last token's match.
+  struct PromptIndex {
+    std::vector<int32_t> prompt;
+    EarlierMatch index;
+    EarlierMatch::Match end, last;
+  };
+  static constexpr size_t kMaxPromptIndexes = 16;  // prompts prefilled and not yet decoding; the oldest dropped
+  // A fresh slot takes its prompt's index if PrefillModes kept one (else its first decision builds one).
+  void AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st);
   std::unique_ptr<Router> router_;
   RouterOptions options_;
+  mutable std::deque<PromptIndex> prompt_indexes_;  // written by PrefillModes (const: it decides nothing)
+  mutable int64_t prompts_indexed_ = 0;
   std::map<int64_t, SlotState> slots_;
   std::unique_ptr<speculative::SpeculativeDecoder> spec_;  // when the router may speculate
   // Per-step buffers, reused so that a decode step allocates nothing.

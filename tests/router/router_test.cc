@@ -200,6 +200,7 @@ TEST(EarlierMatch, DocumentedCases) {
 struct Seen {
   std::vector<std::pair<int64_t, int64_t>> matches, ends;
   std::vector<bool> repeated;
+  std::vector<uint64_t> hashes;  // sequence_hash
 };
 
 // Attention exactly where the segment repeats at least 3 earlier tokens (and the prompt's last token). With
@@ -211,6 +212,7 @@ class MatchRouter final : public Router {
     seen_->matches.push_back({c.match_length, c.match_distance});
     seen_->ends.push_back({c.prompt_end_match_length, c.prompt_end_match_distance});
     seen_->repeated.push_back(c.repeated_ngram);
+    seen_->hashes.push_back(c.sequence_hash);
     return {c.last_prompt_token || c.match_length >= 3 ? Mode::kAttention : Mode::kLinear};
   }
   bool reads_earlier_match() const override { return reads_; }
@@ -248,12 +250,42 @@ TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
   for (const auto& m : seen.matches) EXPECT_EQ(m, (std::pair<int64_t, int64_t>(0, 0)));
 }
 
+// A RouterDecoder that, when it ends, appends how many prompts it indexed to *out.
+class IndexCounting final : public Decoder {
+ public:
+  IndexCounting(std::unique_ptr<RouterDecoder> inner, std::vector<int64_t>* out)
+      : inner_(std::move(inner)), out_(out) {}
+  ~IndexCounting() override { out_->push_back(inner_->prompts_indexed()); }
+  void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override {
+    inner_->PrefillModes(prompt, begin, modes);
+  }
+  int64_t Lookahead() const override { return inner_->Lookahead(); }
+  absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
+                    std::vector<ForwardItem>& items) override {
+    return inner_->Plan(backend, slots, items);
+  }
+  absl::Status Finish(std::span<DecodeSlot* const> slots) override { return inner_->Finish(slots); }
+  absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override {
+    return inner_->RunAlone(backend, slots);
+  }
+  bool RunsAlone(const Backend& backend) const override { return inner_->RunsAlone(backend); }
+  bool PlainStep() const override { return inner_->PlainStep(); }
+  void Release(int64_t slot_id) override { inner_->Release(slot_id); }
+  bool FollowsLogitAdjustments() const override { return inner_->FollowsLogitAdjustments(); }
+
+ private:
+  std::unique_ptr<RouterDecoder> inner_;
+  std::vector<int64_t>* out_;
+};
+
 TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
   testutil::ScratchDir scratch;
   Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
   Seen seen;
+  std::vector<int64_t> indexed;  // each decoder's prompts_indexed() at its end
   engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
-    return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<MatchRouter>(&seen), RouterOptions{}));
+    return std::unique_ptr<Decoder>(new IndexCounting(
+        std::make_unique<RouterDecoder>(std::make_unique<MatchRouter>(&seen), RouterOptions{}), &indexed));
   });
   GenerateRequest q;
   q.prompt_tokens = {5, 6, 7, 8, 5, 6, 7};
@@ -275,6 +307,10 @@ TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
         << "decode decision " << i - 2;
     EXPECT_EQ(seen.repeated[i], want.length >= 3) << "decode decision " << i - 2;
   }
+  // The prompt was indexed once: by the prefill, whose index the first decode decision took.
+  EXPECT_EQ(indexed, std::vector<int64_t>{1});
+  // Prefill and decode decisions alike see the prompt's hash (decode decisions once saw 0).
+  for (uint64_t h : seen.hashes) EXPECT_EQ(h, PromptHash(q.prompt_tokens));
   // Every decision, prefill and decode, sees the prompt's end match: 5 6 7 again, ending 4 tokens later.
   ASSERT_EQ(seen.ends.size(), seen.matches.size());
   for (size_t i = 0; i < seen.ends.size(); ++i) EXPECT_EQ(seen.ends[i], (std::pair<int64_t, int64_t>(3, 4))) << i;
