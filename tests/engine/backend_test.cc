@@ -192,6 +192,7 @@ TEST_P(BackendTest, BackendDrawsTheTokenTheSamplerDrawsFromTheLogits) {
     for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {
       SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (one_returns_logits ? ", one returns logits" : ""));
       testutil::ExpectBackendDrawsAreTheSamplersDraws(*backend_, params, one_returns_logits);
+      if (!one_returns_logits) testutil::ExpectBackendDrawsAreTheSamplersDraws(*backend_, params, false, 1);
     }
   }
 }

@@ -565,6 +565,9 @@ TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
                      (fallback ? ", one sequence returning logits" : ""));
         testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, fallback);
+        // One sequence alone: greedy, the LM head's GEMV keeps the argmax (no kernel over the logits but the
+        // statistics').
+        if (!fallback) testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, false, /*sequences=*/1);
       }
     }
   }

@@ -154,11 +154,15 @@ Engine TinyEngine(const ScratchDir& scratch, LinearMixer mixer, uint32_t seed) {
   return Engine(TinyBackend(scratch, mixer, seed), std::nullopt);
 }
 
-void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits) {
+void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits,
+                                           int sequences) {
+  ASSERT_TRUE(sequences >= 1 && sequences <= 3 && (!one_returns_logits || sequences == 3)) << sequences;
+  const int n = sequences;
   std::vector<SequenceState> drawn, host;
   std::vector<Sampler> drawn_samplers, host_samplers;
   std::vector<int32_t> drawn_next = {1, 2, 3}, host_next = {1, 2, 3};
-  for (int b = 0; b < 3; ++b) {
+  drawn_next.resize(n), host_next.resize(n);
+  for (int b = 0; b < n; ++b) {
     drawn.push_back(backend.NewSequence());
     host.push_back(backend.NewSequence());
     SamplingParams p = params;
@@ -166,13 +170,13 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     drawn_samplers.emplace_back(p);
     host_samplers.emplace_back(p);
   }
-  std::vector<std::vector<float>> logits(3);
-  std::vector<LogitStats> stats(3);
+  std::vector<std::vector<float>> logits(n);
+  std::vector<LogitStats> stats(n);
   int64_t not_argmax = 0;
   for (int step = 0; step < 10; ++step) {
     const std::vector<Mode> modes = {step % 2 ? Mode::kLinear : Mode::kAttention, Mode::kLinear, Mode::kAttention};
     std::vector<ForwardItem> by_backend, by_host;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < n; ++i) {
       const bool draws = !(one_returns_logits && i == 1);
       by_backend.push_back({&drawn[i], std::span(&drawn_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast,
                             draws ? nullptr : &logits[i], false, draws ? &drawn_samplers[i] : nullptr,
@@ -183,7 +187,7 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     ASSERT_TRUE(backend.Forward(by_backend).ok());
     if (one_returns_logits) drawn_next[1] = drawn_samplers[1].Next(logits[1]);
     ASSERT_TRUE(backend.Forward(by_host).ok());
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < n; ++i) {
       ASSERT_EQ(logits[i].size(), static_cast<size_t>(backend.config().vocab_size));
       if (!(one_returns_logits && i == 1)) {  // the statistics beside the draw: the host's of the same logits
         const LogitStats want = LogitStatsOf(logits[i]);
@@ -196,7 +200,7 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     }
     ASSERT_EQ(drawn_next, host_next) << "step " << step;
   }
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(drawn_samplers[i].Uniform(), host_samplers[i].Uniform()) << "streams apart";
+  for (int i = 0; i < n; ++i) EXPECT_EQ(drawn_samplers[i].Uniform(), host_samplers[i].Uniform()) << "streams apart";
   if (!params.greedy()) {
     EXPECT_GT(not_argmax, 0) << "sampling drew only argmaxes: nothing was compared";
   }

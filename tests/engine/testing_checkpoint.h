@@ -166,11 +166,13 @@ void RewriteWeights(const std::string& path, Edit edit);
 std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path);
 
 // Next tokens drawn by `backend` (ForwardItem::sampler) are the ones the same samplers draw on the host from
-// the returned logits, and the samplers' streams move alike: three fresh sequences in mixed modes, ten steps
-// that feed each draw back, run once with the backend drawing (the middle sequence returning its logits
-// instead when `one_returns_logits`) and once with every sequence returning logits. Sampled parameters must
-// also draw something other than the argmax, or nothing was compared.
-void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits);
+// the returned logits, and the samplers' streams move alike: `sequences` (1 to 3) fresh sequences in mixed
+// modes, ten steps that feed each draw back, run once with the backend drawing (the middle of three returning
+// its logits instead when `one_returns_logits`) and once with every sequence returning logits. Each draw's
+// LogitStats are the host's of the same logits. Sampled parameters must also draw something other than the
+// argmax, or nothing was compared.
+void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits,
+                                           int sequences = 3);
 
 // Log-probabilities are attention mode's whatever was drafted: `q` (greedy, q.logprobs >= 0) generated under
 // the attention policy and under `speculative` (registered on the engine) gives the same tokens, and the same
