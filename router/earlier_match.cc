@@ -67,11 +67,17 @@ EarlierMatch::Match EarlierMatch::Push(int32_t token) {
 
 EarlierMatch::Match LongestMatchAtEnd(std::span<const int32_t> tokens, int64_t last) {
   EarlierMatch index;
+  std::vector<EarlierMatch::Match> matches;
+  matches.reserve(tokens.size());
+  for (const int32_t t : tokens) matches.push_back(index.Push(t));
+  return LongestOfLast(matches, last);
+}
+
+EarlierMatch::Match LongestOfLast(std::span<const EarlierMatch::Match> matches, int64_t last) {
   EarlierMatch::Match best;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  for (int64_t i = 0; i < n; ++i) {
-    const EarlierMatch::Match m = index.Push(tokens[i]);
-    if (i >= n - last && m.length > best.length) best = m;
+  const int64_t n = static_cast<int64_t>(matches.size());
+  for (int64_t i = std::max<int64_t>(0, n - last); i < n; ++i) {
+    if (matches[i].length > best.length) best = matches[i];
   }
   return best;
 }

@@ -57,6 +57,8 @@ class EarlierMatch {
 // such, on a tie): for a prompt, whether it ends with text that occurred earlier in it (a question naming a
 // needle's key, a passage that repeats) and how far back. O(tokens).
 EarlierMatch::Match LongestMatchAtEnd(std::span<const int32_t> tokens, int64_t last);
+// LongestMatchAtEnd from the matches Push returned for every token, in order (PrefillModes has them).
+EarlierMatch::Match LongestOfLast(std::span<const EarlierMatch::Match> matches, int64_t last);
 
 // What Push returns for tokens[end] after tokens[0..end-1], by brute force (O(end^2)): the reference the
 // tests check the automaton against.

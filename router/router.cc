@@ -55,18 +55,14 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   c.prompt_len = prompt_len;
   c.sequence_hash = PromptHash(prompt);
   const bool match = router_->reads_earlier_match();
-  // Every token's match, from one index over the whole prompt: the segments' and the prompt's end match
-  // (LongestMatchAtEnd's: the first longest among the last kPromptEndTokens).
+  // Every token's match, from one index over the whole prompt: the segments' and the prompt's end match.
   std::vector<EarlierMatch::Match> matches;
   if (match && prompt_len > 0) {
     EarlierMatch index;
     ++prompts_indexed_;
     matches.reserve(prompt.size());
     for (const int32_t t : prompt) matches.push_back(index.Push(t));
-    EarlierMatch::Match end_match;
-    for (int64_t t = std::max<int64_t>(0, prompt_len - kPromptEndTokens); t < prompt_len; ++t) {
-      if (matches[t].length > end_match.length) end_match = matches[t];
-    }
+    const EarlierMatch::Match end_match = LongestOfLast(matches, kPromptEndTokens);
     c.prompt_end_match_length = end_match.length, c.prompt_end_match_distance = end_match.distance;
     prompt_indexes_.push_back({{prompt.begin(), prompt.end()}, std::move(index), end_match, matches.back()});
     if (prompt_indexes_.size() > kMaxPromptIndexes) prompt_indexes_.pop_front();
@@ -125,8 +121,9 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   c.margin = st.margin;
   c.acceptance = st.acceptance;
   c.sequence_hash = st.prompt_hash;
-  if (!router_->reads_earlier_match()) c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;  // (a scan back)
-  if (router_->reads_earlier_match()) {
+  if (!router_->reads_earlier_match()) {
+    c.repeated_ngram = s.LatestEarlierMatch(3) >= 0;  // (a scan back over the context)
+  } else {
     for (int64_t i = st.matches.size(); i < s.context_size(); ++i) {
       st.match = st.matches.Push(s.context_token(i));
       // The prompt's last tokens pass once, on the first decision: LongestMatchAtEnd without a second index.
