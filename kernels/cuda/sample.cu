@@ -53,6 +53,22 @@ __global__ void __launch_bounds__(kSampleThreads) ArgmaxKernel(ArgmaxParams p) {
   if (lane == 0) p.tokens_ptr[blockIdx.x * p.tokens_stride] = ArgmaxToken(best);
 }
 
+// f(logit) for each of a row's logits this thread takes (every blockDim.x-th), four at a time where the row
+// allows 16-byte loads.
+template <typename F>
+__device__ __forceinline__ void ForEachLogit(const float* row, int64_t vocab, F&& f) {
+  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    const float4* q4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+    for (int64_t q = threadIdx.x; q < vocab / 4; q += blockDim.x) {
+      const float4 v = __ldg(q4 + q);
+      f(v.x), f(v.y), f(v.z), f(v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) f(row[i]);
+  }
+}
+
 // One block of kSampleThreads per row: each thread's two largest logits (the CPU's TopTwo: a repeated
 // largest is also the second), the block's, then in a second pass over the row (from L2) Z = sum e^d and
 // sum e^d d with d = l - top1, so that H = log Z - (sum e^d d) / Z.
@@ -64,7 +80,6 @@ __global__ void __launch_bounds__(kSampleThreads) DistributionStatsKernel(Distri
     if (threadIdx.x == 0) out[0] = 0.f, out[1] = 0.f;
     return;
   }
-  const bool quads = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0;
   float a = -INFINITY, b = -INFINITY;
   auto fold = [&](float l) {
     if (l > a) {
@@ -73,16 +88,7 @@ __global__ void __launch_bounds__(kSampleThreads) DistributionStatsKernel(Distri
       b = l;
     }
   };
-  if (quads) {
-    const float4* q4 = reinterpret_cast<const float4*>(row);
-#pragma unroll 4
-    for (int64_t q = threadIdx.x; q < p.vocab / 4; q += blockDim.x) {
-      const float4 v = __ldg(q4 + q);
-      fold(v.x), fold(v.y), fold(v.z), fold(v.w);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) fold(row[i]);
-  }
+  ForEachLogit(row, p.vocab, fold);
   const float top1 = BlockMax(a, scratch);
   // Two threads holding the largest: it is also the second. Otherwise the second is the best of the holder's
   // second and the other threads' largest.
@@ -93,16 +99,7 @@ __global__ void __launch_bounds__(kSampleThreads) DistributionStatsKernel(Distri
     const float d = l - top1, w = expf(d);
     z += w, weighted += w * d;
   };
-  if (quads) {
-    const float4* q4 = reinterpret_cast<const float4*>(row);
-#pragma unroll 4
-    for (int64_t q = threadIdx.x; q < p.vocab / 4; q += blockDim.x) {
-      const float4 v = __ldg(q4 + q);
-      add(v.x), add(v.y), add(v.z), add(v.w);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) add(row[i]);
-  }
+  ForEachLogit(row, p.vocab, add);
   z = BlockSum(z, scratch);
   weighted = BlockSum(weighted, scratch);
   if (threadIdx.x == 0) out[0] = logf(z) - weighted / z, out[1] = top1 - top2;
