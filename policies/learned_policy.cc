@@ -1,7 +1,9 @@
 #include "policies/learned_policy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "Eigen/Core"
@@ -97,6 +99,17 @@ absl::Status PolicyNetwork::Validate() const {
     return absl::InvalidArgumentError("a draft head without at least two draft_lengths");
   }
   return absl::OkStatus();
+}
+
+std::optional<int64_t> PolicyNetwork::LongestTrainedPrompt() const {
+  const auto it = training.find("lengths");
+  if (it == training.end() || !it->is_array() || it->empty()) return std::nullopt;
+  int64_t longest = 0;
+  for (const nlohmann::json& length : *it) {
+    if (!length.is_number_integer()) return std::nullopt;
+    longest = std::max(longest, length.get<int64_t>());
+  }
+  return longest;
 }
 
 PolicyNetwork RandomPolicyNetwork(std::span<const int64_t> hidden, std::span<const int64_t> draft_lengths,
@@ -313,8 +326,20 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view poli
     return absl::InvalidArgumentError(Cat("policy '", policy, "': learned:PATH needs the path of a policy file"));
   }
   ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(std::string(policy.substr(8))));
+  const std::optional<int64_t> trained = net.LongestTrainedPrompt();
   ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
-  return MakeLearnedDecoder(std::make_shared<const LearnedPolicy>(std::move(p)));
+  LearnedRouter::Trace warn;
+  if (trained) {
+    warn = [name = std::string(policy), trained = *trained, warned = std::make_shared<std::atomic<bool>>(false)](
+               const router::RouterContext& c, const router::Decision&) {
+      if (c.prompt_len <= 2 * trained || warned->exchange(true)) return;
+      std::fprintf(stderr,
+                   "oryx: warning: policy %s was trained on prompts of up to %lld tokens; this one has %lld, and "
+                   "its decisions on prompts this long are an extrapolation (train-router --lengths covers them)\n",
+                   name.c_str(), static_cast<long long>(trained), static_cast<long long>(c.prompt_len));
+    };
+  }
+  return MakeLearnedDecoder(std::make_shared<const LearnedPolicy>(std::move(p)), std::nullopt, std::move(warn));
 }
 
 }  // namespace oryx::policies

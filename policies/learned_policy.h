@@ -4,7 +4,8 @@
 // The policy file is one safetensors file. Its "__metadata__" holds, under "oryx.router_policy", a JSON
 // object: {"format": "oryx-router-policy", "version": 1, "feature_version": 1, "features": [names, in
 // order], "activation": "tanh", "segment_len": N, "tail_len": T, "draft_lengths": [k, ...], "training": {...}}
-// ("tail_len" may be absent: 0, a file written before it). Its F32
+// ("tail_len" may be absent: 0, a file written before it; "training" is provenance, whose "lengths", the
+// prompt lengths it was trained on, LongestTrainedPrompt reads). Its F32
 // tensors (F = number of features, h_i = width of hidden layer i, h = the last width):
 //   input.mean [F], input.inv_std [F]          x = (features - mean) * inv_std
 //   hidden.<i>.weight [h_i, h_(i-1)], hidden.<i>.bias [h_i]   x = tanh(W x + b), i = 0, 1, ...
@@ -60,6 +61,8 @@ struct PolicyNetwork {
 
   // Shapes, sizes, finiteness and the feature list: InvalidArgument naming what is wrong.
   absl::Status Validate() const;
+  // The longest prompt it was trained on (training's "lengths"), where the file records them.
+  std::optional<int64_t> LongestTrainedPrompt() const;
 };
 
 // A network with the given hidden widths, small random weights (seeded) and identity normalisation.
@@ -116,7 +119,9 @@ class LearnedRouter final : public router::Router {
 std::unique_ptr<Decoder> MakeLearnedDecoder(std::shared_ptr<const LearnedPolicy> policy,
                                             std::optional<uint64_t> sample_seed = {},
                                             LearnedRouter::Trace trace = {});
-// Parses learned:PATH and loads the file.
+// Parses learned:PATH and loads the file. Its decoder warns once, on stderr, when a prompt is more than twice
+// as long as the longest the policy was trained on: its position and length features are then outside what
+// it saw, and its decisions an extrapolation (a policy trained on 1K prompts attended every token at 16K).
 absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view policy);
 
 }  // namespace oryx::policies

@@ -1136,8 +1136,8 @@ absl::Status RouterTrainer::TrainLambda(size_t li, int64_t resume_iteration) {
   for (const Kept::Point& p : kept.front) {
     CopyParameters(p.parameters, net);
     PolicyNetwork point = Export(net, o);
-    point.training = {{"lambda", o.lambdas[li]}, {"iteration", p.iteration}, {"validation_quality", p.quality},
-                      {"validation_cost", p.cost}, {"seed", o.seed}};
+    point.training = {{"lambda", o.lambdas[li]},   {"iteration", p.iteration}, {"validation_quality", p.quality},
+                      {"validation_cost", p.cost}, {"lengths", o.lengths},     {"seed", o.seed}};
     ORYX_RETURN_IF_ERROR(WritePolicyFile(FrontPathFor(o, li, p.iteration), point));
     front.push_back({{"iteration", p.iteration}, {"quality", p.quality}, {"cost", p.cost}});
   }

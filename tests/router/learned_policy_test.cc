@@ -315,6 +315,38 @@ TEST_F(LearnedGenerationTest, SampledDecisionsRepeatAcrossReplays) {
   EXPECT_LT(attention, static_cast<int>(seen.size()) - 3);
 }
 
+TEST_F(LearnedGenerationTest, APolicyWarnsOnceOnPromptsFarLongerThanItsTraining) {
+  auto warnings = [&](const nlohmann::json& training, int64_t prompt_len) {
+    PolicyNetwork n = ConstantNetwork(10);
+    n.training = training;
+    const std::string path = Write("p.safetensors", n);
+    testing::internal::CaptureStderr();
+    const bool ok = Run("learned:" + path, prompt_len).ok();
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(ok);
+    int count = 0;
+    for (size_t at = err.find("warning: policy learned:"); at != std::string::npos;
+         at = err.find("warning: policy learned:", at + 1)) {
+      ++count;
+    }
+    return std::pair(count, err);
+  };
+  // Trained on prompts of up to 4 tokens, given 12: many decisions (segments of 4, then every step), one warning.
+  const auto [count, err] = warnings({{"lengths", {2, 4}}}, 12);
+  EXPECT_EQ(count, 1) << err;
+  EXPECT_NE(err.find("trained on prompts of up to 4 tokens; this one has 12"), std::string::npos) << err;
+  EXPECT_EQ(warnings({{"lengths", {8}}}, 12).first, 0);  // within twice its longest
+  EXPECT_EQ(warnings({{"lambda", 1.0}}, 12).first, 0);   // lengths not recorded: nothing to compare
+  EXPECT_EQ(ReadPolicyFile(Write("q.safetensors",
+                                 [] {
+                                   PolicyNetwork n = ConstantNetwork(0);
+                                   n.training = {{"lengths", {1024, 16000, 4096}}};
+                                   return n;
+                                 }()))
+                ->LongestTrainedPrompt(),
+            16000);
+}
+
 TEST_F(LearnedGenerationTest, BadPolicyNamesAreErrors) {
   EXPECT_FALSE(Run("learned:").ok());
   auto r = Run("learned:" + scratch_.path() + "/nope.safetensors");
