@@ -321,16 +321,11 @@ std::unique_ptr<Decoder> MakeLearnedDecoder(std::shared_ptr<const LearnedPolicy>
       std::make_unique<LearnedRouter>(std::move(policy), sample_seed, std::move(trace)), std::move(options));
 }
 
-absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view policy) {
-  if (!policy.starts_with("learned:") || policy.size() == std::string_view("learned:").size()) {
-    return absl::InvalidArgumentError(Cat("policy '", policy, "': learned:PATH needs the path of a policy file"));
-  }
-  ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(std::string(policy.substr(8))));
-  const std::optional<int64_t> trained = net.LongestTrainedPrompt();
-  ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
+std::unique_ptr<Decoder> MakeWarningLearnedDecoder(std::shared_ptr<const LearnedPolicy> policy, std::string_view name) {
+  const std::optional<int64_t> trained = policy->network().LongestTrainedPrompt();
   LearnedRouter::Trace warn;
   if (trained) {
-    warn = [name = std::string(policy), trained = *trained, warned = std::make_shared<std::atomic<bool>>(false)](
+    warn = [name = std::string(name), trained = *trained, warned = std::make_shared<std::atomic<bool>>(false)](
                const router::RouterContext& c, const router::Decision&) {
       if (c.prompt_len <= 2 * trained || warned->exchange(true)) return;
       std::fprintf(stderr,
@@ -339,7 +334,16 @@ absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view poli
                    name.c_str(), static_cast<long long>(trained), static_cast<long long>(c.prompt_len));
     };
   }
-  return MakeLearnedDecoder(std::make_shared<const LearnedPolicy>(std::move(p)), std::nullopt, std::move(warn));
+  return MakeLearnedDecoder(std::move(policy), std::nullopt, std::move(warn));
+}
+
+absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view policy) {
+  if (!policy.starts_with("learned:") || policy.size() == std::string_view("learned:").size()) {
+    return absl::InvalidArgumentError(Cat("policy '", policy, "': learned:PATH needs the path of a policy file"));
+  }
+  ORYX_ASSIGN_OR_RETURN(PolicyNetwork net, ReadPolicyFile(std::string(policy.substr(8))));
+  ORYX_ASSIGN_OR_RETURN(LearnedPolicy p, LearnedPolicy::Create(std::move(net)));
+  return MakeWarningLearnedDecoder(std::make_shared<const LearnedPolicy>(std::move(p)), policy);
 }
 
 }  // namespace oryx::policies

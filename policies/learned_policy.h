@@ -119,9 +119,11 @@ class LearnedRouter final : public router::Router {
 std::unique_ptr<Decoder> MakeLearnedDecoder(std::shared_ptr<const LearnedPolicy> policy,
                                             std::optional<uint64_t> sample_seed = {},
                                             LearnedRouter::Trace trace = {});
-// Parses learned:PATH and loads the file. Its decoder warns once, on stderr, when a prompt is more than twice
-// as long as the longest the policy was trained on: its position and length features are then outside what
-// it saw, and its decisions an extrapolation (a policy trained on 1K prompts attended every token at 16K).
+// The same, for users: it warns once, on stderr, when a prompt is more than twice as long as the longest the
+// policy was trained on (naming it `name`). Its position and length features are then outside what it saw,
+// and its decisions an extrapolation (a policy trained on 1K prompts attended every token at 16K).
+std::unique_ptr<Decoder> MakeWarningLearnedDecoder(std::shared_ptr<const LearnedPolicy> policy, std::string_view name);
+// Parses learned:PATH and loads the file (a decoder of MakeWarningLearnedDecoder).
 absl::StatusOr<std::unique_ptr<Decoder>> MakeLearnedPolicy(std::string_view policy);
 
 }  // namespace oryx::policies

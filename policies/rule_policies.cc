@@ -130,8 +130,8 @@ absl::Status RegisterServedLearnedPolicies(PolicyRegistry& registry,
   std::string names;
   for (const auto& [name, policy] : *served) names += Cat(names.empty() ? "" : ", ", name);
   for (const auto& [name, policy] : *served) {
-    registry.Register(name, name, [policy](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
-      return MakeLearnedDecoder(policy);
+    registry.Register(name, name, [policy](std::string_view asked) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+      return MakeWarningLearnedDecoder(policy, asked);
     });
   }
   registry.Register("learned", names.empty() ? "learned:NAME (none served)" : "learned:NAME",
@@ -143,7 +143,7 @@ absl::Status RegisterServedLearnedPolicies(PolicyRegistry& registry,
                                 names.empty() ? std::string("none") : names,
                                 " (learned policies are files its operator names at start)"));
                       }
-                      return MakeLearnedDecoder(it->second);
+                      return MakeWarningLearnedDecoder(it->second, policy);
                     });
   return absl::OkStatus();
 }

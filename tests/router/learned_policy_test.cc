@@ -316,17 +316,18 @@ TEST_F(LearnedGenerationTest, SampledDecisionsRepeatAcrossReplays) {
 }
 
 TEST_F(LearnedGenerationTest, APolicyWarnsOnceOnPromptsFarLongerThanItsTraining) {
-  auto warnings = [&](const nlohmann::json& training, int64_t prompt_len) {
+  // `policy`: "learned:PATH", or (served) "NAME" and "learned:NAME" for the file a server was given at start.
+  auto warnings = [&](const nlohmann::json& training, int64_t prompt_len, const std::string& policy = "") {
     PolicyNetwork n = ConstantNetwork(10);
     n.training = training;
     const std::string path = Write("p.safetensors", n);
+    if (!policy.empty()) EXPECT_TRUE(RegisterServedLearnedPolicies(engine_->policies(), {{"served", path}}).ok());
     testing::internal::CaptureStderr();
-    const bool ok = Run("learned:" + path, prompt_len).ok();
+    const auto run = Run(policy.empty() ? "learned:" + path : policy, prompt_len);
     const std::string err = testing::internal::GetCapturedStderr();
-    EXPECT_TRUE(ok);
+    EXPECT_TRUE(run.ok()) << run.status();
     int count = 0;
-    for (size_t at = err.find("warning: policy learned:"); at != std::string::npos;
-         at = err.find("warning: policy learned:", at + 1)) {
+    for (size_t at = err.find("warning: policy "); at != std::string::npos; at = err.find("warning: policy ", at + 1)) {
       ++count;
     }
     return std::pair(count, err);
@@ -337,14 +338,15 @@ TEST_F(LearnedGenerationTest, APolicyWarnsOnceOnPromptsFarLongerThanItsTraining)
   EXPECT_NE(err.find("trained on prompts of up to 4 tokens; this one has 12"), std::string::npos) << err;
   EXPECT_EQ(warnings({{"lengths", {8}}}, 12).first, 0);  // within twice its longest
   EXPECT_EQ(warnings({{"lambda", 1.0}}, 12).first, 0);   // lengths not recorded: nothing to compare
-  EXPECT_EQ(ReadPolicyFile(Write("q.safetensors",
-                                 [] {
-                                   PolicyNetwork n = ConstantNetwork(0);
-                                   n.training = {{"lengths", {1024, 16000, 4096}}};
-                                   return n;
-                                 }()))
-                ->LongestTrainedPrompt(),
-            16000);
+  PolicyNetwork recorded = ConstantNetwork(0);
+  recorded.training = {{"lengths", {1024, 16000, 4096}}};
+  EXPECT_EQ(ReadPolicyFile(Write("q.safetensors", recorded))->LongestTrainedPrompt(), 16000);
+  for (const std::string served : {"served", "learned:served"}) {
+    SetUp();  // a fresh registry
+    const auto [n, e] = warnings({{"lengths", {4}}}, 12, served);
+    EXPECT_EQ(n, 1) << served << ": " << e;
+    EXPECT_NE(e.find("policy " + served + " was trained"), std::string::npos) << e;
+  }
 }
 
 TEST_F(LearnedGenerationTest, BadPolicyNamesAreErrors) {
