@@ -618,7 +618,7 @@ Batch MakeBatch(int64_t H, int64_t dh, bool gdn, std::vector<int> len, std::vect
   }
   b.N = static_cast<int64_t>(b.row_seq.size());
   b.dims = {static_cast<int32_t>(H * dh), static_cast<int32_t>(H), static_cast<int32_t>(dh), 4, 8, 10,
-            static_cast<int32_t>(b.P), gdn, gdn, 1e-6f, 10000.0};
+            static_cast<int32_t>(b.P), gdn, gdn, 1e-6f, 10000.0, /*attn_log_scale_base=*/0};
   return b;
 }
 

@@ -321,7 +321,9 @@ TEST_F(LearnedGenerationTest, APolicyWarnsOnceOnPromptsFarLongerThanItsTraining)
     PolicyNetwork n = ConstantNetwork(10);
     n.training = training;
     const std::string path = Write("p.safetensors", n);
-    if (!policy.empty()) EXPECT_TRUE(RegisterServedLearnedPolicies(engine_->policies(), {{"served", path}}).ok());
+    if (!policy.empty()) {
+      EXPECT_TRUE(RegisterServedLearnedPolicies(engine_->policies(), {{"served", path}}).ok());
+    }
     testing::internal::CaptureStderr();
     const auto run = Run(policy.empty() ? "learned:" + path : policy, prompt_len);
     const std::string err = testing::internal::GetCapturedStderr();

@@ -716,7 +716,9 @@ void ExpectRequestsKeepTheBatchInWholeRounds(
       EXPECT_EQ(st.backend_rounds, st.rounds - st.rounds_by_length.at(0)) << "request " << i;
       // Whether adaptive speculation drafts at all follows the round times it measures (a loaded machine
       // can make a short request's every round plain); a fixed length always drafts.
-      if (std::string_view(policy) == "speculative:3") EXPECT_GT(st.backend_rounds, 0) << "request " << i;
+      if (std::string_view(policy) == "speculative:3") {
+        EXPECT_GT(st.backend_rounds, 0) << "request " << i;
+      }
       also(policy, i, st);
     }
   }
