@@ -192,14 +192,19 @@ struct ForwardItem {
   bool keep_states = false;                  // record the span for Truncate (speculative verification)
   // Set (with logits kLast): the backend also draws the span's next token from its last row, as
   // sampler->Next(row) would (the sampler's stream advanced the same way), into *next_token. logits_out may
-  // then be null. The CUDA backend draws on the device when every logits row of the batch is such a draw
-  // and the samplers share their parameters: only the tokens come back to the host, not V floats a row.
+  // then be null. The CUDA backend draws on the device when the batch's samplers share their parameters: only
+  // the tokens come back to the host, not V floats a row (and the rows of the items that ask for logits_out).
   Sampler* sampler = nullptr;
   int32_t* next_token = nullptr;
   // Set (with a sampler): the backend also writes the last row's LogitStats (LogitStatsOf). The CUDA backend computes
   // them on the device beside its draw, so that a router that reads them still gets two numbers back, not V floats.
   LogitStats* stats_out = nullptr;
 };
+
+// How many rows of logits a forward gives the item.
+inline int64_t LogitRowsOf(const ForwardItem& it) {
+  return it.logits == LogitsRows::kAll ? static_cast<int64_t>(it.tokens.size()) : it.logits == LogitsRows::kLast;
+}
 
 // One sequence's part of a speculative round run whole by the backend (Backend::SpeculativeRound).
 struct RoundResult;

@@ -390,10 +390,16 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
                                      draws.sampled ? kc::SamplingWorkspaceBytes(plan.NL) : 0));
   WriteMeta(batch, plan, 0, sc.meta_host);
   if (draws.key) *reinterpret_cast<unsigned long long*>(sc.meta_host + draws.tokens) = 0;
-  if (draws.sampled) {  // each row's uniform, peeked (skipped once the draw is back)
+  if (draws.sampled) {  // each row's uniform: a sampler's peeked (skipped once the draw is back), else unused
     auto* u = reinterpret_cast<double*>(sc.meta_host + draws.uniforms);
     for (const ForwardItem& it : batch) {
-      if (it.sampler != nullptr) it.sampler->PeekUniforms(std::span(u++, 1));
+      const int64_t rows = LogitRowsOf(it);
+      if (it.sampler != nullptr) {
+        it.sampler->PeekUniforms(std::span(u, 1));
+      } else {
+        std::fill(u, u + rows, 0.5);
+      }
+      u += rows;
     }
   }
   clock.Host(1);
@@ -407,14 +413,34 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
   };
   if (!plan.graph || !ReplayOrCapture(sc.graphs[plan], graph_after_, ctx.stream, run, graphs_)) run();
   clock.Device(1);
-  // Back to the host: the drawn tokens (or the key), else the logits asked for.
+  // Back to the host: the drawn tokens (or the key), and the logits asked for (with draws, only those rows).
   if (draws.on) {
     const int64_t bytes = plan.stats ? draws.meta_bytes - draws.tokens : draws.key ? 8 : plan.NL * 4;
     ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.meta_host + draws.tokens, sc.meta + draws.tokens, bytes, cudaMemcpyDeviceToHost,
                                     ctx.stream));
-  } else if (plan.NL > 0) {
-    ORYX_CUDA_CHECK(cudaMemcpyAsync(sc.logits_host, sc.logits, plan.NL * config_.vocab_size * sizeof(float),
+  }
+  const int64_t row_bytes = config_.vocab_size * sizeof(float);
+  auto copy_rows = [&](int64_t first, int64_t rows) {
+    if (rows == 0) return;
+    ORYX_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(sc.logits_host) + first * row_bytes,
+                                    reinterpret_cast<const char*>(sc.logits) + first * row_bytes, rows * row_bytes,
                                     cudaMemcpyDeviceToHost, ctx.stream));
+  };
+  if (!draws.on) {
+    copy_rows(0, plan.NL);
+  } else {  // runs of neighbouring items' rows, one copy each
+    int64_t lr = 0, run_start = 0, run_rows = 0;
+    for (const ForwardItem& it : batch) {
+      const int64_t rows = LogitRowsOf(it);
+      if (it.logits_out == nullptr || rows == 0) {
+        copy_rows(run_start, run_rows);
+        run_start = lr + rows, run_rows = 0;
+      } else {
+        run_rows += rows;
+      }
+      lr += rows;
+    }
+    copy_rows(run_start, run_rows);
   }
   clock.Device(2);
   clock.Host(2);

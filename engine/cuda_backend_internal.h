@@ -694,8 +694,8 @@ struct CudaBackend::Plan {
   int64_t scan_chunks = 0;         // chunks of kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
-  // Every logits row is a sampler's draw (ForwardItem::sampler), all with these parameters: the next tokens
-  // are drawn on the device and only they come back.
+  // The batch's samplers (ForwardItem::sampler) share these parameters: every logits row is drawn on the device,
+  // and only the draws come back, with the rows of the items that ask for their logits (ForwardItem::logits_out).
   bool device_draw = false;
   float temperature = 0.f, top_p = 1.f;
   int64_t top_k = 0;

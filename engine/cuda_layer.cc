@@ -168,7 +168,7 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
     SequenceState& seq = *it.seq;
     const int64_t T = static_cast<int64_t>(it.tokens.size());
     seq.Advance(it.modes, it.keep_states);
-    const int64_t rows = it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast;
+    const int64_t rows = LogitRowsOf(it);
     if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);
       std::memcpy(it.logits_out->data(), logits_host + lr * V, rows * V * sizeof(float));

@@ -39,18 +39,21 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
     }
     plan.NA += item_attention;
     for (Grouping* g : {&cuda_core, &mma_groups, &tiles}) g->Add(item_attention);
-    plan.NL += it.logits == LogitsRows::kAll ? T : it.logits == LogitsRows::kLast ? 1 : 0;
+    plan.NL += LogitRowsOf(it);
     plan.N += T;
   }
   plan.any_attention = plan.NA > 0;
+  // Draws on the device when the batch's samplers share their parameters. Rows without a sampler (a verify span's,
+  // say) are drawn too, for nothing, and come back as logits beside the draws: one such span in a step of many
+  // decoding sequences leaves the others' draws on the device.
   const Sampler* drawer = nullptr;
-  plan.device_draw = plan.NL > 0;
+  bool same_draws = true;
   for (const ForwardItem& it : batch) {
-    if (it.logits == LogitsRows::kNone) continue;
+    if (it.sampler == nullptr) continue;
     if (drawer == nullptr) drawer = it.sampler;
-    plan.device_draw &= it.sampler != nullptr && it.logits_out == nullptr && drawer != nullptr &&
-                        it.sampler->params().SameDistributionAs(drawer->params());
+    same_draws &= it.sampler->params().SameDistributionAs(drawer->params());
   }
+  plan.device_draw = drawer != nullptr && same_draws;
   if (plan.device_draw) {
     const SamplingParams& sp = drawer->params();
     plan.temperature = sp.temperature, plan.top_p = sp.top_p, plan.top_k = sp.top_k;

@@ -186,7 +186,7 @@ TEST_P(BackendTest, BatchOfRaggedSpansGivesEachSequenceItsOwnLogits) {
 }
 
 // A token drawn by the backend (ForwardItem::sampler) is the one the same sampler draws from the returned
-// logits, greedy and sampled, with a sequence of the batch returning its logits instead or not.
+// logits, greedy and sampled, with a sequence of the batch running a verify-like span that returns its logits or not.
 TEST_P(BackendTest, BackendDrawsTheTokenTheSamplerDrawsFromTheLogits) {
   for (const bool one_returns_logits : {false, true}) {
     for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_k = 12, .seed = 5}}) {

@@ -550,24 +550,25 @@ TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
 // Next tokens drawn on the device (ForwardItem::sampler: Argmax, or SampleRows with the sampler's peeked
 // uniform) are the ones the same samplers draw on the host from the returned logits, and the samplers'
 // streams move alike: greedy and sampled, three sequences in mixed modes over ten steps that feed each draw
-// back, as a CUDA graph and not. A batch whose middle sequence asks for its logits instead draws on the host
-// (the backend's fallback) and must agree too. (Sampled draws may differ from the host's only where a
-// uniform falls within rounding of a cumulative mass, SampleRowsMatchesTheCpuSampler: not in 30 draws here.)
+// back, as a CUDA graph and not. A batch whose middle sequence runs a verify-like span and asks for its logits
+// still draws the others on the device, and its logits come back as a batch of logits only returns them. (Sampled draws
+// may differ from the host's only where a uniform falls within rounding of a cumulative mass,
+// SampleRowsMatchesTheCpuSampler: not in 30 draws here.)
 TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
   auto gpu = LoadScaled(HeadDim64Config(GetParam()), 5);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   for (const bool graphs : {true, false}) {
     (*gpu)->set_cuda_graphs(graphs);
-    for (const bool fallback : {false, true}) {
+    for (const bool verify_span : {false, true}) {
       // Greedy, plain temperature (SoftmaxDrawKernel), and with top_k and top_p (CutKernel, DrawKernel).
       for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 4},
                                           SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
-                     (fallback ? ", one sequence returning logits" : ""));
-        testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, fallback);
+                     (verify_span ? ", one verify-like span returning logits" : ""));
+        testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, verify_span);
         // One sequence alone: greedy, the LM head's GEMV keeps the argmax (no kernel over the logits but the
         // statistics').
-        if (!fallback) testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, false, /*sequences=*/1);
+        if (!verify_span) testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, false, /*sequences=*/1);
       }
     }
   }

@@ -2,6 +2,8 @@
 #include "tests/engine/testing_checkpoint.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -158,6 +160,7 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
                                            int sequences) {
   ASSERT_TRUE(sequences >= 1 && sequences <= 3 && (!one_returns_logits || sequences == 3)) << sequences;
   const int n = sequences;
+  const int64_t V = backend.config().vocab_size;
   std::vector<SequenceState> drawn, host;
   std::vector<Sampler> drawn_samplers, host_samplers;
   std::vector<int32_t> drawn_next = {1, 2, 3}, host_next = {1, 2, 3};
@@ -171,30 +174,46 @@ void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParam
     host_samplers.emplace_back(p);
   }
   std::vector<std::vector<float>> logits(n);
+  std::vector<float> returned;  // the middle sequence's logits, when it returns them beside the others' draws
   std::vector<LogitStats> stats(n);
   int64_t not_argmax = 0;
   for (int step = 0; step < 10; ++step) {
     const std::vector<Mode> modes = {step % 2 ? Mode::kLinear : Mode::kAttention, Mode::kLinear, Mode::kAttention};
+    // The middle sequence, returning logits, runs a verify-like span: two tokens, both rows, states kept.
+    const std::array<int32_t, 2> middle_span = {drawn_next[std::min(1, n - 1)], 5};
+    const std::array<Mode, 2> middle_modes = {Mode::kAttention, Mode::kAttention};
     std::vector<ForwardItem> by_backend, by_host;
     for (int i = 0; i < n; ++i) {
-      const bool draws = !(one_returns_logits && i == 1);
+      if (one_returns_logits && i == 1) {
+        by_backend.push_back({&drawn[i], middle_span, middle_modes, LogitsRows::kAll, &returned, true});
+        by_host.push_back({&host[i], middle_span, middle_modes, LogitsRows::kAll, &logits[i], true});
+        continue;
+      }
       by_backend.push_back({&drawn[i], std::span(&drawn_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast,
-                            draws ? nullptr : &logits[i], false, draws ? &drawn_samplers[i] : nullptr,
-                            draws ? &drawn_next[i] : nullptr, draws ? &stats[i] : nullptr});
+                            nullptr, false, &drawn_samplers[i], &drawn_next[i], &stats[i]});
       by_host.push_back({&host[i], std::span(&host_next[i], 1), std::span(&modes[i], 1), LogitsRows::kLast, &logits[i],
                          false});
     }
     ASSERT_TRUE(backend.Forward(by_backend).ok());
-    if (one_returns_logits) drawn_next[1] = drawn_samplers[1].Next(logits[1]);
     ASSERT_TRUE(backend.Forward(by_host).ok());
     for (int i = 0; i < n; ++i) {
-      ASSERT_EQ(logits[i].size(), static_cast<size_t>(backend.config().vocab_size));
-      if (!(one_returns_logits && i == 1)) {  // the statistics beside the draw: the host's of the same logits
-        const LogitStats want = LogitStatsOf(logits[i]);
-        EXPECT_NEAR(stats[i].entropy, want.entropy, 1e-4 * std::max(1.0, want.entropy)) << "step " << step;
-        EXPECT_NEAR(stats[i].margin, want.margin, 1e-5 * std::max(1.0, want.margin)) << "step " << step;
-        stats[i] = {};
+      if (one_returns_logits && i == 1) {  // the same rows as a batch that returns every row's logits
+        ASSERT_EQ(logits[i].size(), static_cast<size_t>(2 * V));
+        ASSERT_EQ(returned.size(), logits[i].size()) << "step " << step;
+        float worst = 0.f;
+        for (size_t j = 0; j < returned.size(); ++j) worst = std::max(worst, std::abs(returned[j] - logits[i][j]));
+        EXPECT_LE(worst, 1e-5f) << "step " << step << ": the middle sequence's logits differ";
+        const std::span<const float> last(logits[i].data() + V, V);
+        drawn_next[i] = drawn_samplers[i].Next(std::span(returned.data() + V, V));
+        host_next[i] = host_samplers[i].Next(last);
+        continue;
       }
+      ASSERT_EQ(logits[i].size(), static_cast<size_t>(V));
+      // The statistics beside the draw: the host's of the same logits.
+      const LogitStats want = LogitStatsOf(logits[i]);
+      EXPECT_NEAR(stats[i].entropy, want.entropy, 1e-4 * std::max(1.0, want.entropy)) << "step " << step;
+      EXPECT_NEAR(stats[i].margin, want.margin, 1e-5 * std::max(1.0, want.margin)) << "step " << step;
+      stats[i] = {};
       host_next[i] = host_samplers[i].Next(logits[i]);
       not_argmax += host_next[i] != std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin();
     }

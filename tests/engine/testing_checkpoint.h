@@ -167,8 +167,9 @@ std::vector<HostTensor> ReadAllTensors(const std::string& safetensors_path);
 
 // Next tokens drawn by `backend` (ForwardItem::sampler) are the ones the same samplers draw on the host from
 // the returned logits, and the samplers' streams move alike: `sequences` (1 to 3) fresh sequences in mixed
-// modes, ten steps that feed each draw back, run once with the backend drawing (the middle of three returning
-// its logits instead when `one_returns_logits`) and once with every sequence returning logits. Each draw's
+// modes, ten steps that feed each draw back, run once with the backend drawing and once with every sequence
+// returning logits. With `one_returns_logits`, the middle of three runs a verify-like span instead (two tokens
+// in attention mode, every row's logits, states kept) in both batches, and its logits must agree. Each draw's
 // LogitStats are the host's of the same logits. Sampled parameters must also draw something other than the
 // argmax, or nothing was compared.
 void ExpectBackendDrawsAreTheSamplersDraws(Backend& backend, const SamplingParams& params, bool one_returns_logits,
