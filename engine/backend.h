@@ -349,7 +349,9 @@ class Backend {
   // which graph_warmups() moved, the replays they stood in for included), device_mallocs, device_malloc_s and
   // device_shortages (allocations its memory pool's cache could not serve), and whole rounds' count and wall
   // time by stage: round_prepare_s (checks, plans, metadata), round_launch_s (the launches, or the graph's
-  // replay or capture), round_wait_s (the synchronisation), round_finish_s (the host's bookkeeping after).
+  // replay or capture), round_wait_s (the synchronisation), round_finish_s (the host's bookkeeping after); and
+  // its forwards (Forward): forwards, forward_rows, forward_attention_rows, logit_rows_back (rows of logits
+  // copied to the host) and host_draws (tokens drawn on the host, where a forward's samplers differ).
   virtual std::vector<std::pair<std::string, double>> Counters() const { return {}; }
   // Bytes of the KV cache of a sequence with room for `positions` (what Reserve(positions) holds), for
   // admission against a memory budget; 0 where unknown.

@@ -426,8 +426,10 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
                                     reinterpret_cast<const char*>(sc.logits) + first * row_bytes, rows * row_bytes,
                                     cudaMemcpyDeviceToHost, ctx.stream));
   };
+  int64_t rows_back = 0;
   if (!draws.on) {
     copy_rows(0, plan.NL);
+    rows_back = plan.NL;
   } else {  // runs of neighbouring items' rows, one copy each
     int64_t lr = 0, run_start = 0, run_rows = 0;
     for (const ForwardItem& it : batch) {
@@ -437,10 +439,19 @@ absl::Status CudaBackend::Forward(std::span<const ForwardItem> batch) {
         run_start = lr + rows, run_rows = 0;
       } else {
         run_rows += rows;
+        rows_back += rows;
       }
       lr += rows;
     }
     copy_rows(run_start, run_rows);
+  }
+  forward_counts_.forwards.fetch_add(1, std::memory_order_relaxed);
+  forward_counts_.rows.fetch_add(plan.N, std::memory_order_relaxed);
+  forward_counts_.attention_rows.fetch_add(plan.NA, std::memory_order_relaxed);
+  forward_counts_.logit_rows_back.fetch_add(rows_back, std::memory_order_relaxed);
+  if (!draws.on) {
+    const auto host_draws = std::count_if(batch.begin(), batch.end(), [](const ForwardItem& it) { return it.sampler; });
+    forward_counts_.host_draws.fetch_add(host_draws, std::memory_order_relaxed);
   }
   clock.Device(2);
   clock.Host(2);
@@ -495,7 +506,12 @@ std::vector<std::pair<std::string, double>> CudaBackend::Counters() const {
           {"round_prepare_s", seconds(round_times_.prepare_ns)},
           {"round_launch_s", seconds(round_times_.launch_ns)},
           {"round_wait_s", seconds(round_times_.wait_ns)},
-          {"round_finish_s", seconds(round_times_.finish_ns)}};
+          {"round_finish_s", seconds(round_times_.finish_ns)},
+          {"forwards", static_cast<double>(forward_counts_.forwards.load())},
+          {"forward_rows", static_cast<double>(forward_counts_.rows.load())},
+          {"forward_attention_rows", static_cast<double>(forward_counts_.attention_rows.load())},
+          {"logit_rows_back", static_cast<double>(forward_counts_.logit_rows_back.load())},
+          {"host_draws", static_cast<double>(forward_counts_.host_draws.load())}};
 }
 
 absl::Status CudaBackend::SpeculativeRound(std::span<const RoundItem> items, int64_t k) {

@@ -27,6 +27,12 @@ struct CudaRoundTimes {
   std::atomic<int64_t> rounds{0}, prepare_ns{0}, launch_ns{0}, wait_ns{0}, finish_ns{0};
 };
 
+// Counters()' forwards (Forward, not whole rounds): how many, their rows and attention rows, the rows of logits
+// copied back to the host, and the tokens drawn on the host (a forward whose samplers differ).
+struct CudaForwardCounts {
+  std::atomic<int64_t> forwards{0}, rows{0}, attention_rows{0}, logit_rows_back{0}, host_draws{0};
+};
+
 class CudaBackend final : public Backend {
  public:
   // Loads a checkpoint onto the current CUDA device. `weights`: the projections and the LM head in bf16 (kF32,
@@ -166,6 +172,7 @@ class CudaBackend final : public Backend {
   bool runs_rounds_ = true;
   CudaGraphCounts graphs_;
   CudaRoundTimes round_times_;
+  CudaForwardCounts forward_counts_;
   // Paths on by default that ORYX_CUDA_<NAME>=0 turns off (Init), to measure them.
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends

@@ -166,7 +166,6 @@ void CudaBackend::FinishForward(std::span<const ForwardItem> batch, const float*
   int64_t lr = 0;
   for (const ForwardItem& it : batch) {
     SequenceState& seq = *it.seq;
-    const int64_t T = static_cast<int64_t>(it.tokens.size());
     seq.Advance(it.modes, it.keep_states);
     const int64_t rows = LogitRowsOf(it);
     if (rows > 0 && logits_host != nullptr && it.logits_out != nullptr) {
