@@ -281,6 +281,9 @@ struct CudaSwitches {
   // ROUND_PADDING: a whole speculative round's batch is padded with idle sequences to the next of 1, 2, 4
   // and the multiples of 8, so that a server's changing batch meets a few round graphs, not one per size.
   bool round_padding = true;
+  // MIXED_DRAWS: a forward whose samplers share their parameters draws on the device even where other items ask
+  // for their logits (a verify span beside decoding sequences); off, any such item sends every draw to the host.
+  bool mixed_draws = true;
   // GROUP_MMA_ROWS: a verify span's groups of at least this many attention rows attend on tensor cores; ATTN_CHUNK
   // and MMA_CHUNK: the most keys one block of the CUDA-core kernels (at most 512) and of the tensor-core group
   // kernel (at most 1024) takes. Measured on the H200 (docs/CUDA.md, "Verify attention at 16K").

@@ -125,6 +125,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   prefill_span_ = std::max(256, switches.prefill_span);  // (PrefillSpan's least)
   graph_after_ = switches.graph_after;
   round_padding_ = switches.round_padding;
+  mixed_draws_ = switches.mixed_draws;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,

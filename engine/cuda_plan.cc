@@ -45,10 +45,13 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.any_attention = plan.NA > 0;
   // Draws on the device when the batch's samplers share their parameters. Rows without a sampler (a verify span's,
   // say) are drawn too, for nothing, and come back as logits beside the draws: one such span in a step of many
-  // decoding sequences leaves the others' draws on the device.
+  // decoding sequences leaves the others' draws on the device. (Without mixed_draws_, any item that asks for
+  // its logits sends every row back and every draw to the host.)
   const Sampler* drawer = nullptr;
   bool same_draws = true;
   for (const ForwardItem& it : batch) {
+    if (!mixed_draws_ && it.logits != LogitsRows::kNone)
+      same_draws &= it.sampler != nullptr && it.logits_out == nullptr;
     if (it.sampler == nullptr) continue;
     if (drawer == nullptr) drawer = it.sampler;
     same_draws &= it.sampler->params().SameDistributionAs(drawer->params());

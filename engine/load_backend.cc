@@ -34,6 +34,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.programmatic_launch = on("ORYX_CUDA_PDL");
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
   s.round_padding = on("ORYX_CUDA_ROUND_PADDING");
+  s.mixed_draws = on("ORYX_CUDA_MIXED_DRAWS");
   if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) {  // 0, 1, or auto (the default)
     s.multirow_bf16 = std::string_view(env) == "auto" ? -1 : env[0] == '0' ? 0 : 1;
   }

@@ -551,27 +551,34 @@ TEST_P(CudaParityTest, BackendRoundsEqualHostRounds) {
 // uniform) are the ones the same samplers draw on the host from the returned logits, and the samplers'
 // streams move alike: greedy and sampled, three sequences in mixed modes over ten steps that feed each draw
 // back, as a CUDA graph and not. A batch whose middle sequence runs a verify-like span and asks for its logits
-// still draws the others on the device, and its logits come back as a batch of logits only returns them. (Sampled draws
-// may differ from the host's only where a uniform falls within rounding of a cumulative mass,
+// still draws the others on the device, and its logits come back as a batch of logits only returns them; with
+// mixed draws off (ORYX_CUDA_MIXED_DRAWS=0) that batch draws every row on the host, and must agree too.
+// (Sampled draws may differ from the host's only where a uniform falls within rounding of a cumulative mass,
 // SampleRowsMatchesTheCpuSampler: not in 30 draws here.)
 TEST_P(CudaParityTest, DeviceDrawsAreTheSamplersDraws) {
   auto gpu = LoadScaled(HeadDim64Config(GetParam()), 5);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
+  struct Case {
+    bool verify_span, mixed_draws;
+  };
   for (const bool graphs : {true, false}) {
     (*gpu)->set_cuda_graphs(graphs);
-    for (const bool verify_span : {false, true}) {
+    for (const Case c : {Case{false, true}, Case{true, true}, Case{true, false}}) {
+      (*gpu)->set_mixed_draws(c.mixed_draws);
       // Greedy, plain temperature (SoftmaxDrawKernel), and with top_k and top_p (CutKernel, DrawKernel).
       for (const SamplingParams& params : {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 4},
                                           SamplingParams{.temperature = 1.2f, .top_k = 40, .top_p = 0.95f, .seed = 9}}) {
         SCOPED_TRACE(std::string(params.greedy() ? "greedy" : "sampled") + (graphs ? ", graphs" : ", no graphs") +
-                     (verify_span ? ", one verify-like span returning logits" : ""));
-        testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, verify_span);
+                     (c.verify_span ? ", one verify-like span returning logits" : "") +
+                     (c.mixed_draws ? "" : ", mixed draws off"));
+        testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, c.verify_span);
         // One sequence alone: greedy, the LM head's GEMV keeps the argmax (no kernel over the logits but the
         // statistics').
-        if (!verify_span) testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, false, /*sequences=*/1);
+        if (!c.verify_span) testutil::ExpectBackendDrawsAreTheSamplersDraws(**gpu, params, false, /*sequences=*/1);
       }
     }
   }
+  (*gpu)->set_mixed_draws(true);
 }
 
 TEST_P(CudaParityTest, BadInputIsRejectedBeforeAnyStateChanges) {
