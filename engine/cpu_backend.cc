@@ -461,7 +461,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
       spans[b].all_attention &= m == Mode::kAttention;
     }
     N += spans[b].len;
-    logit_rows += it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast ? 1 : 0;
+    logit_rows += LogitRowsOf(it);
     if (it.keep_states) {
       for (SequenceState::Layer& l : it.seq->layers_) AtLeast(l.span_states, H * (spans[b].len + 1) * dd);
     }
@@ -480,7 +480,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
   float* h = AtLeast(sc.head_rows, std::max<int64_t>(logit_rows, 1) * D);
   int64_t r = 0;
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t rows = batch[b].logits == LogitsRows::kAll ? spans[b].len : batch[b].logits == LogitsRows::kLast;
+    const int64_t rows = LogitRowsOf(batch[b]);
     const float* first = x + (spans[b].row + spans[b].len - rows) * D;
     k::cpu::RmsNorm({rows, D, static_cast<float>(c.norm_eps), D, D, first, final_norm_.data(), h + r * D});
     r += rows;
@@ -492,7 +492,7 @@ absl::Status CpuBackend::Forward(std::span<const ForwardItem> batch) {
     const ForwardItem& it = batch[b];
     SequenceState& seq = *it.seq;
     seq.Advance(it.modes, it.keep_states);
-    const int64_t rows = it.logits == LogitsRows::kAll ? spans[b].len : it.logits == LogitsRows::kLast;
+    const int64_t rows = LogitRowsOf(it);
     if (rows > 0 && it.logits_out != nullptr) {
       it.logits_out->resize(rows * V);
       std::copy(logits + r * V, logits + (r + rows) * V, it.logits_out->data());
