@@ -202,6 +202,12 @@ void CompareScenario(Backend& cpu, Backend& gpu, uint32_t seed, int64_t prefill0
     all({Tokens(rng, 1, V), Tokens(rng, 2, V)}, {{Mode::kAttention}, {Mode::kLinear, Mode::kAttention}}, LogitsRows::kAll,
         false, seqs, "after truncate " + std::to_string(step));
   }
+  // A verify span beside another sequence's decode step: the lone row attends on the row kernel, the span's rows
+  // as a group (on tensor cores from 3 rows), two launches (CudaSwitches::split_singles).
+  for (int span : {2, 4}) {
+    all({Tokens(rng, 1, V), Tokens(rng, span, V)}, {{Mode::kAttention}, std::vector<Mode>(span, Mode::kAttention)},
+        LogitsRows::kAll, false, seqs, "a verify span of " + std::to_string(span) + " beside a decode step");
+  }
   // Truncating outside a kept span is refused the same way.
   EXPECT_EQ(seqs[1][0].Truncate(1).code(), seqs[0][0].Truncate(1).code());
   // 4. A draft of sequence 0 and a clone of sequence 1 run on; then the draft is refreshed from its source,
