@@ -284,9 +284,6 @@ struct CudaSwitches {
   // MIXED_DRAWS: a forward whose samplers share their parameters draws on the device even where other items ask
   // for their logits (a verify span beside decoding sequences); off, any such item sends every draw to the host.
   bool mixed_draws = true;
-  // SPLIT_SINGLES: in a forward that groups a verify span's attention rows, the single rows of the other
-  // sequences attend on the row kernel (kc::AttentionParams::split_singles); off, every group on the group kernel.
-  bool split_singles = true;
   // GROUP_MMA_ROWS: a verify span's groups of at least this many attention rows attend on tensor cores; ATTN_CHUNK
   // and MMA_CHUNK: the most keys one block of the CUDA-core kernels (at most 512) and of the tensor-core group
   // kernel (at most 1024) takes. Measured on the H200 (docs/CUDA.md, "Verify attention at 16K").

@@ -126,7 +126,6 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   graph_after_ = switches.graph_after;
   round_padding_ = switches.round_padding;
   mixed_draws_ = switches.mixed_draws;
-  split_singles_ = switches.split_singles;
   kc::SetKernelSwitches({.early_loads = switches.early_loads,
                          .programmatic_launch = switches.programmatic_launch,
                          .wide_gemv = switches.wide_gemv,

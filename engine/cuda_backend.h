@@ -67,8 +67,6 @@ class CudaBackend final : public Backend {
   void set_round_padding(bool on) { round_padding_ = on; }
   // Device draws beside items that return their logits (CudaSwitches::mixed_draws; default on).
   void set_mixed_draws(bool on) { mixed_draws_ = on; }
-  // Single attention rows beside grouped ones on the row kernel (CudaSwitches::split_singles; default on).
-  void set_split_singles(bool on) { split_singles_ = on; }
   // Off: runs_rounds() is false and speculative decoding runs its rounds from Forward calls (default on;
   // BackendOptions::device_rounds).
   void set_runs_rounds(bool on) { runs_rounds_ = on; }
@@ -189,7 +187,6 @@ class CudaBackend final : public Backend {
   int graph_after_ = 2;         // ORYX_CUDA_GRAPH_AFTER: a shape's use at which its graph is captured
   bool round_padding_ = true;   // ORYX_CUDA_ROUND_PADDING: RoundBatch
   bool mixed_draws_ = true;     // ORYX_CUDA_MIXED_DRAWS: device draws beside items that return logits (PlanForward)
-  bool split_singles_ = true;   // ORYX_CUDA_SPLIT_SINGLES: single attention rows beside groups on the row kernel
   // Sequences at position 0 that never advance, each with its draft: the rows that pad a round (their KV
   // block and states take the padded rows' writes, which nothing reads).
   std::vector<SequenceState> idle_seqs_, idle_drafts_;

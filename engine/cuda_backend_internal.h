@@ -694,7 +694,6 @@ struct CudaBackend::Plan {
   int64_t scan_chunks = 0;         // chunks of kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
-  bool split_singles = false;  // groups of one row beside larger ones on the row kernel (kc::Attention)
   // The batch's samplers (ForwardItem::sampler) share these parameters: every logits row is drawn on the device,
   // and only the draws come back, with the rows of the items that ask for their logits (ForwardItem::logits_out).
   bool device_draw = false;
@@ -705,8 +704,7 @@ struct CudaBackend::Plan {
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused, decode_mixer,
-                    scan_chunks, tiled_attention, group_size, split_singles, device_draw, temperature, top_p, top_k,
-                    stats);
+                    scan_chunks, tiled_attention, group_size, device_draw, temperature, top_p, top_k, stats);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };

@@ -63,21 +63,10 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                    .scan_chunks = plan.scan_chunks, .scan_scratch = sc.partial}, s);
     mark("recurrent");
   }
-  const kc::AttentionParams attention{.dims = dims,
-                                      .layer = layer,
-                                      .attn_rows = NA,
-                                      .chunk = plan.chunk,
-                                      .max_chunks = plan.max_chunks,
-                                      .attn_rows_ptr = sc.attn_rows,
-                                      .row_seq_ptr = sc.row_seq,
-                                      .seqs_ptr = sc.seqs,
-                                      .qa_ptr = sc.qa,
-                                      .partial_ptr = sc.partial,
-                                      .out_ptr = sc.o,
-                                      .attn_groups = sc.num_groups,
-                                      .groups_ptr = sc.attn_groups,
-                                      .group_rows = sc.group_rows,
-                                      .split_singles = plan.split_singles};
+  const kc::AttentionParams attention{.dims = dims, .layer = layer, .attn_rows = NA, .chunk = plan.chunk,
+      .max_chunks = plan.max_chunks, .attn_rows_ptr = sc.attn_rows, .row_seq_ptr = sc.row_seq, .seqs_ptr = sc.seqs,
+      .qa_ptr = sc.qa, .partial_ptr = sc.partial, .out_ptr = sc.o, .attn_groups = sc.num_groups,
+      .groups_ptr = sc.attn_groups, .group_rows = sc.group_rows};
   if (plan.tiled_attention) {
     kc::TiledAttention(attention, s);
   } else {

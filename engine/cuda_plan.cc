@@ -14,11 +14,10 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   bool any_keeps = false;
   // A sequence's attention rows in groups of at most `size`: how many groups, and the largest.
   struct Grouping {
-    int64_t size, groups = 0, largest = 0, singles = 0;  // singles: groups of one row
+    int64_t size, groups = 0, largest = 0;
     void Add(int64_t rows) {
       groups += (rows + size - 1) / size;
       largest = std::max(largest, std::min(size, rows));
-      singles += rows % size == 1 ? 1 : 0;
     }
   };
   Grouping cuda_core{kc::kAttentionGroupRows}, mma_groups{kc::kAttentionMmaGroupRows}, tiles{kc::kAttentionTileRows};
@@ -75,9 +74,6 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   plan.group_size = static_cast<int32_t>(grouping.size);
   plan.NG = grouping.groups;
   plan.group_rows = static_cast<int32_t>(grouping.largest);
-  // A verify span's groups beside other sequences' single rows: those attend on the row kernel, as in a decode
-  // step, and the groups on theirs, in the CUDA-core kernels' chunks (kc::AttentionParams::split_singles).
-  plan.split_singles = split_singles_ && !plan.tiled_attention && plan.NG < plan.NA && grouping.singles > 0;
   // Decode steps and short spans (speculative verification) run as CUDA graphs, one per plan. The attention
   // grid is sized for the next power of two of keys, so that a graph serves many steps (blocks past a row's
   // keys exit at once).
@@ -90,7 +86,7 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   // Blocks run per group of a sequence's attention rows (kc::Attention), so the chunk is sized by groups.
   const kc::KernelSwitches& sw = kc::GetKernelSwitches();
   plan.chunk = kc::AttentionChunkFor(std::max<int64_t>(1, max_keys), std::max<int64_t>(1, plan.NG), c.n_heads,
-                                     mma && !plan.split_singles ? sw.group_mma_chunk : sw.attention_chunk);
+                                     mma ? sw.group_mma_chunk : sw.attention_chunk);
   plan.max_chunks = std::max<int64_t>(1, (max_keys + plan.chunk - 1) / plan.chunk);
   const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden;
   plan.skip_q_linear = skip_q_linear_ && plan.NA == plan.N;

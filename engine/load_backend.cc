@@ -35,7 +35,6 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.split_ragged_gemm = on("ORYX_CUDA_SPLIT_GEMM");
   s.round_padding = on("ORYX_CUDA_ROUND_PADDING");
   s.mixed_draws = on("ORYX_CUDA_MIXED_DRAWS");
-  s.split_singles = on("ORYX_CUDA_SPLIT_SINGLES");
   if (const char* env = std::getenv("ORYX_CUDA_MULTIROW"); env != nullptr) {  // 0, 1, or auto (the default)
     s.multirow_bf16 = std::string_view(env) == "auto" ? -1 : env[0] == '0' ? 0 : 1;
   }

@@ -43,13 +43,6 @@ __device__ __forceinline__ void BlockSoftmaxInPlace(float* scores, int64_t n, fl
   *l = BlockSum(sum, scratch);
 }
 
-// The attention row (index into attn_rows) that block x of a row kernel serves: x, or with split_singles the
-// row of group x when that group has one row, and -1 when it has more (the group kernel's).
-__device__ __forceinline__ int64_t RowOfBlock(const AttentionParams& p, int64_t x) {
-  if (!p.split_singles) return x;
-  return p.groups_ptr[2 * x + 1] == 1 ? p.groups_ptr[2 * x] : -1;
-}
-
 // kVec bf16 values per load: 2 when dh is even (bf16x2), else 1.
 // Loads, for one thread, 8 bf16 of kUnroll keys kKeysPerLoad apart from key j0 + group (zeros past n).
 // The kUnroll * kKeysPerLoad keys from j0 (a multiple of that run length, 8 to 64) lie in one block (KvRows).
@@ -156,15 +149,14 @@ __global__ void AttentionChunkKernel(AttentionParams p) {
 // keeps its 8 query values in registers. For the output, thread t accumulates 8 features (t % kLanes) over
 // the keys t / kLanes, t / kLanes + kThreads / kLanes, ..., and the key subsets are summed in shared memory.
 template <int kLanes>
-__device__ __forceinline__ void ChunkVec(const AttentionParams& p) {
+__global__ void AttentionChunkVecKernel(AttentionParams p) {
+  AfterPrevious();
   constexpr int kKeysPerLoad = 32 / kLanes, kSubsets = kThreads / kLanes, kDh = 8 * kLanes;
   __shared__ float scores[kAttentionChunk];
   __shared__ float scratch[32];
   __shared__ float parts[kSubsets * kDh];  // = 8 * kThreads floats
   const int64_t HD = p.dims.heads * kDh, h = blockIdx.y, chunk = blockIdx.z;
-  const int64_t a = RowOfBlock(p, blockIdx.x);
-  if (a < 0) return;
-  const RowInfo info = GetRow(p, a);
+  const RowInfo info = GetRow(p, blockIdx.x);
   const int64_t k0 = chunk * p.chunk;
   if (k0 >= info.keys) return;
   const int n = static_cast<int>(min(int64_t(p.chunk), info.keys - k0));
@@ -222,7 +214,7 @@ __device__ __forceinline__ void ChunkVec(const AttentionParams& p) {
 #pragma unroll
   for (int e = 0; e < 8; ++e) parts[sub * kDh + f * 8 + e] = acc[e];
   __syncthreads();
-  float* out = p.partial_ptr + ((a * p.dims.heads + h) * p.max_chunks + chunk) * (kDh + 2);
+  float* out = p.partial_ptr + ((int64_t(blockIdx.x) * p.dims.heads + h) * p.max_chunks + chunk) * (kDh + 2);
   if (threadIdx.x == 0) out[0] = m, out[1] = l;
   for (int d = threadIdx.x; d < kDh; d += kThreads) {
     float sum = 0.f;
@@ -230,17 +222,6 @@ __device__ __forceinline__ void ChunkVec(const AttentionParams& p) {
     for (int s2 = 0; s2 < kSubsets; ++s2) sum += parts[s2 * kDh + d];
     out[2 + d] = sum;
   }
-}
-
-// With split_singles the row kernel runs beside the group kernel launched just before it (Attention): it reads
-// only what the kernels before that one wrote (the queries, the cache), which a kernel may read before its wait
-// (common.cuh, EarlyLoads), and writes other rows' partials, so it waits only before it returns, for the
-// combine after it.
-template <int kLanes>
-__global__ void AttentionChunkVecKernel(AttentionParams p) {
-  if (!p.split_singles) AfterPrevious();
-  ChunkVec<kLanes>(p);
-  if (p.split_singles) AfterPrevious();
 }
 
 // The same over a group of up to kAttentionGroupRows attention rows of one sequence (a verify or prefill
@@ -259,7 +240,6 @@ __global__ void AttentionGroupVecKernel(AttentionParams p) {
   __shared__ int64_t rows[G], keys[G];
   const int64_t HD = p.dims.heads * kDh, h = blockIdx.y, chunk = blockIdx.z;
   const int a0 = p.groups_ptr[2 * blockIdx.x], R = p.groups_ptr[2 * blockIdx.x + 1];
-  if (p.split_singles && R == 1) return;  // the row kernel's
   const RowInfo last = GetRow(p, a0 + R - 1);  // the group's rows are in position order
   const int64_t k0 = chunk * p.chunk;
   if (k0 >= last.keys) return;
@@ -452,17 +432,6 @@ __global__ void AttentionCombineKernel(AttentionParams p) {
   }
 }
 
-// The row kernel over `grid` (CUDA cores); false where the head dimension has no vectorised one.
-bool LaunchRowVec(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
-  switch (p.dims.head_dim) {
-    case 32: LaunchAfterPrevious(AttentionChunkVecKernel<4>, grid, kThreads, 0, stream, p); return true;
-    case 64: LaunchAfterPrevious(AttentionChunkVecKernel<8>, grid, kThreads, 0, stream, p); return true;
-    case 128: LaunchAfterPrevious(AttentionChunkVecKernel<16>, grid, kThreads, 0, stream, p); return true;
-    case 256: LaunchAfterPrevious(AttentionChunkVecKernel<32>, grid, kThreads, 0, stream, p); return true;
-    default: return false;
-  }
-}
-
 }  // namespace
 
 int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, int64_t max_chunk) {
@@ -477,19 +446,12 @@ int64_t AttentionChunkFor(int64_t max_keys, int64_t attn_rows, int64_t heads, in
   return chunk;
 }
 
-void Attention(const AttentionParams& params, cudaStream_t stream) {
-  if (params.attn_rows == 0) return;
-  AttentionParams p = params;
+void Attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.attn_rows == 0) return;
   const dim3 grid(static_cast<unsigned>(p.attn_rows), static_cast<unsigned>(p.dims.heads),
                   static_cast<unsigned>(p.max_chunks));
-  const bool grouped = p.groups_ptr != nullptr && p.attn_groups < p.attn_rows;
-  // Split only where both kernels of the pair exist (head_dim 32, 64, 128, 256) and the chunk fits the row kernel.
-  p.split_singles = p.split_singles && grouped && p.chunk <= kAttentionChunk &&
-                    (p.dims.head_dim == 32 || p.dims.head_dim == 64 || p.dims.head_dim == 128 ||
-                     p.dims.head_dim == 256);
-  if (grouped) {
-    // Some sequence has several attention rows: a block per (group, head, chunk) reads each chunk once. With
-    // split_singles the groups of one row run on the row kernel, a second launch over the same grid.
+  if (p.groups_ptr != nullptr && p.attn_groups < p.attn_rows) {
+    // Some sequence has several attention rows: a block per (group, head, chunk) reads each chunk once.
     const dim3 groups(static_cast<unsigned>(p.attn_groups), grid.y, grid.z);
     const int g = p.group_rows <= 2 ? 2 : p.group_rows <= 4 ? 4 : 8;
     bool launched = true;
@@ -498,35 +460,43 @@ void Attention(const AttentionParams& params, cudaStream_t stream) {
     // CUDA-core kernel was faster (4.04 against 4.38 ms).
     if (GroupAttentionMmaTakes(p.dims, p.group_rows)) {
       GroupAttentionMma(p, stream);
-    } else {
-      auto launch = [&](auto kernel2, auto kernel4, auto kernel8) {
-        LaunchAfterPrevious(g == 2 ? kernel2 : g == 4 ? kernel4 : kernel8, groups, kThreads, 0, stream, p);
-      };
-      switch (p.dims.head_dim) {
-        case 32: launch(AttentionGroupVecKernel<4, 2>, AttentionGroupVecKernel<4, 4>, AttentionGroupVecKernel<4, 8>); break;
-        case 64: launch(AttentionGroupVecKernel<8, 2>, AttentionGroupVecKernel<8, 4>, AttentionGroupVecKernel<8, 8>); break;
-        case 128:
-          launch(AttentionGroupVecKernel<16, 2>, AttentionGroupVecKernel<16, 4>, AttentionGroupVecKernel<16, 8>);
-          break;
-        case 256:
-          launch(AttentionGroupVecKernel<32, 2>, AttentionGroupVecKernel<32, 4>, AttentionGroupVecKernel<32, 8>);
-          break;
-        default: launched = false; break;  // the row kernels below
-      }
+      LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
+      return;
+    }
+    auto launch = [&](auto kernel2, auto kernel4, auto kernel8) {
+      LaunchAfterPrevious(g == 2 ? kernel2 : g == 4 ? kernel4 : kernel8, groups, kThreads, 0, stream, p);
+    };
+    switch (p.dims.head_dim) {
+      case 32: launch(AttentionGroupVecKernel<4, 2>, AttentionGroupVecKernel<4, 4>, AttentionGroupVecKernel<4, 8>); break;
+      case 64: launch(AttentionGroupVecKernel<8, 2>, AttentionGroupVecKernel<8, 4>, AttentionGroupVecKernel<8, 8>); break;
+      case 128:
+        launch(AttentionGroupVecKernel<16, 2>, AttentionGroupVecKernel<16, 4>, AttentionGroupVecKernel<16, 8>);
+        break;
+      case 256:
+        launch(AttentionGroupVecKernel<32, 2>, AttentionGroupVecKernel<32, 4>, AttentionGroupVecKernel<32, 8>);
+        break;
+      default: launched = false; break;  // the row kernels below
     }
     if (launched) {
-      if (p.split_singles) LaunchRowVec(p, groups, stream);
       ORYX_CUDA_CHECK(cudaGetLastError());
       LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
       return;
     }
   }
-  if (!LaunchRowVec(p, grid, stream)) {
-    if (p.dims.head_dim % 2 == 0) {
-      LaunchAfterPrevious(AttentionChunkKernel<2>, grid, kThreads, 0, stream, p);
-    } else {
-      LaunchAfterPrevious(AttentionChunkKernel<1>, grid, kThreads, 0, stream, p);
-    }
+  switch (p.dims.head_dim) {
+    case 32: LaunchAfterPrevious(AttentionChunkVecKernel<4>, grid, kThreads, 0, stream, p); break;
+    case 64: LaunchAfterPrevious(AttentionChunkVecKernel<8>, grid, kThreads, 0, stream, p); break;
+    case 128: LaunchAfterPrevious(AttentionChunkVecKernel<16>, grid, kThreads, 0, stream, p); break;
+    case 256: LaunchAfterPrevious(AttentionChunkVecKernel<32>, grid, kThreads, 0, stream, p); break;
+    default: break;
+  }
+  const bool vectorised = p.dims.head_dim == 32 || p.dims.head_dim == 64 || p.dims.head_dim == 128 ||
+                          p.dims.head_dim == 256;
+  if (vectorised) {
+  } else if (p.dims.head_dim % 2 == 0) {
+    LaunchAfterPrevious(AttentionChunkKernel<2>, grid, kThreads, 0, stream, p);
+  } else {
+    LaunchAfterPrevious(AttentionChunkKernel<1>, grid, kThreads, 0, stream, p);
   }
   LaunchAfterPrevious(AttentionCombineKernel, dim3(grid.x, grid.y), kCombineThreads, 0, stream, p);
 }

@@ -309,7 +309,6 @@ __global__ void __launch_bounds__(kTiledThreads) AttentionGroupMmaKernel(Attenti
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t h = blockIdx.y, HD = int64_t(p.dims.heads) * kDh;
   const int first = p.groups_ptr[2 * blockIdx.x], rows = p.groups_ptr[2 * blockIdx.x + 1];
-  if (p.split_singles && rows == 1) return;  // the row kernel's (Attention)
   const SeqDesc s = p.seqs_ptr[p.row_seq_ptr[p.attn_rows_ptr[first]]];
   if (tid < kRows) {
     const int64_t row = tid < rows ? p.attn_rows_ptr[first + tid] : -1;

@@ -320,11 +320,6 @@ struct AttentionParams {
   int64_t attn_groups = 0;               // NG
   const int32_t* groups_ptr = nullptr;   // [NG, 2]: first index into attn_rows, rows
   int32_t group_rows = 0;                // the most rows of a group
-  // With groups: the groups of one row (the decoding sequences beside a verify span) run on the row kernel,
-  // the others on the group kernel, two launches over the NG groups (each block of one skips the other's
-  // groups). Off, every group runs on the group kernel: a lone row then takes a block sized for 8 or 16.
-  // chunk <= kAttentionChunk (the row kernel's).
-  bool split_singles = false;
 };
 inline constexpr int kAttentionGroupRows = 8;
 void Attention(const AttentionParams& p, cudaStream_t stream);

@@ -202,8 +202,8 @@ void CompareScenario(Backend& cpu, Backend& gpu, uint32_t seed, int64_t prefill0
     all({Tokens(rng, 1, V), Tokens(rng, 2, V)}, {{Mode::kAttention}, {Mode::kLinear, Mode::kAttention}}, LogitsRows::kAll,
         false, seqs, "after truncate " + std::to_string(step));
   }
-  // A verify span beside another sequence's decode step: the lone row attends on the row kernel, the span's rows
-  // as a group (on tensor cores from 3 rows), two launches (CudaSwitches::split_singles).
+  // A verify span beside another sequence's decode step (a router's per-sequence round): the span's rows attend
+  // as one group, the lone row as a group of one, on the CUDA-core group kernel at 2 rows, on tensor cores at 4.
   for (int span : {2, 4}) {
     all({Tokens(rng, 1, V), Tokens(rng, span, V)}, {{Mode::kAttention}, std::vector<Mode>(span, Mode::kAttention)},
         LogitsRows::kAll, false, seqs, "a verify span of " + std::to_string(span) + " beside a decode step");

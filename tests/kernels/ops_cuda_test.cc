@@ -962,16 +962,11 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
     // sequence 1: one decode row at position 40. With `grouped`, sequence 0's rows go in groups of
     // kAttentionGroupRows (one block reads a chunk for all of them; dh 5 has no group kernel and ignores them).
     // group_size 16: on tensor cores, span 11 in one group (GroupAttentionMmaApplies; else the case is skipped).
-    // `split`: the groups of one row (sequence 1's, and span 11's last in groups of 8) on the row kernel.
     for (int span : {2, 3, 11}) {
-      for (auto [group_size, split] : {std::pair{0, false},
-                                       {cuda::kAttentionGroupRows, false},
-                                       {cuda::kAttentionGroupRows, true},
-                                       {cuda::kAttentionMmaGroupRows, false},
-                                       {cuda::kAttentionMmaGroupRows, true}}) {
+      for (int group_size : {0, cuda::kAttentionGroupRows, cuda::kAttentionMmaGroupRows}) {
         const bool grouped = group_size > 0;
         SCOPED_TRACE("dh=" + std::to_string(dh) + ", span " + std::to_string(span) +
-                     (grouped ? ", groups of " + std::to_string(group_size) : "") + (split ? ", singles split" : ""));
+                     (grouped ? ", groups of " + std::to_string(group_size) : ""));
         const int NA = span + 1;
         Batch b = MakeBatch(2, dh, false, {span, 1}, {700 - span, 40}, 0);
         if (group_size > cuda::kAttentionGroupRows && !cuda::GroupAttentionMmaApplies(b.dims)) continue;
@@ -999,13 +994,12 @@ TEST(OpsCuda, AttentionMatchesAttentionReferenceOverManyChunks) {
         std::vector<int64_t> chunks = {32, 256, cuda::kAttentionChunk};
         if (grouped && cuda::GroupAttentionMmaTakes(b.dims, group_rows)) chunks.push_back(cuda::kGroupMmaChunk);
         for (int64_t chunk : chunks) {
-          if (split && chunk > cuda::kAttentionChunk) continue;      // (the row kernel's longest)
           const int64_t max_chunks = (700 + chunk - 1) / chunk + 1;  // one more than needed: extra blocks exit
           DeviceBuffer<float> dpartial(NA * H * max_chunks * (dh + 2));
           cuda::Attention(
               {b.dims, static_cast<int32_t>(layer), NA, chunk, max_chunks, dattn.get(), drow.get(), dseqs.get(),
                dqa.get(), dpartial.get(), dout.get(), grouped ? static_cast<int64_t>(groups.size() / 2) : 0,
-               grouped ? dgroups.get() : nullptr, group_rows, split},
+               grouped ? dgroups.get() : nullptr, group_rows},
               nullptr);
           const std::vector<float> out = dout.Host();
           int64_t row = 0;
