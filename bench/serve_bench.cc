@@ -357,6 +357,9 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         // strings, the server's stream events): host work as large per token under every policy.
         {"server_step_s", after.step_s - before.step_s},
         {"server_emit_s", after.emit_s - before.emit_s},
+        // Of the steps' time, that in the backend's forwards and whole rounds (the device's work and the wait
+        // for it); the rest is the engine thread's own, when the device waits.
+        {"server_forward_s", after.forward_s - before.forward_s},
         {"preemptions", after.preemptions - before.preemptions},
         // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
         {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},

@@ -846,6 +846,13 @@ void GenerationBatch::FinishPrefill() {
   for (int64_t id : done_) Finish(id);
 }
 
+absl::Status GenerationBatch::TimedForward(Backend& backend) {
+  const auto start = Clock::now();
+  absl::Status s = backend.Forward(items_);
+  forward_s_ += Seconds(start);
+  return s;
+}
+
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
   last_step_decoded_ = last_step_shared_ = 0;
@@ -876,11 +883,13 @@ absl::Status GenerationBatch::Step() {
     // themselves. A plain step that it declined shares the prompts' forward below instead, as attention-mode
     // steps do, rather than taking a forward of its own beside each prefill chunk.
     auto& [decoder, slots] = stepping_[0];
+    const auto round_start = Clock::now();
     ORYX_ASSIGN_OR_RETURN(const bool ran, decoder->RunAlone(backend, slots));
+    forward_s_ += Seconds(round_start);
     if (!prefilling_.empty() && (ran || !decoder->PlainStep())) {
       items_.clear();
       PlanPrefill();
-      ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+      ORYX_RETURN_IF_ERROR(TimedForward(backend));
       FinishPrefill();
       prefilling_.clear();
     }
@@ -894,7 +903,7 @@ absl::Status GenerationBatch::Step() {
   PlanPrefill();
   if (!prefilling_.empty()) last_step_shared_ = last_step_decoded_;
   for (auto& [decoder, slots] : stepping_) ORYX_RETURN_IF_ERROR(decoder->Plan(backend, slots, items_));
-  if (!items_.empty()) ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  if (!items_.empty()) ORYX_RETURN_IF_ERROR(TimedForward(backend));
   FinishPrefill();
   for (auto& [decoder, slots] : stepping_) {
     ORYX_RETURN_IF_ERROR(decoder->Finish(slots));

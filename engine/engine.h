@@ -331,6 +331,10 @@ class GenerationBatch {
   // Seconds the steps so far spent handing out tokens (their text, stop strings, the requests' on_token
   // callbacks): host work between forwards, as much for every token whatever the policy.
   double emit_seconds() const { return emit_s_; }
+  // Seconds the steps so far spent in the backend's forwards and whole speculative rounds, waiting for their
+  // results included: the rest of a step's time is the host's (planning, reading results, emitting), when a
+  // device sits idle.
+  double forward_seconds() const { return forward_s_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
   // The requests that failed since the last call (ResourceExhausted: they do not fit in memory even alone).
@@ -363,6 +367,7 @@ class GenerationBatch {
   absl::Status ScoreLogprobs(Request& r);  // GenerateRequest::logprobs into its result
   absl::Status ScoreStreamed(Request& r);  // a streaming request's newest token's log-probability
   void Drop(int64_t id);  // a failed request: gone without a result
+  absl::Status TimedForward(Backend& backend);  // backend.Forward(items_), its time into forward_s_
   // Admission and preemption (set_kv_memory).
   void Admit();
   absl::Status AdmitOne(Request& r, int64_t& used);
@@ -380,7 +385,7 @@ class GenerationBatch {
   int64_t kv_memory_ = 0, preemptions_ = 0;
   std::vector<std::pair<int64_t, absl::Status>> failed_;
   int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
-  double emit_s_ = 0;
+  double emit_s_ = 0, forward_s_ = 0;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;

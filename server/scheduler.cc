@@ -20,6 +20,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"steps", steps},
           {"step_s", step_s},
           {"emit_s", emit_s},
+          {"forward_s", forward_s},
           {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
           {"decode_rows", decode_rows},
           {"shared_rows", shared_rows},
@@ -242,14 +243,16 @@ void Scheduler::Loop() {
   while (Admit(running)) {
     if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
     const auto step_start = std::chrono::steady_clock::now();
-    const double emitted_before = batch_->emit_seconds();
+    const double emitted_before = batch_->emit_seconds(), forwarded_before = batch_->forward_seconds();
     const absl::Status step = StepCatching(*batch_);
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     const double emit_s = batch_->emit_seconds() - emitted_before;
+    const double forward_s = batch_->forward_seconds() - forwarded_before;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.step_s += step_s;
       stats_.emit_s += emit_s;
+      stats_.forward_s += forward_s;
     }
     if (!step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.

@@ -43,6 +43,7 @@ struct SchedulerStats {
   int64_t steps = 0;          // batch steps run
   double step_s = 0;          // their wall time
   double emit_s = 0;          // of it, handing out tokens (GenerationBatch::emit_seconds)
+  double forward_s = 0;       // of it, in forwards and whole rounds (GenerationBatch::forward_seconds)
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
   int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
