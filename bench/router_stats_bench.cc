@@ -7,7 +7,10 @@
 // router::EarlierMatch over each of --contexts tokens (ids drawn Zipf-like over the vocabulary, as text's
 // are), and LongestMatchAtEnd of them; one JSON line per context, median milliseconds a prompt.
 //
-//   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9]
+// With --policy, the decode decision of a learned policy (one per sequence a step): its features, its
+// network, and the whole decision, in microseconds.
+//
+//   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9] [--policy FILE]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,7 +26,9 @@
 #include "bench/bench_util.h"
 #include "engine/sampler.h"
 #include "kernels/ops.h"
+#include "policies/learned_policy.h"
 #include "router/earlier_match.h"
+#include "router/features.h"
 
 namespace {
 
@@ -104,23 +109,83 @@ void RunEarlierMatch(int64_t vocab, const std::vector<int64_t>& contexts, int pa
   }
 }
 
+// A learned policy's decode decision, as RouterDecoder asks for one per sequence per step: Featurize, the
+// network's forward pass (LearnedPolicy::Evaluate) and the whole LearnedRouter::Decide, in microseconds each,
+// on a decode context at 16K.
+absl::Status RunPolicy(const std::string& path, int passes) {
+  ORYX_ASSIGN_OR_RETURN(oryx::policies::PolicyNetwork network, oryx::policies::ReadPolicyFile(path));
+  ORYX_ASSIGN_OR_RETURN(oryx::policies::LearnedPolicy policy, oryx::policies::LearnedPolicy::Create(network));
+  const auto shared = std::make_shared<const oryx::policies::LearnedPolicy>(std::move(policy));
+  const oryx::policies::LearnedRouter router(shared);
+  oryx::router::RouterContext c;
+  c.phase = oryx::router::Phase::kDecode;
+  c.prompt_len = 15872, c.position = 16000, c.batch = 32;
+  c.attention_tokens = 3000, c.linear_tokens = 12999, c.tokens_since_attention = 2;
+  c.entropy = 1.3, c.margin = 2.1, c.match_length = 4, c.match_distance = 900, c.acceptance = 0.9;
+  constexpr int kCalls = 20000;
+  std::vector<double> featurize_s, evaluate_s, decide_s;
+  float features[oryx::router::kNumFeatures];
+  oryx::policies::LearnedPolicy::Output out;
+  int64_t attention = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) {
+      c.position = 16000 + (i & 255);
+      oryx::router::Featurize(c, features);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) {
+      features[0] += 1e-6f;
+      shared->Evaluate(features, &out);
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) {
+      c.position = 16000 + (i & 255);
+      attention += router.Decide(c).mode == oryx::Mode::kAttention;
+    }
+    const auto t3 = std::chrono::steady_clock::now();
+    featurize_s.push_back(std::chrono::duration<double>(t1 - t0).count() / kCalls);
+    evaluate_s.push_back(std::chrono::duration<double>(t2 - t1).count() / kCalls);
+    decide_s.push_back(std::chrono::duration<double>(t3 - t2).count() / kCalls);
+  }
+  std::vector<int64_t> hidden;
+  for (const auto& l : network.hidden) hidden.push_back(l.out);
+  nlohmann::json line = oryx::bench::Provenance();
+  line.update({{"bench", "router_decision"},
+               {"policy", path},
+               {"features", network.features.size()},
+               {"hidden", hidden},
+               {"passes", passes},
+               {"featurize_us", oryx::bench::Median(featurize_s) * 1e6},
+               {"evaluate_us", oryx::bench::Median(evaluate_s) * 1e6},
+               {"decide_us", oryx::bench::Median(decide_s) * 1e6},
+               {"attention_share", static_cast<double>(attention) / (static_cast<double>(kCalls) * passes)}});
+  std::cout << line.dump() << std::endl;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t vocab = 32000, passes = 9;
   std::vector<std::string> rows = {"1,8,64"}, contexts = {"4096,16384"};
-  oryx::FlagSet flags("bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9]",
-                      "Times a router's host work: the entropy and margin of rows of logits against their reference, "
-                      "and the earlier-match index over a prompt; JSON lines.");
+  std::string policy;
+  oryx::FlagSet flags(
+      "bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9] "
+      "[--policy FILE]",
+      "Times a router's host work: the entropy and margin of rows of logits against their reference, "
+      "and the earlier-match index over a prompt; JSON lines.");
   flags.Int("vocab", &vocab, "logits a row", 2);
   flags.StringList("rows", &rows, "rows a batch (sequences a decode step), comma-separated");
   flags.StringList("contexts", &contexts, "prompt lengths for the earlier-match index, comma-separated");
   flags.Int("passes", &passes, "timed passes; the median is reported", 1, 1000);
+  flags.String("policy", &policy, "a learned policy file: also time its decode decision (learned:PATH's file)");
   return oryx::RunWithFlags(flags, std::vector<std::string>(argv + 1, argv + argc), [&]() -> absl::Status {
     ORYX_ASSIGN_OR_RETURN(const std::vector<int64_t> counts, oryx::ParsePositiveInts(rows, "rows"));
     ORYX_ASSIGN_OR_RETURN(const std::vector<int64_t> lengths, oryx::ParsePositiveInts(contexts, "contexts"));
     ORYX_RETURN_IF_ERROR(Run(vocab, counts, static_cast<int>(passes)));
     RunEarlierMatch(vocab, lengths, static_cast<int>(passes));
+    if (!policy.empty()) ORYX_RETURN_IF_ERROR(RunPolicy(policy, static_cast<int>(passes)));
     return absl::OkStatus();
   });
 }

@@ -846,15 +846,15 @@ void GenerationBatch::FinishPrefill() {
   for (int64_t id : done_) Finish(id);
 }
 
-absl::Status GenerationBatch::TimedForward(Backend& backend) {
-  const auto start = Clock::now();
-  absl::Status s = backend.Forward(items_);
-  forward_s_ += Seconds(start);
-  return s;
-}
-
 absl::Status GenerationBatch::Step() {
   Backend& backend = *engine_.backend_;
+  auto mark = Clock::now();
+  // Adds the time since the last mark to `seconds` (GenerationBatch::HostSeconds, forward_s_).
+  auto lap = [&mark](double& seconds) {
+    const auto now = Clock::now();
+    seconds += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
   last_step_decoded_ = last_step_shared_ = 0;
   // Requests that generate nothing (echo, max_tokens 0) are scored and done.
   done_.clear();
@@ -869,8 +869,10 @@ absl::Status GenerationBatch::Step() {
   // preempting the latest admitted requests when there is none.
   Admit();
   EnsureRoom();
+  lap(host_.admit);
   // The work of this step: prefill spans, and every decoding request's step under its decoder.
   ChoosePrefillSpans(backend);
+  lap(host_.start_prefill);
   stepping_.clear();
   for (auto& [name, decoder] : decoders_) {
     std::vector<DecodeSlot*> slots;
@@ -883,15 +885,18 @@ absl::Status GenerationBatch::Step() {
     // themselves. A plain step that it declined shares the prompts' forward below instead, as attention-mode
     // steps do, rather than taking a forward of its own beside each prefill chunk.
     auto& [decoder, slots] = stepping_[0];
-    const auto round_start = Clock::now();
+    lap(host_.plan);
     ORYX_ASSIGN_OR_RETURN(const bool ran, decoder->RunAlone(backend, slots));
-    forward_s_ += Seconds(round_start);
+    lap(forward_s_);
     if (!prefilling_.empty() && (ran || !decoder->PlainStep())) {
       items_.clear();
       PlanPrefill();
-      ORYX_RETURN_IF_ERROR(TimedForward(backend));
+      lap(host_.plan);
+      ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+      lap(forward_s_);
       FinishPrefill();
       prefilling_.clear();
+      lap(host_.finish);
     }
     if (ran) {
       EmitStep(slots);
@@ -903,12 +908,15 @@ absl::Status GenerationBatch::Step() {
   PlanPrefill();
   if (!prefilling_.empty()) last_step_shared_ = last_step_decoded_;
   for (auto& [decoder, slots] : stepping_) ORYX_RETURN_IF_ERROR(decoder->Plan(backend, slots, items_));
-  if (!items_.empty()) ORYX_RETURN_IF_ERROR(TimedForward(backend));
+  lap(host_.plan);
+  if (!items_.empty()) ORYX_RETURN_IF_ERROR(backend.Forward(items_));
+  lap(forward_s_);
   FinishPrefill();
   for (auto& [decoder, slots] : stepping_) {
     ORYX_RETURN_IF_ERROR(decoder->Finish(slots));
     EmitStep(slots);
   }
+  lap(host_.finish);
   return absl::OkStatus();
 }
 

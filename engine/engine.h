@@ -335,6 +335,14 @@ class GenerationBatch {
   // results included: the rest of a step's time is the host's (planning, reading results, emitting), when a
   // device sits idle.
   double forward_seconds() const { return forward_s_; }
+  // The rest, the host's, by part, summed over the steps so far: admitting requests and making room for them
+  // (admit); choosing the step's prefill spans and starting new prompts, with their modes and prefix-cache
+  // lookups (start_prefill); the decoders' and the prompts' forward items (plan); reading back what the
+  // forwards produced and emitting tokens (finish; emit_seconds is part of it).
+  struct HostSeconds {
+    double admit = 0, start_prefill = 0, plan = 0, finish = 0;
+  };
+  const HostSeconds& host_seconds() const { return host_; }
   // The requests finished since the last call, with their ids, in the order they finished.
   std::vector<std::pair<int64_t, GenerateResult>> TakeFinished();
   // The requests that failed since the last call (ResourceExhausted: they do not fit in memory even alone).
@@ -366,8 +374,7 @@ class GenerationBatch {
   void Finish(int64_t id);  // into finished_, or failed_ when its log-probabilities cannot be scored
   absl::Status ScoreLogprobs(Request& r);  // GenerateRequest::logprobs into its result
   absl::Status ScoreStreamed(Request& r);  // a streaming request's newest token's log-probability
-  void Drop(int64_t id);  // a failed request: gone without a result
-  absl::Status TimedForward(Backend& backend);  // backend.Forward(items_), its time into forward_s_
+  void Drop(int64_t id);                   // a failed request: gone without a result
   // Admission and preemption (set_kv_memory).
   void Admit();
   absl::Status AdmitOne(Request& r, int64_t& used);
@@ -386,6 +393,7 @@ class GenerationBatch {
   std::vector<std::pair<int64_t, absl::Status>> failed_;
   int64_t last_step_decoded_ = 0, last_step_shared_ = 0;
   double emit_s_ = 0, forward_s_ = 0;
+  HostSeconds host_;
   // Per-step buffers.
   std::vector<ForwardItem> items_;
   std::vector<Request*> prefilling_;

@@ -21,6 +21,11 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"step_s", step_s},
           {"emit_s", emit_s},
           {"forward_s", forward_s},
+          {"host_s",
+           {{"admit", host_s.admit},
+            {"start_prefill", host_s.start_prefill},
+            {"plan", host_s.plan},
+            {"finish", host_s.finish}}},
           {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
           {"decode_rows", decode_rows},
           {"shared_rows", shared_rows},
@@ -244,6 +249,7 @@ void Scheduler::Loop() {
     if (batch_->active() == 0) continue;  // every admitted request was refused by the batch
     const auto step_start = std::chrono::steady_clock::now();
     const double emitted_before = batch_->emit_seconds(), forwarded_before = batch_->forward_seconds();
+    const GenerationBatch::HostSeconds host_before = batch_->host_seconds();
     const absl::Status step = StepCatching(*batch_);
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     const double emit_s = batch_->emit_seconds() - emitted_before;
@@ -253,6 +259,11 @@ void Scheduler::Loop() {
       stats_.step_s += step_s;
       stats_.emit_s += emit_s;
       stats_.forward_s += forward_s;
+      const GenerationBatch::HostSeconds& host = batch_->host_seconds();
+      stats_.host_s.admit += host.admit - host_before.admit;
+      stats_.host_s.start_prefill += host.start_prefill - host_before.start_prefill;
+      stats_.host_s.plan += host.plan - host_before.plan;
+      stats_.host_s.finish += host.finish - host_before.finish;
     }
     if (!step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.

@@ -44,6 +44,7 @@ struct SchedulerStats {
   double step_s = 0;          // their wall time
   double emit_s = 0;          // of it, handing out tokens (GenerationBatch::emit_seconds)
   double forward_s = 0;       // of it, in forwards and whole rounds (GenerationBatch::forward_seconds)
+  GenerationBatch::HostSeconds host_s;  // of the rest, by part (GenerationBatch::host_seconds)
   int64_t decode_rows = 0;    // requests decoding summed over the steps (decode_rows / steps: mean batch)
   int64_t shared_rows = 0;    // of those, decoded in the forward of a prefill (GenerationBatch)
   int64_t prompt_tokens = 0, generated_tokens = 0;  // of the completed requests
