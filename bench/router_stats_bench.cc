@@ -11,6 +11,8 @@
 // network, and the whole decision, in microseconds.
 //
 //   bench_router_stats [--vocab 32000] [--rows 1,8,64] [--contexts 4096,16384] [--passes 9] [--policy FILE]
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -94,6 +96,14 @@ void RunEarlierMatch(int64_t vocab, const std::vector<int64_t>& contexts, int pa
       push_s.push_back(std::chrono::duration<double>(t1 - t0).count());
       end_s.push_back(std::chrono::duration<double>(t2 - t1).count());
     }
+    // The heap an index of these tokens holds (glibc's count of bytes in use, before and after one is built).
+    const size_t before = mallinfo2().uordblks;
+    int64_t index_bytes = 0;
+    {
+      oryx::router::EarlierMatch index;
+      for (int32_t t : tokens) index.Push(t);
+      index_bytes = static_cast<int64_t>(mallinfo2().uordblks) - static_cast<int64_t>(before);
+    }
     std::vector<int32_t> distinct = tokens;
     std::sort(distinct.begin(), distinct.end());
     nlohmann::json line = oryx::bench::Provenance();
@@ -104,7 +114,8 @@ void RunEarlierMatch(int64_t vocab, const std::vector<int64_t>& contexts, int pa
                  {"passes", passes},
                  {"push_ms", oryx::bench::Median(push_s) * 1e3},
                  {"longest_match_at_end_ms", oryx::bench::Median(end_s) * 1e3},
-                 {"longest_match", longest}});
+                 {"longest_match", longest},
+                 {"index_mib", static_cast<double>(index_bytes) / (1 << 20)}});
     std::cout << line.dump() << std::endl;
   }
 }
@@ -148,6 +159,22 @@ absl::Status RunPolicy(const std::string& path, int passes) {
     evaluate_s.push_back(std::chrono::duration<double>(t2 - t1).count() / kCalls);
     decide_s.push_back(std::chrono::duration<double>(t3 - t2).count() / kCalls);
   }
+  // A request's prefill decisions (RouterDecoder::PrefillModes over a 16K prompt of Zipf-drawn ids: the
+  // earlier-match index over the prompt, then a decision a segment), once per request on the serving thread.
+  const std::unique_ptr<oryx::Decoder> decoder = oryx::policies::MakeLearnedDecoder(shared);
+  std::mt19937 rng(3);
+  std::vector<double> weights(8192);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 1.0 / static_cast<double>(i + 1);
+  std::discrete_distribution<int32_t> zipf(weights.begin(), weights.end());
+  std::vector<int32_t> prompt(15872);
+  for (int32_t& t : prompt) t = zipf(rng);
+  std::vector<oryx::Mode> modes(prompt.size());
+  std::vector<double> prefill_s;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    decoder->PrefillModes(prompt, 0, modes);
+    prefill_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   std::vector<int64_t> hidden;
   for (const auto& l : network.hidden) hidden.push_back(l.out);
   nlohmann::json line = oryx::bench::Provenance();
@@ -159,6 +186,7 @@ absl::Status RunPolicy(const std::string& path, int passes) {
                {"featurize_us", oryx::bench::Median(featurize_s) * 1e6},
                {"evaluate_us", oryx::bench::Median(evaluate_s) * 1e6},
                {"decide_us", oryx::bench::Median(decide_s) * 1e6},
+               {"prefill_modes_16k_ms", oryx::bench::Median(prefill_s) * 1e3},
                {"attention_share", static_cast<double>(attention) / (static_cast<double>(kCalls) * passes)}});
   std::cout << line.dump() << std::endl;
   return absl::OkStatus();

@@ -787,6 +787,16 @@ bool GenerationBatch::StartPrefill(Request& r) {
 }
 
 void GenerationBatch::ChoosePrefillSpans(const Backend& backend) {
+  // The prompts that start their prefill now, each decoder's at once (their modes are computed below, one by one).
+  for (auto& [name, decoder] : decoders_) {
+    fresh_prompts_.clear();
+    for (auto& [id, r] : active_) {
+      if (r->decoder == decoder.get() && r->admitted() && !r->started && r->modes.empty()) {
+        fresh_prompts_.emplace_back(r->prompt);
+      }
+    }
+    if (fresh_prompts_.size() >= 2) decoder->PreparePrompts(fresh_prompts_);
+  }
   prefilling_.clear();
   for (auto& [id, r] : active_) {
     if (r->admitted() && !r->decoding() && (r->started || StartPrefill(*r))) prefilling_.push_back(r.get());

@@ -149,6 +149,10 @@ class Decoder {
   virtual ~Decoder() = default;
   // The modes of prompt tokens begin .. begin + modes.size() - 1 during prefill (one chunk of the prompt).
   virtual void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const = 0;
+  // Before their PrefillModes: the prompts that start their prefill in one step, all at once, so that a decoder
+  // can do its work over whole prompts side by side (RouterDecoder: their earlier-match indexes, on several
+  // threads) rather than one after another on the serving thread. PrefillModes must not depend on it.
+  virtual void PreparePrompts(std::span<const std::span<const int32_t>> prompts) { (void)prompts; }
   // How many KV positions past the emitted tokens a step may write (so the engine can Reserve them).
   virtual int64_t Lookahead() const { return 0; }
   // Appends the items this step forwards for `slots` (they point into the decoder and stay valid until
@@ -400,6 +404,7 @@ class GenerationBatch {
   std::vector<int64_t> prefill_lengths_;  // the span each forwards this step
   std::vector<int64_t> done_;
   std::vector<std::pair<Decoder*, std::vector<DecodeSlot*>>> stepping_;  // the decoders' slots this step
+  std::vector<std::span<const int32_t>> fresh_prompts_;  // prompts starting this step (Decoder::PreparePrompts)
 };
 
 }  // namespace oryx

@@ -95,6 +95,9 @@ class RouterDecoder final : public StepwiseDecoder {
   RouterDecoder(std::unique_ptr<Router> router, RouterOptions options);
   ~RouterDecoder() override;
   void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override;
+  // Indexes the prompts for earlier matches side by side, on up to one thread a core, for their PrefillModes and
+  // first decode decisions (a 16K prompt's index takes 2 ms of a core).
+  void PreparePrompts(std::span<const std::span<const int32_t>> prompts) override;
   int64_t Lookahead() const override;
   // Slots whose decision speculates step through a speculative round (draft steps, then a verify span); the
   // others take one step, each in its mode; all in the step's one forward. A slot inside a round goes on with it.
@@ -137,8 +140,16 @@ class RouterDecoder final : public StepwiseDecoder {
     std::vector<int32_t> prompt;
     EarlierMatch index;
     EarlierMatch::Match end, last;
+    // Every token's match, from PreparePrompts, until PrefillModes takes them (empty after, or when PrefillModes
+    // built the index itself).
+    std::vector<EarlierMatch::Match> matches;
   };
-  static constexpr size_t kMaxPromptIndexes = 16;  // prompts prefilled and not yet decoding; the oldest dropped
+  // The prompt's index with every token's match, built.
+  static PromptIndex IndexPrompt(std::span<const int32_t> prompt);
+  // Prompts indexed and not yet decoding, the oldest dropped past this many (a request ended during its
+  // prefill leaves its index behind). A server's batch starts that many prompts at once at most, when all its
+  // requests end together; an index of 16K tokens holds about 2.3 MiB (bench_router_stats).
+  static constexpr size_t kMaxPromptIndexes = 128;
   // A fresh slot takes its prompt's index if PrefillModes kept one (else its first decision builds one).
   void AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st);
   std::unique_ptr<Router> router_;

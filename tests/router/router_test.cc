@@ -259,6 +259,7 @@ class IndexCounting final : public Decoder {
   void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override {
     inner_->PrefillModes(prompt, begin, modes);
   }
+  void PreparePrompts(std::span<const std::span<const int32_t>> prompts) override { inner_->PreparePrompts(prompts); }
   int64_t Lookahead() const override { return inner_->Lookahead(); }
   absl::Status Plan(const Backend& backend, std::span<DecodeSlot* const> slots,
                     std::vector<ForwardItem>& items) override {
@@ -352,6 +353,70 @@ std::vector<GenerateRequest> PatternRequests(std::initializer_list<int64_t> leng
     requests.push_back(q);
   }
   return requests;
+}
+
+// Twenty prompts that start their prefill in one step are indexed once each, side by side
+// (RouterDecoder::PreparePrompts), each index kept for its request's first decode decision (once, 16 of them at
+// most were kept and the rest indexed again); and every request decides as it does alone: the same modes, so
+// the same tokens.
+TEST(RouterDecoder, PromptsStartingTogetherAreIndexedOnceEachAndDecideAsAlone) {
+  testutil::ScratchDir scratch;
+  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
+  Seen seen;
+  std::vector<int64_t> indexed;
+  RouterOptions o;
+  o.segment_len = 4;
+  engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(
+        new IndexCounting(std::make_unique<RouterDecoder>(std::make_unique<MatchRouter>(&seen), o), &indexed));
+  });
+  const std::vector<GenerateRequest> requests =
+      PatternRequests({20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39}, 5, 12, "match");
+  auto together = engine.Generate(requests);
+  ASSERT_TRUE(together.ok()) << together.status();
+  EXPECT_EQ(indexed, std::vector<int64_t>{static_cast<int64_t>(requests.size())});
+  int64_t attention = 0, linear = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto alone = engine.Generate(requests[i]);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    EXPECT_EQ((*together)[i].tokens, alone->tokens) << "request " << i;
+    EXPECT_EQ((*together)[i].stats.attention_tokens, alone->stats.attention_tokens) << "request " << i;
+    EXPECT_EQ((*together)[i].stats.linear_tokens, alone->stats.linear_tokens) << "request " << i;
+    attention += alone->stats.attention_tokens, linear += alone->stats.linear_tokens;
+  }
+  EXPECT_GT(attention, 0);  // the prompts' repeats and last tokens attend; the rest of them does not
+  EXPECT_GT(linear, 0);
+}
+
+// The same on their own, with prompts long enough to be indexed on several threads (20 of 1,000 tokens): the
+// prefill decisions are those of a decoder that indexes each prompt in PrefillModes, and no prompt is indexed
+// twice.
+TEST(RouterDecoder, PromptsPreparedOnThreadsDecideAsPromptsIndexedOneByOne) {
+  RouterOptions o;
+  o.segment_len = 16;
+  Seen seen_prepared, seen_plain;
+  RouterDecoder prepared(std::make_unique<MatchRouter>(&seen_prepared), o);
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts(20);
+  for (std::vector<int32_t>& p : prompts) {
+    for (int i = 0; i < 1000; ++i) p.push_back(static_cast<int32_t>(rng() % (i % 200 < 100 ? 40 : 4000)));
+  }
+  const std::vector<std::span<const int32_t>> spans(prompts.begin(), prompts.end());
+  prepared.PreparePrompts(spans);
+  EXPECT_EQ(prepared.prompts_indexed(), 20);
+  int64_t attention = 0;
+  for (const std::vector<int32_t>& p : prompts) {
+    RouterDecoder plain(std::make_unique<MatchRouter>(&seen_plain), o);
+    std::vector<Mode> want(p.size()), got(p.size());
+    plain.PrefillModes(p, 0, want);
+    prepared.PrefillModes(p, 0, got);
+    EXPECT_EQ(got, want);
+    attention += std::ranges::count(got, Mode::kAttention);
+  }
+  EXPECT_EQ(prepared.prompts_indexed(), 20);  // PrefillModes took the prepared indexes
+  EXPECT_EQ(seen_prepared.matches, seen_plain.matches);
+  EXPECT_EQ(seen_prepared.ends, seen_plain.ends);
+  EXPECT_GT(attention, 0);
 }
 
 // Prefill in attention mode; then speculative rounds of 3 drafts for prompts of even length, plain attention
