@@ -146,9 +146,11 @@ class RouterDecoder final : public StepwiseDecoder {
   };
   // The prompt's index with every token's match, built.
   static PromptIndex IndexPrompt(std::span<const int32_t> prompt);
-  // Prompts indexed and not yet decoding, the oldest dropped past this many (a request ended during its
-  // prefill leaves its index behind). A server's batch starts that many prompts at once at most, when all its
-  // requests end together; an index of 16K tokens holds about 2.3 MiB (bench_router_stats).
+  // Prompts indexed and not yet decoding, the oldest dropped past this many. A batch of up to this many
+  // requests may start all its prompts in one step (when its requests end together) and keep every index for
+  // the first decode decisions. A request that ends before its first decode step (max_tokens 1, or cancelled
+  // during its prefill) leaves its index here until newer ones push it out: an index of 16K tokens holds
+  // about 2.3 MiB (bench_router_stats), so at most about 300 MiB at that length.
   static constexpr size_t kMaxPromptIndexes = 128;
   // A fresh slot takes its prompt's index if PrefillModes kept one (else its first decision builds one).
   void AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st);
