@@ -362,11 +362,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         {"server_forward_s", after.forward_s - before.forward_s},
         // The host's part by what it does (GenerationBatch::HostSeconds): admission, starting prompts (their
         // modes, prefix-cache lookups), planning the forwards, reading their results (emitting included).
-        {"server_host_s",
-         {{"admit", after.host_s.admit - before.host_s.admit},
-          {"start_prefill", after.host_s.start_prefill - before.host_s.start_prefill},
-          {"plan", after.host_s.plan - before.host_s.plan},
-          {"finish", after.host_s.finish - before.host_s.finish}}},
+        {"server_host_s", (after.host_s - before.host_s).ToJson()},
         {"preemptions", after.preemptions - before.preemptions},
         // Device graphs recorded during the level (shapes the warm-up did not meet): each costs a recording.
         {"graphs_recorded", engine.backend().graphs_recorded() - graphs_before},

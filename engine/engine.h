@@ -345,6 +345,16 @@ class GenerationBatch {
   // forwards produced and emitting tokens (finish; emit_seconds is part of it).
   struct HostSeconds {
     double admit = 0, start_prefill = 0, plan = 0, finish = 0;
+    HostSeconds& operator+=(const HostSeconds& o) {
+      admit += o.admit, start_prefill += o.start_prefill, plan += o.plan, finish += o.finish;
+      return *this;
+    }
+    HostSeconds operator-(const HostSeconds& o) const {
+      return {admit - o.admit, start_prefill - o.start_prefill, plan - o.plan, finish - o.finish};
+    }
+    nlohmann::json ToJson() const {
+      return {{"admit", admit}, {"start_prefill", start_prefill}, {"plan", plan}, {"finish", finish}};
+    }
   };
   const HostSeconds& host_seconds() const { return host_; }
   // The requests finished since the last call, with their ids, in the order they finished.

@@ -66,7 +66,7 @@ void RouterDecoder::PreparePrompts(std::span<const std::span<const int32_t>> pro
   auto work = [&] {
     for (size_t i = next++; i < prompts.size(); i = next++) built[i] = IndexPrompt(prompts[i]);
   };
-  // Threads only for work worth their start (tens of microseconds): 16K tokens take about 2 ms.
+  // Threads only where the work is large (16K tokens took 2.2 ms of one core on the 2-core VM).
   size_t tokens = 0;
   for (const auto& p : prompts) tokens += p.size();
   const size_t threads = tokens < (size_t{1} << 14)

@@ -21,11 +21,7 @@ nlohmann::json SchedulerStats::ToJson() const {
           {"step_s", step_s},
           {"emit_s", emit_s},
           {"forward_s", forward_s},
-          {"host_s",
-           {{"admit", host_s.admit},
-            {"start_prefill", host_s.start_prefill},
-            {"plan", host_s.plan},
-            {"finish", host_s.finish}}},
+          {"host_s", host_s.ToJson()},
           {"mean_decode_batch", steps > 0 ? static_cast<double>(decode_rows) / static_cast<double>(steps) : 0.0},
           {"decode_rows", decode_rows},
           {"shared_rows", shared_rows},
@@ -259,11 +255,7 @@ void Scheduler::Loop() {
       stats_.step_s += step_s;
       stats_.emit_s += emit_s;
       stats_.forward_s += forward_s;
-      const GenerationBatch::HostSeconds& host = batch_->host_seconds();
-      stats_.host_s.admit += host.admit - host_before.admit;
-      stats_.host_s.start_prefill += host.start_prefill - host_before.start_prefill;
-      stats_.host_s.plan += host.plan - host_before.plan;
-      stats_.host_s.finish += host.finish - host_before.finish;
+      stats_.host_s += batch_->host_seconds() - host_before;
     }
     if (!step.ok()) {
       // A failed step leaves the batch's sequences in no known state: end its requests, start afresh.
