@@ -443,7 +443,7 @@ void GenerationBatch::Preempt(Request& r) {
     r.modes.assign(ran.begin(), ran.end());  // as many as the replay's tokens: the sequence's position
     r.names.clear();                         // they name the prompt's blocks
   }
-  r.decoder->Release(r.slot.id);
+  r.decoder->Release(r.slot);
   r.seq.reset();
   r.slot.seq = nullptr;
   r.prefilled = 0;
@@ -635,7 +635,7 @@ bool GenerationBatch::Emit(Request& r, int32_t token) {
 
 void GenerationBatch::Drop(int64_t id) {
   auto it = active_.find(id);
-  it->second->decoder->Release(id);
+  it->second->decoder->Release(it->second->slot);
   active_.erase(it);
 }
 
@@ -649,7 +649,7 @@ void GenerationBatch::Finish(int64_t id) {
   auto it = active_.find(id);
   Request& r = *it->second;
   r.result.stats.decode_s = Seconds(r.decode_start);
-  r.decoder->Release(id);
+  r.decoder->Release(r.slot);
   if (absl::Status scored = ScoreLogprobs(r); scored.ok()) {
     finished_.emplace_back(id, std::move(r.result));
   } else {

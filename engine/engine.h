@@ -181,9 +181,9 @@ class Decoder {
   }
   // After RunAlone declined: whether the step its Plan would make is one plain token per slot.
   virtual bool PlainStep() const { return false; }
-  // The request with this slot id has finished: drop whatever the decoder keeps for it (a long-running
-  // batch, such as a server's, sees ever new ids).
-  virtual void Release(int64_t slot_id) { (void)slot_id; }
+  // The slot's request has finished, or was preempted: drop whatever the decoder keeps for it (a long-running
+  // batch, such as a server's, sees ever new ids), from its prefill on.
+  virtual void Release(const DecodeSlot& slot) { (void)slot; }
   // Whether its tokens follow SamplingParams' penalties and logit biases (drawn by the slot's sampler, one
   // token at a time). A request that sets them under a decoder that does not is refused.
   virtual bool FollowsLogitAdjustments() const { return true; }

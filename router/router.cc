@@ -26,9 +26,15 @@ RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions optio
 
 RouterDecoder::~RouterDecoder() = default;
 
-void RouterDecoder::Release(int64_t slot_id) {
-  slots_.erase(slot_id);
-  if (spec_) spec_->Release(slot_id);
+void RouterDecoder::Release(const DecodeSlot& slot) {
+  auto it = slots_.find(slot.id);
+  const bool started = it != slots_.end() && it->second.started;
+  if (it != slots_.end()) slots_.erase(it);
+  // A request that ends before its first decode decision (max_tokens 1, or cancelled or preempted during its
+  // prefill) never adopts its prompt's index: it goes now, not when newer ones push it out. (With two requests
+  // of one prompt, the other's first decision adopts the index left.)
+  if (!started && slot.prompt != nullptr) TakePromptIndex(*slot.prompt);
+  if (spec_) spec_->Release(slot);
 }
 
 int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
@@ -130,14 +136,21 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
   }
 }
 
-void RouterDecoder::AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st) {
+std::optional<RouterDecoder::PromptIndex> RouterDecoder::TakePromptIndex(const std::vector<int32_t>& prompt) {
   // The newest first: a prompt prefilled twice (two requests of one prompt) is kept twice.
   for (auto it = prompt_indexes_.rbegin(); it != prompt_indexes_.rend(); ++it) {
     if (it->prompt != prompt) continue;
-    st.matches = std::move(it->index);
-    st.prompt_end = it->end, st.match = it->last;
+    std::optional<PromptIndex> taken = std::move(*it);
     prompt_indexes_.erase(std::next(it).base());
-    return;
+    return taken;
+  }
+  return std::nullopt;
+}
+
+void RouterDecoder::AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st) {
+  if (std::optional<PromptIndex> p = TakePromptIndex(prompt)) {
+    st.matches = std::move(p->index);
+    st.prompt_end = p->end, st.match = p->last;
   }
 }
 

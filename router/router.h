@@ -107,10 +107,12 @@ class RouterDecoder final : public StepwiseDecoder {
   // When every slot's decision speculates with one draft length, the backend may run the rounds whole.
   absl::StatusOr<bool> RunAlone(Backend& backend, std::span<DecodeSlot* const> slots) override;
   bool RunsAlone(const Backend& backend) const override { return spec_ != nullptr && backend.runs_rounds(); }
-  void Release(int64_t slot_id) override;
+  void Release(const DecodeSlot& slot) override;
   // How many prompts were indexed for earlier matches (router/earlier_match.h): once a request when its
   // PrefillModes and its decoding ran here (the first decode decision takes the prefill's index).
   int64_t prompts_indexed() const { return prompts_indexed_; }
+  // How many of those indexes are kept for requests that have not made their first decode decision yet.
+  int64_t prompt_indexes_kept() const { return static_cast<int64_t>(prompt_indexes_.size()); }
 
  protected:
   Mode ChooseMode(const DecodeSlot& slot, int64_t batch) override;
@@ -149,9 +151,11 @@ class RouterDecoder final : public StepwiseDecoder {
   // Prompts indexed and not yet decoding, the oldest dropped past this many. A batch of up to this many
   // requests may start all its prompts in one step (when its requests end together) and keep every index for
   // the first decode decisions. A request that ends before its first decode step (max_tokens 1, or cancelled
-  // during its prefill) leaves its index here until newer ones push it out: an index of 16K tokens holds
-  // about 2.3 MiB (bench_router_stats), so at most about 300 MiB at that length.
+  // or preempted during its prefill) takes its index with it (Release). An index of 16K tokens holds about
+  // 2.3 MiB (bench_router_stats).
   static constexpr size_t kMaxPromptIndexes = 128;
+  // The newest index kept for this prompt, removed from prompt_indexes_, if there is one.
+  std::optional<PromptIndex> TakePromptIndex(const std::vector<int32_t>& prompt);
   // A fresh slot takes its prompt's index if PrefillModes kept one (else its first decision builds one).
   void AdoptPromptIndex(const std::vector<int32_t>& prompt, SlotState& st);
   std::unique_ptr<Router> router_;

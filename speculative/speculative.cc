@@ -205,9 +205,9 @@ SpeculativeDecoder::SlotRound& SpeculativeDecoder::RoundOf(int64_t slot_id) {
   return *r;
 }
 
-void SpeculativeDecoder::Release(int64_t slot_id) {
-  rounds_.erase(slot_id);
-  controller_.Release(slot_id);
+void SpeculativeDecoder::Release(const DecodeSlot& slot) {
+  rounds_.erase(slot.id);
+  controller_.Release(slot.id);
 }
 
 bool SpeculativeDecoder::InRound(int64_t slot_id) const {

@@ -166,7 +166,7 @@ class SpeculativeDecoder final : public Decoder {
   bool PlainStep() const override {
     return lengths_chosen_ && std::all_of(k_.begin(), k_.end(), [](int64_t k) { return k == 0; });
   }
-  void Release(int64_t slot_id) override;
+  void Release(const DecodeSlot& slot) override;
   // Its rounds judge drafts against distributions that penalties would change within a round: not built.
   bool FollowsLogitAdjustments() const override { return false; }
 

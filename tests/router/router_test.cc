@@ -250,12 +250,16 @@ TEST(RouterDecoder, ARouterThatDoesNotReadMatchesGetsNone) {
   for (const auto& m : seen.matches) EXPECT_EQ(m, (std::pair<int64_t, int64_t>(0, 0)));
 }
 
-// A RouterDecoder that, when it ends, appends how many prompts it indexed to *out.
+// A RouterDecoder that, when it ends, appends how many prompts it indexed to *out (and how many indexes it
+// still keeps to *kept).
 class IndexCounting final : public Decoder {
  public:
-  IndexCounting(std::unique_ptr<RouterDecoder> inner, std::vector<int64_t>* out)
-      : inner_(std::move(inner)), out_(out) {}
-  ~IndexCounting() override { out_->push_back(inner_->prompts_indexed()); }
+  IndexCounting(std::unique_ptr<RouterDecoder> inner, std::vector<int64_t>* out, std::vector<int64_t>* kept = nullptr)
+      : inner_(std::move(inner)), out_(out), kept_(kept) {}
+  ~IndexCounting() override {
+    out_->push_back(inner_->prompts_indexed());
+    if (kept_ != nullptr) kept_->push_back(inner_->prompt_indexes_kept());
+  }
   void PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const override {
     inner_->PrefillModes(prompt, begin, modes);
   }
@@ -271,12 +275,13 @@ class IndexCounting final : public Decoder {
   }
   bool RunsAlone(const Backend& backend) const override { return inner_->RunsAlone(backend); }
   bool PlainStep() const override { return inner_->PlainStep(); }
-  void Release(int64_t slot_id) override { inner_->Release(slot_id); }
+  void Release(const DecodeSlot& slot) override { inner_->Release(slot); }
   bool FollowsLogitAdjustments() const override { return inner_->FollowsLogitAdjustments(); }
 
  private:
   std::unique_ptr<RouterDecoder> inner_;
   std::vector<int64_t>* out_;
+  std::vector<int64_t>* kept_;
 };
 
 TEST(RouterDecoder, DecodeDecisionsSeeTheMatchEndingAtTheTokenAboutToRun) {
@@ -386,6 +391,28 @@ TEST(RouterDecoder, PromptsStartingTogetherAreIndexedOnceEachAndDecideAsAlone) {
   }
   EXPECT_GT(attention, 0);  // the prompts' repeats and last tokens attend; the rest of them does not
   EXPECT_GT(linear, 0);
+}
+
+// Requests that end with their prefill's token (max_tokens 1) never make a decode decision: their prompts'
+// indexes go with them, where they stayed until 128 newer ones pushed them out. The others adopt theirs.
+TEST(RouterDecoder, RequestsEndingAtTheirPrefillTakeTheirPromptIndexes) {
+  testutil::ScratchDir scratch;
+  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
+  Seen seen;
+  std::vector<int64_t> indexed, kept;
+  engine.policies().Register("match", "match", [&](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(new IndexCounting(
+        std::make_unique<RouterDecoder>(std::make_unique<MatchRouter>(&seen), RouterOptions{}), &indexed, &kept));
+  });
+  std::vector<GenerateRequest> requests = PatternRequests({20, 21, 22, 23, 24, 25, 26, 27}, 5, 6, "match");
+  for (size_t i = 0; i < requests.size(); i += 2) requests[i].max_tokens = 1;
+  auto result = engine.Generate(requests);
+  ASSERT_TRUE(result.ok()) << result.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ((*result)[i].tokens.size(), static_cast<size_t>(requests[i].max_tokens)) << "request " << i;
+  }
+  EXPECT_EQ(indexed, std::vector<int64_t>{8});  // once each: the decoding half adopted theirs
+  EXPECT_EQ(kept, std::vector<int64_t>{0});
 }
 
 // The same on their own, with prompts long enough to be indexed on several threads (20 of 1,000 tokens): the
