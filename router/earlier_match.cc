@@ -6,6 +6,13 @@ namespace oryx::router {
 
 EarlierMatch::EarlierMatch() { states_.push_back(State{}); }
 
+void EarlierMatch::Reserve(int64_t tokens) {
+  const size_t n = static_cast<size_t>(size_ + std::max<int64_t>(0, tokens));
+  states_.reserve(2 * n + 1);
+  tokens_.reserve(3 * n);
+  next_.reserve(3 * n);
+}
+
 int32_t EarlierMatch::Next(int32_t state, int32_t token) const {
   if (state == 0 && Dense(token)) return token < static_cast<int64_t>(start_next_.size()) ? start_next_[token] : -1;
   const auto it = next_.find(Key(state, token));
@@ -67,6 +74,7 @@ EarlierMatch::Match EarlierMatch::Push(int32_t token) {
 
 EarlierMatch::Match LongestMatchAtEnd(std::span<const int32_t> tokens, int64_t last) {
   EarlierMatch index;
+  index.Reserve(static_cast<int64_t>(tokens.size()));
   std::vector<EarlierMatch::Match> matches;
   matches.reserve(tokens.size());
   for (const int32_t t : tokens) matches.push_back(index.Push(t));

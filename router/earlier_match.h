@@ -26,6 +26,8 @@ class EarlierMatch {
   };
 
   EarlierMatch();
+  // Room for `tokens` more tokens without regrowing: at most two states and three transitions a token.
+  void Reserve(int64_t tokens);
   // Appends `token` and returns the match ending at it.
   Match Push(int32_t token);
   int64_t size() const { return size_; }

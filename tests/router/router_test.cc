@@ -172,11 +172,17 @@ TEST(EarlierMatch, AgreesWithBruteForceOnRepetitiveText) {
         text.push_back(static_cast<int32_t>(rng() % vocab));
       }
     }
-    EarlierMatch m;
+    // Grown token by token, and reserved for part of the text up front (as a prompt's index is, then grown by
+    // the tokens generated after it).
+    EarlierMatch m, reserved;
+    reserved.Reserve(100);
     for (size_t n = 0; n < text.size(); ++n) {
       const EarlierMatch::Match got = m.Push(text[n]), want = NaiveEarlierMatch(text, static_cast<int64_t>(n));
       ASSERT_EQ(got.length, want.length) << "vocab " << vocab << ", token " << n;
       ASSERT_EQ(got.distance, want.distance) << "vocab " << vocab << ", token " << n;
+      const EarlierMatch::Match also = reserved.Push(text[n]);
+      ASSERT_EQ(also.length, want.length) << "reserved, vocab " << vocab << ", token " << n;
+      ASSERT_EQ(also.distance, want.distance) << "reserved, vocab " << vocab << ", token " << n;
     }
     EXPECT_EQ(m.size(), static_cast<int64_t>(text.size()));
   }
