@@ -32,7 +32,8 @@ void RouterDecoder::Release(const DecodeSlot& slot) {
   if (it != slots_.end()) slots_.erase(it);
   // A request that ends before its first decode decision (max_tokens 1, or cancelled or preempted during its
   // prefill) never adopts its prompt's index: it goes now, not when newer ones push it out. (With two requests
-  // of one prompt, the other's first decision adopts the index left.)
+  // of one prompt, the other's first decision adopts the index left. A request preempted during its prefill
+  // keeps its modes, and its first decision builds the index again: preemption is rare, orphans were not.)
   if (!started && slot.prompt != nullptr) TakePromptIndex(*slot.prompt);
   if (spec_) spec_->Release(slot);
 }
