@@ -31,9 +31,10 @@ void RouterDecoder::Release(const DecodeSlot& slot) {
   const bool started = it != slots_.end() && it->second.started;
   if (it != slots_.end()) slots_.erase(it);
   // A request that ends before its first decode decision (max_tokens 1, or cancelled or preempted during its
-  // prefill) never adopts its prompt's index: it goes now, not when newer ones push it out. (With two requests
-  // of one prompt, the other's first decision adopts the index left. A request preempted during its prefill
-  // keeps its modes, and its first decision builds the index again: preemption is rare, orphans were not.)
+  // prefill) never adopts its prompt's index: it goes now, not when newer ones push it out. (Indexes are found
+  // by their prompts: of two requests of one prompt, one that ends early, even queued, may take the other's,
+  // which then builds it again at its first decision, a cost and not an error. So does a request preempted
+  // during its prefill, which keeps its modes: preemption is rare, orphans were not.)
   if (!started && slot.prompt != nullptr) TakePromptIndex(*slot.prompt);
   if (spec_) spec_->Release(slot);
 }
