@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_split.h"
@@ -278,6 +279,14 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
       if (!s.error.empty()) return absl::InternalError(Cat("bench serve: a warm-up request failed: ", s.error));
     }
     ORYX_ASSIGN_OR_RETURN(auto prompts, Prompts(o, text, c.vocab_size, count, o.seed + level));
+    // A validation split with fewer windows than requests repeats prompts, which the prefix cache may then
+    // serve: the level measures less prefill than its workload asks for.
+    const int64_t distinct_prompts = static_cast<int64_t>(std::set(prompts.begin(), prompts.end()).size());
+    if (distinct_prompts < count && o.prefix_cache) {
+      std::cerr << "bench serve: warning: " << count << " requests but " << distinct_prompts << " distinct prompts of "
+                << o.prompt_tokens << " tokens (the validation split is short for them): the prefix cache may "
+                << "serve the repeats (prefix_hit_rate); --no-prefix-cache computes every prompt\n";
+    }
     const server::SchedulerStats before = http->stats();
     const int64_t graphs_before = engine.backend().graphs_recorded();
     const int64_t warmups_before = engine.backend().graph_warmups();
@@ -320,6 +329,7 @@ absl::Status RunServeBench(const ServeBenchOptions& o, const Emit& emit) {
         {"prompts", text != nullptr ? "corpus" : "random"},
         {"concurrency", clients},  // 0: open loop
         {"requests", count},
+        {"distinct_prompts", distinct_prompts},
         {"prompt_tokens", o.prompt_tokens},
         {"shared_prefix_tokens", o.shared_prefix_tokens},
         {"prefix_cache", o.prefix_cache},
