@@ -769,12 +769,14 @@ bool GenerationBatch::StartPrefill(Request& r) {
       r.prefilled = hit.tokens;
       if (r.replay.empty()) r.result.stats.cached_tokens = hit.tokens;
     }
-    // Snapshot points: every snapshot_every tokens, the prompt's last block boundary (a later turn of a
-    // conversation extends the prompt), and where it leaves the blocks of an earlier prompt (a third prompt
-    // with that beginning resumes there).
+    // Snapshot points: every snapshot_every tokens, the last block boundary before the prompt's last token
+    // (the same prompt again, which forwards at least that token, resumes there; so does a later turn of a
+    // conversation, which extends the prompt), and where it leaves the blocks of an earlier prompt (a third
+    // prompt with that beginning resumes there). A boundary at the prompt's end would serve only longer
+    // prompts: prompts of a multiple of block_tokens sent again were computed whole.
     const int64_t every = cache->options().snapshot_every;
     for (int64_t p = (r.prefilled / every + 1) * every; p <= n; p += every) r.snapshot_at.push_back(p);
-    for (const int64_t p : {n / b * b, cache->Seen(prefix, n)}) {
+    for (const int64_t p : {(n - 1) / b * b, cache->Seen(prefix, n - 1)}) {
       if (p > r.prefilled && !std::ranges::binary_search(r.snapshot_at, p)) {
         r.snapshot_at.insert(std::ranges::upper_bound(r.snapshot_at, p), p);
       }

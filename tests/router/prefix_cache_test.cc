@@ -278,5 +278,34 @@ TEST(PrefixCacheGeneration, ResumesAtTheLastSnapshotOfWhatIsShared) {
   EXPECT_EQ(st.hit_tokens, 88);
 }
 
+// A prompt of a whole number of blocks sent again resumes at its last block boundary but one: a snapshot at
+// its end could serve only longer prompts, since a prompt's last token is always forwarded. (It was computed
+// again from the last periodic snapshot, 32 here, or from the start at the defaults' spacing.) A longer
+// prompt that extends it resumes at 48, where the second request's periodic snapshot (every 16) fell.
+TEST(PrefixCacheGeneration, APromptOfWholeBlocksSentAgainResumesBeforeItsLastBlock) {
+  testutil::ScratchDir scratch;
+  Engine engine(TinyBackend(scratch, 5), std::nullopt);
+  engine.set_prefix_cache(SmallBlocks());
+  std::mt19937 rng(11);
+  GenerateRequest q;
+  q.prompt_tokens = RandomTokens(rng, 6 * kBlock);  // 48: snapshots at 16, 32 (every 16) and 40
+  q.max_tokens = 6;
+  q.stop_at_eos = false;
+  q.policy = "attention";
+  std::vector<int64_t> got;
+  GenerateRequest longer = q;
+  for (int32_t t : RandomTokens(rng, 5)) longer.prompt_tokens.push_back(t);
+  for (const GenerateRequest* r : {&q, &q, &longer}) {
+    auto result = engine.Generate(*r);
+    ASSERT_TRUE(result.ok()) << result.status();
+    got.push_back(result->stats.cached_tokens);
+  }
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 5 * kBlock, 6 * kBlock}));
+  Engine plain(TinyBackend(scratch, 5), std::nullopt);
+  auto again = engine.Generate(q), computed = plain.Generate(q);
+  ASSERT_TRUE(again.ok() && computed.ok());
+  EXPECT_EQ(again->tokens, computed->tokens);
+}
+
 }  // namespace
 }  // namespace oryx
