@@ -86,11 +86,14 @@ void RouterDecoder::PreparePrompts(std::span<const std::span<const int32_t>> pro
   work();
   for (std::thread& t : pool) t.join();
   for (PromptIndex& p : built) {
-    if (p.prompt.empty()) continue;
-    ++prompts_indexed_;
-    prompt_indexes_.push_back(std::move(p));
-    if (prompt_indexes_.size() > kMaxPromptIndexes) prompt_indexes_.pop_front();
+    if (!p.prompt.empty()) KeepPromptIndex(std::move(p));
   }
+}
+
+void RouterDecoder::KeepPromptIndex(PromptIndex index) const {
+  ++prompts_indexed_;
+  prompt_indexes_.push_back(std::move(index));
+  if (prompt_indexes_.size() > kMaxPromptIndexes) prompt_indexes_.pop_front();
 }
 
 void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin, std::span<Mode> modes) const {
@@ -109,9 +112,7 @@ void RouterDecoder::PrefillModes(std::span<const int32_t> prompt, int64_t begin,
       return !p.matches.empty() && std::ranges::equal(p.prompt, prompt);
     });
     if (prepared == prompt_indexes_.rend()) {
-      ++prompts_indexed_;
-      prompt_indexes_.push_back(IndexPrompt(prompt));
-      if (prompt_indexes_.size() > kMaxPromptIndexes) prompt_indexes_.pop_front();
+      KeepPromptIndex(IndexPrompt(prompt));
       prepared = prompt_indexes_.rbegin();
     }
     matches = std::move(prepared->matches);

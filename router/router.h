@@ -154,6 +154,8 @@ class RouterDecoder final : public StepwiseDecoder {
   // or preempted during its prefill) takes its index with it (Release). An index of 16K tokens holds about
   // 2.3 MiB (bench_router_stats).
   static constexpr size_t kMaxPromptIndexes = 128;
+  // Keeps a newly built index (counted in prompts_indexed), dropping the oldest past kMaxPromptIndexes.
+  void KeepPromptIndex(PromptIndex index) const;
   // The newest index kept for this prompt, removed from prompt_indexes_, if there is one.
   std::optional<PromptIndex> TakePromptIndex(const std::vector<int32_t>& prompt);
   // A fresh slot takes its prompt's index if PrefillModes kept one (else its first decision builds one).
