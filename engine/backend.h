@@ -51,6 +51,10 @@ class DeviceSequence {
   virtual int64_t kv_capacity() const = 0;  // positions the KV cache has room for
   virtual int64_t kv_block_tokens() const = 0;  // positions per KV block
   virtual int64_t kv_shared_blocks() const = 0;  // KV blocks another sequence holds too
+  // The KV blocks held, in position order, by their ids in kv_pool() (an id names one block while any holder
+  // keeps it).
+  virtual std::span<const int32_t> kv_block_ids() const = 0;
+  virtual const void* kv_pool() const = 0;
   // Every KV block another sequence holds too replaced by a copy of its own; ResourceExhausted when the device
   // has no room.
   virtual absl::Status UnshareKv() = 0;
@@ -118,6 +122,12 @@ class SequenceState {
   int64_t recurrent_bytes() const;
   // KV blocks this sequence holds that others hold too (clones, the prefix cache).
   int64_t kv_shared_blocks() const;
+  // The KV blocks held, in position order, by their ids in kv_pool() (the pool they come from: ids of one
+  // pool name one block while any holder keeps it), each of kv_block_bytes(): what the prefix cache counts
+  // once, however many of its snapshots share a block.
+  std::span<const int32_t> kv_block_ids() const;
+  const void* kv_pool() const;
+  int64_t kv_block_bytes() const;
   // Positions per KV block: the granularity of Reserve and kv_bytes.
   int64_t kv_block_tokens() const;
 

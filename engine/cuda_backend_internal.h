@@ -405,6 +405,8 @@ class CudaSequence final : public DeviceSequence {
   int64_t kv_shared_blocks() const override {
     return std::count_if(blocks_.begin(), blocks_.end(), [&](int32_t b) { return ctx_->kv->refs(b) > 1; });
   }
+  std::span<const int32_t> kv_block_ids() const override { return blocks_; }
+  const void* kv_pool() const override { return ctx_->kv.get(); }
   absl::Status UnshareKv() override { return OwnBlocks(0, static_cast<int64_t>(blocks_.size())); }
 
   void RestoreSpan(int64_t keep) override {

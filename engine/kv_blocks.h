@@ -160,6 +160,7 @@ class HostKvTable {
   HostKvPool* pool() const { return pool_.get(); }  // null: no host cache (a device sequence)
   int64_t size() const { return static_cast<int64_t>(ids_.size()); }
   int32_t operator[](int64_t j) const { return ids_[j]; }
+  std::span<const int32_t> ids() const { return ids_; }
   // Layer 0's keys and values of every block, in order (HostKvPool::Locate).
   void Locate(const void** keys, const void** values) const { pool_->Locate(ids_, keys, values); }
   // A table on the same pool that holds the first n blocks too.

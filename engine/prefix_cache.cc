@@ -85,42 +85,71 @@ bool PrefixCache::Insert(const Prefix& p, const SequenceState& seq) {
   }
   absl::StatusOr<SequenceState> snapshot = seq.TryCloneWithRoom(n);
   if (!snapshot.ok()) return false;
-  const int64_t bytes = snapshot->kv_bytes() + snapshot->recurrent_bytes();
-  if (bytes > options_.max_bytes) return false;
-  EvictTo(options_.max_bytes - bytes);
+  // Alone it would hold all its bytes; with the others, what they do not hold already. Evicting one of those
+  // can make that more, hence the loop.
+  if (snapshot->kv_bytes() + snapshot->recurrent_bytes() > options_.max_bytes) return false;
+  while (stats_.bytes + BytesToAdd(*snapshot) > options_.max_bytes && EvictOne()) {
+  }
+  stats_.bytes += Hold(holders_, *snapshot, +1);
   unhit_.push_back(hash);
   entries_.emplace(hash, Entry{std::vector<int32_t>(p.tokens.begin(), p.tokens.end()),
-                               std::vector<Mode>(p.modes.begin(), p.modes.end()), std::move(*snapshot), bytes,
+                               std::vector<Mode>(p.modes.begin(), p.modes.end()), std::move(*snapshot),
                                /*hit=*/false, std::prev(unhit_.end())});
   ++stats_.inserted;
   ++stats_.snapshots;
-  stats_.bytes += bytes;
   return true;
+}
+
+int64_t PrefixCache::Hold(BlockHolders& holders, const SequenceState& state, int delta) {
+  const void* pool = state.kv_pool();
+  int64_t blocks = 0;  // that came to be held by the set, or were let go by it
+  for (const int32_t id : state.kv_block_ids()) {
+    auto [it, added] = holders.try_emplace({pool, id}, 0);
+    it->second += delta;
+    if (it->second == 0) {
+      holders.erase(it);
+      ++blocks;
+    } else if (delta > 0 && it->second == 1) {
+      ++blocks;
+    }
+  }
+  return state.recurrent_bytes() + blocks * state.kv_block_bytes();
+}
+
+int64_t PrefixCache::BytesToAdd(const SequenceState& state) const {
+  const void* pool = state.kv_pool();
+  const auto ids = state.kv_block_ids();
+  const auto new_blocks = std::ranges::count_if(ids, [&](int32_t id) { return !holders_.contains({pool, id}); });
+  return state.recurrent_bytes() + static_cast<int64_t>(new_blocks) * state.kv_block_bytes();
 }
 
 void PrefixCache::Touch(Entry& e) {
   if (!e.hit) {
     hit_.splice(hit_.end(), unhit_, e.lru);
     e.hit = true;
-    hit_bytes_ += e.bytes;
+    hit_bytes_ += Hold(hit_holders_, e.state, +1);
   } else {
     hit_.splice(hit_.end(), hit_, e.lru);
   }
 }
 
+bool PrefixCache::EvictOne() {
+  // The hit snapshots' least recent when they hold more than half the budget or nothing else is left.
+  const bool from_hit = !hit_.empty() && (unhit_.empty() || hit_bytes_ > options_.max_bytes / 2);
+  std::list<uint64_t>& order = from_hit ? hit_ : unhit_;
+  if (order.empty()) return false;
+  auto it = entries_.find(order.front());
+  stats_.bytes -= Hold(holders_, it->second.state, -1);
+  if (from_hit) hit_bytes_ -= Hold(hit_holders_, it->second.state, -1);
+  --stats_.snapshots;
+  ++stats_.evicted;
+  entries_.erase(it);
+  order.pop_front();
+  return true;
+}
+
 void PrefixCache::EvictTo(int64_t max_bytes) {
-  while (stats_.bytes > max_bytes) {
-    // The hit snapshots' least recent when they hold more than half the budget or nothing else is left.
-    const bool from_hit = !hit_.empty() && (unhit_.empty() || hit_bytes_ > options_.max_bytes / 2);
-    std::list<uint64_t>& order = from_hit ? hit_ : unhit_;
-    if (order.empty()) break;
-    auto it = entries_.find(order.front());
-    stats_.bytes -= it->second.bytes;
-    if (from_hit) hit_bytes_ -= it->second.bytes;
-    --stats_.snapshots;
-    ++stats_.evicted;
-    entries_.erase(it);
-    order.pop_front();
+  while (stats_.bytes > max_bytes && EvictOne()) {
   }
 }
 

@@ -9,13 +9,17 @@
 // prompt with the same beginning will need. It is named
 // by a hash chained over its blocks' tokens *and the mode of every token* (ChainHash): a later layer's keys,
 // values and recurrent state depend on the modes earlier tokens ran in, so a prefix is reusable only under
-// the same mode schedule. On the host a snapshot shares the sequence's full KV blocks by reference count (a
-// writer copies a shared block first); on a device it is a copy of the cache up to its position.
+// the same mode schedule. A snapshot shares the sequence's full KV blocks by reference count, on the host and on
+// a device (a writer copies a shared block first).
 //
-// Eviction, when the snapshots' bytes pass the budget, is a segmented LRU: snapshots never hit go first (least
-// recently inserted first), then those hit at least once (least recently hit first), and the hit ones keep at
-// most half the budget. So the snapshot of a system prompt that every request hits outlives the end-of-prompt
-// snapshots that requests with distinct suffixes leave behind, however many of them arrive between two hits.
+// The budget counts a KV block once, however many snapshots hold it: the snapshots of one prompt every 2048
+// tokens, or of a conversation's turns, each hold the blocks of the ones before, and counted one by one a 16K
+// prompt's eight would have been charged 4.5 times the memory they hold. Eviction, when the bytes pass the
+// budget, is a segmented LRU: snapshots never hit go first (least recently inserted first), then those hit at
+// least once (least recently hit first), and the hit ones keep at most half the budget. So the snapshot of a
+// system prompt that every request hits outlives the end-of-prompt snapshots that requests with distinct
+// suffixes leave behind, however many of them arrive between two hits. An evicted snapshot gives back only the
+// blocks no other snapshot holds.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +29,10 @@
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "engine/backend.h"
 
 namespace oryx {
@@ -36,7 +42,7 @@ struct PrefixCacheOptions {
   // A prompt is snapshotted every this many tokens (a multiple of block_tokens). A prefill span ends at each
   // snapshot, so an Engine given 0 takes its backend's span for one prompt (at least 2048; Engine::set_prefix_cache).
   int64_t snapshot_every = 2048;
-  int64_t max_bytes = int64_t{4} << 30;  // snapshots held at most (a host snapshot counts the blocks it shares)
+  int64_t max_bytes = int64_t{4} << 30;  // snapshots held at most (a KV block shared by several counted once)
 };
 
 struct PrefixCacheStats {
@@ -44,7 +50,7 @@ struct PrefixCacheStats {
   int64_t lookup_tokens = 0;  // their tokens
   int64_t hit_tokens = 0;     // of those, restored from a snapshot instead of forwarded
   int64_t snapshots = 0;      // held now
-  int64_t bytes = 0;          // held now
+  int64_t bytes = 0;          // held now: the snapshots' recurrent states and the KV blocks they hold, each once
   int64_t inserted = 0, evicted = 0;
   double hit_rate() const {
     return lookup_tokens > 0 ? static_cast<double>(hit_tokens) / static_cast<double>(lookup_tokens) : 0.0;
@@ -95,14 +101,21 @@ class PrefixCache {
     std::vector<int32_t> tokens;  // the prefix, checked on every match (the hash names it, the tokens prove it)
     std::vector<Mode> modes;
     SequenceState state;
-    int64_t bytes = 0;
     bool hit = false;  // in `hit_` (hit at least once), else in `unhit_`
     std::list<uint64_t>::iterator lru;
   };
+  // How many entries of a set hold each KV block (by pool and id), so that a block counts once.
+  using BlockHolders = absl::flat_hash_map<std::pair<const void*, int32_t>, int32_t>;
+  // The bytes that entering (delta 1) or leaving (-1) a set with `holders` adds to it or takes from it: its
+  // recurrent state, and its KV blocks that no other entry of the set holds. Updates `holders`.
+  static int64_t Hold(BlockHolders& holders, const SequenceState& state, int delta);
+  // The bytes that `state` would add to the cache now, without changing it.
+  int64_t BytesToAdd(const SequenceState& state) const;
   // The entry named `hash` if it holds exactly this prefix.
   const Entry* Find(uint64_t hash, std::span<const int32_t> tokens, std::span<const Mode> modes) const;
   // The length of the longest snapshotted prefix and its name.
   std::pair<int64_t, uint64_t> LongestLocked(const Prefix& p, int64_t max_tokens) const;
+  bool EvictOne();  // the next snapshot in eviction order; false when none is left
   void EvictTo(int64_t max_bytes);
   void Touch(Entry& e);  // a hit: the most recent of hit_
 
@@ -110,7 +123,8 @@ class PrefixCache {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> entries_;  // by chain hash of the prefix
   std::list<uint64_t> unhit_, hit_;              // by recency, least recent first
-  int64_t hit_bytes_ = 0;                        // of the snapshots in hit_
+  BlockHolders holders_, hit_holders_;           // of all the snapshots, of those in hit_
+  int64_t hit_bytes_ = 0;                        // of the snapshots in hit_ (a block shared by several once)
   std::unordered_set<uint64_t> seen_;            // chain hashes of the remembered prompts' full blocks
   PrefixCacheStats stats_;
 };

@@ -178,6 +178,16 @@ int64_t SequenceState::recurrent_bytes() const {
 
 int64_t SequenceState::kv_shared_blocks() const { return device_ ? device_->kv_shared_blocks() : kv_.shared(); }
 
+std::span<const int32_t> SequenceState::kv_block_ids() const { return device_ ? device_->kv_block_ids() : kv_.ids(); }
+
+const void* SequenceState::kv_pool() const { return device_ ? device_->kv_pool() : kv_.pool(); }
+
+int64_t SequenceState::kv_block_bytes() const {
+  const int64_t blocks = static_cast<int64_t>(kv_block_ids().size());
+  if (device_) return blocks > 0 ? device_->kv_bytes() / blocks : 0;
+  return kv_.pool() ? kv_.pool()->block_bytes() : 0;
+}
+
 int64_t SequenceState::kv_block_tokens() const {
   if (device_) return device_->kv_block_tokens();
   return kv_.pool() ? kv_.pool()->block_tokens() : 1;

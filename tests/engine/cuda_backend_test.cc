@@ -492,9 +492,9 @@ void ExpectBackendRoundsEqualHostRounds(std::unique_ptr<CudaBackend> gpu, uint32
   }
 }
 
-// The prefix cache on the device: a prompt that resumes from a snapshot (a compact copy of a device sequence)
-// generates, under attention mode and speculation with rounds on the device, the tokens it generates when it
-// computes the same spans itself (the snapshot points cut its spans alike, so the forwards are the same).
+// The prefix cache on the device: a prompt that resumes from a snapshot (its KV blocks shared with the sequence
+// snapshotted) generates, under attention mode and speculation with rounds on the device, the tokens it generates when
+// it computes the same spans itself (the snapshot points cut its spans alike, so the forwards are the same).
 TEST_P(CudaParityTest, PrefixCacheHitsGiveTheTokensOfTheSameSpansComputed) {
   const ModelConfig config = HeadDim64Config(GetParam());
   auto made = SpeculativeGpuEngine(config, 5);

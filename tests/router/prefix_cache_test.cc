@@ -137,6 +137,83 @@ TEST(PrefixCache, SnapshotsShareFullBlocksAndLetThemGo) {
   EXPECT_EQ(cache.stats().bytes, 0);
 }
 
+// Snapshots of one prompt every block (as a long prompt's every 2048 tokens, or a conversation's turns) each hold
+// the blocks of the ones before: the budget counts those once. Counted one by one, the four below were charged
+// 10 blocks, and a budget of the 4 they hold kept the last one alone.
+TEST(PrefixCache, CountsTheBlocksItsSnapshotsShareOnce) {
+  testutil::ScratchDir scratch;
+  std::unique_ptr<Backend> backend = TinyBackend(scratch, 8);
+  std::mt19937 rng(8);
+  const std::vector<int32_t> tokens = RandomTokens(rng, 256), other = RandomTokens(rng, 64);
+  const std::vector<Mode> modes(256, Mode::kAttention);
+  SequenceState seq = backend->NewSequence(), other_seq = backend->NewSequence();
+  LastLogits(*backend, other_seq, other, std::span(modes).first(64));
+  std::vector<SequenceState> snapshots;  // at 64, 128, 192 and 256 (the host's 64-position blocks)
+  for (int64_t end = 64; end <= 256; end += 64) {
+    LastLogits(*backend, seq, std::span(tokens).subspan(end - 64, 64), std::span(modes).subspan(end - 64, 64));
+    snapshots.push_back(*seq.TryClone());
+  }
+  const int64_t block = seq.kv_block_bytes(), state = seq.recurrent_bytes();
+  ASSERT_EQ(snapshots.back().kv_block_ids().size(), 4u);
+  ASSERT_GT(block, 0);
+  auto insert_all = [&](PrefixCache& cache) {
+    for (size_t j = 0; j < snapshots.size(); ++j) {
+      const int64_t end = 64 * static_cast<int64_t>(j + 1);
+      ASSERT_TRUE(cache.Insert(Key(cache, std::span(tokens).first(end), std::span(modes).first(end)), snapshots[j]));
+    }
+  };
+  auto held = [&](PrefixCache& cache) {  // the ends of the prompt's snapshots the cache holds
+    std::vector<int64_t> ends;
+    for (int64_t end = 64; end <= 256; end += 64) {
+      if (cache.Longest(Key(cache, std::span(tokens).first(end), std::span(modes).first(end)), end) == end) {
+        ends.push_back(end);
+      }
+    }
+    return ends;
+  };
+  const int64_t budget = 4 * block + 4 * state;
+  PrefixCache cache({64, 64, budget});
+  insert_all(cache);
+  EXPECT_EQ(cache.stats().bytes, budget);
+  EXPECT_EQ(cache.stats().evicted, 0);
+  EXPECT_EQ(held(cache), (std::vector<int64_t>{64, 128, 192, 256}));
+
+  // A snapshot of another prompt's block: the oldest go first, each giving back its state alone (the blocks
+  // are the longest one's too), until the last of the four takes its blocks with it.
+  ASSERT_TRUE(cache.Insert(Key(cache, other, std::span(modes).first(64)), other_seq));
+  int64_t evicted = 0, bytes = budget + block + state;
+  while (bytes > budget) bytes -= ++evicted == 4 ? 4 * block + state : state;
+  EXPECT_EQ(cache.stats().evicted, evicted);
+  EXPECT_EQ(cache.stats().bytes, bytes);
+  EXPECT_EQ(static_cast<int64_t>(held(cache).size()), 4 - evicted);
+  EXPECT_EQ(cache.Longest(Key(cache, other, std::span(modes).first(64)), 64), 64);
+
+  // Hit, the four count once toward the half of the budget that hit snapshots may keep (4 blocks, not 10): past
+  // the budget, the snapshots never hit still go first.
+  PrefixCache hits({64, 64, 2 * budget + 2 * block});
+  insert_all(hits);
+  for (int64_t end = 64; end <= 256; end += 64) {
+    EXPECT_EQ(hits.Lookup(Key(hits, std::span(tokens).first(end), std::span(modes).first(end)), end).tokens, end);
+  }
+  std::vector<std::vector<int32_t>> others;
+  std::vector<SequenceState> other_seqs;
+  for (int i = 0; i < 6; ++i) {  // 4 blocks and states hit, and 6 others: 2 states over the budget
+    others.push_back(RandomTokens(rng, 64));
+    other_seqs.push_back(backend->NewSequence());
+    LastLogits(*backend, other_seqs.back(), others.back(), std::span(modes).first(64));
+    ASSERT_TRUE(hits.Insert(Key(hits, others.back(), std::span(modes).first(64)), other_seqs.back()));
+  }
+  EXPECT_EQ(held(hits), (std::vector<int64_t>{64, 128, 192, 256}));
+  EXPECT_EQ(hits.Longest(Key(hits, others[0], std::span(modes).first(64)), 64), 0);
+  EXPECT_EQ(hits.Longest(Key(hits, others[1], std::span(modes).first(64)), 64), 64);
+  EXPECT_EQ(hits.stats().evicted, 1);
+  EXPECT_EQ(hits.stats().bytes, 9 * block + 9 * state);
+  hits.Clear();
+  cache.Clear();
+  EXPECT_EQ(hits.stats().bytes, 0);
+  EXPECT_EQ(cache.stats().bytes, 0);
+}
+
 TEST(PrefixCache, EvictsSnapshotsNeverHitFirst) {
   testutil::ScratchDir scratch;
   std::unique_ptr<Backend> backend = TinyBackend(scratch, 6);
