@@ -44,26 +44,29 @@ int RunGenerate(const Args& args) {
   double temperature = 0, top_p = 1;
   bool json = false, ignore_eos = false;
   GenerateRequest request;
-  FlagSet f("oryx generate --model DIR --prompt TEXT|--prompt-file F [--max-tokens N] [--policy NAME]\n"
-            "                    [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--json]",
-            "Generates a continuation of the prompt, switching modes as the policy says:\n"
-            "  attention | linear          every token in that mode\n"
-            "  prefill-linear              the prompt in linear mode, generation in attention mode\n"
-            "  periodic:N                  every N-th token in attention mode, the rest linear\n"
-            "  speculative[:K]             linear-mode drafts of K tokens (adaptive K if omitted) verified in\n"
-            "                              attention mode: exactly attention mode's output, faster when drafts agree\n"
-            "  speculative:ngram[:K]       drafts copied from earlier context (prompt lookup), same verification\n"
-            "  entropy:TAU                 prompt linear (its last token attention); a generated token attends when\n"
-            "                              the distribution it came from had entropy above TAU nats\n"
-            "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
-            "                              sequence's share of attention tokens stays at most FRACTION\n"
-            "  match:L                     prompt linear, except its last token and segments repeating a run of at\n"
-            "                              least L earlier tokens; generation in attention mode\n"
-            "  tail:N                      prompt linear, except its last N tokens (where a continuation or a\n"
-            "                              question begins); generation in attention mode\n"
-            "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
-            "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
-            "                              features picks each segment's mode (and, if trained to, draft lengths)");
+  FlagSet f(
+      "oryx generate --model DIR --prompt TEXT|--prompt-file F [--max-tokens N] [--policy NAME]\n"
+      "                    [--temperature T --top-k K --top-p P --seed S] [--device cpu|cuda] [--json]",
+      "Generates a continuation of the prompt, switching modes as the policy says:\n"
+      "  attention | linear          every token in that mode\n"
+      "  prefill-linear              the prompt in linear mode, generation in attention mode\n"
+      "  periodic:N                  every N-th token in attention mode, the rest linear\n"
+      "  speculative[:K]             linear-mode drafts of K tokens (adaptive K if omitted) verified in\n"
+      "                              attention mode: exactly attention mode's output, faster when drafts agree\n"
+      "  speculative:ngram[:K]       drafts copied from earlier context (prompt lookup), same verification\n"
+      "  entropy:TAU                 prompt linear (its last token attention); a generated token attends when\n"
+      "                              the distribution it came from had entropy above TAU nats\n"
+      "  budget:FRACTION             prompt linear (its last token attention); attention wherever the\n"
+      "                              sequence's share of attention tokens stays at most FRACTION\n"
+      "  match:L                     prompt linear, except its last token and segments repeating a run of at\n"
+      "                              least L earlier tokens; generation in attention mode\n"
+      "  tail:N                      prompt linear, except its last N tokens (where a continuation or a\n"
+      "                              question begins); generation in attention mode\n"
+      "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
+      "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
+      "                              features picks each segment's mode (and, if trained to, draft lengths)\n"
+      "  drafted:POLICY              a router policy above (entropy to learned) whose attention-mode decode\n"
+      "                              steps are speculative rounds of adaptive length: its tokens, faster");
   EngineFlags engine_flags;
   engine_flags.AddModel(f);
   f.String("prompt", &prompt, "the prompt text");

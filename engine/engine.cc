@@ -197,10 +197,18 @@ bool PolicyRegistry::Has(std::string_view prefix) const {
 std::vector<std::pair<std::string, std::string>> PolicyRegistry::Usages() const {
   std::vector<std::pair<std::string, std::string>> usages;
   for (const Entry& e : entries_) usages.emplace_back(e.prefix, e.usage);
+  usages.emplace_back("drafted", "drafted:POLICY");
   return usages;
 }
 
 absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view policy) const {
+  constexpr std::string_view kDrafted = "drafted:";
+  if (policy.starts_with(kDrafted)) {
+    absl::StatusOr<std::unique_ptr<Decoder>> decoder = Make(policy.substr(kDrafted.size()));
+    absl::Status s = decoder.ok() ? (*decoder)->DraftAttentionSteps() : decoder.status();
+    if (!s.ok()) return absl::InvalidArgumentError(Cat("policy '", policy, "': ", s.message()));
+    return decoder;
+  }
   for (const Entry& e : entries_) {
     if (policy == e.prefix || (policy.starts_with(e.prefix) && policy.size() > e.prefix.size() &&
                                policy[e.prefix.size()] == ':')) {
@@ -209,7 +217,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view p
   }
   std::string known;
   for (const Entry& e : entries_) known += (known.empty() ? "" : ", ") + e.usage;
-  return absl::InvalidArgumentError(Cat("unknown policy '", policy, "' (", known, ")"));
+  return absl::InvalidArgumentError(Cat("unknown policy '", policy, "' (", known, ", drafted:POLICY)"));
 }
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::optional<Tokenizer> tokenizer)

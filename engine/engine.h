@@ -187,6 +187,13 @@ class Decoder {
   // Whether its tokens follow SamplingParams' penalties and logit biases (drawn by the slot's sampler, one
   // token at a time). A request that sets them under a decoder that does not is refused.
   virtual bool FollowsLogitAdjustments() const { return true; }
+  // Makes the decoder run the decode steps it would run in attention mode as speculative rounds whose draft
+  // length it chooses as the `speculative` policy does (0 included), in place of any it chose itself: its
+  // tokens stay attention mode's (lossless), its time changes. The policy `drafted:POLICY` (PolicyRegistry).
+  // InvalidArgument for a decoder that cannot (one that does not choose modes step by step).
+  virtual absl::Status DraftAttentionSteps() {
+    return absl::InvalidArgumentError("drafted: takes a router policy (entropy, budget, match, tail, random, learned)");
+  }
 };
 
 // One step of one decoder's slots on their own: RunAlone, or Plan, one forward and Finish.
@@ -222,9 +229,11 @@ class PolicyRegistry {
   // Names equal to `prefix` or starting with `prefix + ":"` go to `factory`; `usage` is shown in errors.
   // Registering a prefix again replaces its entry.
   void Register(std::string prefix, std::string usage, Factory factory);
+  // The decoder a policy names; `drafted:POLICY` is POLICY's with Decoder::DraftAttentionSteps.
   absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
   bool Has(std::string_view prefix) const;  // registered
-  // Each registered prefix with its usage ("periodic", "periodic:N"), in the order of registration.
+  // Each registered prefix with its usage ("periodic", "periodic:N"), in the order of registration, then
+  // ("drafted", "drafted:POLICY").
   std::vector<std::pair<std::string, std::string>> Usages() const;
 
  private:

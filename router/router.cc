@@ -26,6 +26,17 @@ RouterDecoder::RouterDecoder(std::unique_ptr<Router> router, RouterOptions optio
 
 RouterDecoder::~RouterDecoder() = default;
 
+absl::Status RouterDecoder::DraftAttentionSteps() {
+  draft_attention_ = true;
+  const speculative::SpeculativeOptions adaptive{};  // k = 0: chosen per round, up to max_k
+  const int64_t max_k = std::max(adaptive.max_k, router_->max_draft_length());
+  spec_ = std::make_unique<speculative::SpeculativeDecoder>(std::make_unique<speculative::LinearProposer>(),
+                                                            speculative::SpeculativeOptions{.k = 0, .max_k = max_k});
+  return absl::OkStatus();
+}
+
+bool RouterDecoder::PlainStep() const { return draft_attention_ && all_attention_ && spec_->PlainStep(); }
+
 void RouterDecoder::Release(const DecodeSlot& slot) {
   auto it = slots_.find(slot.id);
   const bool started = it != slots_.end() && it->second.started;
@@ -39,7 +50,7 @@ void RouterDecoder::Release(const DecodeSlot& slot) {
   if (spec_) spec_->Release(slot);
 }
 
-int64_t RouterDecoder::Lookahead() const { return spec_ ? router_->max_draft_length() + 1 : 0; }
+int64_t RouterDecoder::Lookahead() const { return spec_ ? spec_->Lookahead() : 0; }
 
 int64_t PrefillSegmentTokens(int64_t start, int64_t prompt_len, int64_t segment_len, int64_t tail_len) {
   if (start == prompt_len - 1) return 1;
@@ -202,6 +213,7 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   Decision d = router_->Decide(c);
   if (d.mode == Mode::kLinear || !spec_) d.draft_length = 0;
   d.draft_length = std::clamp<int64_t>(d.draft_length, 0, router_->max_draft_length());
+  if (draft_attention_ && d.mode == Mode::kAttention) d.draft_length = -1;  // the controller's
   return d;
 }
 
@@ -230,12 +242,18 @@ absl::StatusOr<bool> RouterDecoder::RunAlone(Backend& backend, std::span<DecodeS
   if (!spec_) return false;
   DecideStep(slots);
   decided_ = true;
+  all_attention_ = false;
   draft_lengths_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     if (decisions_[i].draft_length == 0 || spec_->InRound(slots[i]->id)) return false;
     draft_lengths_[i] = decisions_[i].draft_length;
   }
-  ORYX_ASSIGN_OR_RETURN(const bool ran, spec_->RunWhole(backend, slots, draft_lengths_));
+  // Every slot decided attention with the controller's length (-1), or every one its own (> 0).
+  const bool adaptive = draft_lengths_[0] < 0;
+  all_attention_ = adaptive;
+  if (std::ranges::any_of(draft_lengths_, [&](int64_t k) { return (k < 0) != adaptive; })) return false;
+  ORYX_ASSIGN_OR_RETURN(const bool ran,
+                        spec_->RunWhole(backend, slots, adaptive ? std::span<const int64_t>() : draft_lengths_));
   if (!ran) return false;
   decided_ = false;
   speculating_.assign(slots.begin(), slots.end());
@@ -251,7 +269,7 @@ absl::Status RouterDecoder::Plan(const Backend& backend, std::span<DecodeSlot* c
   speculating_.clear();
   draft_lengths_.clear();
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (decisions_[i].draft_length > 0) {
+    if (decisions_[i].draft_length != 0) {
       speculating_.push_back(slots[i]);
       draft_lengths_.push_back(decisions_[i].draft_length);
     } else {
@@ -260,6 +278,9 @@ absl::Status RouterDecoder::Plan(const Backend& backend, std::span<DecodeSlot* c
     }
   }
   ORYX_RETURN_IF_ERROR(StepwiseDecoder::Plan(backend, plain_, items));
+  // With DraftAttentionSteps every speculating slot takes the controller's length (an empty `want`; slots
+  // inside a round go on with it); otherwise each the router's.
+  if (draft_attention_) draft_lengths_.clear();
   return spec_->PlanRounds(backend, speculating_, draft_lengths_, items);
 }
 

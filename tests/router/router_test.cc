@@ -524,6 +524,97 @@ TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
   }
 }
 
+// Linear-mode decoding for prompts of odd length, attention mode (no drafts of its own) for the others.
+class OddLinearRouter final : public Router {
+ public:
+  Decision Decide(const RouterContext& c) const override {
+    if (c.phase == Phase::kPrefill) return {Mode::kAttention};
+    return {c.prompt_len % 2 == 1 ? Mode::kLinear : Mode::kAttention};
+  }
+};
+
+void RegisterRouter(Engine& engine, std::string name, std::function<std::unique_ptr<Router>()> make) {
+  engine.policies().Register(name, name, [make](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+    return std::unique_ptr<Decoder>(new RouterDecoder(make(), RouterOptions{}));
+  });
+}
+
+// drafted:POLICY: every attention-mode decode decision is a round of the controller's length, whatever the router
+// asked (3 drafts for even prompts, none for odd ones), and the tokens stay attention mode's; linear-mode
+// decisions stay plain linear steps, with their own tokens.
+TEST(RouterDecoder, DraftedAttentionStepsKeepTheirTokens) {
+  testutil::ScratchDir scratch;
+  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
+  RegisterRouter(engine, "half", [] { return std::make_unique<HalfSpeculatingRouter>(); });
+  RegisterRouter(engine, "odd-linear", [] { return std::make_unique<OddLinearRouter>(); });
+  auto run = [&](std::vector<GenerateRequest> qs, const std::string& policy) {
+    for (GenerateRequest& q : qs) q.policy = policy;
+    auto got = engine.Generate(qs);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *got : std::vector<GenerateResult>{};
+  };
+  const std::vector<GenerateRequest> requests = PatternRequests({6, 7, 10, 13}, 7, 20, "");
+  const std::vector<GenerateResult> attention = run(requests, "attention"), drafted = run(requests, "drafted:half");
+  ASSERT_EQ(drafted.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(drafted[i].tokens, attention[i].tokens) << "request " << i;
+    // The odd prompts' plain attention steps speculate too (the controller's first rounds draft max_k and 1).
+    ASSERT_TRUE(drafted[i].stats.spec.has_value()) << "request " << i;
+    EXPECT_GT(drafted[i].stats.spec->drafted, 0) << "request " << i;
+  }
+
+  const std::vector<GenerateResult> routed = run(requests, "odd-linear"), mixed = run(requests, "drafted:odd-linear");
+  ASSERT_EQ(mixed.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const bool linear = requests[i].prompt_tokens.size() % 2 == 1;
+    EXPECT_EQ(mixed[i].tokens, linear ? routed[i].tokens : attention[i].tokens) << "request " << i;
+    EXPECT_EQ(mixed[i].stats.spec.has_value() && mixed[i].stats.spec->drafted > 0, !linear) << "request " << i;
+  }
+  // (Which tells the two apart: linear decoding gives other tokens here.)
+  bool differs = false;
+  for (size_t i = 0; i < requests.size(); ++i) differs |= routed[i].tokens != attention[i].tokens;
+  EXPECT_TRUE(differs);
+}
+
+// On a backend that runs whole rounds, a router that never drafts of its own, under drafted:, runs rounds there
+// (RunAlone), with requests joining a running batch.
+TEST(RouterDecoder, DraftedAttentionStepsRunWholeRoundsOnTheBackend) {
+  testutil::ScratchDir scratch;
+  Engine alone = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 7);
+  auto inner = CpuBackend::Load(scratch.Join("m7"), /*threads=*/1);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
+  testutil::HostRoundsBackend& backend = *rounds;
+  Engine engine(std::move(rounds), std::nullopt);
+  RegisterRouter(engine, "odd-linear", [] { return std::make_unique<OddLinearRouter>(); });
+  GenerationBatch batch(engine);
+  const std::vector<GenerateRequest> requests = PatternRequests({6, 8, 12}, 5, 16, "drafted:odd-linear");
+  const std::vector<GenerateResult> got = testutil::RunJoining(batch, requests, 2, [](size_t) {});
+  ASSERT_EQ(got.size(), requests.size());
+  EXPECT_GT(backend.rounds, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerateRequest q = requests[i];
+    q.policy = "attention";
+    auto want = alone.Generate(q);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
+    ASSERT_TRUE(got[i].stats.spec.has_value()) << "request " << i;
+    EXPECT_GT(got[i].stats.spec->backend_rounds, 0) << "request " << i;
+  }
+}
+
+TEST(RouterDecoder, DraftedTakesRouterPoliciesOnly) {
+  PolicyRegistry registry;
+  policies::RegisterAllPolicies(registry);
+  EXPECT_TRUE(registry.Make("drafted:budget:0.5").ok());
+  for (const char* bad : {"drafted:attention", "drafted:speculative", "drafted:nonsense", "drafted:"}) {
+    const auto made = registry.Make(bad);
+    ASSERT_FALSE(made.ok()) << bad;
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(made.status().message().find(bad), std::string::npos) << made.status();
+  }
+}
+
 TEST(Features, MatchesEnterAsLogs) {
   RouterContext c;
   c.match_length = 7;
