@@ -497,7 +497,10 @@ class AlwaysSpeculatingRouter final : public Router {
   int64_t max_draft_length() const override { return 2; }
 };
 
-TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
+// Runs `requests` joining a batch on a backend that runs whole rounds, with their policy registered by `add`: each
+// gets attention mode's tokens (an engine of the same weights computes those) from rounds run on the backend.
+void ExpectAttentionTokensFromBackendRounds(const std::function<void(Engine&)>& add,
+                                            const std::vector<GenerateRequest>& requests) {
   testutil::ScratchDir scratch;
   Engine alone = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 7);
   auto inner = CpuBackend::Load(scratch.Join("m7"), /*threads=*/1);
@@ -505,11 +508,8 @@ TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
   auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
   testutil::HostRoundsBackend& backend = *rounds;
   Engine engine(std::move(rounds), std::nullopt);
-  engine.policies().Register("always", "always", [](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
-    return std::unique_ptr<Decoder>(new RouterDecoder(std::make_unique<AlwaysSpeculatingRouter>(), RouterOptions{}));
-  });
+  add(engine);
   GenerationBatch batch(engine);
-  const std::vector<GenerateRequest> requests = PatternRequests({5, 9, 12}, 5, 16, "always");
   const std::vector<GenerateResult> got = testutil::RunJoining(batch, requests, 2, [](size_t) {});
   ASSERT_EQ(got.size(), requests.size());
   EXPECT_GT(backend.rounds, 0);
@@ -522,6 +522,18 @@ TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
     ASSERT_TRUE(got[i].stats.spec.has_value()) << "request " << i;
     EXPECT_GT(got[i].stats.spec->backend_rounds, 0) << "request " << i;
   }
+}
+
+TEST(RouterDecoder, SpeculatingRequestsRunTheirRoundsOnTheBackend) {
+  ExpectAttentionTokensFromBackendRounds(
+      [](Engine& engine) {
+        engine.policies().Register(
+            "always", "always", [](std::string_view) -> absl::StatusOr<std::unique_ptr<Decoder>> {
+              return std::unique_ptr<Decoder>(
+                  new RouterDecoder(std::make_unique<AlwaysSpeculatingRouter>(), RouterOptions{}));
+            });
+      },
+      PatternRequests({5, 9, 12}, 5, 16, "always"));
 }
 
 // Linear-mode decoding for prompts of odd length, attention mode (no drafts of its own) for the others.
@@ -579,28 +591,9 @@ TEST(RouterDecoder, DraftedAttentionStepsKeepTheirTokens) {
 // On a backend that runs whole rounds, a router that never drafts of its own, under drafted:, runs rounds there
 // (RunAlone), with requests joining a running batch.
 TEST(RouterDecoder, DraftedAttentionStepsRunWholeRoundsOnTheBackend) {
-  testutil::ScratchDir scratch;
-  Engine alone = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 7);
-  auto inner = CpuBackend::Load(scratch.Join("m7"), /*threads=*/1);
-  ASSERT_TRUE(inner.ok()) << inner.status();
-  auto rounds = std::make_unique<testutil::HostRoundsBackend>(std::move(*inner));
-  testutil::HostRoundsBackend& backend = *rounds;
-  Engine engine(std::move(rounds), std::nullopt);
-  RegisterRouter(engine, "odd-linear", [] { return std::make_unique<OddLinearRouter>(); });
-  GenerationBatch batch(engine);
-  const std::vector<GenerateRequest> requests = PatternRequests({6, 8, 12}, 5, 16, "drafted:odd-linear");
-  const std::vector<GenerateResult> got = testutil::RunJoining(batch, requests, 2, [](size_t) {});
-  ASSERT_EQ(got.size(), requests.size());
-  EXPECT_GT(backend.rounds, 0);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    GenerateRequest q = requests[i];
-    q.policy = "attention";
-    auto want = alone.Generate(q);
-    ASSERT_TRUE(want.ok()) << want.status();
-    EXPECT_EQ(got[i].tokens, want->tokens) << "request " << i;
-    ASSERT_TRUE(got[i].stats.spec.has_value()) << "request " << i;
-    EXPECT_GT(got[i].stats.spec->backend_rounds, 0) << "request " << i;
-  }
+  ExpectAttentionTokensFromBackendRounds(
+      [](Engine& engine) { RegisterRouter(engine, "odd-linear", [] { return std::make_unique<OddLinearRouter>(); }); },
+      PatternRequests({6, 8, 12}, 5, 16, "drafted:odd-linear"));
 }
 
 TEST(RouterDecoder, DraftedTakesRouterPoliciesOnly) {
