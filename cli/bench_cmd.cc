@@ -74,11 +74,11 @@ int BenchDecode(const Args& rest) {
   bench::DecodeBenchOptions o;
   int64_t reference_max_context = 1024;
   FlagSet f("oryx bench decode [--model DIR] [--batches 1,4,16] [--contexts 256,1024,4096,8192] [--json]",
-            "Decode and prefill throughput of the engine (CPU, or CUDA with --device cuda) by mode, batch and context. Each point carries\n"
-            "its fraction of the memory-bandwidth roofline (bytes a decode step must move over the read\n"
-            "bandwidth of a buffer that size, measured in the same run) and, run as `oryx-torch bench decode`,\n"
-            "its speedup over the LibTorch model's token-by-token decode. Without --model: random weights of a\n"
-            "19M-parameter config.");
+            "Decode and prefill throughput of the engine (CPU, or CUDA with --device cuda) by mode, batch and\n"
+            "context. Each point carries its fraction of the memory-bandwidth roofline (bytes a decode step must\n"
+            "move over the read bandwidth of a buffer that size, measured in the same run) and, run as\n"
+            "`oryx-torch bench decode`, its speedup over the LibTorch model's token-by-token decode. Without\n"
+            "--model: random weights of a 19M-parameter config.");
   f.String("model", &o.model_dir, "model directory (default: random weights; cpu: d512 L4 H8x64 F1408 V8192, cuda: --config)");
   c.AddFlags(f);
   f.Int("steps", &o.steps, "timed decode steps per point", 2, 10000);

@@ -51,12 +51,12 @@ int RunServe(const Args& args) {
   f.Int("max-batch", &max_batch, "requests generating together at most", 1, 4096);
   f.Int("max-queue", &max_queue, "requests waiting for a place in the batch at most; more get 503", 0, 1 << 20);
   f.Int("max-prefill-tokens", &max_prefill_tokens,
-        "prompt tokens prefilled per step at most (0: no bound); smaller: the running requests' next tokens\n"
-        "                          wait less for a joining prompt, whose first token comes later", 0, 1 << 30);
+        "prompt tokens prefilled per step at most (0: no bound); smaller: the running requests' next tokens "
+        "wait less for a joining prompt, whose first token comes later", 0, 1 << 30);
   f.Int("kv-memory", &kv_memory_mib,
-        "MiB of KV cache the running requests may hold (0: as much as the device has); requests wait for\n"
-        "                          memory, the latest admitted are preempted and recomputed when others need room,\n"
-        "                          and one that could never fit gets a 400", 0, int64_t{1} << 30);
+        "MiB of KV cache the running requests may hold (0: as much as the device has); requests wait for "
+        "memory, the latest admitted are preempted and recomputed when others need room, "
+        "and one that could never fit gets a 400", 0, int64_t{1} << 30);
   f.Int("http-threads", &http_threads, "connections served at once (each waiting or streaming request holds one)",
         1, 4096);
   int64_t max_connections_per_client = 0;
@@ -70,11 +70,11 @@ int RunServe(const Args& args) {
   std::vector<std::string> learned;
   std::string learned_dir;
   f.StringList("policy", &learned,
-               "NAME=FILE...: learned policies (oryx train-router files) that requests name as NAME or\n"
-               "                          learned:NAME; a request never names a file");
+               "NAME=FILE...: learned policies (oryx train-router files) that requests name as NAME or "
+               "learned:NAME; a request never names a file");
   std::string api_key_file;
-  f.StringList("api-key", &o.api_keys, "require `Authorization: Bearer KEY` with one of these on every endpoint\n"
-               "                          but /health (401 otherwise)");
+  f.StringList("api-key", &o.api_keys, "require `Authorization: Bearer KEY` with one of these on every endpoint "
+               "but /health (401 otherwise)");
   f.String("api-key-file", &api_key_file, "the same, keys read from a file, one per line ('#' starts a comment)");
   f.String("tls-cert", &o.tls_cert, "serve HTTPS with this PEM certificate (chain); needs --tls-key");
   f.String("tls-key", &o.tls_key, "the certificate's PEM private key");
