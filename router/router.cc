@@ -35,7 +35,7 @@ absl::Status RouterDecoder::DraftAttentionSteps() {
   return absl::OkStatus();
 }
 
-bool RouterDecoder::PlainStep() const { return draft_attention_ && all_attention_ && spec_->PlainStep(); }
+bool RouterDecoder::PlainStep() const { return all_attention_ && spec_->PlainStep(); }
 
 void RouterDecoder::Release(const DecodeSlot& slot) {
   auto it = slots_.find(slot.id);
@@ -213,7 +213,6 @@ Decision RouterDecoder::DecideDecode(const DecodeSlot& s, int64_t batch) {
   Decision d = router_->Decide(c);
   if (d.mode == Mode::kLinear || !spec_) d.draft_length = 0;
   d.draft_length = std::clamp<int64_t>(d.draft_length, 0, router_->max_draft_length());
-  if (draft_attention_ && d.mode == Mode::kAttention) d.draft_length = -1;  // the controller's
   return d;
 }
 
@@ -235,6 +234,12 @@ void RouterDecoder::DecideStep(std::span<DecodeSlot* const> slots) {
   for (size_t i = 0; i < slots.size(); ++i) {
     // A slot inside a speculative round goes on with it (its decision was made when the round began).
     decisions_[i] = spec_->InRound(slots[i]->id) ? Decision{Mode::kAttention, 1} : DecideDecode(*slots[i], batch);
+  }
+  // DraftAttentionSteps: a step whose every slot decides attention is the controller's (-1: its length).
+  controlled_ =
+      draft_attention_ && std::ranges::all_of(decisions_, [](const Decision& d) { return d.mode == Mode::kAttention; });
+  for (size_t i = 0; controlled_ && i < slots.size(); ++i) {
+    if (!spec_->InRound(slots[i]->id)) decisions_[i].draft_length = -1;
   }
 }
 
@@ -278,9 +283,9 @@ absl::Status RouterDecoder::Plan(const Backend& backend, std::span<DecodeSlot* c
     }
   }
   ORYX_RETURN_IF_ERROR(StepwiseDecoder::Plan(backend, plain_, items));
-  // With DraftAttentionSteps every speculating slot takes the controller's length (an empty `want`; slots
-  // inside a round go on with it); otherwise each the router's.
-  if (draft_attention_) draft_lengths_.clear();
+  // In the controller's steps every speculating slot takes its length (an empty `want`; slots inside a round go
+  // on with it); otherwise each the router's.
+  if (controlled_) draft_lengths_.clear();
   return spec_->PlanRounds(backend, speculating_, draft_lengths_, items);
 }
 

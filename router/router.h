@@ -109,13 +109,14 @@ class RouterDecoder final : public StepwiseDecoder {
   bool RunsAlone(const Backend& backend) const override { return spec_ != nullptr && backend.runs_rounds(); }
   bool PlainStep() const override;
   void Release(const DecodeSlot& slot) override;
-  // The router's attention-mode decode decisions become speculative rounds of the length the `speculative`
-  // policy's controller chooses (0 included: a plain step), whatever draft length the router asked for; its
-  // linear-mode decisions stay plain steps. Slots that decide attention in one step start their rounds together
-  // with one length, so that a step whose slots all decide attention runs whole rounds on the backend. A
-  // router's own rounds, started by some slots among plain attention steps, go forward one engine step at a
-  // time: a slot emits at most a token a step, and fewer when drafts are rejected (at 8K x 32 on the H100 the
-  // learned lambda 0.4 took 14% more steps than attention mode; results/2026-12-07-h100-no-cache-grid).
+  // A step whose every slot decides attention mode runs speculative rounds of the length the `speculative`
+  // policy's controller chooses (0 included: a plain step), whatever draft lengths the router asked for: the
+  // slots start them together, so the backend runs them whole. A step that also holds linear-mode decisions
+  // takes the router's own lengths. A round among plain steps goes forward one engine step at a time, and
+  // its slot emits at most a token a step, fewer when drafts are rejected: at 8K x 32 on the H100 the
+  // learned lambda 0.4 took 14% more steps than attention mode; at 16K, where the learned lambda 1 decodes
+  // mostly in linear mode, the controller's rounds in such steps served 0.81x of its own (their acceptance
+  // 0.71 against its 1.0). results/2026-12-07-h100-no-cache-grid.
   absl::Status DraftAttentionSteps() override;
   // How many prompts were indexed for earlier matches (router/earlier_match.h): once a request when its
   // PrefillModes and its decoding ran here (the first decode decision takes the prefill's index).
@@ -179,7 +180,8 @@ class RouterDecoder final : public StepwiseDecoder {
   std::vector<Decision> decisions_;
   bool decided_ = false;  // decisions_ hold this step's (made by RunAlone, for the Plan that follows)
   bool draft_attention_ = false;  // DraftAttentionSteps
-  bool all_attention_ = false;    // every slot of RunAlone's step decided attention (draft_attention_)
+  bool controlled_ = false;       // this step's rounds take the controller's length (DecideStep)
+  bool all_attention_ = false;    // RunAlone's step was the controller's
   std::vector<DecodeSlot*> plain_, speculating_;
   std::vector<int64_t> draft_lengths_;
 };

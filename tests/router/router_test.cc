@@ -551,9 +551,9 @@ void RegisterRouter(Engine& engine, std::string name, std::function<std::unique_
   });
 }
 
-// drafted:POLICY: every attention-mode decode decision is a round of the controller's length, whatever the router
-// asked (3 drafts for even prompts, none for odd ones), and the tokens stay attention mode's; linear-mode
-// decisions stay plain linear steps, with their own tokens.
+// drafted:POLICY: in a step whose every slot decides attention, each round takes the controller's length, whatever the
+// router asked (3 drafts for even prompts, none for odd ones), and the tokens stay attention mode's; a step that
+// also holds linear-mode decisions takes the router's (no drafts here), and those keep their own tokens.
 TEST(RouterDecoder, DraftedAttentionStepsKeepTheirTokens) {
   testutil::ScratchDir scratch;
   Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
@@ -575,16 +575,23 @@ TEST(RouterDecoder, DraftedAttentionStepsKeepTheirTokens) {
     EXPECT_GT(drafted[i].stats.spec->drafted, 0) << "request " << i;
   }
 
-  const std::vector<GenerateResult> routed = run(requests, "odd-linear"), mixed = run(requests, "drafted:odd-linear");
+  // The linear requests end after 6 tokens; the others then decode alone, and draft.
+  std::vector<GenerateRequest> shorter = requests;
+  for (GenerateRequest& q : shorter) q.max_tokens = q.prompt_tokens.size() % 2 == 1 ? 6 : 20;
+  const std::vector<GenerateResult> routed = run(shorter, "odd-linear"), mixed = run(shorter, "drafted:odd-linear");
   ASSERT_EQ(mixed.size(), requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const bool linear = requests[i].prompt_tokens.size() % 2 == 1;
     EXPECT_EQ(mixed[i].tokens, linear ? routed[i].tokens : attention[i].tokens) << "request " << i;
     EXPECT_EQ(mixed[i].stats.spec.has_value() && mixed[i].stats.spec->drafted > 0, !linear) << "request " << i;
+    EXPECT_FALSE(routed[i].stats.spec.has_value() && routed[i].stats.spec->rounds > 0) << "request " << i;
   }
   // (Which tells the two apart: linear decoding gives other tokens here.)
   bool differs = false;
-  for (size_t i = 0; i < requests.size(); ++i) differs |= routed[i].tokens != attention[i].tokens;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    differs |= routed[i].tokens !=
+               std::vector<int32_t>(attention[i].tokens.begin(), attention[i].tokens.begin() + routed[i].tokens.size());
+  }
   EXPECT_TRUE(differs);
 }
 
