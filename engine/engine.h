@@ -187,10 +187,11 @@ class Decoder {
   // Whether its tokens follow SamplingParams' penalties and logit biases (drawn by the slot's sampler, one
   // token at a time). A request that sets them under a decoder that does not is refused.
   virtual bool FollowsLogitAdjustments() const { return true; }
-  // Makes the decoder run the decode steps it would run in attention mode as speculative rounds whose draft
-  // length it chooses as the `speculative` policy does (0 included), in place of any it chose itself: its
-  // tokens stay attention mode's (lossless), its time changes. The policy `drafted:POLICY` (PolicyRegistry).
-  // InvalidArgument for a decoder that cannot (one that does not choose modes step by step).
+  // Makes the decoder run decode steps it would run in attention mode as speculative rounds whose draft length
+  // it chooses as the `speculative` policy does (0 included), in place of any it chose itself: those tokens stay
+  // attention mode's (lossless), their time changes (RouterDecoder: the steps whose every slot decides
+  // attention). The policy `drafted:POLICY` (PolicyRegistry). InvalidArgument for a decoder that cannot (one
+  // that does not choose modes step by step).
   virtual absl::Status DraftAttentionSteps() {
     return absl::InvalidArgumentError("drafted: takes a router policy (entropy, budget, match, tail, random, learned)");
   }
