@@ -235,17 +235,9 @@ void RouterDecoder::DecideStep(std::span<DecodeSlot* const> slots) {
     // A slot inside a speculative round goes on with it (its decision was made when the round began).
     decisions_[i] = spec_->InRound(slots[i]->id) ? Decision{Mode::kAttention, 1} : DecideDecode(*slots[i], batch);
   }
-  // DraftAttentionSteps: a step whose every slot decides attention is the controller's (-1: its length), unless
-  // the slots starting rounds all asked for one length of their own, which then runs whole as it is.
+  // DraftAttentionSteps: a step whose every slot decides attention is the controller's (-1: its length).
   controlled_ =
       draft_attention_ && std::ranges::all_of(decisions_, [](const Decision& d) { return d.mode == Mode::kAttention; });
-  int64_t own = -2;  // the one length the slots starting rounds asked for (-2: no slot; -1: several)
-  for (size_t i = 0; controlled_ && i < slots.size(); ++i) {
-    if (spec_->InRound(slots[i]->id)) continue;
-    const int64_t k = decisions_[i].draft_length;
-    own = own == -2 ? k : (own == k ? own : -1);
-  }
-  if (own > 0) controlled_ = false;
   for (size_t i = 0; controlled_ && i < slots.size(); ++i) {
     if (!spec_->InRound(slots[i]->id)) decisions_[i].draft_length = -1;
   }

@@ -110,15 +110,14 @@ class RouterDecoder final : public StepwiseDecoder {
   bool PlainStep() const override;
   void Release(const DecodeSlot& slot) override;
   // A step whose every slot decides attention mode runs speculative rounds of the length the `speculative`
-  // policy's controller chooses (0 included: a plain step), in place of the draft lengths the router asked for:
-  // the slots start them together, so the backend runs them whole. Where the router asked every one of them for
-  // one length of its own, its rounds run whole as they are (at 16K with 1 and 8 clients the learned lambda 1's
-  // own rounds, where it predicts a copy, accept every draft; the controller's took 0.84 and served 0.78-0.87x
-  // of them). A step that also holds linear-mode decisions takes the router's own lengths. A round among plain steps
-  // goes forward one engine step at a time, and its slot emits at most a token a step, fewer when drafts are rejected:
-  // at 8K x 32 on the H100 the learned lambda 0.4 took 14% more steps than attention mode; at 16K, where the learned
-  // lambda 1 decodes mostly in linear mode, the controller's rounds in such steps served 0.81x of its own (their
-  // acceptance 0.71 against its 1.0). results/2026-12-07-h100-no-cache-grid.
+  // policy's controller chooses (0 included: a plain step), whatever draft lengths the router asked for: the
+  // slots start them together, so the backend runs them whole. A step that also holds linear-mode decisions
+  // takes the router's own lengths. A round among plain steps goes forward one engine step at a time, and
+  // its slot emits at most a token a step, fewer when drafts are rejected: at 8K x 32 on the H100 the
+  // learned lambda 0.4 took 14% more steps than attention mode; at 16K, where the learned lambda 1 decodes
+  // mostly in linear mode, the controller's rounds in such steps served 0.81x of its own (their acceptance
+  // 0.71 against its 1.0). With 1 and 8 clients at 16K, where its steps are often all attention, drafted:
+  // still served 0.78x and 0.87x of lambda 1 as it is (results/2026-12-07-h100-no-cache-grid, call 6).
   absl::Status DraftAttentionSteps() override;
   // How many prompts were indexed for earlier matches (router/earlier_match.h): once a request when its
   // PrefillModes and its decoding ran here (the first decode decision takes the prefill's index).

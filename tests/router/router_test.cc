@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <random>
 
 #include "engine/cpu_backend.h"
@@ -602,23 +601,6 @@ TEST(RouterDecoder, DraftedAttentionStepsRunWholeRoundsOnTheBackend) {
   ExpectAttentionTokensFromBackendRounds(
       [](Engine& engine) { RegisterRouter(engine, "odd-linear", [] { return std::make_unique<OddLinearRouter>(); }); },
       PatternRequests({6, 8, 12}, 5, 16, "drafted:odd-linear"));
-}
-
-// Where every slot starting a round asks for one length of its own, drafted: leaves its rounds as they are.
-TEST(RouterDecoder, DraftedKeepsARoutersOwnLengthWhenEverySlotAsksForIt) {
-  testutil::ScratchDir scratch;
-  Engine engine = testutil::TinyEngine(scratch, LinearMixer::kMamba2, 4);
-  RegisterRouter(engine, "always", [] { return std::make_unique<AlwaysSpeculatingRouter>(); });
-  auto got = engine.Generate(PatternRequests({6, 9, 12}, 5, 20, "drafted:always"));
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (const GenerateResult& r : *got) {
-    ASSERT_TRUE(r.stats.spec.has_value());
-    const std::vector<int64_t>& by_length = r.stats.spec->rounds_by_length;
-    ASSERT_GE(by_length.size(), 3u);
-    EXPECT_GT(by_length[2], 0);
-    EXPECT_EQ(std::accumulate(by_length.begin(), by_length.end(), int64_t{0}),
-              by_length[2]);  // (the controller: 8, 1, 0)
-  }
 }
 
 TEST(RouterDecoder, DraftedTakesRouterPoliciesOnly) {
