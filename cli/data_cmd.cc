@@ -25,12 +25,28 @@ constexpr char kUsage[] =
     "  text     write the decoded text of a stretch of a split\n\n"
     "Run 'oryx data <subcommand> --help' for its flags.\n";
 
+// The built-in sources, a line each (name, kind, what it holds, [its Debian packages]) wrapped at 120 columns
+// under the description.
 std::string SourcesHelp() {
+  constexpr size_t kIndent = 26, kWidth = 120;
   std::string s = "Built-in sources (--sources, default all):";
   for (const CorpusSourceInfo& src : BuiltinCorpusSources()) {
     std::string packages;
     for (const std::string& p : src.packages) packages += (packages.empty() ? "" : ", ") + p;
-    s += absl::StrFormat("\n  %-16s %-6s %s [%s]", src.name, src.kind, src.description, packages);
+    std::string line = absl::StrFormat("\n  %-16s %-6s", src.name, src.kind);
+    size_t column = line.size() - 1;
+    for (const absl::string_view word : absl::StrSplit(src.description + " [" + packages + "]", ' ')) {
+      if (column + 1 + word.size() > kWidth) {
+        line += "\n" + std::string(kIndent, ' ');
+        column = kIndent;
+      } else {
+        line += ' ';
+        ++column;
+      }
+      line.append(word.data(), word.size());
+      column += word.size();
+    }
+    s += line;
   }
   return s;
 }
@@ -46,8 +62,8 @@ int Prepare(const Args& args) {
   int64_t vocab = o.vocab_size, threads = o.threads;
   bool no_install = false, quiet = false;
   FlagSet flags(
-      "oryx data prepare --out DIR [--sources NAME...] [--input-dir DIR] [--tokenizer FILE | --vocab N] "
-      "[--max-tokens N] [--min-document-bytes N] [--max-code-fraction F] [...]",
+      "oryx data prepare --out DIR [--sources NAME...] [--input-dir DIR] [--tokenizer FILE | --vocab N]\n"
+      "                         [--max-tokens N] [--min-document-bytes N] [--max-code-fraction F] [...]",
       "Builds a training corpus: one document per file, split train/validation by a hash of its name,\n"
       "each tokenised as BOS tokens EOS into uint16 shards, with manifest.json recording package versions,\n"
       "counts and SHA-256 checksums. Missing Debian packages are installed with apt-get when run as root.\n"
