@@ -65,8 +65,9 @@ int RunGenerate(const Args& args) {
       "  random:FRACTION             each segment or token attends with probability FRACTION (a baseline)\n"
       "  learned:PATH                a policy file trained by `oryx train-router`: an MLP over the router's\n"
       "                              features picks each segment's mode (and, if trained to, draft lengths)\n"
-      "  drafted:POLICY              a router policy above (entropy to learned) whose attention-mode decode\n"
-      "                              steps are speculative rounds of adaptive length: its tokens, faster");
+      "  drafted:POLICY              a router policy above (entropy to learned) whose decode steps, where\n"
+      "                              every sequence decides attention mode, are speculative rounds of adaptive\n"
+      "                              length (lossless)");
   EngineFlags engine_flags;
   engine_flags.AddModel(f);
   f.String("prompt", &prompt, "the prompt text");

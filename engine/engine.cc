@@ -190,34 +190,41 @@ void PolicyRegistry::Register(std::string prefix, std::string usage, Factory fac
   entries_.push_back({std::move(prefix), std::move(usage), std::move(factory)});
 }
 
+namespace {
+// PolicyRegistry::Make's own prefix: drafted:POLICY is POLICY's decoder with Decoder::DraftAttentionSteps.
+constexpr std::string_view kDrafted = "drafted";
+// Whether `policy` is `prefix` followed by ':' and its arguments.
+bool TakesArguments(std::string_view policy, std::string_view prefix) {
+  return policy.size() > prefix.size() && policy.starts_with(prefix) && policy[prefix.size()] == ':';
+}
+}  // namespace
+
 bool PolicyRegistry::Has(std::string_view prefix) const {
-  return prefix == "drafted" || std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
+  return prefix == kDrafted || std::ranges::any_of(entries_, [&](const Entry& e) { return e.prefix == prefix; });
 }
 
 std::vector<std::pair<std::string, std::string>> PolicyRegistry::Usages() const {
   std::vector<std::pair<std::string, std::string>> usages;
   for (const Entry& e : entries_) usages.emplace_back(e.prefix, e.usage);
-  usages.emplace_back("drafted", "drafted:POLICY");
+  usages.emplace_back(kDrafted, Cat(kDrafted, ":POLICY"));
   return usages;
 }
 
 absl::StatusOr<std::unique_ptr<Decoder>> PolicyRegistry::Make(std::string_view policy) const {
-  constexpr std::string_view kDrafted = "drafted:";
-  if (policy.starts_with(kDrafted)) {
-    absl::StatusOr<std::unique_ptr<Decoder>> decoder = Make(policy.substr(kDrafted.size()));
+  if (TakesArguments(policy, kDrafted)) {
+    absl::StatusOr<std::unique_ptr<Decoder>> decoder = Make(policy.substr(kDrafted.size() + 1));
     absl::Status s = decoder.ok() ? (*decoder)->DraftAttentionSteps() : decoder.status();
     if (!s.ok()) return absl::InvalidArgumentError(Cat("policy '", policy, "': ", s.message()));
     return decoder;
   }
   for (const Entry& e : entries_) {
-    if (policy == e.prefix || (policy.starts_with(e.prefix) && policy.size() > e.prefix.size() &&
-                               policy[e.prefix.size()] == ':')) {
+    if (policy == e.prefix || TakesArguments(policy, e.prefix)) {
       return e.factory(policy);
     }
   }
   std::string known;
   for (const Entry& e : entries_) known += (known.empty() ? "" : ", ") + e.usage;
-  return absl::InvalidArgumentError(Cat("unknown policy '", policy, "' (", known, ", drafted:POLICY)"));
+  return absl::InvalidArgumentError(Cat("unknown policy '", policy, "' (", known, ", ", kDrafted, ":POLICY)"));
 }
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::optional<Tokenizer> tokenizer)

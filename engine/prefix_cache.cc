@@ -104,7 +104,7 @@ int64_t PrefixCache::Hold(BlockHolders& holders, const SequenceState& state, int
   const void* pool = state.kv_pool();
   int64_t blocks = 0;  // that came to be held by the set, or were let go by it
   for (const int32_t id : state.kv_block_ids()) {
-    auto [it, added] = holders.try_emplace({pool, id}, 0);
+    const auto it = holders.try_emplace({pool, id}, 0).first;
     it->second += delta;
     if (it->second == 0) {
       holders.erase(it);

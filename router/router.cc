@@ -35,7 +35,7 @@ absl::Status RouterDecoder::DraftAttentionSteps() {
   return absl::OkStatus();
 }
 
-bool RouterDecoder::PlainStep() const { return all_attention_ && spec_->PlainStep(); }
+bool RouterDecoder::PlainStep() const { return controlled_ && spec_->PlainStep(); }
 
 void RouterDecoder::Release(const DecodeSlot& slot) {
   auto it = slots_.find(slot.id);
@@ -247,18 +247,14 @@ absl::StatusOr<bool> RouterDecoder::RunAlone(Backend& backend, std::span<DecodeS
   if (!spec_) return false;
   DecideStep(slots);
   decided_ = true;
-  all_attention_ = false;
   draft_lengths_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     if (decisions_[i].draft_length == 0 || spec_->InRound(slots[i]->id)) return false;
     draft_lengths_[i] = decisions_[i].draft_length;
   }
-  // Every slot decided attention with the controller's length (-1), or every one its own (> 0).
-  const bool adaptive = draft_lengths_[0] < 0;
-  all_attention_ = adaptive;
-  if (std::ranges::any_of(draft_lengths_, [&](int64_t k) { return (k < 0) != adaptive; })) return false;
+  // Every slot speculates: with the controller's length in its steps, else each with the router's.
   ORYX_ASSIGN_OR_RETURN(const bool ran,
-                        spec_->RunWhole(backend, slots, adaptive ? std::span<const int64_t>() : draft_lengths_));
+                        spec_->RunWhole(backend, slots, controlled_ ? std::span<const int64_t>() : draft_lengths_));
   if (!ran) return false;
   decided_ = false;
   speculating_.assign(slots.begin(), slots.end());

@@ -182,7 +182,6 @@ class RouterDecoder final : public StepwiseDecoder {
   bool decided_ = false;  // decisions_ hold this step's (made by RunAlone, for the Plan that follows)
   bool draft_attention_ = false;  // DraftAttentionSteps
   bool controlled_ = false;       // this step's rounds take the controller's length (DecideStep)
-  bool all_attention_ = false;    // RunAlone's step was the controller's
   std::vector<DecodeSlot*> plain_, speculating_;
   std::vector<int64_t> draft_lengths_;
 };
