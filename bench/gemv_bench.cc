@@ -6,7 +6,8 @@
 // the bandwidth reached. Where a decode step's time goes between its kernels' bytes and their fixed costs.
 // With --rows, the same four products' shapes at several rows of x (a batch's decode step, a verify span):
 // FP8 weights (the GEMVs up to 7 rows, the tensor-core kernel from 8) against bf16 weights through Gemm's own
-// choice (cuBLAS from 8 rows at 1.4b), bytes counted as each reads them.
+// choice and through each of its bf16 kernels ("path": the tensor-core GEMV, the several-row GEMV, cuBLAS),
+// bytes counted as each reads them.
 //
 //   bench_gemv [--config 1.4b|130m] [--calls N] [--rows 8,16,32,64]
 #include <cublas_v2.h>
@@ -210,17 +211,41 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
   };
   const std::vector<Product> products = {
       {"in_proj", P, D}, {"o_proj", D, HD}, {"mlp_in", 2 * F, D}, {"mlp_down", D, F}};
+  // The kernels compared, each by the switches that route Gemm to it: FP8 weights, and bf16 weights by Gemm's
+  // own choice, by the tensor-core GEMV (2-32 rows), by the several-row GEMV (2-8) and by cuBLAS.
+  // (A path is timed where its kernel takes the product under its switches.)
+  struct Path {
+    const char* name;
+    kc::KernelSwitches switches;
+    bool (*takes)(const kc::GemmParams& p);
+  };
+  const kc::KernelSwitches defaults = kc::GetKernelSwitches();
+  kc::KernelSwitches mma = defaults, multirow = defaults;
+  mma.bf16_mma_max_rows = static_cast<int>(kc::kBf16MmaMaxRows);
+  mma.multirow_bf16 = kc::KernelSwitches::MultiRow::kOff;
+  multirow.bf16_mma_max_rows = 0;
+  multirow.multirow_bf16 = kc::KernelSwitches::MultiRow::kOn;
+  auto always = [](const kc::GemmParams&) { return true; };
+  const std::vector<Path> paths = {
+      {"fp8", defaults, always},
+      {"bf16", defaults, always},
+      {"bf16-mma", mma, [](const kc::GemmParams& p) { return kc::Bf16MmaApplies(p); }},
+      {"bf16-multirow", multirow, [](const kc::GemmParams& p) { return p.m > 1 && kc::GemvApplies(p); }},
+      {"bf16-cublas", defaults, always}};
   std::vector<nlohmann::json> out;
   for (const Product& product : products) {
     const Weights w = copies(product.n, product.k);
     for (const int64_t m : o.rows) {
-      for (const bool fp8 : {true, false}) {
+      for (const Path& path : paths) {
+        kc::SetKernelSwitches(path.switches);
+        if (!path.takes({m, product.n, product.k, product.k, product.n, x, w.bf16s[0], y})) continue;
+        const bool fp8 = path.name == std::string("fp8");
         const double us = TimeCalls(stream, o.calls, [&](int i) {
           kc::GemmParams p{m, product.n, product.k, product.k, product.n, x, nullptr, y};
           const size_t c = static_cast<size_t>(i) % w.fp8s.size();
           p.w_ptr = fp8 ? static_cast<const void*>(w.fp8s[c]) : w.bf16s[c];
           if (fp8) p.w_scale = w.scales[c];
-          kc::Gemm(p, cublas);
+          path.name == std::string("bf16-cublas") ? kc::GemmCublas(p, cublas) : kc::Gemm(p, cublas);
         });
         const double bytes = (fp8 ? 1.0 : 2.0) * product.n * product.k;
         out.push_back({{"bench", "gemm_rows"},
@@ -230,12 +255,14 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
                        {"n", product.n},
                        {"k", product.k},
                        {"weights", fp8 ? "fp8" : "bf16"},
+                       {"path", path.name},
                        {"weight_bytes", bytes},
                        {"us_per_call", us},
                        {"gb_per_s", bytes / us / 1e3},
                        {"calls", o.calls}});
       }
     }
+    kc::SetKernelSwitches(defaults);
     ORYX_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   return out;

@@ -302,6 +302,9 @@ struct CudaSwitches {
   int group_mma_chunk = 1024;
   // FP8_MMA_ROWS: FP8 products of at least this many rows (at most 128) run on tensor cores (fewer: the GEMVs).
   int fp8_mma_min_rows = 8;
+  // BF16_MMA_ROWS: bf16 products of 2 to this many rows (at most 32) run on the tensor-core GEMV; 0: none (the
+  // several-row GEMV and cuBLAS take them, as they take more rows).
+  int bf16_mma_rows = 32;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

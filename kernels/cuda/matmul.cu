@@ -2,8 +2,9 @@
 // mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
 // matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
 // column-major y^T = W x^T, hence (T, N) below). cuBLAS is faster from 2 rows on (measured in docs/CUDA.md).
-// FP8 weights (QuantizeRowsFp8) take the GEMVs up to 7 rows, a tensor-core kernel that widens them in registers
-// from 8 to 128 rows, and cuBLAS over a bf16 copy beyond.
+// bf16 weights against 2 to 32 rows take a tensor-core GEMV (Bf16MmaGemvKernel) first. FP8 weights
+// (QuantizeRowsFp8) take the GEMVs up to 7 rows, a tensor-core kernel that widens them in registers from 8 to
+// 128 rows, and cuBLAS over a bf16 copy beyond.
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 
@@ -248,6 +249,110 @@ __global__ void __launch_bounds__(32 * kGemvWarps, kMultiRowBlocksPerSm) MultiRo
     for (int s = 0; s < kMultiRowSplit; ++s) sum += partial[warp + s][r][m];
     float* out = p.y_ptr + m * p.y_row_stride + n0 + r;
     *out = p.accumulate ? *out + sum * scale[r] : sum * scale[r];
+  }
+}
+
+// bf16 weights against 2 to kBf16MmaMaxRows rows of x (a batch's decode step, a short verify span) on tensor
+// cores, each weight read once for all the rows. The weights are the mma's A operand (a block's 16 weight rows)
+// and x its B operand (tiles of 8 rows of x), so that a batch of 8 fills the mma and no padding is multiplied.
+// K goes in steps of 32 elements: lane 4g + t reads 16 bytes, elements [8t, 8t + 8) of the step, of weight rows
+// g and g + 8 and of x's row g of each tile, and feeds them to two mma steps of 16. The mma's k-index (2t,
+// 2t + 1, 2t + 8, 2t + 9) stands for elements 8t + 4h + (0, 1, 2, 3) of half h, the same for both operands, so
+// each k pairs equal elements and the step's 32 are each summed once. The warps of a block take every
+// warps-th step of K, each holding its next steps' weights and x in flight while it multiplies, and add up
+// their sums through shared memory in warp order (the same order at every call).
+// (Blocks of 32 weight rows, which read x from L2 half as often, were measured no faster at 9-32 rows on the
+// H100, and slower at 9-16: results/2026-12-07-h100-bf16-mma.)
+constexpr int kBf16MmaMaxWarps = 16;
+template <int kTiles>
+__global__ void __launch_bounds__(32 * kBf16MmaMaxWarps) Bf16MmaGemvKernel(GemmParams p) {
+  constexpr int kBatch = kTiles <= 2 ? 2 : 1;  // steps a buffer holds (more would not fit the registers)
+  const int warps = static_cast<int>(blockDim.x / 32), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n0 = int64_t(blockIdx.x) * 16, steps = p.k / 32;
+  const uint4* w_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = n0 + 8 * h + g;
+    w_row[h] = WeightRow<false>(p.w_ptr, n < p.n ? n : 0, p.k) + t;  // (past the end: row 0, not written)
+  }
+  const uint4* x_row[kTiles];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int64_t m = 8 * i + g;
+    x_row[i] = reinterpret_cast<const uint4*>(p.x_ptr + (m < p.m ? m : p.m - 1) * p.x_row_stride) + t;
+  }
+  // Two buffers of kBatch steps each: the one multiplied, the next one loading (indexed by constants, so that
+  // they stay in registers). Step b of a buffer whose first step is `base`: base + warps * b.
+  uint4 w[2][kBatch][2], x[2][kBatch][kTiles];
+  auto load_w = [&](int buffer, int64_t base) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t s = base + int64_t(warps) * b;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) w[buffer][b][h] = s < steps ? LoadWeight(w_row[h] + 4 * s) : uint4{};
+    }
+  };
+  auto load_x = [&](int buffer, int64_t base) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t s = base + int64_t(warps) * b;
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) x[buffer][b][i] = s < steps ? __ldg(x_row[i] + 4 * s) : uint4{};
+    }
+  };
+  float acc[kTiles][4] = {};
+  auto multiply = [&](const uint4 (&wb)[kBatch][2], const uint4 (&xb)[kBatch][kTiles]) {
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {  // (steps past K hold zeros)
+      const uint4 &lo = wb[b][0], &hi = wb[b][1];  // rows g and g + 8
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t a[4] = {half == 0 ? lo.x : lo.z, half == 0 ? hi.x : hi.z, half == 0 ? lo.y : lo.w,
+                               half == 0 ? hi.y : hi.w};
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          const uint4& xv = xb[b][i];
+          MmaBf16(acc[i], a, half == 0 ? xv.x : xv.z, half == 0 ? xv.y : xv.w);
+        }
+      }
+    }
+  };
+  const int64_t first = warp, stride = int64_t(warps) * kBatch;
+  if (p.early_loads) load_w(0, first);
+  AfterPrevious();
+  if (!p.early_loads) load_w(0, first);
+  load_x(0, first);
+  for (int64_t base = first; base < steps; base += 2 * stride) {
+    if (base + stride < steps) {
+      load_w(1, base + stride);
+      load_x(1, base + stride);
+    }
+    multiply(w[0], x[0]);
+    if (base + stride >= steps) break;
+    if (base + 2 * stride < steps) {
+      load_w(0, base + 2 * stride);
+      load_x(0, base + 2 * stride);
+    }
+    multiply(w[1], x[1]);
+  }
+  // The warps' sums, [warp][row of x][weight row of the block], then added up in warp order.
+  constexpr int kRowsX = 8 * kTiles;
+  extern __shared__ __align__(16) unsigned char bf16_mma_smem[];
+  float* sums = reinterpret_cast<float*>(bf16_mma_smem);
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums[(warp * kRowsX + 8 * i + 2 * t + e % 2) * 16 + g + 8 * (e / 2)] = acc[i][e];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRowsX * 16; e += blockDim.x) {
+    const int m = e / 16, n = e % 16;
+    if (m >= p.m || n0 + n >= p.n) continue;
+    float sum = 0.f;
+    for (int r = 0; r < warps; ++r) sum += sums[(r * kRowsX + m) * 16 + n];
+    float* out = p.y_ptr + m * p.y_row_stride + n0 + n;
+    *out = p.accumulate ? *out + sum : sum;
   }
 }
 
@@ -533,6 +638,40 @@ void LaunchFp8Mma(const GemmParams& p_in, cudaStream_t stream) {
         launch(std::integral_constant<int, kFp8MmaTilesM>{});
         break;
     }
+  }
+}
+
+// Bf16MmaGemvKernel for p.m rows (Bf16MmaApplies), in tiles of 8 rows of x. Each block takes 4, 8 or 16
+// warps: the fewest for which the grid holds 16 warps an SM (products of few weight rows, such as 1.4b's
+// output and down projections, would otherwise keep too few loads in flight).
+void LaunchBf16Mma(const GemmParams& p_in, cudaStream_t stream) {
+  GemmParams p = p_in;
+  p.early_loads = EarlyLoads();
+  auto launch = [&](auto tiles) {
+    constexpr int kTiles = decltype(tiles)::value;
+    auto kernel = Bf16MmaGemvKernel<kTiles>;
+    constexpr int64_t kSmemPerWarp = 16 * 8 * kTiles * 4;
+    static const bool configured = [&] {
+      ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int{kBf16MmaMaxWarps * kSmemPerWarp}));
+      return true;
+    }();
+    (void)configured;
+    const int64_t blocks = CeilDiv(p.n, 16);
+    int warps = 4;
+    while (warps < kBf16MmaMaxWarps && blocks * warps < int64_t{16} * MultiprocessorCount()) warps *= 2;
+    LaunchAfterPrevious(kernel, static_cast<unsigned>(blocks), 32 * warps, static_cast<size_t>(warps * kSmemPerWarp),
+                        stream, p);
+  };
+  switch (CeilDiv(p.m, 8)) {
+    case 1:
+      return launch(std::integral_constant<int, 1>{});
+    case 2:
+      return launch(std::integral_constant<int, 2>{});
+    case 3:
+      return launch(std::integral_constant<int, 3>{});
+    default:
+      return launch(std::integral_constant<int, 4>{});
   }
 }
 
@@ -923,6 +1062,15 @@ bool Fp8MmaApplies(const GemmParams& p) {
          p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr) && HopperOrLater();
 }
 
+bool Bf16MmaApplies(const GemmParams& p) {
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  static const bool mma = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8;  // (mma.sync bf16)
+  return p.w_scale == nullptr && p.maybe_argmax_key == nullptr && p.m >= 2 &&
+         p.m <= std::min<int64_t>(GetKernelSwitches().bf16_mma_max_rows, kBf16MmaMaxRows) &&
+         (p.m <= 8 || p.n * p.k <= kBf16MmaWideMaxWeights) && p.k % 32 == 0 && p.x_row_stride % 8 == 0 &&
+         aligned(p.x_ptr) && aligned(p.w_ptr) && mma;
+}
+
 bool FusedGemvApplies(int64_t m, int64_t k, bool fp8, int64_t max_rows) {
   // Single rows by default: each block recomputes the input op for its rows, which at M > 1 costs more than
   // the separate kernels it saves (on an H200: 1.4b batch 4, 6.4 vs 4.2 ms of ops per step; models/default's
@@ -950,6 +1098,10 @@ void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.m == 0 || p.n == 0) return;
   if (p.maybe_argmax_key != nullptr && !GemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (callers check)
   if (Fp8MmaApplies(p)) return LaunchFp8Mma(p, StreamOf(cublas_handle));
+  // (Where the several-row GEMV takes 2 or 3 rows, it is up to 10% faster than the tensor-core GEMV: 1.4b's
+  // output projection at 2 rows, 3.54 against 3.94 µs on the H100.)
+  if (p.m <= 3 && GemvApplies(p)) return LaunchGemv(p, StreamOf(cublas_handle));
+  if (Bf16MmaApplies(p)) return LaunchBf16Mma(p, StreamOf(cublas_handle));
   if (GemvApplies(p)) return LaunchGemv(p, StreamOf(cublas_handle));
   GemmCublas(p, cublas_handle);
 }

@@ -110,7 +110,8 @@ cublasHandle_t Cublas() {
 TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS; m of 2-8 (K a
   // multiple of 8) the several-row GEMV when KernelSwitches::multirow_bf16 says so (kAuto: small products;
-  // every shape here is one). The single-row
+  // every shape here is one) and the tensor-core GEMV does not take it (bf16_mma_max_rows 0 here; its own
+  // test below). The single-row
   // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048); K =
   // 24592 is past what the GEMV copies into shared memory (48 KiB of x), so it reads x from global memory.
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
@@ -121,6 +122,7 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   for (MultiRow mode : {MultiRow::kOff, MultiRow::kOn, MultiRow::kAuto}) {
     cuda::KernelSwitches switches = saved;
     switches.multirow_bf16 = mode;
+    switches.bf16_mma_max_rows = 0;
     cuda::SetKernelSwitches(switches);
     SCOPED_TRACE("several-row GEMV for bf16: " + std::to_string(static_cast<int>(mode)));
     for (auto [m, n, k] : shapes) {
@@ -144,6 +146,64 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
       ExpectClose(dy.Host(), twice, kFp32Tol, "Gemm accumulate m=" + std::to_string(m), std::sqrt(double(k)));
     }
   }
+  cuda::SetKernelSwitches(saved);
+}
+
+// bf16 weights against 2-32 rows on tensor cores (Bf16MmaApplies), x and W rounded to bf16 so that only the
+// summation order differs from MatMulReference. One to four tiles of 8 rows of x (two steps of K a buffer up
+// to 16 rows, one beyond), partly past M; N not a multiple of 16 (a block's rows past the end); K of one
+// step of 32 (fewer steps than warps) up to 5,440 (1.4b's down projection: 170 steps, 16 warps a block for
+// N = 2048); N = 8208 (1.4b's input projection, 8 warps a block); x's rows further apart than K; each product
+// also accumulating (the several-row GEMV, which Gemm asks first at 2-3 rows, is off). Past 8 rows only
+// products of at most kBf16MmaWideMaxWeights weights; with the switch at 8 rows, 9 rows go elsewhere; at 0,
+// none take it.
+TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
+  const cuda::KernelSwitches saved = cuda::GetKernelSwitches();
+  cuda::KernelSwitches switches = saved;
+  switches.bf16_mma_max_rows = 32;
+  switches.multirow_bf16 = cuda::KernelSwitches::MultiRow::kOff;
+  cuda::SetKernelSwitches(switches);
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {2, 16, 32},    {3, 33, 64},     {8, 129, 512}, {9, 100, 96},    {16, 2048, 5440},
+      {17, 40, 2048}, {24, 8208, 256}, {31, 77, 160}, {32, 2048, 1024}};
+  for (auto [m, n, k] : shapes) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    const int64_t stride = k + 32;
+    const std::vector<float> x = RoundBf16(Random(m * stride, 70)), w = RoundBf16(Random(n * k, 71));
+    std::vector<float> ref(m * n);
+    cpu::MatMulReference({m, n, k, stride, k, n, x.data(), w.data(), ref.data()});
+    DeviceBuffer<bf16> dx(ToBf16(x)), dw(ToBf16(w));
+    DeviceBuffer<float> dy(m * n);
+    const cuda::GemmParams p{m, n, k, stride, n, dx.get(), dw.get(), dy.get()};
+    ASSERT_TRUE(cuda::Bf16MmaApplies(p));
+    cuda::Gemm(p, Cublas());
+    ExpectClose(dy.Host(), ref, kFp32Tol, "Gemm", std::sqrt(double(k)));
+    cuda::GemmParams twice = p;
+    twice.accumulate = true;
+    cuda::Gemm(twice, Cublas());
+    for (float& v : ref) v *= 2;
+    ExpectClose(dy.Host(), ref, kFp32Tol, "Gemm accumulating", std::sqrt(double(k)));
+  }
+  DeviceBuffer<bf16> dx(std::vector<bf16>(64 * 64)), dw(std::vector<bf16>(64 * 64));
+  DeviceBuffer<float> dy(64 * 64);
+  // (The operands are only checked for alignment, so a large N may name them.)
+  auto applies = [&](int64_t m, int64_t k, int64_t n = 64) {
+    return cuda::Bf16MmaApplies({m, n, k, 64, 64, dx.get(), dw.get(), dy.get()});
+  };
+  EXPECT_FALSE(applies(1, 64));                                 // one row: the GEMV
+  EXPECT_FALSE(applies(33, 64));                                // past kBf16MmaMaxRows: cuBLAS
+  EXPECT_FALSE(applies(4, 48));                                 // K not a multiple of 32
+  const int64_t wide = cuda::kBf16MmaWideMaxWeights / 64 + 32;  // N of a product just past it at K = 64
+  EXPECT_TRUE(applies(8, 64, wide));
+  EXPECT_FALSE(applies(9, 64, wide));
+  EXPECT_TRUE(applies(9, 64, wide - 64));
+  switches.bf16_mma_max_rows = 8;
+  cuda::SetKernelSwitches(switches);
+  EXPECT_TRUE(applies(8, 64));
+  EXPECT_FALSE(applies(9, 64));
+  switches.bf16_mma_max_rows = 0;
+  cuda::SetKernelSwitches(switches);
+  EXPECT_FALSE(applies(2, 64));
   cuda::SetKernelSwitches(saved);
 }
 
