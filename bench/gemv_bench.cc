@@ -211,8 +211,9 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
   };
   const std::vector<Product> products = {
       {"in_proj", P, D}, {"o_proj", D, HD}, {"mlp_in", 2 * F, D}, {"mlp_down", D, F}};
-  // The kernels compared, each by the switches that route Gemm to it: FP8 weights, and bf16 weights by Gemm's
-  // own choice, by the tensor-core GEMV (2-32 rows), by the several-row GEMV (2-8) and by cuBLAS.
+  // The kernels compared, each by the switches that route Gemm to it: FP8 weights by Gemm's own choice and by
+  // the tensor-core GEMV (2-32 rows), and bf16 weights by Gemm's own choice, by the tensor-core GEMV, by the
+  // several-row GEMV (2-8) and by cuBLAS.
   // (A path is timed where its kernel takes the product under its switches.)
   struct Path {
     const char* name;
@@ -220,16 +221,18 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
     bool (*takes)(const kc::GemmParams& p);
   };
   const kc::KernelSwitches defaults = kc::GetKernelSwitches();
-  kc::KernelSwitches mma = defaults, multirow = defaults;
-  mma.bf16_mma_max_rows = static_cast<int>(kc::kBf16MmaMaxRows);
+  kc::KernelSwitches mma = defaults, multirow = defaults, fp8_gemv = defaults;
+  fp8_gemv.fp8_mma_gemv_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
+  mma.bf16_mma_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
   mma.multirow_bf16 = kc::KernelSwitches::MultiRow::kOff;
   multirow.bf16_mma_max_rows = 0;
   multirow.multirow_bf16 = kc::KernelSwitches::MultiRow::kOn;
   auto always = [](const kc::GemmParams&) { return true; };
   const std::vector<Path> paths = {
       {"fp8", defaults, always},
+      {"fp8-mma-gemv", fp8_gemv, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
       {"bf16", defaults, always},
-      {"bf16-mma", mma, [](const kc::GemmParams& p) { return kc::Bf16MmaApplies(p); }},
+      {"bf16-mma", mma, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
       {"bf16-multirow", multirow, [](const kc::GemmParams& p) { return p.m > 1 && kc::GemvApplies(p); }},
       {"bf16-cublas", defaults, always}};
   std::vector<nlohmann::json> out;
@@ -238,8 +241,10 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
     for (const int64_t m : o.rows) {
       for (const Path& path : paths) {
         kc::SetKernelSwitches(path.switches);
-        if (!path.takes({m, product.n, product.k, product.k, product.n, x, w.bf16s[0], y})) continue;
-        const bool fp8 = path.name == std::string("fp8");
+        const bool fp8 = std::string(path.name).rfind("fp8", 0) == 0;
+        kc::GemmParams first{m, product.n, product.k, product.k, product.n, x, w.bf16s[0], y};
+        if (fp8) first.w_ptr = w.fp8s[0], first.w_scale = w.scales[0];
+        if (!path.takes(first)) continue;
         const double us = TimeCalls(stream, o.calls, [&](int i) {
           kc::GemmParams p{m, product.n, product.k, product.k, product.n, x, nullptr, y};
           const size_t c = static_cast<size_t>(i) % w.fp8s.size();

@@ -76,8 +76,8 @@ void DequantizeRowsFp8(const fp8* src, const float* scale, int64_t rows, int64_t
 // y[M, N] (fp32) = x[M, K] (bf16) · W[N, K]^T (bf16, or FP8 with w_scale), fp32 accumulation. `handle` is a
 // cublasHandle_t bound to the stream the caller uses. Gemm takes a GEMV kernel for a single row (K a multiple
 // of 8, 16-byte aligned operands), and for up to 8 rows of FP8 weights (K a multiple of 16) or of bf16 weights
-// (KernelSwitches::multirow_bf16: by default those of at most kMultiRowMaxWeights weights); bf16 weights of 2
-// to 32 rows take a tensor-core GEMV first (Bf16MmaApplies), FP8 weights of 8 to 128 rows a tensor-core kernel
+// (KernelSwitches::multirow_bf16: by default those of at most kMultiRowMaxWeights weights); weights of 2 to 32
+// rows take a tensor-core GEMV first (MmaGemvApplies), FP8 weights of 8 to 128 rows a tensor-core kernel
 // (Fp8MmaApplies); cuBLAS otherwise; GemmCublas always cuBLAS
 // (the GEMV's reference in tests). FP8 weights on the cuBLAS path are first dequantised into w_bf16_scratch
 // ([N, K], required then).
@@ -132,16 +132,17 @@ bool GemvApplies(const GemmParams& p);
 // checked before GemvApplies.
 inline constexpr int64_t kFp8MmaMaxRows = 128;
 bool Fp8MmaApplies(const GemmParams& p);
-// Whether Gemm takes the bf16 tensor-core GEMV (Bf16MmaGemvKernel in matmul.cu): bf16 weights, 2 to
-// KernelSwitches::bf16_mma_max_rows rows (at most kBf16MmaMaxRows), past 8 rows only products of at most
-// kBf16MmaWideMaxWeights weights, K a multiple of 32, x and W 16-byte aligned, x's row stride a multiple of 8,
-// no argmax key, compute capability 8 or later. Gemm asks after Fp8MmaApplies, and after GemvApplies for up to
-// 3 rows. On the H100, 1.4b's products at 8 rows took 0.67-0.91x of the time of the several-row GEMV or cuBLAS
-// that had them; past 8 rows each block reads as many bytes of x from L2 as of weights, and cuBLAS was faster
-// for its largest product (the up projection, 2 x 5440 x 2048: 18.2 against 19.1 µs at 16 rows).
-inline constexpr int64_t kBf16MmaMaxRows = 32;
-inline constexpr int64_t kBf16MmaWideMaxWeights = int64_t{20} << 20;
-bool Bf16MmaApplies(const GemmParams& p);
+// Whether Gemm takes the tensor-core GEMV (MmaGemvKernel in matmul.cu): 2 to KernelSwitches::bf16_mma_max_rows
+// rows of bf16 weights, or fp8_mma_gemv_max_rows of FP8 ones (at most kMmaGemvMaxRows), past 8 rows only
+// products of at most kMmaGemvWideMaxWeights weights, K a multiple of 32 (64 for FP8), x and W 16-byte
+// aligned, x's row stride a multiple of 8, no argmax key, compute capability 8 or later. Gemm asks first for
+// FP8 weights; for bf16 after GemvApplies for up to 3 rows. On the H100, 1.4b's products at 8 rows took 0.67-0.91x of
+// the time of the several-row GEMV or cuBLAS that had them; past 8 rows each block reads as many bytes of x from L2 as
+// of weights, and cuBLAS was faster for its largest product (the up projection, 2 x 5440 x 2048: 18.2 against 19.1 µs
+// at 16 rows).
+inline constexpr int64_t kMmaGemvMaxRows = 32;
+inline constexpr int64_t kMmaGemvWideMaxWeights = int64_t{20} << 20;
+bool MmaGemvApplies(const GemmParams& p);
 void GemmCublas(const GemmParams& p, void* cublas_handle);
 
 // The decode-step product with its input op fused in front (one kernel instead of two per projection):
@@ -479,7 +480,8 @@ struct KernelSwitches {
   // products of at most kMultiRowMaxWeights weights, where cuBLAS's fixed costs outweigh its streaming.
   enum class MultiRow : uint8_t { kAuto, kOn, kOff };
   MultiRow multirow_bf16 = MultiRow::kAuto;
-  int bf16_mma_max_rows = 32;  // bf16 products of 2 to this many rows (<= kBf16MmaMaxRows) on tensor cores; 0: none
+  int bf16_mma_max_rows = 32;      // bf16 products of 2 to this many rows (<= kMmaGemvMaxRows) on tensor cores; 0: none
+  int fp8_mma_gemv_max_rows = 32;  // the same for FP8 weights (ahead of the FP8 GEMVs and tensor-core kernel)
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

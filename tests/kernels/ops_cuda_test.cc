@@ -98,6 +98,23 @@ void ExpectBf16Close(const std::vector<float>& a, const std::vector<float>& b, c
   }
 }
 
+// The kernel switches within a scope: changed through Set, restored at its end.
+class ScopedSwitches {
+ public:
+  ScopedSwitches() = default;
+  ScopedSwitches(const ScopedSwitches&) = delete;
+  ~ScopedSwitches() { cuda::SetKernelSwitches(saved_); }
+  template <typename Change>
+  void Set(Change&& change) {
+    cuda::KernelSwitches switches = cuda::GetKernelSwitches();
+    change(switches);
+    cuda::SetKernelSwitches(switches);
+  }
+
+ private:
+  const cuda::KernelSwitches saved_ = cuda::GetKernelSwitches();
+};
+
 cublasHandle_t Cublas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
@@ -149,20 +166,20 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   cuda::SetKernelSwitches(saved);
 }
 
-// bf16 weights against 2-32 rows on tensor cores (Bf16MmaApplies), x and W rounded to bf16 so that only the
+// bf16 weights against 2-32 rows on tensor cores (MmaGemvApplies), x and W rounded to bf16 so that only the
 // summation order differs from MatMulReference. One to four tiles of 8 rows of x (two steps of K a buffer up
 // to 16 rows, one beyond), partly past M; N not a multiple of 16 (a block's rows past the end); K of one
 // step of 32 (fewer steps than warps) up to 5,440 (1.4b's down projection: 170 steps, 16 warps a block for
 // N = 2048); N = 8208 (1.4b's input projection, 8 warps a block); x's rows further apart than K; each product
 // also accumulating (the several-row GEMV, which Gemm asks first at 2-3 rows, is off). Past 8 rows only
-// products of at most kBf16MmaWideMaxWeights weights; with the switch at 8 rows, 9 rows go elsewhere; at 0,
+// products of at most kMmaGemvWideMaxWeights weights; with the switch at 8 rows, 9 rows go elsewhere; at 0,
 // none take it.
 TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
-  const cuda::KernelSwitches saved = cuda::GetKernelSwitches();
-  cuda::KernelSwitches switches = saved;
-  switches.bf16_mma_max_rows = 32;
-  switches.multirow_bf16 = cuda::KernelSwitches::MultiRow::kOff;
-  cuda::SetKernelSwitches(switches);
+  ScopedSwitches switches;
+  switches.Set([](cuda::KernelSwitches& s) {
+    s.bf16_mma_max_rows = 32;
+    s.multirow_bf16 = cuda::KernelSwitches::MultiRow::kOff;
+  });
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {2, 16, 32},    {3, 33, 64},     {8, 129, 512}, {9, 100, 96},    {16, 2048, 5440},
       {17, 40, 2048}, {24, 8208, 256}, {31, 77, 160}, {32, 2048, 1024}};
@@ -175,7 +192,7 @@ TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
     DeviceBuffer<bf16> dx(ToBf16(x)), dw(ToBf16(w));
     DeviceBuffer<float> dy(m * n);
     const cuda::GemmParams p{m, n, k, stride, n, dx.get(), dw.get(), dy.get()};
-    ASSERT_TRUE(cuda::Bf16MmaApplies(p));
+    ASSERT_TRUE(cuda::MmaGemvApplies(p));
     cuda::Gemm(p, Cublas());
     ExpectClose(dy.Host(), ref, kFp32Tol, "Gemm", std::sqrt(double(k)));
     cuda::GemmParams twice = p;
@@ -188,23 +205,20 @@ TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
   DeviceBuffer<float> dy(64 * 64);
   // (The operands are only checked for alignment, so a large N may name them.)
   auto applies = [&](int64_t m, int64_t k, int64_t n = 64) {
-    return cuda::Bf16MmaApplies({m, n, k, 64, 64, dx.get(), dw.get(), dy.get()});
+    return cuda::MmaGemvApplies({m, n, k, 64, 64, dx.get(), dw.get(), dy.get()});
   };
   EXPECT_FALSE(applies(1, 64));                                 // one row: the GEMV
-  EXPECT_FALSE(applies(33, 64));                                // past kBf16MmaMaxRows: cuBLAS
+  EXPECT_FALSE(applies(33, 64));                                // past kMmaGemvMaxRows: cuBLAS
   EXPECT_FALSE(applies(4, 48));                                 // K not a multiple of 32
-  const int64_t wide = cuda::kBf16MmaWideMaxWeights / 64 + 32;  // N of a product just past it at K = 64
+  const int64_t wide = cuda::kMmaGemvWideMaxWeights / 64 + 32;  // N of a product just past it at K = 64
   EXPECT_TRUE(applies(8, 64, wide));
   EXPECT_FALSE(applies(9, 64, wide));
   EXPECT_TRUE(applies(9, 64, wide - 64));
-  switches.bf16_mma_max_rows = 8;
-  cuda::SetKernelSwitches(switches);
+  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_max_rows = 8; });
   EXPECT_TRUE(applies(8, 64));
   EXPECT_FALSE(applies(9, 64));
-  switches.bf16_mma_max_rows = 0;
-  cuda::SetKernelSwitches(switches);
+  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_max_rows = 0; });
   EXPECT_FALSE(applies(2, 64));
-  cuda::SetKernelSwitches(saved);
 }
 
 // A single-row product's argmax key (GemmParams::maybe_argmax_key: one atomic per block of the GEMV) gives
@@ -381,6 +395,8 @@ Fp8Matrix QuantizedRandom(int64_t n, int64_t k, uint32_t seed) {
 // shared memory, so it reads x from global memory. 64 rows of N = 20000: 157 blocks of weight rows in 2 splits,
 // more blocks than the GPU holds at once.
 TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
+  ScopedSwitches switches;
+  switches.Set([](cuda::KernelSwitches& s) { s.fp8_mma_gemv_max_rows = 0; });  // (its own test below)
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {1, 300, 256},     {1, 8200, 64},    {1, 2048, 512},  {1, 40, 24592}, {3, 77, 64},      {8, 300, 5440},
            {5, 2048, 2048},   {6, 40, 24592},   {9, 130, 520},   {2, 17, 10},    {1, 24, 40},      {9, 200, 1024},
@@ -461,12 +477,11 @@ TEST(OpsCuda, Fp8WeightsMatchTheProductsOfTheirDequantisedValues) {
   }
 }
 
-// The tensor-core FP8 product widens every e4m3 code exactly, subnormals and zeros included: weights cycling
-// through all 254 finite codes, scale 1, against rows of x that are unit vectors, so that each output is one
-// weight (times 1, plus zeros), which must equal DequantizeRowsFp8's value bit for bit. 16 rows (one launch
-// of one tile) and 40 (three tiles); N = 136 leaves a block's last 120 rows past the end.
-TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
-  const int64_t n = 136, k = 544;  // 4 chunks of 128 and one of 32
+// Weights [n, k] cycling through all 254 finite e4m3 codes, scale 1, multiplied by Gemm with rows of x that are
+// unit vectors, so that each output is one weight (times 1, plus zeros), which must equal DequantizeRowsFp8's
+// value bit for bit; `takes` says that the kernel under test takes each product.
+void ExpectEveryCodeWidenedExactly(int64_t n, int64_t k, std::initializer_list<int64_t> rows,
+                                   bool (*takes)(const cuda::GemmParams&)) {
   std::vector<cuda::fp8> codes(n * k);
   for (int64_t i = 0; i < n * k; ++i) {
     uint8_t c = static_cast<uint8_t>((i * 37 + i / k) % 256);
@@ -478,7 +493,7 @@ TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
   DeviceBuffer<bf16> back(n * k);
   cuda::DequantizeRowsFp8(w.get(), scale.get(), n, k, back.get(), nullptr);
   const std::vector<float> dequantised = ToFloat(back.Host());
-  for (int64_t m : {16, 40}) {
+  for (int64_t m : rows) {
     SCOPED_TRACE("m=" + std::to_string(m));
     std::vector<float> x(m * k, 0.f);
     for (int64_t r = 0; r < m; ++r) x[r * k + (r * 131 + 7) % k] = 1.f;
@@ -486,7 +501,7 @@ TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
     DeviceBuffer<float> dy(m * n);
     cuda::GemmParams p{m, n, k, k, n, dx.get(), w.get(), dy.get()};
     p.w_scale = scale.get();
-    ASSERT_TRUE(cuda::Fp8MmaApplies(p));
+    ASSERT_TRUE(takes(p));
     cuda::Gemm(p, Cublas());
     const std::vector<float> y = dy.Host();
     int64_t wrong = 0;
@@ -495,6 +510,53 @@ TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
     }
     EXPECT_EQ(wrong, 0) << "of " << m * n << " outputs";
   }
+}
+
+// The FP8 tensor-core kernel widens every e4m3 code exactly, subnormals and zeros included: 16 rows (one launch
+// of one tile) and 40 (three tiles); N = 136 leaves a block's last 120 rows past the end.
+TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
+  ScopedSwitches switches;
+  switches.Set([](cuda::KernelSwitches& s) { s.fp8_mma_gemv_max_rows = 0; });  // (the tensor-core GEMV: below)
+  ExpectEveryCodeWidenedExactly(136, 544, {16, 40}, cuda::Fp8MmaApplies);      // K: 4 chunks of 128 and one of 32
+}
+
+// FP8 weights on the tensor-core GEMV (KernelSwitches::fp8_mma_gemv_max_rows): against
+// MatMulReference over the dequantised weights at 2-32 rows, K from one step of 64 to 5,504, each product also
+// accumulating; then every e4m3 code widened exactly (ExpectEveryCodeWidenedExactly), at one and three tiles
+// of x.
+TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
+  ScopedSwitches switches;
+  switches.Set([](cuda::KernelSwitches& s) { s.fp8_mma_gemv_max_rows = 32; });
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {2, 16, 64}, {3, 77, 128}, {8, 300, 5504}, {9, 130, 1024}, {16, 2048, 2048}, {24, 130, 192}, {32, 100, 512}};
+  for (auto [m, n, k] : shapes) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    Fp8Matrix w = QuantizedRandom(n, k, 62);
+    if (HasFailure()) return;
+    const std::vector<float> x = RoundBf16(Random(m * k, 63));
+    std::vector<float> ref(m * n);
+    cpu::MatMulReference({m, n, k, k, k, n, x.data(), w.dequantised.data(), ref.data()});
+    DeviceBuffer<bf16> dx(ToBf16(x));
+    DeviceBuffer<float> dy(m * n);
+    cuda::GemmParams p{m, n, k, k, n, dx.get(), w.q->get(), dy.get()};
+    p.w_scale = w.scale->get();
+    ASSERT_TRUE(cuda::MmaGemvApplies(p));
+    cuda::Gemm(p, Cublas());
+    ExpectClose(PerRowMagnitude(dy.Host(), n), PerRowMagnitude(ref, n), kFp32Tol, "Gemm", std::sqrt(double(k)));
+    cuda::GemmParams twice = p;
+    twice.accumulate = true;
+    cuda::Gemm(twice, Cublas());
+    for (float& v : ref) v *= 2;
+    ExpectClose(PerRowMagnitude(dy.Host(), n), PerRowMagnitude(ref, n), kFp32Tol, "Gemm accumulating",
+                std::sqrt(double(k)));
+  }
+  ExpectEveryCodeWidenedExactly(136, 576, {8, 24}, cuda::MmaGemvApplies);  // K: 9 steps of 64
+  DeviceBuffer<bf16> dx(std::vector<bf16>(8 * 96));
+  DeviceBuffer<cuda::fp8> dw(std::vector<cuda::fp8>(8 * 96));
+  DeviceBuffer<float> scale(std::vector<float>(8, 1.f)), dy(8 * 8);
+  cuda::GemmParams odd{8, 8, 96, 96, 8, dx.get(), dw.get(), dy.get()};  // K not a multiple of 64
+  odd.w_scale = scale.get();
+  EXPECT_FALSE(cuda::MmaGemvApplies(odd));
 }
 
 // d = 300 and 2048 hold the row in registers (up to 2 16-byte pieces a thread); 2050 (not a multiple of 4)
