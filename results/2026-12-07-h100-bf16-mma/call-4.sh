@@ -1,16 +1,7 @@
 # Session 72, call 4: the bf16 tensor-core GEMV as it is kept -- the GPU tests; the products alone by path; the
 # 1.4b decode step at 32K (batch 1, 8, 16, 32) and models/default's at 15K (8, 32, 64), and served points at 4K-16K,
 # with it on (ORYX_CUDA_BF16_MMA_ROWS=32, the default) and off (0), alternating.
-source .carry/env.sh
-export ORYX_GIT_REVISION=$(cat .carry/rev)
-xz -dc .carry/bin2/bench_gemv.xz > build-gpu/bin/bench_gemv && chmod +x build-gpu/bin/bench_gemv
-B=build-gpu/bin
-timeout 120 $B/ops_cuda_test > $OUT/tests.txt 2>&1; T1="ops_cuda_test rc $?: $(grep -c '^\[       OK' $OUT/tests.txt) ok"
-timeout 150 $B/cuda_backend_test >> $OUT/tests.txt 2>&1; T2="cuda_backend_test rc $?: $(grep -c '^\[       OK' $OUT/tests.txt) ok (both)"
-grep -B2 -A12 "Failure" $OUT/tests.txt | head -40
-echo "$T1; $T2 at $(el) s"
-timeout 60 $B/bench_gemv --config 1.4b --rows 2,3,4,8,16,32 > $OUT/gemm-rows.jsonl 2>> $OUT/err.txt
-echo "gemv done at $(el) s"
+source results/2026-12-07-h100-bf16-mma/preamble.sh
 for rep in 1 2; do
   for mma in 32 0; do
     ORYX_CUDA_BF16_MMA_ROWS=$mma timeout 100 $B/oryx bench decode --device cuda --config 1.4b --contexts 32768 --batches 1,8,16,32 \
