@@ -211,8 +211,9 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
   };
   const std::vector<Product> products = {
       {"in_proj", P, D}, {"o_proj", D, HD}, {"mlp_in", 2 * F, D}, {"mlp_down", D, F}};
-  // The kernels compared, each by the switches that route Gemm to it: FP8 weights by Gemm's own choice and by
-  // the tensor-core GEMV (2-32 rows), and bf16 weights by Gemm's own choice, by the tensor-core GEMV, by the
+  // The kernels compared, each by the switches that route Gemm to it: FP8 weights by Gemm's own choice, by the
+  // tensor-core GEMV (2-32 rows) and by the kernels before it (the several-row GEMV, the FP8 tensor-core
+  // kernel), and bf16 weights by Gemm's own choice, by the tensor-core GEMV, by the
   // several-row GEMV (2-8) and by cuBLAS.
   // (A path is timed where its kernel takes the product under its switches.)
   struct Path {
@@ -221,8 +222,9 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
     bool (*takes)(const kc::GemmParams& p);
   };
   const kc::KernelSwitches defaults = kc::GetKernelSwitches();
-  kc::KernelSwitches mma = defaults, multirow = defaults, fp8_gemv = defaults;
+  kc::KernelSwitches mma = defaults, multirow = defaults, fp8_gemv = defaults, fp8_older = defaults;
   fp8_gemv.fp8_mma_gemv_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
+  fp8_older.fp8_mma_gemv_max_rows = 0;
   mma.bf16_mma_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
   mma.multirow_bf16 = kc::KernelSwitches::MultiRow::kOff;
   multirow.bf16_mma_max_rows = 0;
@@ -231,6 +233,7 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
   const std::vector<Path> paths = {
       {"fp8", defaults, always},
       {"fp8-mma-gemv", fp8_gemv, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
+      {"fp8-older", fp8_older, always},
       {"bf16", defaults, always},
       {"bf16-mma", mma, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
       {"bf16-multirow", multirow, [](const kc::GemmParams& p) { return p.m > 1 && kc::GemvApplies(p); }},

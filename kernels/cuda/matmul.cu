@@ -1089,7 +1089,7 @@ bool MmaGemvApplies(const GemmParams& p) {
   const KernelSwitches& switches = GetKernelSwitches();
   const int64_t max_rows = fp8 ? switches.fp8_mma_gemv_max_rows : switches.bf16_mma_max_rows;
   return p.maybe_argmax_key == nullptr && p.m >= 2 && p.m <= std::min(max_rows, kMmaGemvMaxRows) &&
-         (p.m <= 8 || p.n * p.k <= kMmaGemvWideMaxWeights) && p.k % (fp8 ? 64 : 32) == 0 &&
+         (p.m <= 8 || fp8 || p.n * p.k <= kMmaGemvWideMaxWeights) && p.k % (fp8 ? 64 : 32) == 0 &&
          p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr) && mma;
 }
 

@@ -133,7 +133,7 @@ bool GemvApplies(const GemmParams& p);
 inline constexpr int64_t kFp8MmaMaxRows = 128;
 bool Fp8MmaApplies(const GemmParams& p);
 // Whether Gemm takes the tensor-core GEMV (MmaGemvKernel in matmul.cu): 2 to KernelSwitches::bf16_mma_max_rows
-// rows of bf16 weights, or fp8_mma_gemv_max_rows of FP8 ones (at most kMmaGemvMaxRows), past 8 rows only
+// rows of bf16 weights, or fp8_mma_gemv_max_rows of FP8 ones (at most kMmaGemvMaxRows), past 8 rows only bf16
 // products of at most kMmaGemvWideMaxWeights weights, K a multiple of 32 (64 for FP8), x and W 16-byte
 // aligned, x's row stride a multiple of 8, no argmax key, compute capability 8 or later. Gemm asks first for
 // FP8 weights; for bf16 after GemvApplies for up to 3 rows. On the H100, 1.4b's products at 8 rows took 0.67-0.91x of

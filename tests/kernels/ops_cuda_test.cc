@@ -523,7 +523,7 @@ TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
 // FP8 weights on the tensor-core GEMV (KernelSwitches::fp8_mma_gemv_max_rows): against
 // MatMulReference over the dequantised weights at 2-32 rows, K from one step of 64 to 5,504, each product also
 // accumulating; then every e4m3 code widened exactly (ExpectEveryCodeWidenedExactly), at one and three tiles
-// of x.
+// of x. Unlike bf16 weights, FP8 ones of any size take it past 8 rows.
 TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
   ScopedSwitches switches;
   switches.Set([](cuda::KernelSwitches& s) { s.fp8_mma_gemv_max_rows = 32; });
@@ -557,6 +557,9 @@ TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
   cuda::GemmParams odd{8, 8, 96, 96, 8, dx.get(), dw.get(), dy.get()};  // K not a multiple of 64
   odd.w_scale = scale.get();
   EXPECT_FALSE(cuda::MmaGemvApplies(odd));
+  cuda::GemmParams wide{32, cuda::kMmaGemvWideMaxWeights / 64 + 32, 64, 64, 8, dx.get(), dw.get(), dy.get()};
+  wide.w_scale = scale.get();
+  EXPECT_TRUE(cuda::MmaGemvApplies(wide));  // (FP8 products of any size; only the operands' alignment is read)
 }
 
 // d = 300 and 2048 hold the row in registers (up to 2 16-byte pieces a thread); 2050 (not a multiple of 4)
