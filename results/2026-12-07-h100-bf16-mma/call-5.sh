@@ -15,15 +15,10 @@ for rep in 1 2; do
     --prefill-max-attention 0 --json | sed 's/^{/{"fp8_gemv_rows":-1,/' >> $OUT/decode-1.4b.jsonl 2>> $OUT/err.txt
   echo "decode rep $rep at $(el) s"
 done
+python3 results/2026-12-07-h100-bf16-mma/print_products.py
 python3 - <<'PY'
 import json, os
 out = os.environ["OUT"]
-rows = {}
-for l in open(f"{out}/gemm-rows.jsonl"):
-    j = json.loads(l)
-    rows.setdefault((j["op"], j["rows"]), {})[j["path"]] = j["us_per_call"]
-for (op, m), v in rows.items():
-    print("%-8s %2d  " % (op, m) + "  ".join("%s %.2f" % (p, u) for p, u in v.items()))
 for f in ("decode-1.4b", "decode-default"):
     t = {}
     for l in open(f"{out}/{f}.jsonl"):
