@@ -271,7 +271,7 @@ inline int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int
 // The command line sets them from ORYX_CUDA_* environment variables (FromEnvironment; "0" turns a path off,
 // ORYX_CUDA_PROFILE=1 and ORYX_CUDA_GEMV_ROWS=N set the last two).
 struct CudaSwitches {
-  bool fused_gemv = true;           // FUSED: forwards of at most 8 rows fuse each norm into the product after it
+  bool fused_gemv = true;           // FUSED: norms and SwiGLU fused into the products (CudaBackend::set_fused_gemv)
   bool decode_mixer = true;         // DECODE_MIXER: a decode step's conv, window and recurrence as one kernel
   bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks

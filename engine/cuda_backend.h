@@ -87,7 +87,8 @@ class CudaBackend final : public Backend {
   // Forwards of short spans (decode steps, verify spans) replayed as CUDA graphs, one per shape (default on).
   void set_cuda_graphs(bool on) { use_graphs_ = on; }
   bool cuda_graphs() const { return use_graphs_; }
-  // Forwards of at most 8 rows fuse each norm / gate into the projection after it (default on).
+  // Forwards of at most 8 rows fuse each norm / gate into the projection after it, and up projections on the
+  // tensor-core GEMV (2-32 rows) the SwiGLU after them (default on).
   void set_fused_gemv(bool on) { fused_gemv_ = on; }
   // Decode steps (every span one token, none kept for rollback) run the conv, conv window and recurrence of
   // a layer as one kernel (default on; off: the three kernels of longer spans, for tests and comparisons).

@@ -115,12 +115,26 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
                   .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
   mark("add_rmsnorm");
-  kc::Gemm({.m = N, .n = 2 * F, .k = D, .x_row_stride = D, .y_row_stride = 2 * F, .x_ptr = sc.u,
-            .w_ptr = w.mlp_in.data, .y_ptr = sc.mlp, .w_scale = w.mlp_in.scale, .w_bf16_scratch = fp8_scratch},
-           ctx.cublas);
-  mark("mlp_in");
-  kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
-  mark("swiglu");
+  kc::GemmParams up{.m = N,
+                    .n = 2 * F,
+                    .k = D,
+                    .x_row_stride = D,
+                    .y_row_stride = 2 * F,
+                    .x_ptr = sc.u,
+                    .w_ptr = w.mlp_in.data,
+                    .y_ptr = sc.mlp,
+                    .w_scale = w.mlp_in.scale,
+                    .w_bf16_scratch = fp8_scratch};
+  if (fused_gemv_ && kc::MmaGemvApplies(up)) {  // (the SwiGLU in its epilogue)
+    up.maybe_swiglu_ptr = sc.act;
+    kc::Gemm(up, ctx.cublas);
+    mark("mlp_in+swiglu");
+  } else {
+    kc::Gemm(up, ctx.cublas);
+    mark("mlp_in");
+    kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
+    mark("swiglu");
+  }
   kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
             .w_ptr = w.mlp_down.data, .y_ptr = sc.tmp, .w_scale = w.mlp_down.scale, .w_bf16_scratch = fp8_scratch},
            ctx.cublas);

@@ -290,12 +290,18 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
   constexpr int kBatch = kTiles * kQuads <= 2 ? 2 : 1;  // steps a buffer holds (more would not fit the registers)
   const int warps = static_cast<int>(blockDim.x / 32), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * 16, steps = p.k / kStep;
+  const int64_t steps = p.k / kStep;
+  // The block's weight row r (0-15): rows [16 b, 16 b + 16) of block b, or with the SwiGLU epilogue the gate
+  // rows [8 b, 8 b + 8) and their up rows, n / 2 further.
+  const bool swiglu = p.maybe_swiglu_ptr != nullptr;
+  const int64_t half = p.n / 2, block = blockIdx.x;
+  auto block_row = [&](int r) { return swiglu ? (r < 8 ? 0 : half) + 8 * block + r % 8 : 16 * block + r; };
+  auto inside = [&](int r) { return swiglu ? 8 * block + r % 8 < half : block_row(r) < p.n; };
   const uint4* w_row[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t n = n0 + 8 * h + g;
-    w_row[h] = WeightRow<kFp8>(p.w_ptr, n < p.n ? n : 0, p.k) + t;  // (past the end: row 0, not written)
+    const int r = 8 * h + g;  // (past the end: row 0, not written)
+    w_row[h] = WeightRow<kFp8>(p.w_ptr, inside(r) ? block_row(r) : 0, p.k) + t;
   }
   const uint4* x_row[kTiles];
 #pragma unroll
@@ -379,14 +385,27 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
     for (int e = 0; e < 4; ++e) sums[(warp * kRowsX + 8 * i + 2 * t + e % 2) * 16 + g + 8 * (e / 2)] = acc[i][e];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < kRowsX * 16; e += blockDim.x) {
-    const int m = e / 16, n = e % 16;
-    if (m >= p.m || n0 + n >= p.n) continue;
+  // Row r's output for row m of x.
+  auto output = [&](int m, int r) {
     float sum = 0.f;
-    for (int r = 0; r < warps; ++r) sum += sums[(r * kRowsX + m) * 16 + n];
-    if constexpr (kFp8) sum *= __ldg(p.w_scale + n0 + n);
-    float* out = p.y_ptr + m * p.y_row_stride + n0 + n;
-    *out = p.accumulate ? *out + sum : sum;
+    for (int w = 0; w < warps; ++w) sum += sums[(w * kRowsX + m) * 16 + r];
+    if constexpr (kFp8) sum *= __ldg(p.w_scale + block_row(r));
+    return sum;
+  };
+  if (swiglu) {  // what SwiGlu writes from the outputs, exactly: the same sums in the same order
+    for (int e = threadIdx.x; e < kRowsX * 8; e += blockDim.x) {
+      const int m = e / 8, j = e % 8;
+      if (m < p.m && inside(j)) {
+        p.maybe_swiglu_ptr[m * half + block_row(j)] = __float2bfloat16(Silu(output(m, j)) * output(m, 8 + j));
+      }
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < kRowsX * 16; e += blockDim.x) {
+    const int m = e / 16, r = e % 16;
+    if (m >= p.m || !inside(r)) continue;
+    float* out = p.y_ptr + m * p.y_row_stride + block_row(r);
+    *out = p.accumulate ? *out + output(m, r) : output(m, r);
   }
 }
 
@@ -677,7 +696,7 @@ void LaunchMmaGemv(const GemmParams& p_in, cudaStream_t stream) {
       return true;
     }();
     (void)configured;
-    const int64_t blocks = CeilDiv(p.n, 16);
+    const int64_t blocks = p.maybe_swiglu_ptr != nullptr ? CeilDiv(p.n / 2, 8) : CeilDiv(p.n, 16);
     int warps = 4;
     while (warps < kMmaGemvMaxWarps && blocks * warps < int64_t{16} * MultiprocessorCount()) warps *= 2;
     LaunchAfterPrevious(kernel, static_cast<unsigned>(blocks), 32 * warps, static_cast<size_t>(warps * kSmemPerWarp),
@@ -1119,6 +1138,10 @@ cudaStream_t StreamOf(void* cublas_handle) {
 void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.m == 0 || p.n == 0) return;
   if (p.maybe_argmax_key != nullptr && !GemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (callers check)
+  if (p.maybe_swiglu_ptr != nullptr) {
+    if (!MmaGemvApplies(p) || p.n % 2 != 0 || p.accumulate) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (the same)
+    return LaunchMmaGemv(p, StreamOf(cublas_handle));
+  }
   // FP8 weights from 2 rows on: on the H100, 0.50-0.99x the time of the several-row GEMV or the FP8 kernel
   // below for 1.4b's products, but for 2 rows of the narrow ones (1.08-1.11x: the output projection, 3.05
   // against 2.82 µs); summed over the four, 0.92x at 2 rows and 0.57x at 8.

@@ -96,6 +96,10 @@ struct GemmParams {
   // product's outputs, so that the argmax of y comes out of the product itself (a greedy decode step's LM
   // head: no kernel over the logits after it). The caller zeroes the key first; ArgmaxToken reads it.
   unsigned long long* maybe_argmax_key = nullptr;
+  // The up projection's SwiGLU in the product's epilogue (MmaGemvApplies products only, N even, no
+  // accumulate): act[m, j] = bf16(SiLU(y[m, j]) y[m, N/2 + j]) into this [M, N/2] instead of y, exactly what
+  // SwiGlu writes from y.
+  bf16* maybe_swiglu_ptr = nullptr;
   const float* w_scale = nullptr;  // [N]: w_ptr holds FP8 e4m3 (see QuantizeRowsFp8)
   bf16* w_bf16_scratch = nullptr;  // FP8 on the cuBLAS path: room for [N, K] bf16
 };

@@ -7,10 +7,13 @@
 //    and attention accumulate over up to 700 terms, which fp32 resolves to ~1e-6 relative per step.
 //  - bf16 outputs (norms, SwiGLU, the KV cache) round an fp32 value that itself differs from the
 //    reference's by ~1e-6 relative, so the rounding may land one bf16 step apart: 2^-8 relative (kBf16Tol).
+#include "kernels/cuda/ops_cuda.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,7 +22,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
 namespace oryx::kernels {
@@ -166,12 +168,28 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   cuda::SetKernelSwitches(saved);
 }
 
+// The tensor-core GEMV's SwiGLU epilogue (GemmParams::maybe_swiglu_ptr) writes what the product followed by
+// SwiGlu writes, bit for bit (the same sums in the same order): p is a plain product of even N into [M, N].
+void ExpectSwiGluEpilogueExact(cuda::GemmParams p) {
+  const int64_t f = p.n / 2;
+  DeviceBuffer<bf16> separate(p.m * f), fused(p.m * f);
+  cuda::Gemm(p, Cublas());
+  cuda::SwiGlu({.rows = p.m, .d = f, .in_ptr = p.y_ptr, .y_ptr = separate.get()}, nullptr);
+  p.maybe_swiglu_ptr = fused.get();
+  cuda::Gemm(p, Cublas());
+  const std::vector<float> a = ToFloat(fused.Host()), b = ToFloat(separate.Host());
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0) << "of " << a.size() << " SwiGLU outputs";
+}
+
 // bf16 weights against 2-32 rows on tensor cores (MmaGemvApplies), x and W rounded to bf16 so that only the
 // summation order differs from MatMulReference. One to four tiles of 8 rows of x (two steps of K a buffer up
 // to 16 rows, one beyond), partly past M; N not a multiple of 16 (a block's rows past the end); K of one
 // step of 32 (fewer steps than warps) up to 5,440 (1.4b's down projection: 170 steps, 16 warps a block for
 // N = 2048); N = 8208 (1.4b's input projection, 8 warps a block); x's rows further apart than K; each product
-// also accumulating (the several-row GEMV, which Gemm asks first at 2-3 rows, is off). Past 8 rows only
+// also accumulating and, for even N, with the SwiGLU epilogue (the several-row GEMV, which Gemm asks first at
+// 2-3 rows, is off). Past 8 rows only
 // products of at most kMmaGemvWideMaxWeights weights; with the switch at 8 rows, 9 rows go elsewhere; at 0,
 // none take it.
 TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
@@ -200,6 +218,7 @@ TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
     cuda::Gemm(twice, Cublas());
     for (float& v : ref) v *= 2;
     ExpectClose(dy.Host(), ref, kFp32Tol, "Gemm accumulating", std::sqrt(double(k)));
+    if (n % 2 == 0) ExpectSwiGluEpilogueExact(p);
   }
   DeviceBuffer<bf16> dx(std::vector<bf16>(64 * 64)), dw(std::vector<bf16>(64 * 64));
   DeviceBuffer<float> dy(64 * 64);
@@ -522,8 +541,9 @@ TEST(OpsCuda, Fp8TensorCoreProductWidensEveryCodeExactly) {
 
 // FP8 weights on the tensor-core GEMV (KernelSwitches::fp8_mma_gemv_max_rows): against
 // MatMulReference over the dequantised weights at 2-32 rows, K from one step of 64 to 5,504, each product also
-// accumulating; then every e4m3 code widened exactly (ExpectEveryCodeWidenedExactly), at one and three tiles
-// of x. Unlike bf16 weights, FP8 ones of any size take it past 8 rows.
+// accumulating and, for even N, with the SwiGLU epilogue; then every e4m3 code widened exactly
+// (ExpectEveryCodeWidenedExactly), at one and three tiles of x. Unlike bf16 weights, FP8 ones of any size take it past
+// 8 rows.
 TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
   ScopedSwitches switches;
   switches.Set([](cuda::KernelSwitches& s) { s.fp8_mma_gemv_max_rows = 32; });
@@ -549,6 +569,7 @@ TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
     for (float& v : ref) v *= 2;
     ExpectClose(PerRowMagnitude(dy.Host(), n), PerRowMagnitude(ref, n), kFp32Tol, "Gemm accumulating",
                 std::sqrt(double(k)));
+    if (n % 2 == 0) ExpectSwiGluEpilogueExact(p);
   }
   ExpectEveryCodeWidenedExactly(136, 576, {8, 24}, cuda::MmaGemvApplies);  // K: 9 steps of 64
   DeviceBuffer<bf16> dx(std::vector<bf16>(8 * 96));
