@@ -1,6 +1,7 @@
 # Session 72, call 4: the bf16 tensor-core GEMV as it is kept -- the GPU tests; the products alone by path; the
 # 1.4b decode step at 32K (batch 1, 8, 16, 32) and models/default's at 15K (8, 32, 64), and served points at 4K-16K,
 # with it on (ORYX_CUDA_BF16_MMA_ROWS=32, the default) and off (0), alternating.
+source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 source results/2026-12-07-h100-bf16-mma/preamble.sh
 for rep in 1 2; do
   for mma in 32 0; do

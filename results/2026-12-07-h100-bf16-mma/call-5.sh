@@ -1,6 +1,7 @@
 # Session 72, call 5: FP8 weights on the tensor-core GEMV (ORYX_CUDA_FP8_GEMV_ROWS=32 against 0, the default
 # still) -- the GPU tests, the products alone, and 1.4b's fp8 decode steps at 32K (batch 1, 8) and 4K (8, 16, 32)
 # beside bf16, and models/default's fp8 steps at 15K (8, 32).
+source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 source results/2026-12-07-h100-bf16-mma/preamble.sh
 for rep in 1 2; do
   for rows in 32 0; do

@@ -1,12 +1,6 @@
 # Session 72, call 6: the FP8 tensor-core GEMV on by default -- the GPU tests, and 1.4b's fp8 and bf16 steps at
 # 4K (batch 2, 8, 32) as a user gets them.
-source .carry/env.sh
-export ORYX_GIT_REVISION=$(cat .carry/rev)
-B=build-gpu/bin
-timeout 120 $B/ops_cuda_test > $OUT/tests.txt 2>&1; T1="ops_cuda_test rc $?: $(grep -c '^\[       OK' $OUT/tests.txt) ok"
-timeout 150 $B/cuda_backend_test >> $OUT/tests.txt 2>&1; T2="cuda_backend_test rc $?: $(grep -c '^\[       OK' $OUT/tests.txt) ok (both)"
-grep -B2 -A12 "Failure" $OUT/tests.txt | head -40
-echo "$T1; $T2 at $(el) s"
+source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 for w in fp8 bf16; do
   timeout 60 $B/oryx bench decode --device cuda --config 1.4b --weights $w --contexts 4096 --batches 2,8,32 --steps 20 \
     --prefill-max-attention 0 --json >> $OUT/decode-1.4b.jsonl 2>> $OUT/err.txt
