@@ -213,56 +213,55 @@ std::vector<nlohmann::json> RunRows(const Options& o) {
       {"in_proj", P, D}, {"o_proj", D, HD}, {"mlp_in", 2 * F, D}, {"mlp_down", D, F}};
   // The kernels compared, each by the switches that route Gemm to it: FP8 weights by Gemm's own choice, by the
   // tensor-core GEMV (2-32 rows) and by the kernels before it (the several-row GEMV, the FP8 tensor-core
-  // kernel), and bf16 weights by Gemm's own choice, by the tensor-core GEMV, by the
-  // several-row GEMV (2-8) and by cuBLAS.
-  // (A path is timed where its kernel takes the product under its switches.)
+  // kernel), and bf16 weights by Gemm's own choice, by the tensor-core GEMV, by the several-row GEMV (2-8) and
+  // by cuBLAS. A path is timed where its kernel takes the product under its switches.
   struct Path {
     const char* name;
+    bool fp8;
     kc::KernelSwitches switches;
     bool (*takes)(const kc::GemmParams& p);
+    void (*run)(const kc::GemmParams& p, void* cublas_handle) = kc::Gemm;
   };
   const kc::KernelSwitches defaults = kc::GetKernelSwitches();
   kc::KernelSwitches mma = defaults, multirow = defaults, fp8_gemv = defaults, fp8_older = defaults;
   fp8_gemv.fp8_mma_gemv_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
   fp8_older.fp8_mma_gemv_max_rows = 0;
-  mma.bf16_mma_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
+  mma.bf16_mma_gemv_max_rows = static_cast<int>(kc::kMmaGemvMaxRows);
   mma.multirow_bf16 = kc::KernelSwitches::MultiRow::kOff;
-  multirow.bf16_mma_max_rows = 0;
+  multirow.bf16_mma_gemv_max_rows = 0;
   multirow.multirow_bf16 = kc::KernelSwitches::MultiRow::kOn;
   auto always = [](const kc::GemmParams&) { return true; };
-  const std::vector<Path> paths = {
-      {"fp8", defaults, always},
-      {"fp8-mma-gemv", fp8_gemv, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
-      {"fp8-older", fp8_older, always},
-      {"bf16", defaults, always},
-      {"bf16-mma", mma, [](const kc::GemmParams& p) { return kc::MmaGemvApplies(p); }},
-      {"bf16-multirow", multirow, [](const kc::GemmParams& p) { return p.m > 1 && kc::GemvApplies(p); }},
-      {"bf16-cublas", defaults, always}};
+  auto multirow_takes = [](const kc::GemmParams& p) { return p.m > 1 && kc::GemvApplies(p); };
+  const std::vector<Path> paths = {{"fp8", true, defaults, always},
+                                   {"fp8-mma-gemv", true, fp8_gemv, kc::MmaGemvApplies},
+                                   {"fp8-older", true, fp8_older, always},
+                                   {"bf16", false, defaults, always},
+                                   {"bf16-mma", false, mma, kc::MmaGemvApplies},
+                                   {"bf16-multirow", false, multirow, multirow_takes},
+                                   {"bf16-cublas", false, defaults, always, kc::GemmCublas}};
   std::vector<nlohmann::json> out;
   for (const Product& product : products) {
     const Weights w = copies(product.n, product.k);
     for (const int64_t m : o.rows) {
       for (const Path& path : paths) {
+        // The product over copy c of the weights.
+        auto params = [&](size_t c) {
+          kc::GemmParams p{m, product.n, product.k, product.k, product.n, x, w.bf16s[c], y};
+          if (path.fp8) p.w_ptr = w.fp8s[c], p.w_scale = w.scales[c];
+          return p;
+        };
         kc::SetKernelSwitches(path.switches);
-        const bool fp8 = std::string(path.name).rfind("fp8", 0) == 0;
-        kc::GemmParams first{m, product.n, product.k, product.k, product.n, x, w.bf16s[0], y};
-        if (fp8) first.w_ptr = w.fp8s[0], first.w_scale = w.scales[0];
-        if (!path.takes(first)) continue;
-        const double us = TimeCalls(stream, o.calls, [&](int i) {
-          kc::GemmParams p{m, product.n, product.k, product.k, product.n, x, nullptr, y};
-          const size_t c = static_cast<size_t>(i) % w.fp8s.size();
-          p.w_ptr = fp8 ? static_cast<const void*>(w.fp8s[c]) : w.bf16s[c];
-          if (fp8) p.w_scale = w.scales[c];
-          path.name == std::string("bf16-cublas") ? kc::GemmCublas(p, cublas) : kc::Gemm(p, cublas);
-        });
-        const double bytes = (fp8 ? 1.0 : 2.0) * product.n * product.k;
+        if (!path.takes(params(0))) continue;
+        const double us = TimeCalls(stream, o.calls,
+                                    [&](int i) { path.run(params(static_cast<size_t>(i) % w.fp8s.size()), cublas); });
+        const double bytes = (path.fp8 ? 1.0 : 2.0) * product.n * product.k;
         out.push_back({{"bench", "gemm_rows"},
                        {"config", s.name},
                        {"op", product.op},
                        {"rows", m},
                        {"n", product.n},
                        {"k", product.k},
-                       {"weights", fp8 ? "fp8" : "bf16"},
+                       {"weights", path.fp8 ? "fp8" : "bf16"},
                        {"path", path.name},
                        {"weight_bytes", bytes},
                        {"us_per_call", us},

@@ -304,10 +304,10 @@ struct CudaSwitches {
   int fp8_mma_min_rows = 8;
   // BF16_MMA_ROWS: bf16 products of 2 to this many rows (at most 32) run on the tensor-core GEMV; 0: none (the
   // several-row GEMV and cuBLAS take them, as they take more rows).
-  int bf16_mma_rows = 32;
+  int bf16_mma_gemv_rows = 32;
   // FP8_GEMV_ROWS: the same for FP8 weights (at most 32; 0: none, so that the several-row GEMV and the FP8
   // tensor-core kernel take them).
-  int fp8_gemv_rows = 32;
+  int fp8_mma_gemv_rows = 32;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

@@ -138,8 +138,8 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                          .multirow_bf16 = switches.multirow_bf16 < 0    ? kc::KernelSwitches::MultiRow::kAuto
                                           : switches.multirow_bf16 == 0 ? kc::KernelSwitches::MultiRow::kOff
                                                                         : kc::KernelSwitches::MultiRow::kOn,
-                         .bf16_mma_max_rows = switches.bf16_mma_rows,
-                         .fp8_mma_gemv_max_rows = switches.fp8_gemv_rows});
+                         .bf16_mma_gemv_max_rows = switches.bf16_mma_gemv_rows,
+                         .fp8_mma_gemv_max_rows = switches.fp8_mma_gemv_rows});
   if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;

@@ -125,13 +125,11 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                     .y_ptr = sc.mlp,
                     .w_scale = w.mlp_in.scale,
                     .w_bf16_scratch = fp8_scratch};
-  if (fused_gemv_ && kc::MmaGemvApplies(up)) {  // (the SwiGLU in its epilogue)
-    up.maybe_swiglu_ptr = sc.act;
-    kc::Gemm(up, ctx.cublas);
-    mark("mlp_in+swiglu");
-  } else {
-    kc::Gemm(up, ctx.cublas);
-    mark("mlp_in");
+  const bool swiglu_fused = fused_gemv_ && kc::MmaGemvApplies(up);  // (the SwiGLU in the product's epilogue)
+  if (swiglu_fused) up.maybe_swiglu_ptr = sc.act;
+  kc::Gemm(up, ctx.cublas);
+  mark(swiglu_fused ? "mlp_in+swiglu" : "mlp_in");
+  if (!swiglu_fused) {
     kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
     mark("swiglu");
   }

@@ -1,10 +1,10 @@
 // Projections: y = x W^T with bf16 operands, fp32 accumulation and fp32 output (the residual stream and the
 // mixer inputs stay fp32). Single-row products (decode steps) go through a GEMV kernel that streams the weight
-// matrix once with 16-byte loads, a warp per output feature; the rest through cuBLAS (row-major y = x W^T is
-// column-major y^T = W x^T, hence (T, N) below). cuBLAS is faster from 2 rows on (measured in docs/CUDA.md).
-// Weights against 2 to 32 rows take a tensor-core GEMV (MmaGemvKernel) first. FP8 weights (QuantizeRowsFp8)
-// otherwise take the GEMVs up to 7 rows, a tensor-core kernel that widens them in registers from 8 to 128 rows,
-// and cuBLAS over a bf16 copy beyond.
+// matrix once with 16-byte loads, a warp per output feature; products of 2 to 32 rows (a batch's decode step, a
+// short verify span) through a tensor-core GEMV (MmaGemvKernel), or a several-row GEMV where it is faster
+// (Gemm); the rest through cuBLAS (row-major y = x W^T is column-major y^T = W x^T, hence (T, N) below). FP8
+// weights (QuantizeRowsFp8) past the tensor-core GEMV take the several-row GEMV up to 7 rows, a tensor-core
+// kernel that widens them in registers up to 128 rows, and cuBLAS over a bf16 copy beyond.
 #include <cublas_v2.h>
 #include <cuda_fp8.h>
 
@@ -1106,7 +1106,7 @@ bool MmaGemvApplies(const GemmParams& p) {
   static const bool mma = CurrentDeviceAttribute(cudaDevAttrComputeCapabilityMajor) >= 8;  // (mma.sync bf16)
   const bool fp8 = p.w_scale != nullptr;
   const KernelSwitches& switches = GetKernelSwitches();
-  const int64_t max_rows = fp8 ? switches.fp8_mma_gemv_max_rows : switches.bf16_mma_max_rows;
+  const int64_t max_rows = fp8 ? switches.fp8_mma_gemv_max_rows : switches.bf16_mma_gemv_max_rows;
   return p.maybe_argmax_key == nullptr && p.m >= 2 && p.m <= std::min(max_rows, kMmaGemvMaxRows) &&
          (p.m <= 8 || fp8 || p.n * p.k <= kMmaGemvWideMaxWeights) && p.k % (fp8 ? 64 : 32) == 0 &&
          p.x_row_stride % 8 == 0 && aligned(p.x_ptr) && aligned(p.w_ptr) && mma;

@@ -136,7 +136,7 @@ bool GemvApplies(const GemmParams& p);
 // checked before GemvApplies.
 inline constexpr int64_t kFp8MmaMaxRows = 128;
 bool Fp8MmaApplies(const GemmParams& p);
-// Whether Gemm takes the tensor-core GEMV (MmaGemvKernel in matmul.cu): 2 to KernelSwitches::bf16_mma_max_rows
+// Whether Gemm takes the tensor-core GEMV (MmaGemvKernel in matmul.cu): 2 to KernelSwitches::bf16_mma_gemv_max_rows
 // rows of bf16 weights, or fp8_mma_gemv_max_rows of FP8 ones (at most kMmaGemvMaxRows), past 8 rows only bf16
 // products of at most kMmaGemvWideMaxWeights weights, K a multiple of 32 (64 for FP8), x and W 16-byte
 // aligned, x's row stride a multiple of 8, no argmax key, compute capability 8 or later. Gemm asks first for
@@ -484,8 +484,9 @@ struct KernelSwitches {
   // products of at most kMultiRowMaxWeights weights, where cuBLAS's fixed costs outweigh its streaming.
   enum class MultiRow : uint8_t { kAuto, kOn, kOff };
   MultiRow multirow_bf16 = MultiRow::kAuto;
-  int bf16_mma_max_rows = 32;      // bf16 products of 2 to this many rows (<= kMmaGemvMaxRows) on tensor cores; 0: none
-  int fp8_mma_gemv_max_rows = 32;  // the same for FP8 weights (ahead of the FP8 GEMVs and tensor-core kernel)
+  // bf16 and FP8 products of 2 to this many rows (at most kMmaGemvMaxRows) on the tensor-core GEMV; 0: none.
+  int bf16_mma_gemv_max_rows = 32;
+  int fp8_mma_gemv_max_rows = 32;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

@@ -676,8 +676,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.group_mma_chunk, 1024);
   EXPECT_EQ(defaults.attention_chunk, 256);
   EXPECT_EQ(defaults.fp8_mma_min_rows, 8);
-  EXPECT_EQ(defaults.bf16_mma_rows, 32);
-  EXPECT_EQ(defaults.fp8_gemv_rows, 32);
+  EXPECT_EQ(defaults.bf16_mma_gemv_rows, 32);
+  EXPECT_EQ(defaults.fp8_mma_gemv_rows, 32);
   EXPECT_EQ(defaults.prefill_rows, 0);
   EXPECT_EQ(defaults.prefill_span, 16384);
   setenv("ORYX_CUDA_FUSED", "0", 1);
@@ -705,8 +705,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.group_mma_chunk, 1024);
   EXPECT_EQ(set.attention_chunk, 128);
   EXPECT_EQ(set.fp8_mma_min_rows, 4);
-  EXPECT_EQ(set.bf16_mma_rows, 0);
-  EXPECT_EQ(set.fp8_gemv_rows, 5);
+  EXPECT_EQ(set.bf16_mma_gemv_rows, 0);
+  EXPECT_EQ(set.fp8_mma_gemv_rows, 5);
   EXPECT_EQ(set.prefill_rows, 16384);
   EXPECT_EQ(set.prefill_span, 256);
 }

@@ -129,20 +129,20 @@ cublasHandle_t Cublas() {
 TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
   // m == 1 takes the GEMV kernel (when K is a multiple of 8), larger m and odd K cuBLAS; m of 2-8 (K a
   // multiple of 8) the several-row GEMV when KernelSwitches::multirow_bf16 says so (kAuto: small products;
-  // every shape here is one) and the tensor-core GEMV does not take it (bf16_mma_max_rows 0 here; its own
+  // every shape here is one) and the tensor-core GEMV does not take it (bf16_mma_gemv_max_rows 0 here; its own
   // test below). The single-row
   // shapes take 4 warps per feature (n 300), 1 (n 8200) and, on a GPU of more than 64 SMs, 2 (n 2048); K =
   // 24592 is past what the GEMV copies into shared memory (48 KiB of x), so it reads x from global memory.
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {1, 300, 256}, {3, 77, 64},   {8, 129, 520},  {9, 64, 128},   {40, 33, 96},
       {2, 17, 10},   {1, 8200, 64}, {1, 2048, 512}, {1, 40, 24592}, {5, 2568, 512}};
-  const cuda::KernelSwitches saved = cuda::GetKernelSwitches();
+  ScopedSwitches switches;
   using MultiRow = cuda::KernelSwitches::MultiRow;
   for (MultiRow mode : {MultiRow::kOff, MultiRow::kOn, MultiRow::kAuto}) {
-    cuda::KernelSwitches switches = saved;
-    switches.multirow_bf16 = mode;
-    switches.bf16_mma_max_rows = 0;
-    cuda::SetKernelSwitches(switches);
+    switches.Set([&](cuda::KernelSwitches& s) {
+      s.multirow_bf16 = mode;
+      s.bf16_mma_gemv_max_rows = 0;
+    });
     SCOPED_TRACE("several-row GEMV for bf16: " + std::to_string(static_cast<int>(mode)));
     for (auto [m, n, k] : shapes) {
       const std::vector<float> x = RoundBf16(Random(m * k, 1)), w = RoundBf16(Random(n * k, 2));
@@ -165,7 +165,6 @@ TEST(OpsCuda, GemmMatchesMatMulReferenceOnBothPaths) {
       ExpectClose(dy.Host(), twice, kFp32Tol, "Gemm accumulate m=" + std::to_string(m), std::sqrt(double(k)));
     }
   }
-  cuda::SetKernelSwitches(saved);
 }
 
 // The tensor-core GEMV's SwiGLU epilogue (GemmParams::maybe_swiglu_ptr) writes what the product followed by
@@ -195,7 +194,7 @@ void ExpectSwiGluEpilogueExact(cuda::GemmParams p) {
 TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
   ScopedSwitches switches;
   switches.Set([](cuda::KernelSwitches& s) {
-    s.bf16_mma_max_rows = 32;
+    s.bf16_mma_gemv_max_rows = 32;
     s.multirow_bf16 = cuda::KernelSwitches::MultiRow::kOff;
   });
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
@@ -233,10 +232,10 @@ TEST(OpsCuda, Bf16TensorCoreProductMatchesMatMulReference) {
   EXPECT_TRUE(applies(8, 64, wide));
   EXPECT_FALSE(applies(9, 64, wide));
   EXPECT_TRUE(applies(9, 64, wide - 64));
-  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_max_rows = 8; });
+  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_gemv_max_rows = 8; });
   EXPECT_TRUE(applies(8, 64));
   EXPECT_FALSE(applies(9, 64));
-  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_max_rows = 0; });
+  switches.Set([](cuda::KernelSwitches& s) { s.bf16_mma_gemv_max_rows = 0; });
   EXPECT_FALSE(applies(2, 64));
 }
 
