@@ -273,6 +273,14 @@ inline int64_t AcceptGreedy(std::span<const int32_t> drafts, std::span<const int
 struct CudaSwitches {
   bool fused_gemv = true;           // FUSED: norms and SwiGLU fused into the products (CudaBackend::set_fused_gemv)
   bool decode_mixer = true;         // DECODE_MIXER: a decode step's conv, window and recurrence as one kernel
+  // SPLIT_NORMS: a batch's forward (2-32 rows on the tensor-core GEMV) splits each residual RMSNorm between the
+  // product that adds into the residual and the one that reads the norm (no norm kernel between them).
+  bool split_norms = true;
+  // MIXER_NORM: a batch's decode step with no attention row runs the gated norm in the decode mixer kernel.
+  bool mixer_norm = true;
+  // STATE_PREFETCH: a batch's decode step brings each layer's recurrent states into L2 from the input projection
+  // (kc::GemmParams::prefetch), ahead of the mixer kernel that reads them.
+  bool state_prefetch = true;
   bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks
   bool tiled_attention = true;      // TILED_ATTENTION: prefill attention on tensor cores

@@ -693,6 +693,10 @@ struct CudaBackend::Plan {
   bool skip_q_linear = false;      // every row attends: the q_linear rows are not
   bool fused = false;              // single rows: norms, gates and SwiGLU fused into the GEMVs
   bool decode_mixer = false;       // every span one token, none kept: kc::DecodeMixer
+  // Not fused, every product on the tensor-core GEMV: each residual RMSNorm is split between the product that
+  // adds into the residual and the next one (kc::GemmParams::norm_out and norm_in), no AddRmsNorm between them.
+  bool split_norms = false;
+  bool gated_in_mixer = false;     // not fused, decode_mixer, no attention row: the mixer writes the gated norm
   int64_t scan_chunks = 0;         // chunks of kc::Recurrent's chunked scan for long spans (never in a graph)
   bool tiled_attention = false;    // kc::TiledAttention (never in a graph)
   int32_t group_size = kc::kAttentionGroupRows;  // attention rows of a sequence per group (per tile when tiled)
@@ -706,7 +710,8 @@ struct CudaBackend::Plan {
 
   auto Key() const {
     return std::tie(N, B, NA, NL, NG, group_rows, chunk, max_chunks, any_attention, skip_q_linear, fused, decode_mixer,
-                    scan_chunks, tiled_attention, group_size, device_draw, temperature, top_p, top_k, stats);
+                    split_norms, gated_in_mixer, scan_chunks, tiled_attention, group_size, device_draw, temperature,
+                    top_p, top_k, stats);
   }
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };

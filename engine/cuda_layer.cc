@@ -17,6 +17,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const int32_t layer = static_cast<int32_t>(il);
   const int64_t N = plan.N, B = plan.B, NA = plan.NA;
   const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
+  const kc::GemmParams::NormIn norm_in{.sum_sq_ptr = sc.tmp, .eps = dims.norm_eps};  // (Plan::split_norms)
   bf16* const fp8_scratch = static_cast<bf16*>(fp8_scratch_);  // FP8 weights on the cuBLAS path (kc::GemmParams)
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
@@ -34,18 +35,48 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::FusedGemv(in, s);
     mark("in_proj (norm fused)");
   } else {
-    // u = RMSNorm(x) was written by the previous step.
-    kc::Gemm({.m = N, .n = P_used, .k = D, .x_row_stride = D, .y_row_stride = P, .x_ptr = sc.u,
-              .w_ptr = w.in_proj.data, .y_ptr = sc.proj, .w_scale = w.in_proj.scale, .w_bf16_scratch = fp8_scratch},
-             ctx.cublas);
+    // u = RMSNorm(x) was written by the previous step; split (Plan::split_norms): bf16(x * attn_norm) and its
+    // rows' sums of squares, by the previous layer's down projection.
+    kc::GemmParams in{.m = N,
+                      .n = P_used,
+                      .k = D,
+                      .x_row_stride = D,
+                      .y_row_stride = P,
+                      .x_ptr = sc.u,
+                      .w_ptr = w.in_proj.data,
+                      .y_ptr = sc.proj,
+                      .w_scale = w.in_proj.scale,
+                      .w_bf16_scratch = fp8_scratch};
+    if (plan.split_norms && il > 0) in.norm_in = norm_in;
+    // The decode mixer reads this layer's states next (bulk prefetches: 16-byte multiples, from cudaMalloc'd
+    // states).
+    const int64_t dd = c.n_heads * c.head_dim * c.head_dim;
+    if (plan.decode_mixer && state_prefetch_ && dd % 4 == 0) {
+      in.prefetch = {.seqs = sc.seqs, .count = B, .offset = il * dd, .floats = dd};
+    }
+    kc::Gemm(in, ctx.cublas);
     mark("in_proj");
   }
   if (plan.decode_mixer) {
-    kc::DecodeMixer({.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs, .row_mode_ptr = sc.row_mode,
-                     .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight, .conv_bias_ptr = w.conv_bias,
-                     .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log, .maybe_d_skip_ptr = w.d_skip, .qa_ptr = sc.qa,
-                     .out_ptr = sc.o, .maybe_rope_freq_ptr = rope_freq_}, s);
-    mark("conv+recurrent");
+    kc::DecodeMixerParams mixer{.dims = dims,
+                                .layer = layer,
+                                .seqs = B,
+                                .seqs_ptr = sc.seqs,
+                                .row_mode_ptr = sc.row_mode,
+                                .proj_ptr = sc.proj,
+                                .conv_weight_ptr = w.conv_weight,
+                                .conv_bias_ptr = w.conv_bias,
+                                .dt_bias_ptr = w.dt_bias,
+                                .a_log_ptr = w.a_log,
+                                .maybe_d_skip_ptr = w.d_skip,
+                                .qa_ptr = sc.qa,
+                                .out_ptr = sc.o,
+                                .maybe_rope_freq_ptr = rope_freq_};
+    if (plan.gated_in_mixer) {
+      mixer.maybe_gated_ptr = sc.y, mixer.gate_column = in_proj_.g, mixer.gate_norm_ptr = w.gate_norm;
+    }
+    kc::DecodeMixer(mixer, s);
+    mark(plan.gated_in_mixer ? "conv+recurrent+gated_norm" : "conv+recurrent");
   } else {
     kc::ConvRopeAppend({.dims = dims, .layer = layer, .rows = N, .row_seq_ptr = sc.row_seq, .row_mode_ptr = sc.row_mode,
                         .seqs_ptr = sc.seqs, .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight,
@@ -106,15 +137,52 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mark("mlp_down (residual fused)");
     return;
   }
-  kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
-                 .o_ptr = sc.o, .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
-  mark("gated_norm");
-  kc::Gemm({.m = N, .n = D, .k = HD, .x_row_stride = HD, .y_row_stride = D, .x_ptr = sc.y, .w_ptr = w.o_proj.data,
-            .y_ptr = sc.tmp, .w_scale = w.o_proj.scale, .w_bf16_scratch = fp8_scratch}, ctx.cublas);
-  mark("o_proj");
-  kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
-                  .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
-  mark("add_rmsnorm");
+  if (!plan.gated_in_mixer) {
+    kc::GatedNorm({.rows = N,
+                   .heads = c.n_heads,
+                   .head_dim = c.head_dim,
+                   .eps = dims.norm_eps,
+                   .gate_row_stride = P,
+                   .o_ptr = sc.o,
+                   .gate_ptr = sc.proj + in_proj_.g,
+                   .weight_ptr = w.gate_norm,
+                   .y_ptr = sc.y},
+                  s);
+    mark("gated_norm");
+  }
+  // The residual adds: into tmp, added by AddRmsNorm, which writes the next product's input u; split, the
+  // products add into x themselves and write u = bf16(x * norm weight) and the sums of squares of x (in tmp).
+  const bool split = plan.split_norms;
+  auto residual_add = [&](kc::GemmParams& p, const float* next_norm) {
+    if (!split) return;
+    p.y_ptr = sc.x, p.accumulate = true;
+    if (next_norm != nullptr) p.norm_out = {.scaled_ptr = sc.u, .weight_ptr = next_norm, .sum_sq_ptr = sc.tmp};
+  };
+  kc::GemmParams o_proj{.m = N,
+                        .n = D,
+                        .k = HD,
+                        .x_row_stride = HD,
+                        .y_row_stride = D,
+                        .x_ptr = sc.y,
+                        .w_ptr = w.o_proj.data,
+                        .y_ptr = sc.tmp,
+                        .w_scale = w.o_proj.scale,
+                        .w_bf16_scratch = fp8_scratch};
+  residual_add(o_proj, w.mlp_norm);
+  kc::Gemm(o_proj, ctx.cublas);
+  mark(split ? "o_proj (residual, norm split)" : "o_proj");
+  if (!split) {
+    kc::AddRmsNorm({.rows = N,
+                    .d = D,
+                    .eps = dims.norm_eps,
+                    .x_ptr = sc.x,
+                    .maybe_delta_ptr = sc.tmp,
+                    .weight_ptr = w.mlp_norm,
+                    .maybe_rows_ptr = nullptr,
+                    .y_ptr = sc.u},
+                   s);
+    mark("add_rmsnorm");
+  }
   kc::GemmParams up{.m = N,
                     .n = 2 * F,
                     .k = D,
@@ -125,6 +193,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                     .y_ptr = sc.mlp,
                     .w_scale = w.mlp_in.scale,
                     .w_bf16_scratch = fp8_scratch};
+  if (split) up.norm_in = norm_in;
   const bool swiglu_fused = fused_gemv_ && kc::MmaGemvApplies(up);  // (the SwiGLU in the product's epilogue)
   if (swiglu_fused) up.maybe_swiglu_ptr = sc.act;
   kc::Gemm(up, ctx.cublas);
@@ -133,11 +202,20 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
     mark("swiglu");
   }
-  kc::Gemm({.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
-            .w_ptr = w.mlp_down.data, .y_ptr = sc.tmp, .w_scale = w.mlp_down.scale, .w_bf16_scratch = fp8_scratch},
-           ctx.cublas);
-  mark("mlp_down");
-  if (il + 1 < c.n_layers) {
+  kc::GemmParams down{.m = N,
+                      .n = D,
+                      .k = F,
+                      .x_row_stride = F,
+                      .y_row_stride = D,
+                      .x_ptr = sc.act,
+                      .w_ptr = w.mlp_down.data,
+                      .y_ptr = sc.tmp,
+                      .w_scale = w.mlp_down.scale,
+                      .w_bf16_scratch = fp8_scratch};
+  residual_add(down, il + 1 < c.n_layers ? layers_[il + 1].attn_norm : nullptr);  // (the last: the final norm's)
+  kc::Gemm(down, ctx.cublas);
+  mark(split ? "mlp_down (residual, norm split)" : "mlp_down");
+  if (!split && il + 1 < c.n_layers) {
     kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
                     .weight_ptr = layers_[il + 1].attn_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
     mark("add_rmsnorm");
@@ -161,9 +239,15 @@ void CudaBackend::RunModel(const Plan& plan) {
   for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
   if (plan.NL > 0) {
     // The unfused path still owes the last MLP's residual (in tmp).
-    kc::AddRmsNorm({.rows = plan.NL, .d = D, .eps = eps, .x_ptr = sc.x,
-                    .maybe_delta_ptr = plan.fused ? nullptr : sc.tmp, .weight_ptr = final_norm_,
-                    .maybe_rows_ptr = sc.logit_rows, .y_ptr = sc.head}, ctx.stream);
+    kc::AddRmsNorm({.rows = plan.NL,
+                    .d = D,
+                    .eps = eps,
+                    .x_ptr = sc.x,
+                    .maybe_delta_ptr = plan.fused || plan.split_norms ? nullptr : sc.tmp,
+                    .weight_ptr = final_norm_,
+                    .maybe_rows_ptr = sc.logit_rows,
+                    .y_ptr = sc.head},
+                   ctx.stream);
     kc::GemmParams head{.m = plan.NL, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = sc.head,
         .w_ptr = lm_head_.data, .y_ptr = sc.logits, .w_scale = lm_head_.scale, .w_bf16_scratch = fp8_scratch};
     head.maybe_argmax_key = sc.argmax_key;

@@ -19,7 +19,8 @@ constexpr int kMaxTaps = 4;  // the widest conv the kernel takes (DecodeMixerApp
 template <int kDh>
 __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
   constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j
-  __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2];
+  constexpr unsigned kSlices = kDh / kLanes;  // the blocks of a head (its cluster)
+  __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2], slice_sq;
   if (!p.early_loads) AfterPrevious();
   const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
   const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
@@ -58,6 +59,8 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   if (rope && threadIdx.y == 0) RopeAngle(j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &rope_sin, &rope_cos);
   if (attention_row && threadIdx.y == 0) q_scale = AttnQueryScale(p.dims.attn_log_scale_base, pos);
   const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
+  const bool gated = p.maybe_gated_ptr != nullptr;
+  const float gate_norm = gated && y == 0 ? p.gate_norm_ptr[j] : 0.f;
   // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
   // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
   float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
@@ -67,6 +70,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
   const float a_exp = expf(a_log);
+  const float gate = gated && y == 0 ? proj[p.gate_column + h * kDh + j] : 0.f;
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
@@ -156,9 +160,26 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
     }
     out = column_sum(out);
   }
-  if (y == 0 && !attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) state[(y + kGroups * k) * kDh + j] = S[k];
+  if (!gated) {
+    if (y == 0 && !attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
+    return;
+  }
+  // The gated norm: the head's sum of squares from its blocks' slices, added in rank order in each block.
+  if (y == 0) {
+    const float sq = WarpSum(out * out);
+    if (x == 0) slice_sq = sq;
+  }
+  ClusterSync();
+  if (y == 0) {
+    float head_sq = 0.f;
+#pragma unroll
+    for (unsigned rank = 0; rank < kSlices; ++rank) head_sq += *ClusterPeer(&slice_sq, rank);
+    const float scale = rsqrtf(head_sq / kDh + p.dims.norm_eps);
+    p.maybe_gated_ptr[r * HD + h * kDh + j] = __float2bfloat16(out * scale * gate_norm * Silu(gate));
+  }
+  if constexpr (kSlices > 1) ClusterSync();  // (the peers have read slice_sq before this block exits)
 }
 
 }  // namespace

@@ -268,6 +268,19 @@ __device__ __forceinline__ void Bf16PairsOfFp8(uint32_t word, uint32_t& lo, uint
   hi = widen(__byte_perm(word, 0u, 0x4342));
 }
 
+// This block's share of GemmParams::prefetch: the sequences' state slices, laid end to end, in equal pieces of
+// 16-byte multiples, each brought into L2 by bulk prefetches (one per sequence it touches).
+__device__ void PrefetchShareOfStates(const GemmParams::StatePrefetch& f) {
+  const int64_t bytes = f.floats * int64_t{sizeof(float)}, total = f.count * bytes;
+  const int64_t share = CeilDivDevice(CeilDivDevice(total, gridDim.x), 16) * 16;
+  const int64_t end = min(total, (int64_t(blockIdx.x) + 1) * share);
+  for (int64_t at = int64_t(blockIdx.x) * share; at < end;) {
+    const int64_t seq = at / bytes, within = at % bytes, n = min(end - at, bytes - within);
+    PrefetchL2(reinterpret_cast<const char*>(f.seqs[seq].state + f.offset) + within, static_cast<uint32_t>(n));
+    at += n;
+  }
+}
+
 // Weights against 2 to kMmaGemvMaxRows rows of x (a batch's decode step, a short verify span) on tensor cores,
 // each weight read once for all the rows. The weights are the mma's A operand (a block's 16 weight rows) and x
 // its B operand (tiles of 8 rows of x), so that a batch of 8 fills the mma and no padding is multiplied. K goes
@@ -362,6 +375,25 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
   AfterPrevious();
   if (!p.early_loads) load_w(0, first);
   load_x(0, first);
+  // Shared memory: the warps' sums [warp][row of x][weight row of the block], then the rows' norm scales
+  // (GemmParams::norm_in) and the new values of a residual add (norm_out) [row of x][weight row].
+  constexpr int kRowsX = 8 * kTiles;
+  extern __shared__ __align__(16) unsigned char mma_gemv_smem[];
+  float* sums = reinterpret_cast<float*>(mma_gemv_smem);
+  float* row_scale = sums + warps * kRowsX * 16;
+  float* fresh = row_scale + kRowsX;
+  // The rows' norm scales while the first loads are in flight: warp w adds up the blocks' sums of squares of
+  // rows w, w + warps, ..., its lanes over the blocks, in the same order in every block.
+  if (p.norm_in.sum_sq_ptr != nullptr) {
+    const int64_t parts = CeilDivDevice(p.k, 16);
+    for (int m = warp; m < p.m; m += warps) {
+      float sum_sq = 0.f;
+#pragma unroll 4
+      for (int64_t b = lane; b < parts; b += 32) sum_sq += __ldg(p.norm_in.sum_sq_ptr + b * p.m + m);
+      sum_sq = WarpSum(sum_sq);
+      if (lane == 0) row_scale[m] = rsqrtf(sum_sq / static_cast<float>(p.k) + p.norm_in.eps);
+    }
+  }
   for (int64_t base = first; base < steps; base += 2 * stride) {
     if (base + stride < steps) {
       load_w(1, base + stride);
@@ -375,10 +407,8 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
     }
     multiply(w[1], x[1]);
   }
-  // The warps' sums, [warp][row of x][weight row of the block], then added up in warp order.
-  constexpr int kRowsX = 8 * kTiles;
-  extern __shared__ __align__(16) unsigned char mma_gemv_smem[];
-  float* sums = reinterpret_cast<float*>(mma_gemv_smem);
+  if (p.prefetch.seqs != nullptr && threadIdx.x == 0) PrefetchShareOfStates(p.prefetch);
+  // The warps' sums, added up in warp order.
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
@@ -390,6 +420,7 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
     float sum = 0.f;
     for (int w = 0; w < warps; ++w) sum += sums[(w * kRowsX + m) * 16 + r];
     if constexpr (kFp8) sum *= __ldg(p.w_scale + block_row(r));
+    if (p.norm_in.sum_sq_ptr != nullptr) sum *= row_scale[m];
     return sum;
   };
   if (swiglu) {  // what SwiGlu writes from the outputs, exactly: the same sums in the same order
@@ -401,11 +432,30 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
     }
     return;
   }
+  const GemmParams::NormOut& norm = p.norm_out;
   for (int e = threadIdx.x; e < kRowsX * 16; e += blockDim.x) {
     const int m = e / 16, r = e % 16;
-    if (m >= p.m || !inside(r)) continue;
-    float* out = p.y_ptr + m * p.y_row_stride + block_row(r);
-    *out = p.accumulate ? *out + output(m, r) : output(m, r);
+    if (m >= p.m) continue;
+    if (!inside(r)) {
+      fresh[e] = 0.f;
+      continue;
+    }
+    const int64_t n = block_row(r);
+    float* out = p.y_ptr + m * p.y_row_stride + n;
+    const float value = p.accumulate ? *out + output(m, r) : output(m, r);
+    *out = value;
+    if (norm.scaled_ptr != nullptr) {
+      norm.scaled_ptr[m * p.n + n] = __float2bfloat16(value * __ldg(norm.weight_ptr + n));
+      fresh[e] = value;
+    }
+  }
+  if (norm.scaled_ptr == nullptr) return;
+  __syncthreads();
+  for (int m = threadIdx.x; m < p.m; m += blockDim.x) {
+    float sum_sq = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) sum_sq += fresh[m * 16 + r] * fresh[m * 16 + r];
+    norm.sum_sq_ptr[block * p.m + m] = sum_sq;
   }
 }
 
@@ -687,11 +737,11 @@ void LaunchMmaGemv(const GemmParams& p_in, cudaStream_t stream) {
   auto launch = [&](auto tiles) {
     constexpr int kTiles = decltype(tiles)::value;
     auto kernel = p.w_scale != nullptr ? MmaGemvKernel<kTiles, true> : MmaGemvKernel<kTiles, false>;
-    constexpr int64_t kSmemPerWarp = 16 * 8 * kTiles * 4;
+    constexpr int64_t kSmemPerWarp = 16 * 8 * kTiles * 4, kSmemNorms = 17 * 8 * kTiles * 4;
     static const bool configured = [] {
       for (auto instance : {MmaGemvKernel<kTiles, true>, MmaGemvKernel<kTiles, false>}) {
         ORYX_CUDA_CHECK(cudaFuncSetAttribute(instance, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int{kMmaGemvMaxWarps * kSmemPerWarp}));
+                                             int{kMmaGemvMaxWarps * kSmemPerWarp + kSmemNorms}));
       }
       return true;
     }();
@@ -699,8 +749,8 @@ void LaunchMmaGemv(const GemmParams& p_in, cudaStream_t stream) {
     const int64_t blocks = p.maybe_swiglu_ptr != nullptr ? CeilDiv(p.n / 2, 8) : CeilDiv(p.n, 16);
     int warps = 4;
     while (warps < kMmaGemvMaxWarps && blocks * warps < int64_t{16} * MultiprocessorCount()) warps *= 2;
-    LaunchAfterPrevious(kernel, static_cast<unsigned>(blocks), 32 * warps, static_cast<size_t>(warps * kSmemPerWarp),
-                        stream, p);
+    LaunchAfterPrevious(kernel, static_cast<unsigned>(blocks), 32 * warps,
+                        static_cast<size_t>(warps * kSmemPerWarp + kSmemNorms), stream, p);
   };
   switch (CeilDiv(p.m, 8)) {
     case 1:
@@ -1140,6 +1190,11 @@ void Gemm(const GemmParams& p, void* cublas_handle) {
   if (p.maybe_argmax_key != nullptr && !GemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (callers check)
   if (p.maybe_swiglu_ptr != nullptr) {
     if (!MmaGemvApplies(p) || p.n % 2 != 0 || p.accumulate) ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // (the same)
+    if (p.norm_out.scaled_ptr != nullptr) ORYX_CUDA_CHECK(cudaErrorInvalidValue);
+    return LaunchMmaGemv(p, StreamOf(cublas_handle));
+  }
+  if (p.norm_out.scaled_ptr != nullptr || p.norm_in.sum_sq_ptr != nullptr) {  // (a split norm: the same)
+    if (!MmaGemvApplies(p)) ORYX_CUDA_CHECK(cudaErrorInvalidValue);
     return LaunchMmaGemv(p, StreamOf(cublas_handle));
   }
   // FP8 weights from 2 rows on: on the H100, 0.50-0.99x the time of the several-row GEMV or the FP8 kernel

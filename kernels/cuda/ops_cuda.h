@@ -102,6 +102,34 @@ struct GemmParams {
   bf16* maybe_swiglu_ptr = nullptr;
   const float* w_scale = nullptr;  // [N]: w_ptr holds FP8 e4m3 (see QuantizeRowsFp8)
   bf16* w_bf16_scratch = nullptr;  // FP8 on the cuBLAS path: room for [N, K] bf16
+  // An RMSNorm split between two products on the tensor-core GEMV (MmaGemvApplies), so that no kernel runs
+  // between a residual add and the product that reads its norm (a batch's decode step):
+  // - the product that adds into the residual (accumulate, no SwiGLU epilogue) also writes bf16(y'[m, n] *
+  //   norm_out.weight_ptr[n]) of y's new values y' into norm_out.scaled_ptr ([M, N]), and the sums of squares of
+  //   y' over each block's 16 columns into norm_out.sum_sq_ptr ([CeilDiv(N, 16), M]);
+  // - the product that reads that as its x (its K the first's N) scales row m's sums by
+  //   rsqrt(sum of norm_in.sum_sq_ptr[., m] / K + norm_in.eps).
+  // Together: RMSNorm(y') * weight times W, x rounded to bf16 before the norm's scale instead of after (the
+  // rounding's relative error is the same at any scale).
+  struct NormOut {
+    bf16* scaled_ptr = nullptr;
+    const float* weight_ptr = nullptr;
+    float* sum_sq_ptr = nullptr;
+  };
+  struct NormIn {
+    const float* sum_sq_ptr = nullptr;
+    float eps = 0.f;
+  };
+  NormOut norm_out = {};
+  NormIn norm_in = {};
+  // A hint: after its sums, each block of the tensor-core GEMV brings its share of these recurrent states into
+  // L2, floats [offset, offset + floats) of each of the `count` sequences' states (a batch's input projection:
+  // its layer's states, which the mixer kernel after it reads). Other kernels ignore it.
+  struct StatePrefetch {
+    const SeqDesc* seqs = nullptr;
+    int64_t count = 0, offset = 0, floats = 0;
+  };
+  StatePrefetch prefetch = {};
 };
 // A float's bits as an unsigned key with the floats' order (-0 is +0, so that equal values have equal keys).
 __host__ __device__ inline uint32_t OrderedBits(float value) {
@@ -304,6 +332,13 @@ struct DecodeMixerParams {
   float* out_ptr;                // [N, HD]
   const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
   bool early_loads = false;           // set by DecodeMixer (EarlyLoads in common.cuh)
+  // With no attention row in the forward: the outputs' gated norm, what GatedNorm writes from them, into this
+  // [N, HD] instead of out_ptr: bf16(RMSNormPerHead(out) * gate_norm * SiLU(gate)), the gate in proj's
+  // columns [gate_column, gate_column + HD). (The head's sum of squares is added up in another order than
+  // GatedNorm's.)
+  bf16* maybe_gated_ptr = nullptr;
+  int64_t gate_column = 0;
+  const float* gate_norm_ptr = nullptr;  // [dh]
 };
 bool DecodeMixerApplies(const ModelDims& dims);
 void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);

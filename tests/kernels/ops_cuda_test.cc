@@ -584,6 +584,82 @@ TEST(OpsCuda, Fp8WeightsOnTheTensorCoreGemvMatchTheirDequantisedValues) {
 
 // d = 300 and 2048 hold the row in registers (up to 2 16-byte pieces a thread); 2050 (not a multiple of 4)
 // and 2052 (too long) take the loop.
+// A residual RMSNorm split between two products on the tensor-core GEMV (GemmParams::norm_out, norm_in): the
+// first adds x W1^T into the residual r, writes u = bf16(r' * weight) and the sums of squares of r' per block
+// of 16 columns; the second multiplies u by W2 and scales row m by rsqrt(mean r'^2 + eps). Checked:
+// - r' against the residual add (fp32 sums: kFp32Tol), u bit for bit against r' * weight rounded, the sums of
+//   squares against the host's (relative 1e-5: fp32 over 16 terms);
+// - the second product against its own math from u (only summation orders differ: kFp32Tol), and with the
+//   SwiGLU epilogue bit for bit against the separate kernel;
+// - the two against AddRmsNorm's math, RmsNormReference rounded to bf16 then MatMulReference: u is rounded
+//   before the norm's scale, not after, which moves each output by about a bf16 step of its terms (kBf16Tol).
+// Rows: 2 (the several-row GEMV's, which the split must not take), 8 and 19 (3 tiles); N2 not a multiple of 16.
+// FP8 weights once, at 8 rows.
+TEST(OpsCuda, SplitRmsNormBetweenTwoProductsIsAddRmsNormBetweenThem) {
+  const int64_t k1 = 640, n1 = 1088, n2 = 200;  // n1: the norm's width, K of the second product
+  const float eps = 1e-5f;
+  const int64_t parts = (n1 + 15) / 16;
+  for (const auto& [m, fp8] : std::vector<std::pair<int64_t, bool>>{{2, false}, {8, false}, {19, false}, {8, true}}) {
+    SCOPED_TRACE("m=" + std::to_string(m) + (fp8 ? " fp8" : " bf16"));
+    std::vector<float> w1, w2;
+    std::unique_ptr<DeviceBuffer<bf16>> dw1, dw2;
+    Fp8Matrix q1, q2;
+    if (fp8) {
+      q1 = QuantizedRandom(n1, k1, 120), q2 = QuantizedRandom(n2, n1, 121);
+      w1 = q1.dequantised, w2 = q2.dequantised;
+    } else {
+      w1 = RoundBf16(Random(n1 * k1, 120, -0.1f, 0.1f)), w2 = RoundBf16(Random(n2 * n1, 121));
+      dw1 = std::make_unique<DeviceBuffer<bf16>>(ToBf16(w1)), dw2 = std::make_unique<DeviceBuffer<bf16>>(ToBf16(w2));
+    }
+    const std::vector<float> x = RoundBf16(Random(m * k1, 122)), residual = Random(m * n1, 123, -2.f, 2.f),
+                             weight = Random(n1, 124, 0.5f, 1.5f);
+    std::vector<float> added(m * n1);
+    cpu::MatMulReference({m, n1, k1, k1, k1, n1, x.data(), w1.data(), added.data()});
+    for (size_t i = 0; i < added.size(); ++i) added[i] += residual[i];
+    DeviceBuffer<bf16> dx(ToBf16(x)), du(m * n1);
+    DeviceBuffer<float> dr(residual), dweight(weight), dsum_sq(parts * m), dy(m * n2);
+    cuda::GemmParams first{m, n1, k1, k1, n1, dx.get(), fp8 ? static_cast<void*>(q1.q->get()) : dw1->get(), dr.get()};
+    first.accumulate = true;
+    if (fp8) first.w_scale = q1.scale->get();
+    first.norm_out = {.scaled_ptr = du.get(), .weight_ptr = dweight.get(), .sum_sq_ptr = dsum_sq.get()};
+    ASSERT_TRUE(cuda::MmaGemvApplies(first));
+    cuda::Gemm(first, Cublas());
+    const std::vector<float> r = dr.Host(), u = ToFloat(du.Host()), sum_sq = dsum_sq.Host();
+    ExpectClose(fp8 ? PerRowMagnitude(r, n1) : r, fp8 ? PerRowMagnitude(added, n1) : added, kFp32Tol, "residual",
+                std::sqrt(double(k1)));
+    int64_t differ = 0;
+    for (size_t i = 0; i < u.size(); ++i) differ += u[i] != RoundBf16(r[i] * weight[i % n1]);
+    EXPECT_EQ(differ, 0) << "of " << u.size() << " scaled values";
+    std::vector<float> rms(m);
+    for (int64_t row = 0; row < m; ++row) {
+      double total = 0;
+      for (int64_t b = 0; b < parts; ++b) {
+        double part = 0;
+        for (int64_t c = 16 * b; c < std::min(n1, 16 * b + 16); ++c) part += double(r[row * n1 + c]) * r[row * n1 + c];
+        EXPECT_NEAR(sum_sq[b * m + row], part, 1e-5 * part) << "row " << row << ", block " << b;
+        total += part;
+      }
+      rms[row] = static_cast<float>(1 / std::sqrt(total / n1 + eps));
+    }
+    cuda::GemmParams second{m, n2, n1, n1, n2, du.get(), fp8 ? static_cast<void*>(q2.q->get()) : dw2->get(), dy.get()};
+    if (fp8) second.w_scale = q2.scale->get();
+    second.norm_in = {.sum_sq_ptr = dsum_sq.get(), .eps = eps};
+    ASSERT_TRUE(cuda::MmaGemvApplies(second));
+    cuda::Gemm(second, Cublas());
+    const std::vector<float> y = dy.Host();
+    std::vector<float> own(m * n2), normed(m * n1), ref(m * n2);
+    cpu::MatMulReference({m, n2, n1, n1, n1, n2, u.data(), w2.data(), own.data()});
+    for (size_t i = 0; i < own.size(); ++i) own[i] *= rms[i / n2];
+    auto per_row = [&](const std::vector<float>& v) { return fp8 ? PerRowMagnitude(v, n2) : v; };
+    ExpectClose(per_row(y), per_row(own), kFp32Tol, "second product", std::sqrt(double(n1)));
+    cpu::RmsNormReference({m, n1, eps, n1, n1, added.data(), weight.data(), normed.data()});
+    normed = RoundBf16(normed);
+    cpu::MatMulReference({m, n2, n1, n1, n1, n2, normed.data(), w2.data(), ref.data()});
+    ExpectClose(per_row(y), per_row(ref), kBf16Tol, "against AddRmsNorm then the product", std::sqrt(double(n1)));
+    ExpectSwiGluEpilogueExact(second);
+  }
+}
+
 TEST(OpsCuda, AddRmsNormMatchesRmsNormReference) {
   for (int64_t d : {300, 2048, 2050, 2052}) {
     SCOPED_TRACE("d=" + std::to_string(d));
@@ -925,7 +1001,8 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
 // The fused decode-step mixer against the three kernels it replaces, on a batch of three one-token spans
 // (an attention row, a linear row, and a draft without a KV cache), both mixers, SiLU or identity conv,
 // RoPE from the table, computed, or off, every head_dim it takes. Both sides run the same fp32 math in the
-// same order, up to the compiler's contractions: kFp32Tol; the moved windows must be equal.
+// same order, up to the compiler's contractions: kFp32Tol; the moved windows must be equal. A third run writes
+// the gated norm of its outputs instead (DecodeMixerParams::maybe_gated_ptr).
 TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
   int major = 0;
   ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -955,7 +1032,7 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
           std::vector<std::unique_ptr<PagedKv>> kv_caches;
           std::unique_ptr<DeviceBuffer<float>> qa, out, kv;
           std::unique_ptr<DeviceBuffer<cuda::SeqDesc>> seqs;
-        } sides[2];
+        } sides[3];
         for (Side& side : sides) {
           std::vector<cuda::SeqDesc> seqs;
           for (int s = 0; s < 3; ++s) {
@@ -984,6 +1061,40 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
         cuda::DecodeMixer({b.dims, layer, 3, fused.seqs->get(), dmode.get(), dproj.get(), dweight.get(), dbias.get(),
                            ddt.get(), dalog.get(), gdn ? nullptr : dskip.get(), fused.qa->get(), fused.out->get(), table},
                           nullptr);
+        // The gated norm in the mixer (the CUDA backend's Plan::gated_in_mixer), on a third copy of the states: the
+        // linear rows' outputs normed as GatedNorm norms the three kernels' (within a bf16 step: the head's sum
+        // of squares is added in another order).
+        Side& gated = sides[2];
+        const std::vector<float> gate_norm = Random(dh, 66, 0.5f, 1.5f);
+        DeviceBuffer<float> dgate_norm(gate_norm);
+        DeviceBuffer<bf16> in_mixer(b.N * HD), separate(b.N * HD);
+        cuda::DecodeMixerParams with_norm{b.dims,
+                                          layer,
+                                          3,
+                                          gated.seqs->get(),
+                                          dmode.get(),
+                                          dproj.get(),
+                                          dweight.get(),
+                                          dbias.get(),
+                                          ddt.get(),
+                                          dalog.get(),
+                                          gdn ? nullptr : dskip.get(),
+                                          gated.qa->get(),
+                                          gated.out->get(),
+                                          table};
+        with_norm.maybe_gated_ptr = in_mixer.get(), with_norm.gate_column = 3 * HD;
+        with_norm.gate_norm_ptr = dgate_norm.get();
+        cuda::DecodeMixer(with_norm, nullptr);
+        cuda::GatedNorm(
+            {b.N, H, dh, b.dims.norm_eps, P, three.out->get(), dproj.get() + 3 * HD, dgate_norm.get(), separate.get()},
+            nullptr);
+        const std::vector<float> normed[2] = {ToFloat(separate.Host()), ToFloat(in_mixer.Host())};
+        for (int64_t r : {1, 2}) {
+          ExpectBf16Close(std::vector<float>(normed[1].begin() + r * HD, normed[1].begin() + (r + 1) * HD),
+                          std::vector<float>(normed[0].begin() + r * HD, normed[0].begin() + (r + 1) * HD),
+                          "gated norm of linear row " + std::to_string(r));
+        }
+        ExpectClose(gated.states[1]->Host(), three.states[1]->Host(), kFp32Tol, "state of sequence 1 (gated norm on)");
         const std::vector<float> qa[2] = {three.qa->Host(), fused.qa->Host()}, out[2] = {three.out->Host(), fused.out->Host()};
         auto row = [&](const std::vector<float>& v, int64_t r) {
           return std::vector<float>(v.begin() + r * HD, v.begin() + (r + 1) * HD);
