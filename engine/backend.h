@@ -278,9 +278,6 @@ struct CudaSwitches {
   bool split_norms = true;
   // MIXER_NORM: a batch's decode step with no attention row runs the gated norm in the decode mixer kernel.
   bool mixer_norm = true;
-  // STATE_PREFETCH: a batch's decode step brings each layer's recurrent states into L2 from the input projection
-  // (kc::GemmParams::prefetch), ahead of the mixer kernel that reads them.
-  bool state_prefetch = true;
   bool skip_q_linear = true;        // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan = true;         // CHUNKED_SCAN: long linear spans in chunks
   bool tiled_attention = true;      // TILED_ATTENTION: prefill attention on tensor cores

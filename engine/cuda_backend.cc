@@ -109,7 +109,6 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   decode_mixer_ = switches.decode_mixer;
   split_norms_ = switches.split_norms;
   mixer_norm_ = switches.mixer_norm;
-  state_prefetch_ = switches.state_prefetch;
   skip_q_linear_ = switches.skip_q_linear;
   chunked_scan_ = switches.chunked_scan;
   tiled_attention_ = switches.tiled_attention;

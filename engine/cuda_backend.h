@@ -180,7 +180,6 @@ class CudaBackend final : public Backend {
   bool decode_mixer_ = true;   // DECODE_MIXER: one mixer kernel for decode steps
   bool split_norms_ = true;    // SPLIT_NORMS: a batch's norms split between its products (Plan::split_norms)
   bool mixer_norm_ = true;     // MIXER_NORM: the gated norm in the decode mixer (Plan::gated_in_mixer)
-  bool state_prefetch_ = true;  // STATE_PREFETCH: the layer's states into L2 from a batch's input projection
   bool skip_q_linear_ = true;  // SKIP_Q_LINEAR: no q_linear rows when every token attends
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores

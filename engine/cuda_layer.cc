@@ -48,12 +48,6 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                       .w_scale = w.in_proj.scale,
                       .w_bf16_scratch = fp8_scratch};
     if (plan.split_norms && il > 0) in.norm_in = norm_in;
-    // The decode mixer reads this layer's states next (bulk prefetches: 16-byte multiples, from cudaMalloc'd
-    // states).
-    const int64_t dd = c.n_heads * c.head_dim * c.head_dim;
-    if (plan.decode_mixer && state_prefetch_ && dd % 4 == 0) {
-      in.prefetch = {.seqs = sc.seqs, .count = B, .offset = il * dd, .floats = dd};
-    }
     kc::Gemm(in, ctx.cublas);
     mark("in_proj");
   }

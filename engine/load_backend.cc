@@ -27,7 +27,6 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   s.decode_mixer = on("ORYX_CUDA_DECODE_MIXER");
   s.split_norms = on("ORYX_CUDA_SPLIT_NORMS");
   s.mixer_norm = on("ORYX_CUDA_MIXER_NORM");
-  s.state_prefetch = on("ORYX_CUDA_STATE_PREFETCH");
   s.skip_q_linear = on("ORYX_CUDA_SKIP_Q_LINEAR");
   s.chunked_scan = on("ORYX_CUDA_CHUNKED_SCAN");
   s.tiled_attention = on("ORYX_CUDA_TILED_ATTENTION");

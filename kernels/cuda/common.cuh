@@ -101,14 +101,6 @@ __device__ __forceinline__ uint4 LoadWeight(const uint4* p) {
   return r;
 }
 
-// Brings [ptr, ptr + bytes) into L2 (ptr 16-byte aligned, bytes a multiple of 16; a Hopper or later, elsewhere
-// nothing): one bulk prefetch, no registers waiting on it.
-__device__ __forceinline__ void PrefetchL2(const void* ptr, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
-#endif
-}
-
 // One 16-byte cp.async (both pointers 16-byte aligned; not L1-allocating).
 __device__ __forceinline__ void CopyQuadAsync(float* dst, const float* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

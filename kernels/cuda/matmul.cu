@@ -268,19 +268,6 @@ __device__ __forceinline__ void Bf16PairsOfFp8(uint32_t word, uint32_t& lo, uint
   hi = widen(__byte_perm(word, 0u, 0x4342));
 }
 
-// This block's share of GemmParams::prefetch: the sequences' state slices, laid end to end, in equal pieces of
-// 16-byte multiples, each brought into L2 by bulk prefetches (one per sequence it touches).
-__device__ void PrefetchShareOfStates(const GemmParams::StatePrefetch& f) {
-  const int64_t bytes = f.floats * int64_t{sizeof(float)}, total = f.count * bytes;
-  const int64_t share = CeilDivDevice(CeilDivDevice(total, gridDim.x), 16) * 16;
-  const int64_t end = min(total, (int64_t(blockIdx.x) + 1) * share);
-  for (int64_t at = int64_t(blockIdx.x) * share; at < end;) {
-    const int64_t seq = at / bytes, within = at % bytes, n = min(end - at, bytes - within);
-    PrefetchL2(reinterpret_cast<const char*>(f.seqs[seq].state + f.offset) + within, static_cast<uint32_t>(n));
-    at += n;
-  }
-}
-
 // Weights against 2 to kMmaGemvMaxRows rows of x (a batch's decode step, a short verify span) on tensor cores,
 // each weight read once for all the rows. The weights are the mma's A operand (a block's 16 weight rows) and x
 // its B operand (tiles of 8 rows of x), so that a batch of 8 fills the mma and no padding is multiplied. K goes
@@ -407,7 +394,6 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
     }
     multiply(w[1], x[1]);
   }
-  if (p.prefetch.seqs != nullptr && threadIdx.x == 0) PrefetchShareOfStates(p.prefetch);
   // The warps' sums, added up in warp order.
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {

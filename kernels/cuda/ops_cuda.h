@@ -122,14 +122,6 @@ struct GemmParams {
   };
   NormOut norm_out = {};
   NormIn norm_in = {};
-  // A hint: after its sums, each block of the tensor-core GEMV brings its share of these recurrent states into
-  // L2, floats [offset, offset + floats) of each of the `count` sequences' states (a batch's input projection:
-  // its layer's states, which the mixer kernel after it reads). Other kernels ignore it.
-  struct StatePrefetch {
-    const SeqDesc* seqs = nullptr;
-    int64_t count = 0, offset = 0, floats = 0;
-  };
-  StatePrefetch prefetch = {};
 };
 // A float's bits as an unsigned key with the floats' order (-0 is +0, so that equal values have equal keys).
 __host__ __device__ inline uint32_t OrderedBits(float value) {
