@@ -19,6 +19,11 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
   const kc::GemmParams::NormIn norm_in{.sum_sq_ptr = sc.tmp, .eps = dims.norm_eps};  // (Plan::split_norms)
   bf16* const fp8_scratch = static_cast<bf16*>(fp8_scratch_);  // FP8 weights on the cuBLAS path (kc::GemmParams)
+  // One of the layer's products: y [N, y_stride] = x [N, k] W^T, W [n, k].
+  auto product = [&](int64_t n, int64_t k, int64_t y_stride, const bf16* x, const Weight& weight, float* y) {
+    return kc::GemmParams{.m = N, .n = n, .k = k, .x_row_stride = k, .y_row_stride = y_stride, .x_ptr = x,
+                          .w_ptr = weight.data, .y_ptr = y, .w_scale = weight.scale, .w_bf16_scratch = fp8_scratch};
+  };
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
@@ -37,16 +42,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   } else {
     // u = RMSNorm(x) was written by the previous step; split (Plan::split_norms): bf16(x * attn_norm) and its
     // rows' sums of squares, by the previous layer's down projection.
-    kc::GemmParams in{.m = N,
-                      .n = P_used,
-                      .k = D,
-                      .x_row_stride = D,
-                      .y_row_stride = P,
-                      .x_ptr = sc.u,
-                      .w_ptr = w.in_proj.data,
-                      .y_ptr = sc.proj,
-                      .w_scale = w.in_proj.scale,
-                      .w_bf16_scratch = fp8_scratch};
+    kc::GemmParams in = product(P_used, D, P, sc.u, w.in_proj, sc.proj);
     if (plan.split_norms && il > 0) in.norm_in = norm_in;
     kc::Gemm(in, ctx.cublas);
     mark("in_proj");
@@ -123,9 +119,8 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mlp_in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(mlp_in, s);
     mark("mlp_in+swiglu (norm fused)");
-    kc::GemmParams down{.m = N, .n = D, .k = F, .x_row_stride = F, .y_row_stride = D, .x_ptr = sc.act,
-        .w_ptr = w.mlp_down.data, .y_ptr = sc.x, .accumulate = true, .w_scale = w.mlp_down.scale,
-        .w_bf16_scratch = fp8_scratch};
+    kc::GemmParams down = product(D, F, D, sc.act, w.mlp_down, sc.x);
+    down.accumulate = true;
     down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
     kc::Gemm(down, ctx.cublas);
     mark("mlp_down (residual fused)");
@@ -152,16 +147,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     p.y_ptr = sc.x, p.accumulate = true;
     if (next_norm != nullptr) p.norm_out = {.scaled_ptr = sc.u, .weight_ptr = next_norm, .sum_sq_ptr = sc.tmp};
   };
-  kc::GemmParams o_proj{.m = N,
-                        .n = D,
-                        .k = HD,
-                        .x_row_stride = HD,
-                        .y_row_stride = D,
-                        .x_ptr = sc.y,
-                        .w_ptr = w.o_proj.data,
-                        .y_ptr = sc.tmp,
-                        .w_scale = w.o_proj.scale,
-                        .w_bf16_scratch = fp8_scratch};
+  kc::GemmParams o_proj = product(D, HD, D, sc.y, w.o_proj, sc.tmp);
   residual_add(o_proj, w.mlp_norm);
   kc::Gemm(o_proj, ctx.cublas);
   mark(split ? "o_proj (residual, norm split)" : "o_proj");
@@ -177,16 +163,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
                    s);
     mark("add_rmsnorm");
   }
-  kc::GemmParams up{.m = N,
-                    .n = 2 * F,
-                    .k = D,
-                    .x_row_stride = D,
-                    .y_row_stride = 2 * F,
-                    .x_ptr = sc.u,
-                    .w_ptr = w.mlp_in.data,
-                    .y_ptr = sc.mlp,
-                    .w_scale = w.mlp_in.scale,
-                    .w_bf16_scratch = fp8_scratch};
+  kc::GemmParams up = product(2 * F, D, 2 * F, sc.u, w.mlp_in, sc.mlp);
   if (split) up.norm_in = norm_in;
   const bool swiglu_fused = fused_gemv_ && kc::MmaGemvApplies(up);  // (the SwiGLU in the product's epilogue)
   if (swiglu_fused) up.maybe_swiglu_ptr = sc.act;
@@ -196,16 +173,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
     mark("swiglu");
   }
-  kc::GemmParams down{.m = N,
-                      .n = D,
-                      .k = F,
-                      .x_row_stride = F,
-                      .y_row_stride = D,
-                      .x_ptr = sc.act,
-                      .w_ptr = w.mlp_down.data,
-                      .y_ptr = sc.tmp,
-                      .w_scale = w.mlp_down.scale,
-                      .w_bf16_scratch = fp8_scratch};
+  kc::GemmParams down = product(D, F, D, sc.act, w.mlp_down, sc.tmp);
   residual_add(down, il + 1 < c.n_layers ? layers_[il + 1].attn_norm : nullptr);  // (the last: the final norm's)
   kc::Gemm(down, ctx.cublas);
   mark(split ? "mlp_down (residual, norm split)" : "mlp_down");
