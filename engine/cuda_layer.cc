@@ -48,20 +48,10 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mark("in_proj");
   }
   if (plan.decode_mixer) {
-    kc::DecodeMixerParams mixer{.dims = dims,
-                                .layer = layer,
-                                .seqs = B,
-                                .seqs_ptr = sc.seqs,
-                                .row_mode_ptr = sc.row_mode,
-                                .proj_ptr = sc.proj,
-                                .conv_weight_ptr = w.conv_weight,
-                                .conv_bias_ptr = w.conv_bias,
-                                .dt_bias_ptr = w.dt_bias,
-                                .a_log_ptr = w.a_log,
-                                .maybe_d_skip_ptr = w.d_skip,
-                                .qa_ptr = sc.qa,
-                                .out_ptr = sc.o,
-                                .maybe_rope_freq_ptr = rope_freq_};
+    kc::DecodeMixerParams mixer{.dims = dims, .layer = layer, .seqs = B, .seqs_ptr = sc.seqs,
+        .row_mode_ptr = sc.row_mode, .proj_ptr = sc.proj, .conv_weight_ptr = w.conv_weight,
+        .conv_bias_ptr = w.conv_bias, .dt_bias_ptr = w.dt_bias, .a_log_ptr = w.a_log, .maybe_d_skip_ptr = w.d_skip,
+        .qa_ptr = sc.qa, .out_ptr = sc.o, .maybe_rope_freq_ptr = rope_freq_};
     if (plan.gated_in_mixer) {
       mixer.maybe_gated_ptr = sc.y, mixer.gate_column = in_proj_.g, mixer.gate_norm_ptr = w.gate_norm;
     }
