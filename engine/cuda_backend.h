@@ -146,6 +146,10 @@ class CudaBackend final : public Backend {
   DrawLayout LayOutDraws(const Plan& plan, int64_t meta_bytes) const;
   void Draw(const Plan& plan, const DrawLayout& d);
   void LayerForward(int64_t il, const Plan& plan);
+  // Layer il's four products for a forward of `rows` rows, over the scratch as it is (LayerForward runs them;
+  // PlanForward asks which kernel would take them).
+  struct Products;
+  Products LayerProducts(int64_t il, int64_t rows, bool any_attention) const;
   // The host's side of a finished forward: positions, logits, next tokens and logit statistics (drawn and
   // computed on the device: draws_host, stats_host [NL, 2]).
   void FinishForward(std::span<const ForwardItem> batch, const float* logits_host, const int32_t* draws_host,

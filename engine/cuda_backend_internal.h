@@ -716,6 +716,10 @@ struct CudaBackend::Plan {
   bool operator<(const Plan& o) const { return Key() < o.Key(); }
 };
 
+struct CudaBackend::Products {
+  kc::GemmParams in, o_proj, up, down;  // (o_proj and down into tmp, not accumulating)
+};
+
 // Per-forward buffers, grown to the largest batch seen (allocation only on growth).
 struct CudaBackend::Scratch {
   int64_t rows_cap = 0, logit_rows_cap = 0, partial_cap = 0, meta_cap = 0;

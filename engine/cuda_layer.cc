@@ -6,6 +6,23 @@ namespace oryx {
 
 using namespace cuda_internal;  // NOLINT: the backend's own internals
 
+CudaBackend::Products CudaBackend::LayerProducts(int64_t il, int64_t rows, bool any_attention) const {
+  const ModelConfig& c = config_;
+  const Layer& w = layers_[il];
+  const Scratch& sc = *scratch_;
+  const int64_t D = c.d_model, HD = c.qk_dim(), F = c.mlp_hidden, P = in_proj_.width;
+  // y [rows, y_stride] = x [rows, k] W^T, W [n, k].
+  auto product = [&](int64_t n, int64_t k, int64_t y_stride, const bf16* x, const Weight& weight, float* y) {
+    return kc::GemmParams{.m = rows, .n = n, .k = k, .x_row_stride = k, .y_row_stride = y_stride, .x_ptr = x,
+                          .w_ptr = weight.data, .y_ptr = y, .w_scale = weight.scale,
+                          .w_bf16_scratch = static_cast<bf16*>(fp8_scratch_)};
+  };
+  return {.in = product(any_attention ? P : P - HD, D, P, sc.u, w.in_proj, sc.proj),  // q_attn only if some row attends
+          .o_proj = product(D, HD, D, sc.y, w.o_proj, sc.tmp),
+          .up = product(2 * F, D, 2 * F, sc.u, w.mlp_in, sc.mlp),
+          .down = product(D, F, D, sc.act, w.mlp_down, sc.tmp)};
+}
+
 void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const ModelConfig& c = config_;
   const Layer& w = layers_[il];
@@ -16,14 +33,8 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   const kc::ModelDims& dims = ctx.dims;
   const int32_t layer = static_cast<int32_t>(il);
   const int64_t N = plan.N, B = plan.B, NA = plan.NA;
-  const int64_t P_used = plan.any_attention ? P : P - HD;  // q_attn only when some token attends
   const kc::GemmParams::NormIn norm_in{.sum_sq_ptr = sc.tmp, .eps = dims.norm_eps};  // (Plan::split_norms)
-  bf16* const fp8_scratch = static_cast<bf16*>(fp8_scratch_);  // FP8 weights on the cuBLAS path (kc::GemmParams)
-  // One of the layer's products: y [N, y_stride] = x [N, k] W^T, W [n, k].
-  auto product = [&](int64_t n, int64_t k, int64_t y_stride, const bf16* x, const Weight& weight, float* y) {
-    return kc::GemmParams{.m = N, .n = n, .k = k, .x_row_stride = k, .y_row_stride = y_stride, .x_ptr = x,
-                          .w_ptr = weight.data, .y_ptr = y, .w_scale = weight.scale, .w_bf16_scratch = fp8_scratch};
-  };
+  const Products products = LayerProducts(il, N, plan.any_attention);
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
@@ -31,7 +42,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
   if (plan.fused) {
-    kc::FusedGemvParams in{.m = N, .n = P_used, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
+    kc::FusedGemvParams in{.m = N, .n = products.in.n, .k = D, .input = kc::GemvInput::kRmsNorm, .eps = dims.norm_eps,
         .head_dim = 0, .in_row_stride = D, .gate_row_stride = 0, .y_row_stride = P, .in_ptr = sc.x, .gate_ptr = nullptr,
         .weight_ptr = w.attn_norm, .w_ptr = w.in_proj.data, .y_ptr = sc.proj, .accumulate = false,
         .w_scale = w.in_proj.scale};
@@ -42,7 +53,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   } else {
     // u = RMSNorm(x) was written by the previous step; split (Plan::split_norms): bf16(x * attn_norm) and its
     // rows' sums of squares, by the previous layer's down projection.
-    kc::GemmParams in = product(P_used, D, P, sc.u, w.in_proj, sc.proj);
+    kc::GemmParams in = products.in;
     if (plan.split_norms && il > 0) in.norm_in = norm_in;
     kc::Gemm(in, ctx.cublas);
     mark("in_proj");
@@ -109,24 +120,16 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     mlp_in.rows_per_warp = gemv_rows_per_warp_;
     kc::FusedGemv(mlp_in, s);
     mark("mlp_in+swiglu (norm fused)");
-    kc::GemmParams down = product(D, F, D, sc.act, w.mlp_down, sc.x);
-    down.accumulate = true;
+    kc::GemmParams down = products.down;
+    down.y_ptr = sc.x, down.accumulate = true;
     down.y_written_earlier = true;  // x: last written by o_proj, two kernels back
     kc::Gemm(down, ctx.cublas);
     mark("mlp_down (residual fused)");
     return;
   }
   if (!plan.gated_in_mixer) {
-    kc::GatedNorm({.rows = N,
-                   .heads = c.n_heads,
-                   .head_dim = c.head_dim,
-                   .eps = dims.norm_eps,
-                   .gate_row_stride = P,
-                   .o_ptr = sc.o,
-                   .gate_ptr = sc.proj + in_proj_.g,
-                   .weight_ptr = w.gate_norm,
-                   .y_ptr = sc.y},
-                  s);
+    kc::GatedNorm({.rows = N, .heads = c.n_heads, .head_dim = c.head_dim, .eps = dims.norm_eps, .gate_row_stride = P,
+                   .o_ptr = sc.o, .gate_ptr = sc.proj + in_proj_.g, .weight_ptr = w.gate_norm, .y_ptr = sc.y}, s);
     mark("gated_norm");
   }
   // The residual adds: into tmp, added by AddRmsNorm, which writes the next product's input u; split, the
@@ -137,23 +140,16 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     p.y_ptr = sc.x, p.accumulate = true;
     if (next_norm != nullptr) p.norm_out = {.scaled_ptr = sc.u, .weight_ptr = next_norm, .sum_sq_ptr = sc.tmp};
   };
-  kc::GemmParams o_proj = product(D, HD, D, sc.y, w.o_proj, sc.tmp);
+  kc::GemmParams o_proj = products.o_proj;
   residual_add(o_proj, w.mlp_norm);
   kc::Gemm(o_proj, ctx.cublas);
   mark(split ? "o_proj (residual, norm split)" : "o_proj");
   if (!split) {
-    kc::AddRmsNorm({.rows = N,
-                    .d = D,
-                    .eps = dims.norm_eps,
-                    .x_ptr = sc.x,
-                    .maybe_delta_ptr = sc.tmp,
-                    .weight_ptr = w.mlp_norm,
-                    .maybe_rows_ptr = nullptr,
-                    .y_ptr = sc.u},
-                   s);
+    kc::AddRmsNorm({.rows = N, .d = D, .eps = dims.norm_eps, .x_ptr = sc.x, .maybe_delta_ptr = sc.tmp,
+                    .weight_ptr = w.mlp_norm, .maybe_rows_ptr = nullptr, .y_ptr = sc.u}, s);
     mark("add_rmsnorm");
   }
-  kc::GemmParams up = product(2 * F, D, 2 * F, sc.u, w.mlp_in, sc.mlp);
+  kc::GemmParams up = products.up;
   if (split) up.norm_in = norm_in;
   const bool swiglu_fused = fused_gemv_ && kc::MmaGemvApplies(up);  // (the SwiGLU in the product's epilogue)
   if (swiglu_fused) up.maybe_swiglu_ptr = sc.act;
@@ -163,7 +159,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     kc::SwiGlu({.rows = N, .d = F, .in_ptr = sc.mlp, .y_ptr = sc.act}, s);
     mark("swiglu");
   }
-  kc::GemmParams down = product(D, F, D, sc.act, w.mlp_down, sc.tmp);
+  kc::GemmParams down = products.down;
   residual_add(down, il + 1 < c.n_layers ? layers_[il + 1].attn_norm : nullptr);  // (the last: the final norm's)
   kc::Gemm(down, ctx.cublas);
   mark(split ? "mlp_down (residual, norm split)" : "mlp_down");
@@ -190,16 +186,10 @@ void CudaBackend::RunModel(const Plan& plan) {
   if (profiler_) profiler_->Mark("embed", ctx.stream);
   for (int64_t il = 0; il < c.n_layers; ++il) LayerForward(il, plan);
   if (plan.NL > 0) {
-    // The unfused path still owes the last MLP's residual (in tmp).
-    kc::AddRmsNorm({.rows = plan.NL,
-                    .d = D,
-                    .eps = eps,
-                    .x_ptr = sc.x,
-                    .maybe_delta_ptr = plan.fused || plan.split_norms ? nullptr : sc.tmp,
-                    .weight_ptr = final_norm_,
-                    .maybe_rows_ptr = sc.logit_rows,
-                    .y_ptr = sc.head},
-                   ctx.stream);
+    // The unfused path, norms not split, still owes the last MLP's residual (in tmp).
+    kc::AddRmsNorm({.rows = plan.NL, .d = D, .eps = eps, .x_ptr = sc.x,
+                    .maybe_delta_ptr = plan.fused || plan.split_norms ? nullptr : sc.tmp, .weight_ptr = final_norm_,
+                    .maybe_rows_ptr = sc.logit_rows, .y_ptr = sc.head}, ctx.stream);
     kc::GemmParams head{.m = plan.NL, .n = V, .k = D, .x_row_stride = D, .y_row_stride = V, .x_ptr = sc.head,
         .w_ptr = lm_head_.data, .y_ptr = sc.logits, .w_scale = lm_head_.scale, .w_bf16_scratch = fp8_scratch};
     head.maybe_argmax_key = sc.argmax_key;

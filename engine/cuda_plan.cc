@@ -97,21 +97,9 @@ absl::StatusOr<CudaBackend::Plan> CudaBackend::PlanForward(std::span<const Forwa
   if (split_norms_ && !plan.fused) {
     // (Every layer's products have these shapes and their weights the same alignment; the scratch, not yet
     // grown, is cudaMalloc's. Gemm refuses a split norm off the tensor-core GEMV.)
-    const Layer& w = layers_[0];
-    auto takes = [&](int64_t n, int64_t k, const Weight& weight) {
-      return kc::MmaGemvApplies({.m = plan.N,
-                                 .n = n,
-                                 .k = k,
-                                 .x_row_stride = k,
-                                 .y_row_stride = n,
-                                 .x_ptr = nullptr,
-                                 .w_ptr = weight.data,
-                                 .y_ptr = nullptr,
-                                 .w_scale = weight.scale});
-    };
-    const int64_t P_used = plan.any_attention ? in_proj_.width : in_proj_.width - HD;
-    plan.split_norms =
-        takes(P_used, D, w.in_proj) && takes(D, HD, w.o_proj) && takes(2 * F, D, w.mlp_in) && takes(D, F, w.mlp_down);
+    const Products p = LayerProducts(0, plan.N, plan.any_attention);
+    plan.split_norms = kc::MmaGemvApplies(p.in) && kc::MmaGemvApplies(p.o_proj) && kc::MmaGemvApplies(p.up) &&
+                       kc::MmaGemvApplies(p.down);
   }
   plan.gated_in_mixer = mixer_norm_ && !plan.fused && plan.decode_mixer && plan.NA == 0;
   if (chunked_scan_) {
