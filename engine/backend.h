@@ -313,6 +313,10 @@ struct CudaSwitches {
   // FP8_GEMV_ROWS: the same for FP8 weights (at most 32; 0: none, so that the several-row GEMV and the FP8
   // tensor-core kernel take them).
   int fp8_mma_gemv_rows = 32;
+  // HEAD_MIXER_SEQS: decode steps of at least this many sequences run the decode mixer a head per block, the
+  // head's state streaming into shared memory during the input projection; fewer, a head per cluster of dh/32
+  // blocks (a lone sequence spread over more SMs).
+  int head_mixer_seqs = 2;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

@@ -1,10 +1,16 @@
 // A decode step's mixer in one kernel: ConvRopeAppend, ConvWindowUpdate and Recurrent (conv.cu,
-// recurrent.cu) fused for sequences whose span is a single token. One block per (sequence, head, 32 value
-// features), the dh/32 blocks of a head forming a thread-block cluster. Every block of a head convolves the
-// head's k channels (the recurrence needs all of k) and its own slice of v; once the whole cluster has
-// read the windows, each block moves its slice of them past the token, appends its slice of RoPE(k) and v
-// to the cache, rotates its slice of an attention row's query, and advances its slice of the state, a
-// column per thread-x as RecurrentKernel does. The math is the three kernels', term for term.
+// recurrent.cu) fused for sequences whose span is a single token, in one of two layouts.
+// - DecodeMixerKernel: a block per (sequence, head, 32 value features), the dh/32 blocks of a head forming a
+//   thread-block cluster, so that a single sequence spreads over dh/32 as many SMs. Every block of a head
+//   convolves the head's k channels (the recurrence needs all of k) and its own slice of v; once the whole
+//   cluster has read the windows, each block moves its slice of them past the token, appends its slice of
+//   RoPE(k) and v to the cache, rotates its slice of an attention row's query, and advances its slice of the
+//   state, a column per thread-x as RecurrentKernel does.
+// - DecodeMixerHeadKernel, for batches: a block of dh threads per (sequence, head), the head's state copied
+//   to shared memory before the wait for the input projection. A batch's blocks need all of the GPU's
+//   registers in the first layout, so they start only as the input projection's blocks leave; these are
+//   small enough to start beside them, and their state streams in during the projection.
+// The math is the three kernels', term for term (the sums over keys grouped differently).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -16,30 +22,14 @@ namespace {
 constexpr int kLanes = 32, kGroups = 8;
 constexpr int kMaxTaps = 4;  // the widest conv the kernel takes (DecodeMixerApplies): taps and window in registers
 
-template <int kDh>
-__global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
-  constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j
-  constexpr unsigned kSlices = kDh / kLanes;  // the blocks of a head (its cluster)
-  __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2], slice_sq;
-  if (!p.early_loads) AfterPrevious();
-  const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
-  const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
-  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
-  const int64_t w = p.dims.conv_width, W = w - 1;
-  const SeqDesc s = p.seqs_ptr[blockIdx.x];
-  const int64_t r = s.row, pos = s.pos;
-  const float* proj = p.proj_ptr + r * P;
-  float* window = s.conv + int64_t(p.layer) * W * C;
-
-  // First the conv's taps, its bias and its window (written only by this layer's mixer), and the head's
-  // constants (few, and not to queue behind the state): with them loaded before the wait, the loads after it
-  // are only the input projection's outputs, in one round trip.
-  const bool conv_thread = tid < kDh + kLanes;
-  const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
-  const float* weight = p.conv_weight_ptr + ch * w;
+// A conv channel at a decode step: its taps, bias and window (the last W inputs; written only by this layer's
+// mixer), loaded before the wait for the input projection; Output convolves the token's input with them,
+// MoveWindow moves the window past it.
+struct ConvChannel {
   float taps[kMaxTaps], past[kMaxTaps], last_tap = 0.f, bias = 0.f;
-  if (conv_thread) {
-    bias = p.conv_bias_ptr[ch];
+  __device__ __forceinline__ void Load(const float* weight, float bias_in, const float* window, int64_t W, int64_t C,
+                                       int64_t ch) {
+    bias = bias_in;
 #pragma unroll
     for (int t = 0; t < kMaxTaps; ++t) {
       if (t < W) {
@@ -50,15 +40,85 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
       }
     }
   }
-  const float a_log = p.a_log_ptr[h], dt_bias = p.dt_bias_ptr[h];  // (exp'd after the wait: no stall here)
-  // The row's mode (uploaded with the forward's metadata), RoPE's angle for feature j at this position and
-  // the attention query's scale (a double-precision log): none depends on the input projection, so none is
-  // left for after the wait.
-  const bool rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
-  float rope_cos = 1.f, rope_sin = 0.f, q_scale = 1.f;
-  if (rope && threadIdx.y == 0) RopeAngle(j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &rope_sin, &rope_cos);
-  if (attention_row && threadIdx.y == 0) q_scale = AttnQueryScale(p.dims.attn_log_scale_base, pos);
-  const float d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
+  __device__ __forceinline__ float Output(float in, int64_t W, bool silu) const {
+    float acc = bias;
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      if (t < W) acc += taps[t] * past[t];
+    }
+    acc += last_tap * in;
+    return silu ? Silu(acc) : acc;
+  }
+  __device__ __forceinline__ void MoveWindow(float* window, int64_t W, int64_t C, int64_t ch, float in) const {
+#pragma unroll
+    for (int t = 0; t < kMaxTaps; ++t) {
+      if (t + 1 < W) window[t * C + ch] = past[t + 1];
+    }
+    if (W > 0) window[(W - 1) * C + ch] = in;
+  }
+};
+
+// What does not depend on the input projection, loaded or computed before the wait: the head's constants (few,
+// and not to queue behind the state), the row's mode (uploaded with the forward's metadata), RoPE's angle for
+// feature j at this position and the attention query's scale (a double-precision log).
+struct HeadConstants {
+  float a_log, dt_bias, d_skip, rope_cos = 1.f, rope_sin = 0.f, q_scale = 1.f;
+  bool rope, attention_row;
+  template <int kDh>
+  __device__ __forceinline__ void Load(const DecodeMixerParams& p, int64_t h, int64_t r, int64_t pos, int64_t j,
+                                       bool needs_angle) {
+    a_log = p.a_log_ptr[h], dt_bias = p.dt_bias_ptr[h];  // (exp'd after the wait: no stall here)
+    rope = p.dims.rope_theta > 0, attention_row = p.row_mode_ptr[r] != 0;
+    if (rope && needs_angle) RopeAngle(j, kDh, pos, p.dims.rope_theta, p.maybe_rope_freq_ptr, &rope_sin, &rope_cos);
+    if (attention_row && needs_angle) q_scale = AttnQueryScale(p.dims.attn_log_scale_base, pos);
+    d_skip = p.dims.gdn ? 0.f : p.maybe_d_skip_ptr[h];
+  }
+};
+
+// Feature j of RoPE(k) and of v into the sequence's KV cache; of an attention row's rotated query into qa.
+template <int kDh>
+__device__ __forceinline__ void AppendAndRotate(const DecodeMixerParams& p, const SeqDesc& s, const HeadConstants& c,
+                                                const float* ks, float v, int64_t h, int64_t j) {
+  const int64_t HD = int64_t(p.dims.heads) * kDh, r = s.row;
+  const int64_t partner = j < kDh / 2 ? j + kDh / 2 : j - kDh / 2;
+  auto rotate = [&](float self, float other) {
+    return j < kDh / 2 ? self * c.rope_cos - other * c.rope_sin : self * c.rope_cos + other * c.rope_sin;
+  };
+  if (s.kv_cap > 0) {
+    const float k = c.rope ? rotate(ks[j], ks[partner]) : ks[j];
+    const int64_t column = h * kDh + j;
+    KeyRows(s, p.layer, HD).Row(s.pos)[column] = __float2bfloat16(k);
+    ValueRows(s, p.layer, HD).Row(s.pos)[column] = __float2bfloat16(v);
+  }
+  if (c.attention_row) {
+    const float* q = p.proj_ptr + r * p.dims.proj_width + p.dims.proj_width - HD + h * kDh;  // q_attn: the last HD
+    p.qa_ptr[r * HD + h * kDh + j] = (c.rope ? rotate(q[j], q[partner]) : q[j]) * c.q_scale;
+  }
+}
+
+template <int kDh>
+__global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixerParams p) {
+  constexpr int kKeys = kDh / kGroups;  // per thread: keys y + 8r of column j
+  constexpr unsigned kSlices = kDh / kLanes;  // the blocks of a head (its cluster)
+  __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2], slice_sq;
+  if (!p.early_loads) AfterPrevious();
+  const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
+  const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
+  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
+  const int64_t W = p.dims.conv_width - 1;
+  const SeqDesc s = p.seqs_ptr[blockIdx.x];
+  const int64_t r = s.row;
+  const float* proj = p.proj_ptr + r * P;
+  float* window = s.conv + int64_t(p.layer) * W * C;
+
+  // First the conv's taps, its bias and its window, and what else does not depend on the input projection:
+  // with them loaded before the wait, the loads after it are only the projection's outputs, in one round trip.
+  const bool conv_thread = tid < kDh + kLanes;
+  const int64_t ch = tid < kDh ? h * kDh + tid : HD + h * kDh + j0 + (tid - kDh);
+  ConvChannel conv;
+  if (conv_thread) conv.Load(p.conv_weight_ptr + ch * (W + 1), p.conv_bias_ptr[ch], window, W, C, ch);
+  HeadConstants c;
+  c.Load<kDh>(p, h, r, s.pos, j, y == 0);
   const bool gated = p.maybe_gated_ptr != nullptr;
   const float gate_norm = gated && y == 0 ? p.gate_norm_ptr[j] : 0.f;
   // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
@@ -69,21 +129,15 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
-  const float a_exp = expf(a_log);
+  const float a_exp = expf(c.a_log);
   const float gate = gated && y == 0 ? proj[p.gate_column + h * kDh + j] : 0.f;
 
   // The conv of all the head's k channels (threads 0..dh-1) and of this block's v channels (dh..dh+31).
   if (tid < kDh) qs[tid] = proj[2 * HD + h * kDh + tid];  // q_linear
   float conv_in = 0.f;
   if (conv_thread) {
-    float acc = bias;
-#pragma unroll
-    for (int t = 0; t < kMaxTaps; ++t) {
-      if (t < W) acc += taps[t] * past[t];
-    }
     conv_in = proj[ch];
-    acc += last_tap * conv_in;
-    const float out = p.dims.conv_silu ? Silu(acc) : acc;
+    const float out = conv.Output(conv_in, W, p.dims.conv_silu);
     if (tid < kDh) {
       ks[tid] = out;
     } else {
@@ -96,31 +150,8 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   ClusterSync();
   __syncthreads();
   const bool own_k = tid >= j0 && tid < j0 + kLanes, own_v = tid >= kDh && tid < kDh + kLanes;
-  if (own_k || own_v) {
-#pragma unroll
-    for (int t = 0; t < kMaxTaps; ++t) {
-      if (t + 1 < W) window[t * C + ch] = past[t + 1];
-    }
-    if (W > 0) window[(W - 1) * C + ch] = conv_in;
-  }
-
-  // This slice of RoPE(k) and v into the cache; of the rotated attention query.
-  if (y == 0) {
-    const int64_t partner = j < kDh / 2 ? j + kDh / 2 : j - kDh / 2;
-    auto rotate = [&](float self, float other) {
-      return j < kDh / 2 ? self * rope_cos - other * rope_sin : self * rope_cos + other * rope_sin;
-    };
-    if (s.kv_cap > 0) {
-      const float k = rope ? rotate(ks[j], ks[partner]) : ks[j];
-      const int64_t column = h * kDh + j;
-      KeyRows(s, p.layer, HD).Row(pos)[column] = __float2bfloat16(k);
-      ValueRows(s, p.layer, HD).Row(pos)[column] = __float2bfloat16(vs[x]);
-    }
-    if (attention_row) {
-      const float* q = proj + P - HD + h * kDh;  // q_attn: the last HD columns
-      p.qa_ptr[r * HD + h * kDh + j] = (rope ? rotate(q[j], q[partner]) : q[j]) * q_scale;
-    }
-  }
+  if (own_k || own_v) conv.MoveWindow(window, W, C, ch, conv_in);
+  if (y == 0) AppendAndRotate<kDh>(p, s, c, ks, vs[x], h, j);
 
   // The recurrence of column j; sums over the 8 key groups through shared memory.
   auto column_sum = [&](float partial) {
@@ -134,19 +165,19 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   const float v = vs[x];
   float out = 0.f;
   if (!p.dims.gdn) {
-    const float dt = Softplus(head_in + dt_bias), a = expf(-dt * a_exp);
+    const float dt = Softplus(head_in + c.dt_bias), a = expf(-dt * a_exp);
 #pragma unroll
     for (int k = 0; k < kKeys; ++k) {
       const int i = y + kGroups * k;
       S[k] = a * S[k] + dt * ks[i] * v;
       out += S[k] * qs[i];
     }
-    out = column_sum(out) + d_skip * v;
+    out = column_sum(out) + c.d_skip * v;
   } else {
     GdnNorms(ks, qs, kDh, tid, norms);
     const float kn_scale = norms[0], qn_scale = norms[1];
     const float beta = Sigmoid(head_in);
-    const float alpha = expf(-a_exp * Softplus(head_in2 + dt_bias));
+    const float alpha = expf(-a_exp * Softplus(head_in2 + c.dt_bias));
     float kts = 0.f;  // (kn^T S)[j]
 #pragma unroll
     for (int k = 0; k < kKeys; ++k) kts += ks[y + kGroups * k] * kn_scale * S[k];
@@ -163,7 +194,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) state[(y + kGroups * k) * kDh + j] = S[k];
   if (!gated) {
-    if (y == 0 && !attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
+    if (y == 0 && !c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
     return;
   }
   // The gated norm: the head's sum of squares from its blocks' slices, added in rank order in each block.
@@ -182,6 +213,92 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   if constexpr (kSlices > 1) ClusterSync();  // (the peers have read slice_sq before this block exits)
 }
 
+// The same, a block of dh threads per (sequence, head): thread j convolves k channel j and v channel j,
+// appends feature j, and advances column j of the state over all dh keys. The head's state, dh * dh floats
+// of dynamic shared memory, is copied in by cp.async (no registers held) before the wait; the new state goes
+// to memory from registers, a row of 32 columns a warp-wide store.
+template <int kDh>
+__global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
+  extern __shared__ float4 state_smem[];
+  float* St = reinterpret_cast<float*>(state_smem);  // [dh keys][dh columns]
+  __shared__ __align__(16) float ks[kDh], qs[kDh];
+  __shared__ float norms[2], scratch[32];
+  if (!p.early_loads) AfterPrevious();
+  const int64_t j = threadIdx.x, h = blockIdx.y;
+  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
+  const int64_t W = p.dims.conv_width - 1;
+  const SeqDesc s = p.seqs_ptr[blockIdx.x];
+  const int64_t r = s.row;
+  const float* proj = p.proj_ptr + r * P;
+  float* window = s.conv + int64_t(p.layer) * W * C;
+  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
+  CopyToSharedAsync(St, state, int64_t{kDh} * kDh);
+  const int64_t ch_k = h * kDh + j, ch_v = HD + h * kDh + j;
+  ConvChannel conv_k, conv_v;
+  conv_k.Load(p.conv_weight_ptr + ch_k * (W + 1), p.conv_bias_ptr[ch_k], window, W, C, ch_k);
+  conv_v.Load(p.conv_weight_ptr + ch_v * (W + 1), p.conv_bias_ptr[ch_v], window, W, C, ch_v);
+  HeadConstants c;
+  c.Load<kDh>(p, h, r, s.pos, j, true);
+  const bool gated = p.maybe_gated_ptr != nullptr;
+  const float gate_norm = gated ? p.gate_norm_ptr[j] : 0.f;
+  if (p.early_loads) AfterPrevious();
+  const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
+  const float a_exp = expf(c.a_log);
+  const float gate = gated ? proj[p.gate_column + h * kDh + j] : 0.f;
+  const float in_k = proj[ch_k], in_v = proj[ch_v];
+  qs[j] = proj[2 * HD + h * kDh + j];  // q_linear
+  ks[j] = conv_k.Output(in_k, W, p.dims.conv_silu);
+  const float v = conv_v.Output(in_v, W, p.dims.conv_silu);
+  conv_k.MoveWindow(window, W, C, ch_k, in_k);  // (no other block reads this head's channels)
+  conv_v.MoveWindow(window, W, C, ch_v, in_v);
+  WaitCopies();
+  __syncthreads();
+  AppendAndRotate<kDh>(p, s, c, ks, v, h, j);
+
+  // Column j of the state over the keys, four at a time (their k and q one 16-byte load each); four partial
+  // sums, so that the additions do not wait on each other.
+  auto keys = [&](auto&& body) {
+#pragma unroll 4
+    for (int i = 0; i < kDh; i += 4) {
+      const float4 k4 = *reinterpret_cast<const float4*>(ks + i), q4 = *reinterpret_cast<const float4*>(qs + i);
+      body(i, k4.x, q4.x, 0);
+      body(i + 1, k4.y, q4.y, 1);
+      body(i + 2, k4.z, q4.z, 2);
+      body(i + 3, k4.w, q4.w, 3);
+    }
+  };
+  float part[4] = {0.f, 0.f, 0.f, 0.f};
+  if (!p.dims.gdn) {
+    const float dt = Softplus(head_in + c.dt_bias), a = expf(-dt * a_exp);
+    keys([&](int i, float k, float q, int u) {
+      const float next = a * St[i * kDh + j] + dt * k * v;
+      state[i * kDh + j] = next;
+      part[u] += next * q;
+    });
+  } else {
+    GdnNorms(ks, qs, kDh, static_cast<int>(j), norms);
+    const float kn_scale = norms[0], qn_scale = norms[1];
+    const float beta = Sigmoid(head_in);
+    const float alpha = expf(-a_exp * Softplus(head_in2 + c.dt_bias));
+    keys([&](int i, float k, float, int u) { part[u] += k * kn_scale * St[i * kDh + j]; });
+    const float kts = (part[0] + part[1]) + (part[2] + part[3]);  // (kn^T S)[j]
+    part[0] = part[1] = part[2] = part[3] = 0.f;
+    keys([&](int i, float k, float q, int u) {
+      const float kn = k * kn_scale;
+      const float next = alpha * (St[i * kDh + j] - beta * kn * kts) + beta * kn * v;
+      state[i * kDh + j] = next;
+      part[u] += next * q * qn_scale;
+    });
+  }
+  const float out = (part[0] + part[1]) + (part[2] + part[3]) + c.d_skip * v;
+  if (!gated) {
+    if (!c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
+    return;
+  }
+  const float scale = rsqrtf(BlockSum(out * out, scratch) / kDh + p.dims.norm_eps);
+  p.maybe_gated_ptr[r * HD + h * kDh + j] = __float2bfloat16(out * scale * gate_norm * Silu(gate));
+}
+
 }  // namespace
 
 bool DecodeMixerApplies(const ModelDims& dims) {
@@ -193,8 +310,30 @@ void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
   if (p_in.seqs == 0) return;
   DecodeMixerParams p = p_in;
   p.early_loads = EarlyLoads();
+  const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
+  if (p.seqs >= GetKernelSwitches().head_mixer_min_seqs) {
+    auto launch = [&](auto dh) {
+      constexpr int kDh = decltype(dh)::value;
+      constexpr int kSmem = kDh * kDh * sizeof(float);
+      static const bool configured = [] {
+        ORYX_CUDA_CHECK(
+            cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        return true;
+      }();
+      (void)configured;
+      LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
+    };
+    switch (p.dims.head_dim) {
+      case 32: launch(std::integral_constant<int, 32>{}); break;
+      case 64: launch(std::integral_constant<int, 64>{}); break;
+      case 128: launch(std::integral_constant<int, 128>{}); break;
+      default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check DecodeMixerApplies
+    }
+    ORYX_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const unsigned slices = static_cast<unsigned>(p.dims.head_dim / kLanes);
-  const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads), slices), block(kLanes, kGroups);
+  const dim3 grid(seqs, heads, slices), block(kLanes, kGroups);
   const dim3 cluster(1, 1, slices);
   switch (p.dims.head_dim) {
     case 32: LaunchAfterPrevious(DecodeMixerKernel<32>, grid, block, 0, stream, cluster, p); break;

@@ -514,6 +514,9 @@ struct KernelSwitches {
   // bf16 and FP8 products of 2 to this many rows (at most kMmaGemvMaxRows) on the tensor-core GEMV; 0: none.
   int bf16_mma_gemv_max_rows = 32;
   int fp8_mma_gemv_max_rows = 32;
+  // Decode steps of at least this many sequences run the mixer a head per block (DecodeMixerHeadKernel in
+  // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks.
+  int head_mixer_min_seqs = 2;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

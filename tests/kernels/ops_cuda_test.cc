@@ -1000,118 +1000,124 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
 
 // The fused decode-step mixer against the three kernels it replaces, on a batch of three one-token spans
 // (an attention row, a linear row, and a draft without a KV cache), both mixers, SiLU or identity conv,
-// RoPE from the table, computed, or off, every head_dim it takes. Both sides run the same fp32 math in the
-// same order, up to the compiler's contractions: kFp32Tol; the moved windows must be equal. A third run writes
-// the gated norm of its outputs instead (DecodeMixerParams::maybe_gated_ptr).
+// RoPE from the table, computed, or off, every head_dim it takes, in both layouts (a head per cluster, a head
+// per block). Both sides run the same fp32 math, the sums over keys grouped differently, up to the compiler's
+// contractions: kFp32Tol; the moved windows must be equal. A third run writes the gated norm of its outputs
+// instead (DecodeMixerParams::maybe_gated_ptr).
 TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
   int major = 0;
   ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 9) GTEST_SKIP() << "the fused decode mixer needs thread-block clusters (compute capability 9)";
-  for (bool gdn : {false, true}) {
-    for (int64_t dh : {32, 64, 128}) {
-      for (int variant = 0; variant < 3; ++variant) {
-        SCOPED_TRACE(std::string(gdn ? "gdn" : "mamba2") + " dh=" + std::to_string(dh) + " variant " +
-                     std::to_string(variant));
-        Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
-        b.dims.conv_silu = variant == 1;
-        if (variant == 2) b.dims.rope_theta = 0;
-        ASSERT_TRUE(cuda::DecodeMixerApplies(b.dims));
-        ASSERT_EQ(b.modes, (std::vector<uint8_t>{1, 0, 0}));
-        const int64_t H = b.H, HD = b.HD, C = 2 * HD, w = 4, W = b.W, L = b.L, dd = dh * dh, P = b.P;
-        std::vector<double> freq(dh / 2);
-        for (int64_t i = 0; i < dh / 2; ++i) freq[i] = std::pow(10000.0, -2.0 * i / dh);
-        const std::vector<float> proj = Random(b.N * P, 60), weight = Random(C * w, 61), bias = Random(C, 62);
-        const std::vector<float> dt_bias = Random(H, 63, -1, 0), a_log = Random(H, 64, -1, 1), d_skip = Random(H, 65);
-        DeviceBuffer<double> dfreq(freq);
-        DeviceBuffer<float> dproj(proj), dweight(weight), dbias(bias), ddt(dt_bias), dalog(a_log), dskip(d_skip);
-        DeviceBuffer<int32_t> drow(b.row_seq);
-        DeviceBuffer<uint8_t> dmode(b.modes);
-        // Each side's own copy of every state it changes.
-        struct Side {
-          std::vector<std::unique_ptr<DeviceBuffer<float>>> windows, states;
-          std::vector<std::unique_ptr<PagedKv>> kv_caches;
-          std::unique_ptr<DeviceBuffer<float>> qa, out, kv;
-          std::unique_ptr<DeviceBuffer<cuda::SeqDesc>> seqs;
-        } sides[3];
-        for (Side& side : sides) {
-          std::vector<cuda::SeqDesc> seqs;
-          for (int s = 0; s < 3; ++s) {
-            side.windows.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * W * C, 70 + s)));
-            side.states.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * H * dd, 80 + s, -0.5, 0.5)));
-            side.kv_caches.push_back(
-                std::make_unique<PagedKv>(Random(L * b.cap * HD, 90 + s), Random(L * b.cap * HD, 95 + s), L, b.cap, HD));
-            const bool draft = s == 2;
-            seqs.push_back({s, 1, b.pos[s], draft ? 0 : b.cap, side.states[s]->get(), side.windows[s]->get(),
-                            draft ? nullptr : side.kv_caches[s]->table(), nullptr, nullptr});
-          }
-          side.seqs = std::make_unique<DeviceBuffer<cuda::SeqDesc>>(seqs);
-          side.qa = std::make_unique<DeviceBuffer<float>>(b.N * HD);
-          side.out = std::make_unique<DeviceBuffer<float>>(b.N * HD);
-          side.kv = std::make_unique<DeviceBuffer<float>>(b.N * C);
-        }
-        const double* table = variant == 0 ? dfreq.get() : nullptr;
-        const int32_t layer = static_cast<int32_t>(b.layer);
-        Side& three = sides[0];
-        cuda::ConvRopeAppend({b.dims, layer, b.N, drow.get(), dmode.get(), three.seqs->get(), dproj.get(), dweight.get(),
-                              dbias.get(), three.kv->get(), three.qa->get(), table}, nullptr);
-        cuda::ConvWindowUpdate({b.dims, layer, 3, three.seqs->get(), dproj.get()}, nullptr);
-        cuda::Recurrent({b.dims, layer, 3, three.seqs->get(), dmode.get(), dproj.get(), three.kv->get(), ddt.get(),
-                         dalog.get(), gdn ? nullptr : dskip.get(), three.out->get()}, nullptr);
-        Side& fused = sides[1];
-        cuda::DecodeMixer({b.dims, layer, 3, fused.seqs->get(), dmode.get(), dproj.get(), dweight.get(), dbias.get(),
-                           ddt.get(), dalog.get(), gdn ? nullptr : dskip.get(), fused.qa->get(), fused.out->get(), table},
-                          nullptr);
-        // The gated norm in the mixer (the CUDA backend's Plan::gated_in_mixer), on a third copy of the states: the
-        // linear rows' outputs normed as GatedNorm norms the three kernels' (within a bf16 step: the head's sum
-        // of squares is added in another order).
-        Side& gated = sides[2];
-        const std::vector<float> gate_norm = Random(dh, 66, 0.5f, 1.5f);
-        DeviceBuffer<float> dgate_norm(gate_norm);
-        DeviceBuffer<bf16> in_mixer(b.N * HD), separate(b.N * HD);
-        cuda::DecodeMixerParams with_norm{b.dims,
-                                          layer,
-                                          3,
-                                          gated.seqs->get(),
-                                          dmode.get(),
-                                          dproj.get(),
-                                          dweight.get(),
-                                          dbias.get(),
-                                          ddt.get(),
-                                          dalog.get(),
-                                          gdn ? nullptr : dskip.get(),
-                                          gated.qa->get(),
-                                          gated.out->get(),
-                                          table};
-        with_norm.maybe_gated_ptr = in_mixer.get(), with_norm.gate_column = 3 * HD;
-        with_norm.gate_norm_ptr = dgate_norm.get();
-        cuda::DecodeMixer(with_norm, nullptr);
-        cuda::GatedNorm(
-            {b.N, H, dh, b.dims.norm_eps, P, three.out->get(), dproj.get() + 3 * HD, dgate_norm.get(), separate.get()},
-            nullptr);
-        const std::vector<float> normed[2] = {ToFloat(separate.Host()), ToFloat(in_mixer.Host())};
-        for (int64_t r : {1, 2}) {
-          ExpectBf16Close(std::vector<float>(normed[1].begin() + r * HD, normed[1].begin() + (r + 1) * HD),
-                          std::vector<float>(normed[0].begin() + r * HD, normed[0].begin() + (r + 1) * HD),
-                          "gated norm of linear row " + std::to_string(r));
-        }
-        ExpectClose(gated.states[1]->Host(), three.states[1]->Host(), kFp32Tol, "state of sequence 1 (gated norm on)");
-        const std::vector<float> qa[2] = {three.qa->Host(), fused.qa->Host()}, out[2] = {three.out->Host(), fused.out->Host()};
-        auto row = [&](const std::vector<float>& v, int64_t r) {
-          return std::vector<float>(v.begin() + r * HD, v.begin() + (r + 1) * HD);
-        };
-        ExpectClose(row(qa[1], 0), row(qa[0], 0), kFp32Tol, "rotated attention query");
-        for (int64_t r : {1, 2}) ExpectClose(row(out[1], r), row(out[0], r), kFp32Tol, "output of linear row " + std::to_string(r));
-        for (int s = 0; s < 3; ++s) {
-          const std::string what = " of sequence " + std::to_string(s);
-          EXPECT_EQ(fused.windows[s]->Host(), three.windows[s]->Host()) << "window" << what;
-          ExpectClose(fused.states[s]->Host(), three.states[s]->Host(), kFp32Tol, "state" + what);
-          ExpectBf16Close(fused.kv_caches[s]->Keys(), three.kv_caches[s]->Keys(), "k cache" + what);
-          ExpectBf16Close(fused.kv_caches[s]->Values(), three.kv_caches[s]->Values(), "v cache" + what);
-        }
-        // The step did something: the states moved and the window took the token's inputs.
-        EXPECT_NE(fused.states[0]->Host(), Random(L * H * dd, 80, -0.5, 0.5));
+  for (int layout = 0; layout < 2 * 2 * 3 * 3; ++layout) {
+    const bool head_blocks = layout / 18, gdn = layout / 9 % 2;
+    const int64_t dh = int64_t{32} << (layout / 3 % 3);
+    const int variant = layout % 3;
+    ScopedSwitches switches;
+    switches.Set([&](cuda::KernelSwitches& s) { s.head_mixer_min_seqs = head_blocks ? 1 : 1 << 30; });
+    SCOPED_TRACE(std::string(head_blocks ? "a head per block, " : "a head per cluster, ") + (gdn ? "gdn" : "mamba2") +
+                 " dh=" + std::to_string(dh) + " variant " + std::to_string(variant));
+    Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
+    b.dims.conv_silu = variant == 1;
+    if (variant == 2) b.dims.rope_theta = 0;
+    ASSERT_TRUE(cuda::DecodeMixerApplies(b.dims));
+    ASSERT_EQ(b.modes, (std::vector<uint8_t>{1, 0, 0}));
+    const int64_t H = b.H, HD = b.HD, C = 2 * HD, w = 4, W = b.W, L = b.L, dd = dh * dh, P = b.P;
+    std::vector<double> freq(dh / 2);
+    for (int64_t i = 0; i < dh / 2; ++i) freq[i] = std::pow(10000.0, -2.0 * i / dh);
+    const std::vector<float> proj = Random(b.N * P, 60), weight = Random(C * w, 61), bias = Random(C, 62);
+    const std::vector<float> dt_bias = Random(H, 63, -1, 0), a_log = Random(H, 64, -1, 1), d_skip = Random(H, 65);
+    DeviceBuffer<double> dfreq(freq);
+    DeviceBuffer<float> dproj(proj), dweight(weight), dbias(bias), ddt(dt_bias), dalog(a_log), dskip(d_skip);
+    DeviceBuffer<int32_t> drow(b.row_seq);
+    DeviceBuffer<uint8_t> dmode(b.modes);
+    // Each side's own copy of every state it changes.
+    struct Side {
+      std::vector<std::unique_ptr<DeviceBuffer<float>>> windows, states;
+      std::vector<std::unique_ptr<PagedKv>> kv_caches;
+      std::unique_ptr<DeviceBuffer<float>> qa, out, kv;
+      std::unique_ptr<DeviceBuffer<cuda::SeqDesc>> seqs;
+    } sides[3];
+    for (Side& side : sides) {
+      std::vector<cuda::SeqDesc> seqs;
+      for (int s = 0; s < 3; ++s) {
+        side.windows.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * W * C, 70 + s)));
+        side.states.push_back(std::make_unique<DeviceBuffer<float>>(Random(L * H * dd, 80 + s, -0.5, 0.5)));
+        side.kv_caches.push_back(
+            std::make_unique<PagedKv>(Random(L * b.cap * HD, 90 + s), Random(L * b.cap * HD, 95 + s), L, b.cap, HD));
+        const bool draft = s == 2;
+        seqs.push_back({s, 1, b.pos[s], draft ? 0 : b.cap, side.states[s]->get(), side.windows[s]->get(),
+                        draft ? nullptr : side.kv_caches[s]->table(), nullptr, nullptr});
       }
+      side.seqs = std::make_unique<DeviceBuffer<cuda::SeqDesc>>(seqs);
+      side.qa = std::make_unique<DeviceBuffer<float>>(b.N * HD);
+      side.out = std::make_unique<DeviceBuffer<float>>(b.N * HD);
+      side.kv = std::make_unique<DeviceBuffer<float>>(b.N * C);
     }
+    const double* table = variant == 0 ? dfreq.get() : nullptr;
+    const int32_t layer = static_cast<int32_t>(b.layer);
+    Side& three = sides[0];
+    cuda::ConvRopeAppend({b.dims, layer, b.N, drow.get(), dmode.get(), three.seqs->get(), dproj.get(), dweight.get(),
+                          dbias.get(), three.kv->get(), three.qa->get(), table},
+                         nullptr);
+    cuda::ConvWindowUpdate({b.dims, layer, 3, three.seqs->get(), dproj.get()}, nullptr);
+    cuda::Recurrent({b.dims, layer, 3, three.seqs->get(), dmode.get(), dproj.get(), three.kv->get(), ddt.get(),
+                     dalog.get(), gdn ? nullptr : dskip.get(), three.out->get()},
+                    nullptr);
+    Side& fused = sides[1];
+    cuda::DecodeMixer({b.dims, layer, 3, fused.seqs->get(), dmode.get(), dproj.get(), dweight.get(), dbias.get(),
+                       ddt.get(), dalog.get(), gdn ? nullptr : dskip.get(), fused.qa->get(), fused.out->get(), table},
+                      nullptr);
+    // The gated norm in the mixer (the CUDA backend's Plan::gated_in_mixer), on a third copy of the states: the
+    // linear rows' outputs normed as GatedNorm norms the three kernels' (within a bf16 step: the head's sum
+    // of squares is added in another order).
+    Side& gated = sides[2];
+    const std::vector<float> gate_norm = Random(dh, 66, 0.5f, 1.5f);
+    DeviceBuffer<float> dgate_norm(gate_norm);
+    DeviceBuffer<bf16> in_mixer(b.N * HD), separate(b.N * HD);
+    cuda::DecodeMixerParams with_norm{b.dims,
+                                      layer,
+                                      3,
+                                      gated.seqs->get(),
+                                      dmode.get(),
+                                      dproj.get(),
+                                      dweight.get(),
+                                      dbias.get(),
+                                      ddt.get(),
+                                      dalog.get(),
+                                      gdn ? nullptr : dskip.get(),
+                                      gated.qa->get(),
+                                      gated.out->get(),
+                                      table};
+    with_norm.maybe_gated_ptr = in_mixer.get(), with_norm.gate_column = 3 * HD;
+    with_norm.gate_norm_ptr = dgate_norm.get();
+    cuda::DecodeMixer(with_norm, nullptr);
+    cuda::GatedNorm(
+        {b.N, H, dh, b.dims.norm_eps, P, three.out->get(), dproj.get() + 3 * HD, dgate_norm.get(), separate.get()},
+        nullptr);
+    const std::vector<float> normed[2] = {ToFloat(separate.Host()), ToFloat(in_mixer.Host())};
+    for (int64_t r : {1, 2}) {
+      ExpectBf16Close(std::vector<float>(normed[1].begin() + r * HD, normed[1].begin() + (r + 1) * HD),
+                      std::vector<float>(normed[0].begin() + r * HD, normed[0].begin() + (r + 1) * HD),
+                      "gated norm of linear row " + std::to_string(r));
+    }
+    ExpectClose(gated.states[1]->Host(), three.states[1]->Host(), kFp32Tol, "state of sequence 1 (gated norm on)");
+    const std::vector<float> qa[2] = {three.qa->Host(), fused.qa->Host()},
+                             out[2] = {three.out->Host(), fused.out->Host()};
+    auto row = [&](const std::vector<float>& v, int64_t r) {
+      return std::vector<float>(v.begin() + r * HD, v.begin() + (r + 1) * HD);
+    };
+    ExpectClose(row(qa[1], 0), row(qa[0], 0), kFp32Tol, "rotated attention query");
+    for (int64_t r : {1, 2})
+      ExpectClose(row(out[1], r), row(out[0], r), kFp32Tol, "output of linear row " + std::to_string(r));
+    for (int s = 0; s < 3; ++s) {
+      const std::string what = " of sequence " + std::to_string(s);
+      EXPECT_EQ(fused.windows[s]->Host(), three.windows[s]->Host()) << "window" << what;
+      ExpectClose(fused.states[s]->Host(), three.states[s]->Host(), kFp32Tol, "state" + what);
+      ExpectBf16Close(fused.kv_caches[s]->Keys(), three.kv_caches[s]->Keys(), "k cache" + what);
+      ExpectBf16Close(fused.kv_caches[s]->Values(), three.kv_caches[s]->Values(), "v cache" + what);
+    }
+    // The step did something: the states moved and the window took the token's inputs.
+    EXPECT_NE(fused.states[0]->Host(), Random(L * H * dd, 80, -0.5, 0.5));
   }
 }
 
