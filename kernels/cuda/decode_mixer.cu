@@ -75,6 +75,21 @@ struct HeadConstants {
   }
 };
 
+// A block's sequence and head: the sizes, the token's row of the input projection, the layer's conv window and
+// the head's state.
+template <int kDh>
+struct MixerSite {
+  SeqDesc s;
+  int64_t h, H, HD, C, P, W, r;
+  const float* proj;
+  float* window;
+  float* state;
+  __device__ __forceinline__ MixerSite(const DecodeMixerParams& p)
+      : s(p.seqs_ptr[blockIdx.x]), h(blockIdx.y), H(p.dims.heads), HD(H * kDh), C(2 * HD), P(p.dims.proj_width),
+        W(p.dims.conv_width - 1), r(s.row), proj(p.proj_ptr + r * P), window(s.conv + int64_t(p.layer) * W * C),
+        state(s.state + (int64_t(p.layer) * H + h) * kDh * kDh) {}
+};
+
 // Feature j of RoPE(k) and of v into the sequence's KV cache; of an attention row's rotated query into qa.
 template <int kDh>
 __device__ __forceinline__ void AppendAndRotate(const DecodeMixerParams& p, const SeqDesc& s, const HeadConstants& c,
@@ -103,13 +118,12 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   __shared__ float ks[kDh], qs[kDh], vs[kLanes], red[kGroups][kLanes], norms[2], slice_sq;
   if (!p.early_loads) AfterPrevious();
   const int tid = threadIdx.y * kLanes + threadIdx.x, x = threadIdx.x, y = threadIdx.y;
-  const int64_t h = blockIdx.y, j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
-  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
-  const int64_t W = p.dims.conv_width - 1;
-  const SeqDesc s = p.seqs_ptr[blockIdx.x];
-  const int64_t r = s.row;
-  const float* proj = p.proj_ptr + r * P;
-  float* window = s.conv + int64_t(p.layer) * W * C;
+  const MixerSite<kDh> site(p);
+  const SeqDesc& s = site.s;
+  const int64_t h = site.h, H = site.H, HD = site.HD, C = site.C, W = site.W, r = site.r;
+  const float* proj = site.proj;
+  float* window = site.window;
+  const int64_t j0 = int64_t(blockIdx.z) * kLanes, j = j0 + x;
 
   // First the conv's taps, its bias and its window, and what else does not depend on the input projection:
   // with them loaded before the wait, the loads after it are only the projection's outputs, in one round trip.
@@ -123,7 +137,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   const float gate_norm = gated && y == 0 ? p.gate_norm_ptr[j] : 0.f;
   // Then the state slice, so that its loads are in flight during the conv (and, with early loads, during
   // the input projection's tail: only this kernel of the layer, in an earlier step, writes it).
-  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
+  float* state = site.state;
   float S[kKeys];
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
@@ -224,14 +238,13 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
   __shared__ __align__(16) float ks[kDh], qs[kDh];
   __shared__ float norms[2], scratch[32];
   if (!p.early_loads) AfterPrevious();
-  const int64_t j = threadIdx.x, h = blockIdx.y;
-  const int64_t H = p.dims.heads, HD = H * kDh, C = 2 * HD, P = p.dims.proj_width;
-  const int64_t W = p.dims.conv_width - 1;
-  const SeqDesc s = p.seqs_ptr[blockIdx.x];
-  const int64_t r = s.row;
-  const float* proj = p.proj_ptr + r * P;
-  float* window = s.conv + int64_t(p.layer) * W * C;
-  float* state = s.state + (int64_t(p.layer) * H + h) * kDh * kDh;
+  const int64_t j = threadIdx.x;
+  const MixerSite<kDh> site(p);
+  const SeqDesc& s = site.s;
+  const int64_t h = site.h, H = site.H, HD = site.HD, C = site.C, W = site.W, r = site.r;
+  const float* proj = site.proj;
+  float* window = site.window;
+  float* state = site.state;
   CopyToSharedAsync(St, state, int64_t{kDh} * kDh);
   const int64_t ch_k = h * kDh + j, ch_v = HD + h * kDh + j;
   ConvChannel conv_k, conv_v;
