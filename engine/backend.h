@@ -317,6 +317,9 @@ struct CudaSwitches {
   // head's state streaming into shared memory during the input projection; fewer, a head per cluster of dh/32
   // blocks (a lone sequence spread over more SMs).
   int head_mixer_seqs = 2;
+  // BATCH_CARVEOUT: the percent of each SM's L1 that a batch step's tensor-core GEMV and head-per-block mixer ask
+  // to be shared memory (-1: the driver's choice).
+  int batch_carveout = -1;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

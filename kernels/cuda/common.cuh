@@ -247,6 +247,15 @@ inline bool HopperOrLater() {
   return hopper;
 }
 
+// Asks that `kernel` run with KernelSwitches::batch_carveout percent of the SM's L1 as shared memory, where set
+// (the kernel's first launch calls it).
+template <typename Kernel>
+void PreferBatchCarveout(Kernel kernel) {
+  if (const int carveout = GetKernelSwitches().batch_carveout; carveout >= 0) {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+  }
+}
+
 // The device's SMs, asked once.
 inline int MultiprocessorCount() {
   static const int sms = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount);

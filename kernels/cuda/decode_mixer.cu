@@ -331,6 +331,7 @@ void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
       static const bool configured = [] {
         ORYX_CUDA_CHECK(
             cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        PreferBatchCarveout(DecodeMixerHeadKernel<kDh>);
         return true;
       }();
       (void)configured;

@@ -517,6 +517,11 @@ struct KernelSwitches {
   // Decode steps of at least this many sequences run the mixer a head per block (DecodeMixerHeadKernel in
   // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks.
   int head_mixer_min_seqs = 2;
+  // The share of each SM's unified L1 and shared memory (percent) that the kernels of a batch's decode step (the
+  // tensor-core GEMV, the head-per-block mixer) ask to be shared memory, set at each one's first launch; -1: no
+  // preference (the driver's choice per kernel). An SM changes the split only once idle, so kernels that ask
+  // for different splits cannot overlap their neighbours through programmatic launch.
+  int batch_carveout = -1;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();
