@@ -315,8 +315,9 @@ struct CudaSwitches {
   int fp8_mma_gemv_rows = 32;
   // HEAD_MIXER_SEQS: decode steps of at least this many sequences run the decode mixer a head per block, the
   // head's state streaming into shared memory during the input projection; fewer, a head per cluster of dh/32
-  // blocks (a lone sequence spread over more SMs).
-  int head_mixer_seqs = 2;
+  // blocks (a lone sequence spread over more SMs). 0 (the default): never; measured slower in the step at
+  // batch 8 and 32 with bf16 weights (results/2026-12-07-mixer-b8).
+  int head_mixer_seqs = 0;
   // BATCH_CARVEOUT: the percent of each SM's L1 that a batch step's tensor-core GEMV and head-per-block mixer ask
   // to be shared memory (-1: the driver's choice).
   int batch_carveout = -1;

@@ -324,7 +324,7 @@ void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
   DecodeMixerParams p = p_in;
   p.early_loads = EarlyLoads();
   const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
-  if (p.seqs >= GetKernelSwitches().head_mixer_min_seqs) {
+  if (const int head_min = GetKernelSwitches().head_mixer_min_seqs; head_min > 0 && p.seqs >= head_min) {
     auto launch = [&](auto dh) {
       constexpr int kDh = decltype(dh)::value;
       constexpr int kSmem = kDh * kDh * sizeof(float);

@@ -515,8 +515,8 @@ struct KernelSwitches {
   int bf16_mma_gemv_max_rows = 32;
   int fp8_mma_gemv_max_rows = 32;
   // Decode steps of at least this many sequences run the mixer a head per block (DecodeMixerHeadKernel in
-  // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks.
-  int head_mixer_min_seqs = 2;
+  // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks. 0: none.
+  int head_mixer_min_seqs = 0;
   // The share of each SM's unified L1 and shared memory (percent) that the kernels of a batch's decode step (the
   // tensor-core GEMV, the head-per-block mixer) ask to be shared memory, set at each one's first launch; -1: no
   // preference (the driver's choice per kernel). An SM changes the split only once idle, so kernels that ask

@@ -679,7 +679,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.fp8_mma_min_rows, 8);
   EXPECT_EQ(defaults.bf16_mma_gemv_rows, 32);
   EXPECT_EQ(defaults.fp8_mma_gemv_rows, 32);
-  EXPECT_EQ(defaults.head_mixer_seqs, 2);
+  EXPECT_EQ(defaults.head_mixer_seqs, 0);
   EXPECT_EQ(defaults.batch_carveout, -1);
   EXPECT_EQ(defaults.prefill_rows, 0);
   EXPECT_EQ(defaults.prefill_span, 16384);
@@ -694,7 +694,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_FP8_MMA_ROWS", "4", 1);
   setenv("ORYX_CUDA_BF16_MMA_ROWS", "0", 1);
   setenv("ORYX_CUDA_FP8_GEMV_ROWS", "5", 1);
-  setenv("ORYX_CUDA_HEAD_MIXER_SEQS", "0", 1);  // under 1: clamped
+  setenv("ORYX_CUDA_HEAD_MIXER_SEQS", "-2", 1);  // under 0: clamped
   setenv("ORYX_CUDA_BATCH_CARVEOUT", "150", 1);  // over 100: clamped
   setenv("ORYX_CUDA_PREFILL_ROWS", "16384", 1);
   setenv("ORYX_CUDA_PREFILL_SPAN", "100", 1);  // under the least span: clamped
@@ -712,7 +712,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.fp8_mma_min_rows, 4);
   EXPECT_EQ(set.bf16_mma_gemv_rows, 0);
   EXPECT_EQ(set.fp8_mma_gemv_rows, 5);
-  EXPECT_EQ(set.head_mixer_seqs, 1);
+  EXPECT_EQ(set.head_mixer_seqs, 0);
   EXPECT_EQ(set.batch_carveout, 100);
   EXPECT_EQ(set.prefill_rows, 16384);
   EXPECT_EQ(set.prefill_span, 256);

@@ -1016,7 +1016,7 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
     const int64_t dh = int64_t{32} << (layout / 3 % 3);
     const int variant = layout % 3;
     ScopedSwitches switches;
-    switches.Set([&](cuda::KernelSwitches& s) { s.head_mixer_min_seqs = head_blocks ? 1 : 1 << 30; });
+    switches.Set([&](cuda::KernelSwitches& s) { s.head_mixer_min_seqs = head_blocks ? 1 : 0; });
     SCOPED_TRACE(std::string(head_blocks ? "a head per block, " : "a head per cluster, ") + (gdn ? "gdn" : "mamba2") +
                  " dh=" + std::to_string(dh) + " variant " + std::to_string(variant));
     Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
