@@ -4,11 +4,14 @@
 # GEMVs asking for little cannot overlap them. Here the GEMV and the mixer ask for the same split
 # (ORYX_CUDA_BATCH_CARVEOUT=100: all shared) -- cluster (every batch a head per cluster, no carveout: the
 # default), head-c100, cluster-c100, alternating twice; the GPU tests first (ExpectBf16Close now allows one
-# bf16 step); served `speculative` at 8K x 32 if time is left.
+# bf16 step); then, with programmatic launch off (ORYX_CUDA_PDL=0: no kernel overlaps another), both layouts
+# once on 1.4b bf16 at batch 8 -- if the new one is then the faster, what it loses is the overlap; served
+# `speculative` at 8K x 32 if time is left.
 rm -rf build-gpu/bin  # (a warm machine keeps the last call's binaries)
 source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 declare -A SETTING=([cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576" [head-c100]="ORYX_CUDA_HEAD_MIXER_SEQS=2 ORYX_CUDA_BATCH_CARVEOUT=100"
-  [cluster-c100]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576 ORYX_CUDA_BATCH_CARVEOUT=100")
+  [cluster-c100]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576 ORYX_CUDA_BATCH_CARVEOUT=100"
+  [head-pdl0]="ORYX_CUDA_HEAD_MIXER_SEQS=2 ORYX_CUDA_PDL=0" [cluster-pdl0]="ORYX_CUDA_PDL=0")
 run() {
   local s=$1; shift
   env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
@@ -22,8 +25,9 @@ for rep in 1 2; do
   done
   echo "rep $rep at $(el) s"
 done
+for s in head-pdl0 cluster-pdl0; do run $s --config 1.4b --contexts 32768 --batches 8; done
 python3 results/2026-12-07-h100-split-norms/print_steps.py setting
-if (( $(el) < 100 )); then
+if (( $(el) < 200 )); then
   for s in head-c100 cluster; do
     env ${SETTING[$s]} EXTRA=--no-prefix-cache PROMPTS=8192 POLICIES=speculative CLIENTS=32 TIMEOUT=60 \
       bench/serve_grid.sh $B/oryx models/default data/c1 $OUT/serve-$s.jsonl 2>> $OUT/err.txt
