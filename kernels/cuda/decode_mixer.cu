@@ -10,7 +10,7 @@
 //   to shared memory before the wait for the input projection. A batch's blocks need all of the GPU's
 //   registers in the first layout, so they start only as the input projection's blocks leave; these are
 //   small enough to start beside them, and their state streams in during the projection.
-// The math is the three kernels', term for term (the sums over keys grouped differently).
+// The math is the three kernels', term for term, in the same order.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -268,42 +268,50 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
   __syncthreads();
   AppendAndRotate<kDh>(p, s, c, ks, v, h, j);
 
-  // Column j of the state over the keys, four at a time (their k and q one 16-byte load each); four partial
-  // sums, so that the additions do not wait on each other.
+  // Column j of the state over the keys, eight at a time (their k and q in 16-byte loads), added up as
+  // DecodeMixerKernel adds them: key i into the partial sum of group i % 8 in key order, then the groups in
+  // order, so that both layouts give the same fp32 sums (up to the compiler's contractions).
+  float part[kGroups];
   auto keys = [&](auto&& body) {
-#pragma unroll 4
-    for (int i = 0; i < kDh; i += 4) {
-      const float4 k4 = *reinterpret_cast<const float4*>(ks + i), q4 = *reinterpret_cast<const float4*>(qs + i);
-      body(i, k4.x, q4.x, 0);
-      body(i + 1, k4.y, q4.y, 1);
-      body(i + 2, k4.z, q4.z, 2);
-      body(i + 3, k4.w, q4.w, 3);
+    for (float& sum : part) sum = 0.f;
+#pragma unroll 2
+    for (int i = 0; i < kDh; i += kGroups) {
+      float k8[kGroups], q8[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; g += 4) {
+        *reinterpret_cast<float4*>(k8 + g) = *reinterpret_cast<const float4*>(ks + i + g);
+        *reinterpret_cast<float4*>(q8 + g) = *reinterpret_cast<const float4*>(qs + i + g);
+      }
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) body(i + g, k8[g], q8[g], g);
     }
+    float sum = 0.f;
+#pragma unroll
+    for (float group : part) sum += group;
+    return sum;
   };
-  float part[4] = {0.f, 0.f, 0.f, 0.f};
+  float out;
   if (!p.dims.gdn) {
     const float dt = Softplus(head_in + c.dt_bias), a = expf(-dt * a_exp);
-    keys([&](int i, float k, float q, int u) {
+    out = keys([&](int i, float k, float q, int g) {
       const float next = a * St[i * kDh + j] + dt * k * v;
       state[i * kDh + j] = next;
-      part[u] += next * q;
+      part[g] += next * q;
     });
+    out += c.d_skip * v;
   } else {
     GdnNorms(ks, qs, kDh, static_cast<int>(j), norms);
     const float kn_scale = norms[0], qn_scale = norms[1];
     const float beta = Sigmoid(head_in);
     const float alpha = expf(-a_exp * Softplus(head_in2 + c.dt_bias));
-    keys([&](int i, float k, float, int u) { part[u] += k * kn_scale * St[i * kDh + j]; });
-    const float kts = (part[0] + part[1]) + (part[2] + part[3]);  // (kn^T S)[j]
-    part[0] = part[1] = part[2] = part[3] = 0.f;
-    keys([&](int i, float k, float q, int u) {
+    const float kts = keys([&](int i, float k, float, int g) { part[g] += k * kn_scale * St[i * kDh + j]; });
+    out = keys([&](int i, float k, float q, int g) {  // ((kn^T S)[j] is kts)
       const float kn = k * kn_scale;
       const float next = alpha * (St[i * kDh + j] - beta * kn * kts) + beta * kn * v;
       state[i * kDh + j] = next;
-      part[u] += next * q * qn_scale;
+      part[g] += next * q * qn_scale;
     });
   }
-  const float out = (part[0] + part[1]) + (part[2] + part[3]) + c.d_skip * v;
   if (!gated) {
     if (!c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
     return;
@@ -319,40 +327,41 @@ bool DecodeMixerApplies(const ModelDims& dims) {
          dims.conv_width >= 1 && dims.conv_width <= kMaxTaps;
 }
 
+namespace {
+
+// The mixer for head_dim kDh, a head per block (shared memory for its state, asked for once) or per cluster.
+template <int kDh>
+void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_t stream) {
+  const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
+  if (head_blocks) {
+    constexpr int kSmem = kDh * kDh * sizeof(float);
+    static const bool configured = [] {
+      ORYX_CUDA_CHECK(
+          cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      PreferBatchCarveout(DecodeMixerHeadKernel<kDh>);
+      return true;
+    }();
+    (void)configured;
+    LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
+  } else {
+    constexpr unsigned kSlices = kDh / kLanes;
+    LaunchAfterPrevious(DecodeMixerKernel<kDh>, dim3(seqs, heads, kSlices), dim3(kLanes, kGroups), 0, stream,
+                        dim3(1, 1, kSlices), p);
+  }
+}
+
+}  // namespace
+
 void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
   if (p_in.seqs == 0) return;
   DecodeMixerParams p = p_in;
   p.early_loads = EarlyLoads();
-  const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
-  if (const int head_min = GetKernelSwitches().head_mixer_min_seqs; head_min > 0 && p.seqs >= head_min) {
-    auto launch = [&](auto dh) {
-      constexpr int kDh = decltype(dh)::value;
-      constexpr int kSmem = kDh * kDh * sizeof(float);
-      static const bool configured = [] {
-        ORYX_CUDA_CHECK(
-            cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        PreferBatchCarveout(DecodeMixerHeadKernel<kDh>);
-        return true;
-      }();
-      (void)configured;
-      LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
-    };
-    switch (p.dims.head_dim) {
-      case 32: launch(std::integral_constant<int, 32>{}); break;
-      case 64: launch(std::integral_constant<int, 64>{}); break;
-      case 128: launch(std::integral_constant<int, 128>{}); break;
-      default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check DecodeMixerApplies
-    }
-    ORYX_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  const unsigned slices = static_cast<unsigned>(p.dims.head_dim / kLanes);
-  const dim3 grid(seqs, heads, slices), block(kLanes, kGroups);
-  const dim3 cluster(1, 1, slices);
+  const int head_min = GetKernelSwitches().head_mixer_min_seqs;
+  const bool head_blocks = head_min > 0 && p.seqs >= head_min;
   switch (p.dims.head_dim) {
-    case 32: LaunchAfterPrevious(DecodeMixerKernel<32>, grid, block, 0, stream, cluster, p); break;
-    case 64: LaunchAfterPrevious(DecodeMixerKernel<64>, grid, block, 0, stream, cluster, p); break;
-    case 128: LaunchAfterPrevious(DecodeMixerKernel<128>, grid, block, 0, stream, cluster, p); break;
+    case 32: LaunchDecodeMixer<32>(p, head_blocks, stream); break;
+    case 64: LaunchDecodeMixer<64>(p, head_blocks, stream); break;
+    case 128: LaunchDecodeMixer<128>(p, head_blocks, stream); break;
     default: ORYX_CUDA_CHECK(cudaErrorInvalidValue);  // callers check DecodeMixerApplies
   }
   ORYX_CUDA_CHECK(cudaGetLastError());

@@ -3,9 +3,9 @@
 # an SM changes its L1 / shared split only when idle, so a mixer asking for 64 KiB of shared memory between two
 # GEMVs asking for little cannot overlap them. Here the GEMV and the mixer ask for the same split
 # (ORYX_CUDA_BATCH_CARVEOUT=100: all shared) -- cluster (every batch a head per cluster, no carveout: the
-# default), head-c100, cluster-c100, alternating twice; the GPU tests first (ExpectBf16Close now allows one
-# bf16 step); then, with programmatic launch off (ORYX_CUDA_PDL=0: no kernel overlaps another), both layouts
-# once on 1.4b bf16 at batch 8 -- if the new one is then the faster, what it loses is the overlap; served
+# default), head-c100, cluster-c100, alternating twice; the GPU tests first (the new layout's sums now in
+# the cluster layout's order); then, with programmatic launch off (ORYX_CUDA_PDL=0: no kernel overlaps
+# another), both layouts once on 1.4b bf16 at batch 8 -- if the new one is then the faster, what it loses is the overlap; served
 # `speculative` at 8K x 32 if time is left.
 rm -rf build-gpu/bin  # (a warm machine keeps the last call's binaries)
 source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
