@@ -318,9 +318,9 @@ struct CudaSwitches {
   // blocks (a lone sequence spread over more SMs). 0 (the default): never; measured slower in the step at
   // batch 8 and 32 with bf16 weights (results/2026-12-07-mixer-b8).
   int head_mixer_seqs = 0;
-  // BATCH_CARVEOUT: the percent of each SM's L1 that a batch step's tensor-core GEMV and head-per-block mixer ask
-  // to be shared memory (-1: the driver's choice).
-  int batch_carveout = -1;
+  // HEAD_MIXER_OVERLAP: how that mixer overlaps its neighbours through programmatic launch (0-3, bits; 3: as
+  // every kernel); KernelSwitches::head_mixer_overlap.
+  int head_mixer_overlap = 3;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

@@ -728,7 +728,6 @@ void LaunchMmaGemv(const GemmParams& p_in, cudaStream_t stream) {
       for (auto instance : {MmaGemvKernel<kTiles, true>, MmaGemvKernel<kTiles, false>}) {
         ORYX_CUDA_CHECK(cudaFuncSetAttribute(instance, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              int{kMmaGemvMaxWarps * kSmemPerWarp + kSmemNorms}));
-        PreferBatchCarveout(instance);
       }
       return true;
     }();

@@ -324,6 +324,7 @@ struct DecodeMixerParams {
   float* out_ptr;                // [N, HD]
   const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
   bool early_loads = false;           // set by DecodeMixer (EarlyLoads in common.cuh)
+  bool next_starts_late = false;      // set by DecodeMixer (KernelSwitches::head_mixer_overlap)
   // With no attention row in the forward: the outputs' gated norm, what GatedNorm writes from them, into this
   // [N, HD] instead of out_ptr: bf16(RMSNormPerHead(out) * gate_norm * SiLU(gate)), the gate in proj's
   // columns [gate_column, gate_column + HD). (The head's sum of squares is added up in another order than
@@ -517,11 +518,10 @@ struct KernelSwitches {
   // Decode steps of at least this many sequences run the mixer a head per block (DecodeMixerHeadKernel in
   // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks. 0: none.
   int head_mixer_min_seqs = 0;
-  // The share of each SM's unified L1 and shared memory (percent) that the kernels of a batch's decode step (the
-  // tensor-core GEMV, the head-per-block mixer) ask to be shared memory, set at each one's first launch; -1: no
-  // preference (the driver's choice per kernel). An SM changes the split only once idle, so kernels that ask
-  // for different splits cannot overlap their neighbours through programmatic launch.
-  int batch_carveout = -1;
+  // How the head-per-block mixer overlaps its neighbours through programmatic launch (bits; 3, both: as every
+  // kernel): 1, it is scheduled during the input projection's tail (and streams its state in then); 2, the next
+  // kernel is scheduled as soon as the mixer's wait is over, not after its state's update.
+  int head_mixer_overlap = 3;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();
