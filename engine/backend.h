@@ -321,6 +321,9 @@ struct CudaSwitches {
   // HEAD_MIXER_OVERLAP: how that mixer overlaps its neighbours through programmatic launch (0-3, bits; 3: as
   // every kernel); KernelSwitches::head_mixer_overlap.
   int head_mixer_overlap = 3;
+  // HEAD_MIXER_CARVEOUT: the percent of shared memory that mixer asks for (-1: the driver's choice);
+  // KernelSwitches::head_mixer_carveout.
+  int head_mixer_carveout = -1;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

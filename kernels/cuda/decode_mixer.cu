@@ -343,6 +343,10 @@ void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_
     static const bool configured = [] {
       ORYX_CUDA_CHECK(
           cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      if (const int carveout = GetKernelSwitches().head_mixer_carveout; carveout >= 0) {
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+      }
       return true;
     }();
     (void)configured;

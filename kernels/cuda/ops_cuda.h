@@ -522,6 +522,9 @@ struct KernelSwitches {
   // kernel): 1, it is scheduled during the input projection's tail (and streams its state in then); 2, the next
   // kernel is scheduled as soon as the mixer's wait is over, not after its state's update.
   int head_mixer_overlap = 3;
+  // The share of an SM's unified L1 and shared memory (percent of the most shared memory) that the head-per-block
+  // mixer asks to be shared memory, set at its first launch; -1: no preference (the driver's choice).
+  int head_mixer_carveout = -1;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();
