@@ -313,17 +313,15 @@ struct CudaSwitches {
   // FP8_GEMV_ROWS: the same for FP8 weights (at most 32; 0: none, so that the several-row GEMV and the FP8
   // tensor-core kernel take them).
   int fp8_mma_gemv_rows = 32;
-  // HEAD_MIXER_SEQS: decode steps of at least this many sequences run the decode mixer a head per block, the
-  // head's state streaming into shared memory during the input projection; fewer, a head per cluster of dh/32
-  // blocks (a lone sequence spread over more SMs). 0 (the default): never; measured slower in the step at
-  // batch 8 and 32 with bf16 weights (results/2026-12-07-mixer-b8).
-  int head_mixer_seqs = 0;
-  // HEAD_MIXER_OVERLAP: how that mixer overlaps its neighbours through programmatic launch (0-3, bits; 3: as
-  // every kernel); KernelSwitches::head_mixer_overlap.
-  int head_mixer_overlap = 3;
-  // HEAD_MIXER_CARVEOUT: the percent of shared memory that mixer asks for (-1: the driver's choice);
-  // KernelSwitches::head_mixer_carveout.
-  int head_mixer_carveout = -1;
+  // HEAD_MIXER_SEQS and HEAD_MIXER_DIM: decode steps of at least this many sequences (0: none), of a model whose
+  // head_dim is at least this, run the decode mixer a head per block, the head's state streaming into shared
+  // memory during the input projection; others, a head per cluster of dh/32 blocks (a lone sequence spread over
+  // more SMs). Measured faster at head_dim 128 from batch 8, slower at 64 (results/2026-12-07-mixer-b8).
+  // HEAD_MIXER_CARVEOUT: the percent of shared memory that mixer asks for (-1: the driver's choice, which left
+  // the GEMVs after it too little L1); KernelSwitches::head_mixer_carveout.
+  int head_mixer_seqs = 2;
+  int head_mixer_dim = 128;
+  int head_mixer_carveout = 0;
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

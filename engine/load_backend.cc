@@ -52,7 +52,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   clamped("ORYX_CUDA_BF16_MMA_ROWS", 0, 32, &s.bf16_mma_gemv_rows);
   clamped("ORYX_CUDA_FP8_GEMV_ROWS", 0, 32, &s.fp8_mma_gemv_rows);
   clamped("ORYX_CUDA_HEAD_MIXER_SEQS", 0, 1 << 20, &s.head_mixer_seqs);
-  clamped("ORYX_CUDA_HEAD_MIXER_OVERLAP", 0, 3, &s.head_mixer_overlap);
+  clamped("ORYX_CUDA_HEAD_MIXER_DIM", 1, 1 << 20, &s.head_mixer_dim);
   clamped("ORYX_CUDA_HEAD_MIXER_CARVEOUT", -1, 100, &s.head_mixer_carveout);
   clamped("ORYX_CUDA_PREFILL_ROWS", 0, 65536, &s.prefill_rows);
   clamped("ORYX_CUDA_PREFILL_SPAN", 256, 65536, &s.prefill_span);

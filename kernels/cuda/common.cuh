@@ -213,21 +213,11 @@ __device__ __forceinline__ T* ClusterPeer(T* local, unsigned rank) {
 // ORYX_CUDA_PDL=0 turns it off (plain stream order). On the H200 it takes 7-12% off the launch-bound decode
 // steps (130m, models/default) and up to 4% off 1.4b's. (Prefetching the GEMVs' weights into L2 before the
 // wait measured slower, in other calls than its baseline; loading them into registers is EarlyLoads.)
-// AfterPrevious is WaitForPrevious then LetNextStart; a kernel may call the two apart, letting the next kernel
-// be scheduled later (it must still call LetNextStart, or finish, in every block).
-__device__ __forceinline__ void WaitForPrevious() {
+__device__ __forceinline__ void AfterPrevious() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void LetNextStart() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-__device__ __forceinline__ void AfterPrevious() {
-  WaitForPrevious();
-  LetNextStart();
 }
 
 // Whether kernels launched by LaunchAfterPrevious may load, before AfterPrevious(), what the kernel just

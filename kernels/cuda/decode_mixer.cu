@@ -237,11 +237,7 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
   float* St = reinterpret_cast<float*>(state_smem);  // [dh keys][dh columns]
   __shared__ __align__(16) float ks[kDh], qs[kDh];
   __shared__ float norms[2], scratch[32];
-  auto after_previous = [&] {
-    WaitForPrevious();
-    if (!p.next_starts_late) LetNextStart();
-  };
-  if (!p.early_loads) after_previous();
+  if (!p.early_loads) AfterPrevious();
   const int64_t j = threadIdx.x;
   const MixerSite<kDh> site(p);
   const SeqDesc& s = site.s;
@@ -258,7 +254,7 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
   c.Load<kDh>(p, h, r, s.pos, j, true);
   const bool gated = p.maybe_gated_ptr != nullptr;
   const float gate_norm = gated ? p.gate_norm_ptr[j] : 0.f;
-  if (p.early_loads) after_previous();
+  if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
   const float a_exp = expf(c.a_log);
   const float gate = gated ? proj[p.gate_column + h * kDh + j] : 0.f;
@@ -316,7 +312,6 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
       part[g] += next * q * qn_scale;
     });
   }
-  if (p.next_starts_late) LetNextStart();
   if (!gated) {
     if (!c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
     return;
@@ -350,11 +345,7 @@ void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_
       return true;
     }();
     (void)configured;
-    if (GetKernelSwitches().head_mixer_overlap & 1) {
-      LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
-    } else {
-      DecodeMixerHeadKernel<kDh><<<dim3(seqs, heads), dim3(kDh), kSmem, stream>>>(p);  // (its wait: a no-op)
-    }
+    LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
   } else {
     constexpr unsigned kSlices = kDh / kLanes;
     LaunchAfterPrevious(DecodeMixerKernel<kDh>, dim3(seqs, heads, kSlices), dim3(kLanes, kGroups), 0, stream,
@@ -368,9 +359,9 @@ void DecodeMixer(const DecodeMixerParams& p_in, cudaStream_t stream) {
   if (p_in.seqs == 0) return;
   DecodeMixerParams p = p_in;
   p.early_loads = EarlyLoads();
-  p.next_starts_late = !(GetKernelSwitches().head_mixer_overlap & 2);
-  const int head_min = GetKernelSwitches().head_mixer_min_seqs;
-  const bool head_blocks = head_min > 0 && p.seqs >= head_min;
+  const KernelSwitches& switches = GetKernelSwitches();
+  const bool head_blocks = switches.head_mixer_min_seqs > 0 && p.seqs >= switches.head_mixer_min_seqs &&
+                           p.dims.head_dim >= switches.head_mixer_min_dim;
   switch (p.dims.head_dim) {
     case 32: LaunchDecodeMixer<32>(p, head_blocks, stream); break;
     case 64: LaunchDecodeMixer<64>(p, head_blocks, stream); break;

@@ -324,7 +324,6 @@ struct DecodeMixerParams {
   float* out_ptr;                // [N, HD]
   const double* maybe_rope_freq_ptr;  // as ConvRopeAppendParams
   bool early_loads = false;           // set by DecodeMixer (EarlyLoads in common.cuh)
-  bool next_starts_late = false;      // set by DecodeMixer (KernelSwitches::head_mixer_overlap)
   // With no attention row in the forward: the outputs' gated norm, what GatedNorm writes from them, into this
   // [N, HD] instead of out_ptr: bf16(RMSNormPerHead(out) * gate_norm * SiLU(gate)), the gate in proj's
   // columns [gate_column, gate_column + HD). (The head's sum of squares is added up in another order than
@@ -515,16 +514,16 @@ struct KernelSwitches {
   // bf16 and FP8 products of 2 to this many rows (at most kMmaGemvMaxRows) on the tensor-core GEMV; 0: none.
   int bf16_mma_gemv_max_rows = 32;
   int fp8_mma_gemv_max_rows = 32;
-  // Decode steps of at least this many sequences run the mixer a head per block (DecodeMixerHeadKernel in
-  // decode_mixer.cu); fewer, a head per cluster of dh/32 blocks. 0: none.
-  int head_mixer_min_seqs = 0;
-  // How the head-per-block mixer overlaps its neighbours through programmatic launch (bits; 3, both: as every
-  // kernel): 1, it is scheduled during the input projection's tail (and streams its state in then); 2, the next
-  // kernel is scheduled as soon as the mixer's wait is over, not after its state's update.
-  int head_mixer_overlap = 3;
+  // Decode steps of at least head_mixer_min_seqs sequences (0: none) and head_dim at least head_mixer_min_dim run
+  // the mixer a head per block (DecodeMixerHeadKernel in decode_mixer.cu); others, a head per cluster of dh/32
+  // blocks.
+  int head_mixer_min_seqs = 2;
+  int head_mixer_min_dim = 128;
   // The share of an SM's unified L1 and shared memory (percent of the most shared memory) that the head-per-block
-  // mixer asks to be shared memory, set at its first launch; -1: no preference (the driver's choice).
-  int head_mixer_carveout = -1;
+  // mixer asks to be shared memory, set at its first launch; -1: no preference. Left to itself the driver gives
+  // it the largest share (for occupancy), and under programmatic launch no SM then drains to give the GEMVs
+  // after it their L1 back; 0 asks for the least share that holds one block.
+  int head_mixer_carveout = 0;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

@@ -666,7 +666,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
                          "ORYX_CUDA_MMA_CHUNK",    "ORYX_CUDA_ATTN_CHUNK",   "ORYX_CUDA_FP8_MMA_ROWS",
                          "ORYX_CUDA_PREFILL_ROWS", "ORYX_CUDA_PREFILL_SPAN", "ORYX_CUDA_BF16_MMA_ROWS",
                          "ORYX_CUDA_FP8_GEMV_ROWS", "ORYX_CUDA_HEAD_MIXER_SEQS",
-                         "ORYX_CUDA_HEAD_MIXER_OVERLAP"};
+                         "ORYX_CUDA_HEAD_MIXER_DIM", "ORYX_CUDA_HEAD_MIXER_CARVEOUT"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
@@ -679,8 +679,9 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.fp8_mma_min_rows, 8);
   EXPECT_EQ(defaults.bf16_mma_gemv_rows, 32);
   EXPECT_EQ(defaults.fp8_mma_gemv_rows, 32);
-  EXPECT_EQ(defaults.head_mixer_seqs, 0);
-  EXPECT_EQ(defaults.head_mixer_overlap, 3);
+  EXPECT_EQ(defaults.head_mixer_seqs, 2);
+  EXPECT_EQ(defaults.head_mixer_dim, 128);
+  EXPECT_EQ(defaults.head_mixer_carveout, 0);
   EXPECT_EQ(defaults.prefill_rows, 0);
   EXPECT_EQ(defaults.prefill_span, 16384);
   setenv("ORYX_CUDA_FUSED", "0", 1);
@@ -695,7 +696,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_BF16_MMA_ROWS", "0", 1);
   setenv("ORYX_CUDA_FP8_GEMV_ROWS", "5", 1);
   setenv("ORYX_CUDA_HEAD_MIXER_SEQS", "-2", 1);  // under 0: clamped
-  setenv("ORYX_CUDA_HEAD_MIXER_OVERLAP", "7", 1);  // over 3: clamped
+  setenv("ORYX_CUDA_HEAD_MIXER_DIM", "64", 1);
+  setenv("ORYX_CUDA_HEAD_MIXER_CARVEOUT", "150", 1);  // over 100: clamped
   setenv("ORYX_CUDA_PREFILL_ROWS", "16384", 1);
   setenv("ORYX_CUDA_PREFILL_SPAN", "100", 1);  // under the least span: clamped
   const CudaSwitches set = CudaSwitches::FromEnvironment();
@@ -713,7 +715,8 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.bf16_mma_gemv_rows, 0);
   EXPECT_EQ(set.fp8_mma_gemv_rows, 5);
   EXPECT_EQ(set.head_mixer_seqs, 0);
-  EXPECT_EQ(set.head_mixer_overlap, 3);
+  EXPECT_EQ(set.head_mixer_dim, 64);
+  EXPECT_EQ(set.head_mixer_carveout, 100);
   EXPECT_EQ(set.prefill_rows, 16384);
   EXPECT_EQ(set.prefill_span, 256);
 }

@@ -1013,7 +1013,10 @@ TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
     const int64_t dh = int64_t{32} << (case_index / 3 % 3);
     const int variant = case_index % 3;
     ScopedSwitches switches;
-    switches.Set([&](cuda::KernelSwitches& s) { s.head_mixer_min_seqs = head_blocks ? 1 : 0; });
+    switches.Set([&](cuda::KernelSwitches& s) {
+      s.head_mixer_min_seqs = head_blocks ? 1 : 0;
+      s.head_mixer_min_dim = 1;
+    });
     SCOPED_TRACE(std::string(head_blocks ? "a head per block, " : "a head per cluster, ") + (gdn ? "gdn" : "mamba2") +
                  " dh=" + std::to_string(dh) + " variant " + std::to_string(variant));
     Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
