@@ -227,18 +227,22 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   if constexpr (kSlices > 1) ClusterSync();  // (the peers have read slice_sq before this block exits)
 }
 
-// The same, a block of dh threads per (sequence, head): thread j convolves k channel j and v channel j,
-// appends feature j, and advances column j of the state over all dh keys. The head's state, dh * dh floats
-// of dynamic shared memory, is copied in by cp.async (no registers held) before the wait; the new state goes
-// to memory from registers, a row of 32 columns a warp-wide store.
-template <int kDh>
-__global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
+// The same, a block of kSplit x dh threads per (sequence, head). Thread (part, j) convolves channel j of k (part
+// 0) and of v (the last part), appends feature j (part 0), and advances column j of the state over its share of
+// the keys: the keys i with i % 8 in the part's kGroups / kSplit groups. The head's state, dh * dh floats of
+// dynamic shared memory, is copied in by cp.async (no registers held) before the wait; the new state goes to
+// memory from registers, a row of 32 columns a warp-wide store.
+template <int kDh, int kSplit>
+__global__ void __launch_bounds__(kSplit* kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
+  static_assert(kSplit == 1 || kSplit == 2);
+  constexpr int kPartGroups = kGroups / kSplit, kChannels = 2 / kSplit;
   extern __shared__ float4 state_smem[];
   float* St = reinterpret_cast<float*>(state_smem);  // [dh keys][dh columns]
   __shared__ __align__(16) float ks[kDh], qs[kDh];
-  __shared__ float norms[2], scratch[32];
+  __shared__ float vs[kDh], group_sums[kGroups][kDh], norms[2], scratch[32];
   if (!p.early_loads) AfterPrevious();
-  const int64_t j = threadIdx.x;
+  const int part = static_cast<int>(threadIdx.x) / kDh;
+  const int64_t j = threadIdx.x % kDh;
   const MixerSite<kDh> site(p);
   const SeqDesc& s = site.s;
   const int64_t h = site.h, H = site.H, HD = site.HD, C = site.C, W = site.W, r = site.r;
@@ -246,48 +250,60 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
   float* window = site.window;
   float* state = site.state;
   CopyToSharedAsync(St, state, int64_t{kDh} * kDh);
-  const int64_t ch_k = h * kDh + j, ch_v = HD + h * kDh + j;
-  ConvChannel conv_k, conv_v;
-  conv_k.Load(p.conv_weight_ptr + ch_k * (W + 1), p.conv_bias_ptr[ch_k], window, W, C, ch_k);
-  conv_v.Load(p.conv_weight_ptr + ch_v * (W + 1), p.conv_bias_ptr[ch_v], window, W, C, ch_v);
+  // This thread's channels: k (kind 0) and v (kind 1), or the one of its part.
+  int64_t channels[kChannels];
+  ConvChannel conv[kChannels];
+#pragma unroll
+  for (int n = 0; n < kChannels; ++n) {
+    const int64_t ch = channels[n] = (part + n == 0 ? 0 : HD) + h * kDh + j;
+    conv[n].Load(p.conv_weight_ptr + ch * (W + 1), p.conv_bias_ptr[ch], window, W, C, ch);
+  }
   HeadConstants c;
-  c.Load<kDh>(p, h, r, s.pos, j, true);
+  c.Load<kDh>(p, h, r, s.pos, j, part == 0);
   const bool gated = p.maybe_gated_ptr != nullptr;
   const float gate_norm = gated ? p.gate_norm_ptr[j] : 0.f;
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
   const float a_exp = expf(c.a_log);
-  const float gate = gated ? proj[p.gate_column + h * kDh + j] : 0.f;
-  const float in_k = proj[ch_k], in_v = proj[ch_v];
-  qs[j] = proj[2 * HD + h * kDh + j];  // q_linear
-  ks[j] = conv_k.Output(in_k, W, p.dims.conv_silu);
-  const float v = conv_v.Output(in_v, W, p.dims.conv_silu);
-  conv_k.MoveWindow(window, W, C, ch_k, in_k);  // (no other block reads this head's channels)
-  conv_v.MoveWindow(window, W, C, ch_v, in_v);
+  const float gate = gated && part == 0 ? proj[p.gate_column + h * kDh + j] : 0.f;
+  if (part == 0) qs[j] = proj[2 * HD + h * kDh + j];  // q_linear
+#pragma unroll
+  for (int n = 0; n < kChannels; ++n) {
+    const float in = proj[channels[n]];
+    (part + n == 0 ? ks : vs)[j] = conv[n].Output(in, W, p.dims.conv_silu);
+    conv[n].MoveWindow(window, W, C, channels[n], in);  // (no other block reads this head's channels)
+  }
   WaitCopies();
   __syncthreads();
-  AppendAndRotate<kDh>(p, s, c, ks, v, h, j);
+  const float v = vs[j];
+  if (part == 0) AppendAndRotate<kDh>(p, s, c, ks, v, h, j);
 
-  // Column j of the state over the keys, eight at a time (their k and q in 16-byte loads), added up as
+  // Column j of the state over the part's keys, eight at a time (their k and q in 16-byte loads), added up as
   // DecodeMixerKernel adds them: key i into the partial sum of group i % 8 in key order, then the groups in
-  // order, so that both layouts give the same fp32 sums (up to the compiler's contractions).
-  float part[kGroups];
+  // order (through shared memory), so that both layouts give the same fp32 sums (up to the compiler's
+  // contractions). Every thread gets the column's sum.
+  const int first_group = part * kPartGroups;
+  float sums[kPartGroups];
   auto keys = [&](auto&& body) {
-    for (float& sum : part) sum = 0.f;
+    for (float& sum : sums) sum = 0.f;
 #pragma unroll 2
     for (int i = 0; i < kDh; i += kGroups) {
-      float k8[kGroups], q8[kGroups];
+      float k8[kPartGroups], q8[kPartGroups];
 #pragma unroll
-      for (int g = 0; g < kGroups; g += 4) {
-        *reinterpret_cast<float4*>(k8 + g) = *reinterpret_cast<const float4*>(ks + i + g);
-        *reinterpret_cast<float4*>(q8 + g) = *reinterpret_cast<const float4*>(qs + i + g);
+      for (int g = 0; g < kPartGroups; g += 4) {
+        *reinterpret_cast<float4*>(k8 + g) = *reinterpret_cast<const float4*>(ks + i + first_group + g);
+        *reinterpret_cast<float4*>(q8 + g) = *reinterpret_cast<const float4*>(qs + i + first_group + g);
       }
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) body(i + g, k8[g], q8[g], g);
+      for (int g = 0; g < kPartGroups; ++g) body(i + first_group + g, k8[g], q8[g], g);
     }
+#pragma unroll
+    for (int g = 0; g < kPartGroups; ++g) group_sums[first_group + g][j] = sums[g];
+    __syncthreads();
     float sum = 0.f;
 #pragma unroll
-    for (float group : part) sum += group;
+    for (int g = 0; g < kGroups; ++g) sum += group_sums[g][j];
+    __syncthreads();  // (group_sums is written again by the next pass)
     return sum;
   };
   float out;
@@ -296,28 +312,28 @@ __global__ void __launch_bounds__(kDh) DecodeMixerHeadKernel(DecodeMixerParams p
     out = keys([&](int i, float k, float q, int g) {
       const float next = a * St[i * kDh + j] + dt * k * v;
       state[i * kDh + j] = next;
-      part[g] += next * q;
+      sums[g] += next * q;
     });
     out += c.d_skip * v;
   } else {
-    GdnNorms(ks, qs, kDh, static_cast<int>(j), norms);
+    GdnNorms(ks, qs, kDh, static_cast<int>(threadIdx.x), norms);
     const float kn_scale = norms[0], qn_scale = norms[1];
     const float beta = Sigmoid(head_in);
     const float alpha = expf(-a_exp * Softplus(head_in2 + c.dt_bias));
-    const float kts = keys([&](int i, float k, float, int g) { part[g] += k * kn_scale * St[i * kDh + j]; });
+    const float kts = keys([&](int i, float k, float, int g) { sums[g] += k * kn_scale * St[i * kDh + j]; });
     out = keys([&](int i, float k, float q, int g) {  // ((kn^T S)[j] is kts)
       const float kn = k * kn_scale;
       const float next = alpha * (St[i * kDh + j] - beta * kn * kts) + beta * kn * v;
       state[i * kDh + j] = next;
-      part[g] += next * q * qn_scale;
+      sums[g] += next * q * qn_scale;
     });
   }
   if (!gated) {
-    if (!c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
+    if (part == 0 && !c.attention_row) p.out_ptr[r * HD + h * kDh + j] = out;
     return;
   }
-  const float scale = rsqrtf(BlockSum(out * out, scratch) / kDh + p.dims.norm_eps);
-  p.maybe_gated_ptr[r * HD + h * kDh + j] = __float2bfloat16(out * scale * gate_norm * Silu(gate));
+  const float scale = rsqrtf(BlockSum(part == 0 ? out * out : 0.f, scratch) / kDh + p.dims.norm_eps);
+  if (part == 0) p.maybe_gated_ptr[r * HD + h * kDh + j] = __float2bfloat16(out * scale * gate_norm * Silu(gate));
 }
 
 }  // namespace
@@ -330,22 +346,32 @@ bool DecodeMixerApplies(const ModelDims& dims) {
 namespace {
 
 // The mixer for head_dim kDh, a head per block (shared memory for its state, asked for once) or per cluster.
+template <int kDh, int kSplit>
+void LaunchHeadMixer(const DecodeMixerParams& p, cudaStream_t stream) {
+  constexpr int kSmem = kDh * kDh * sizeof(float);
+  static const bool configured = [] {
+    ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh, kSplit>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    if (const int carveout = GetKernelSwitches().head_mixer_carveout; carveout >= 0) {
+      ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh, kSplit>,
+                                           cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+    }
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads));
+  LaunchAfterPrevious(DecodeMixerHeadKernel<kDh, kSplit>, grid, dim3(kSplit * kDh), kSmem, stream, p);
+}
+
 template <int kDh>
 void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_t stream) {
   const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
   if (head_blocks) {
-    constexpr int kSmem = kDh * kDh * sizeof(float);
-    static const bool configured = [] {
-      ORYX_CUDA_CHECK(
-          cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      if (const int carveout = GetKernelSwitches().head_mixer_carveout; carveout >= 0) {
-        ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>,
-                                             cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-      }
-      return true;
-    }();
-    (void)configured;
-    LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(kDh), kSmem, stream, p);
+    if (GetKernelSwitches().head_mixer_split == 2) {
+      LaunchHeadMixer<kDh, 2>(p, stream);
+    } else {
+      LaunchHeadMixer<kDh, 1>(p, stream);
+    }
   } else {
     constexpr unsigned kSlices = kDh / kLanes;
     LaunchAfterPrevious(DecodeMixerKernel<kDh>, dim3(seqs, heads, kSlices), dim3(kLanes, kGroups), 0, stream,
