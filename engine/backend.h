@@ -322,7 +322,6 @@ struct CudaSwitches {
   int head_mixer_seqs = 2;
   int head_mixer_dim = 128;
   int head_mixer_carveout = 0;
-  int head_mixer_split = 1;  // HEAD_MIXER_SPLIT: threads per state column of that mixer (1 or 2)
   // PREFILL_ROWS and PREFILL_SPAN: prompt rows of one prefill forward at most (shared by the prompts prefilled
   // together; 0: as many as 1.25 GiB of activations hold, 2,048 to 32,768), and tokens of one prompt in it
   // at most (Backend::PrefillSpan). Long spans fill the GPU: a 16K prompt of models/default prefilled in one

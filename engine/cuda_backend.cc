@@ -144,8 +144,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
                          .fp8_mma_gemv_max_rows = switches.fp8_mma_gemv_rows,
                          .head_mixer_min_seqs = switches.head_mixer_seqs,
                          .head_mixer_min_dim = switches.head_mixer_dim,
-                         .head_mixer_carveout = switches.head_mixer_carveout,
-                         .head_mixer_split = switches.head_mixer_split});
+                         .head_mixer_carveout = switches.head_mixer_carveout});
   if (switches.profile) {
     profiler_ = std::make_unique<Profiler>();
     use_graphs_ = false;

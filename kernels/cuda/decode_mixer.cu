@@ -6,8 +6,8 @@
 //   cluster has read the windows, each block moves its slice of them past the token, appends its slice of
 //   RoPE(k) and v to the cache, rotates its slice of an attention row's query, and advances its slice of the
 //   state, a column per thread-x as RecurrentKernel does.
-// - DecodeMixerHeadKernel, for batches: a block of dh threads per (sequence, head), the head's state copied
-//   to shared memory before the wait for the input projection. A batch's blocks need all of the GPU's
+// - DecodeMixerHeadKernel, for batches: a block of 2 x dh threads per (sequence, head), the head's state
+//   copied to shared memory before the wait for the input projection. A batch's blocks need all of the GPU's
 //   registers in the first layout, so they start only as the input projection's blocks leave; these are
 //   small enough to start beside them, and their state streams in during the projection.
 // The math is the three kernels', term for term, in the same order.
@@ -227,15 +227,14 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   if constexpr (kSlices > 1) ClusterSync();  // (the peers have read slice_sq before this block exits)
 }
 
-// The same, a block of kSplit x dh threads per (sequence, head). Thread (part, j) convolves channel j of k (part
-// 0) and of v (the last part), appends feature j (part 0), and advances column j of the state over its share of
-// the keys: the keys i with i % 8 in the part's kGroups / kSplit groups. The head's state, dh * dh floats of
-// dynamic shared memory, is copied in by cp.async (no registers held) before the wait; the new state goes to
-// memory from registers, a row of 32 columns a warp-wide store.
-template <int kDh, int kSplit>
-__global__ void __launch_bounds__(kSplit* kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
-  static_assert(kSplit == 1 || kSplit == 2);
-  constexpr int kPartGroups = kGroups / kSplit, kChannels = 2 / kSplit;
+// The same, a block of 2 x dh threads per (sequence, head). Thread (part, j) convolves channel j of k (part 0)
+// or of v (part 1), appends feature j (part 0), and advances column j of the state over half the keys: those
+// with i % 8 in the part's four groups. The head's state, dh * dh floats of dynamic shared memory, is copied
+// in by cp.async (no registers held) before the wait; the new state goes to memory from registers, a row of
+// 32 columns a warp-wide store.
+template <int kDh>
+__global__ void __launch_bounds__(2 * kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
+  constexpr int kPartGroups = kGroups / 2;
   extern __shared__ float4 state_smem[];
   float* St = reinterpret_cast<float*>(state_smem);  // [dh keys][dh columns]
   __shared__ __align__(16) float ks[kDh], qs[kDh];
@@ -250,14 +249,9 @@ __global__ void __launch_bounds__(kSplit* kDh) DecodeMixerHeadKernel(DecodeMixer
   float* window = site.window;
   float* state = site.state;
   CopyToSharedAsync(St, state, int64_t{kDh} * kDh);
-  // This thread's channels: k (kind 0) and v (kind 1), or the one of its part.
-  int64_t channels[kChannels];
-  ConvChannel conv[kChannels];
-#pragma unroll
-  for (int n = 0; n < kChannels; ++n) {
-    const int64_t ch = channels[n] = (part + n == 0 ? 0 : HD) + h * kDh + j;
-    conv[n].Load(p.conv_weight_ptr + ch * (W + 1), p.conv_bias_ptr[ch], window, W, C, ch);
-  }
+  const int64_t ch = part * HD + h * kDh + j;  // k channel j, or v channel j
+  ConvChannel conv;
+  conv.Load(p.conv_weight_ptr + ch * (W + 1), p.conv_bias_ptr[ch], window, W, C, ch);
   HeadConstants c;
   c.Load<kDh>(p, h, r, s.pos, j, part == 0);
   const bool gated = p.maybe_gated_ptr != nullptr;
@@ -267,12 +261,9 @@ __global__ void __launch_bounds__(kSplit* kDh) DecodeMixerHeadKernel(DecodeMixer
   const float a_exp = expf(c.a_log);
   const float gate = gated && part == 0 ? proj[p.gate_column + h * kDh + j] : 0.f;
   if (part == 0) qs[j] = proj[2 * HD + h * kDh + j];  // q_linear
-#pragma unroll
-  for (int n = 0; n < kChannels; ++n) {
-    const float in = proj[channels[n]];
-    (part + n == 0 ? ks : vs)[j] = conv[n].Output(in, W, p.dims.conv_silu);
-    conv[n].MoveWindow(window, W, C, channels[n], in);  // (no other block reads this head's channels)
-  }
+  const float in = proj[ch];
+  (part == 0 ? ks : vs)[j] = conv.Output(in, W, p.dims.conv_silu);
+  conv.MoveWindow(window, W, C, ch, in);  // (no other block reads this head's channels)
   WaitCopies();
   __syncthreads();
   const float v = vs[j];
@@ -346,32 +337,22 @@ bool DecodeMixerApplies(const ModelDims& dims) {
 namespace {
 
 // The mixer for head_dim kDh, a head per block (shared memory for its state, asked for once) or per cluster.
-template <int kDh, int kSplit>
-void LaunchHeadMixer(const DecodeMixerParams& p, cudaStream_t stream) {
-  constexpr int kSmem = kDh * kDh * sizeof(float);
-  static const bool configured = [] {
-    ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh, kSplit>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    if (const int carveout = GetKernelSwitches().head_mixer_carveout; carveout >= 0) {
-      ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh, kSplit>,
-                                           cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-    }
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(p.seqs), static_cast<unsigned>(p.dims.heads));
-  LaunchAfterPrevious(DecodeMixerHeadKernel<kDh, kSplit>, grid, dim3(kSplit * kDh), kSmem, stream, p);
-}
-
 template <int kDh>
 void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_t stream) {
   const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
   if (head_blocks) {
-    if (GetKernelSwitches().head_mixer_split == 2) {
-      LaunchHeadMixer<kDh, 2>(p, stream);
-    } else {
-      LaunchHeadMixer<kDh, 1>(p, stream);
-    }
+    constexpr int kSmem = kDh * kDh * sizeof(float);
+    static const bool configured = [] {
+      ORYX_CUDA_CHECK(
+          cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      if (const int carveout = GetKernelSwitches().head_mixer_carveout; carveout >= 0) {
+        ORYX_CUDA_CHECK(cudaFuncSetAttribute(DecodeMixerHeadKernel<kDh>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+      }
+      return true;
+    }();
+    (void)configured;
+    LaunchAfterPrevious(DecodeMixerHeadKernel<kDh>, dim3(seqs, heads), dim3(2 * kDh), kSmem, stream, p);
   } else {
     constexpr unsigned kSlices = kDh / kLanes;
     LaunchAfterPrevious(DecodeMixerKernel<kDh>, dim3(seqs, heads, kSlices), dim3(kLanes, kGroups), 0, stream,

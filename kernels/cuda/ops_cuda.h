@@ -524,8 +524,6 @@ struct KernelSwitches {
   // it the largest share (for occupancy), and under programmatic launch no SM then drains to give the GEMVs
   // after it their L1 back; 0 asks for the least share that holds one block.
   int head_mixer_carveout = 0;
-  // Threads per state column of the head-per-block mixer (1 or 2: each advances the column over half the keys).
-  int head_mixer_split = 1;
 };
 void SetKernelSwitches(const KernelSwitches& switches);
 const KernelSwitches& GetKernelSwitches();

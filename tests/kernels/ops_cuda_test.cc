@@ -1001,28 +1001,23 @@ TEST(OpsCuda, RecurrentMatchesMamba2AndGdnReferencesWithStateCapture) {
 // The fused decode-step mixer against the three kernels it replaces, on a batch of three one-token spans
 // (an attention row, a linear row, and a draft without a KV cache), both mixers, SiLU or identity conv,
 // RoPE from the table, computed, or off, every head_dim it takes, in both layouts (a head per cluster, a head
-// per block with one or two threads a state column). Both sides run the same fp32 math in the same order, up to the compiler's contractions:
+// per block). Both sides run the same fp32 math in the same order, up to the compiler's contractions:
 // kFp32Tol; the moved windows must be equal. A third run writes the gated norm of its outputs
 // instead (DecodeMixerParams::maybe_gated_ptr).
 TEST(OpsCuda, DecodeMixerEqualsConvWindowAndRecurrenceKernels) {
   int major = 0;
   ORYX_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 9) GTEST_SKIP() << "the fused decode mixer needs thread-block clusters (compute capability 9)";
-  for (int case_index = 0; case_index < 3 * 2 * 3 * 3; ++case_index) {
-    const int head_split = case_index / 18;  // 0: a head per cluster
-    const bool gdn = case_index / 9 % 2;
+  for (int case_index = 0; case_index < 2 * 2 * 3 * 3; ++case_index) {
+    const bool head_blocks = case_index / 18, gdn = case_index / 9 % 2;
     const int64_t dh = int64_t{32} << (case_index / 3 % 3);
     const int variant = case_index % 3;
     ScopedSwitches switches;
     switches.Set([&](cuda::KernelSwitches& s) {
-      s.head_mixer_min_seqs = head_split > 0 ? 1 : 0;
+      s.head_mixer_min_seqs = head_blocks ? 1 : 0;
       s.head_mixer_min_dim = 1;
-      s.head_mixer_split = std::max(head_split, 1);
     });
-    SCOPED_TRACE(std::string(head_split == 0   ? "a head per cluster, "
-                             : head_split == 1 ? "a head per block, "
-                                               : "a head per block, two threads a column, ") +
-                 (gdn ? "gdn" : "mamba2") +
+    SCOPED_TRACE(std::string(head_blocks ? "a head per block, " : "a head per cluster, ") + (gdn ? "gdn" : "mamba2") +
                  " dh=" + std::to_string(dh) + " variant " + std::to_string(variant));
     Batch b = MakeBatch(3, dh, gdn, {1, 1, 1}, {9, 3, 5}, 0);
     b.dims.conv_silu = variant == 1;
