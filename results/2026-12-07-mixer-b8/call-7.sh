@@ -1,0 +1,22 @@
+# Session 75, call 7: the tree as kept (the head-per-block mixer always two threads a column, on for batches at
+# head_dim 128, carveout 0). The GPU tests; then default against the cluster layout (ORYX_CUDA_HEAD_MIXER_SEQS=0),
+# alternating twice: 1.4b bf16 mamba2 and gdn, fp8 mamba2, batch 8.
+rm -rf build-gpu/bin  # (a warm machine keeps the last call's binaries)
+source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
+declare -A SETTING=([default]="" [cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=0")
+run() {
+  local s=$1; shift
+  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
+    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
+}
+for rep in 1 2; do
+  for s in default cluster; do
+    run $s --config 1.4b --contexts 32768 --batches 8
+    run $s --config 1.4b --mixer gdn --contexts 32768 --batches 8
+    run $s --config 1.4b --weights fp8 --contexts 32768 --batches 8
+  done
+  echo "rep $rep at $(el) s"
+done
+python3 results/2026-12-07-h100-split-norms/print_steps.py setting
+tail -5 $OUT/err.txt
+echo "$T1; $T2 at $(el) s"
