@@ -6,11 +6,7 @@
 rm -rf build-gpu/bin  # (a warm machine keeps the last call's binaries)
 source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 declare -A SETTING=([head]="" [cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576" [head1]="ORYX_CUDA_HEAD_MIXER_SEQS=1")
-run() {
-  local s=$1; shift
-  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
-    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
-}
+source results/2026-12-07-mixer-b8/run-decode.sh
 for rep in 1 2; do
   for s in head cluster; do
     run $s --config 1.4b --contexts 32768 --batches 1,8
@@ -26,12 +22,7 @@ ORYX_CUDA_PROFILE=1 timeout 90 $B/oryx bench decode --device cuda --config 1.4b 
 grep -A9 "linear, batch 8" $OUT/profile-b8.txt
 if (( $(el) < 330 )); then
   for s in head cluster; do
-    env ${SETTING[$s]} EXTRA=--no-prefix-cache PROMPTS=8192 POLICIES=speculative CLIENTS=32 TIMEOUT=60 \
-      bench/serve_grid.sh $B/oryx models/default data/c1 $OUT/serve-$s.jsonl 2>> $OUT/err.txt
-    python3 -c "
-import json
-for l in open('$OUT/serve-$s.jsonl'):
-    j = json.loads(l); print('serve $s', j['prompt_tokens'], j['concurrency'], j['policy'], '%.0f tok/s' % j['generated_tokens_per_s'])"
+    serve $s
   done
 fi
 tail -5 $OUT/err.txt

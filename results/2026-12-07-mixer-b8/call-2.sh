@@ -12,11 +12,7 @@ source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 declare -A SETTING=([cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576" [head-c100]="ORYX_CUDA_HEAD_MIXER_SEQS=2 ORYX_CUDA_BATCH_CARVEOUT=100"
   [cluster-c100]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576 ORYX_CUDA_BATCH_CARVEOUT=100"
   [head-pdl0]="ORYX_CUDA_HEAD_MIXER_SEQS=2 ORYX_CUDA_PDL=0" [cluster-pdl0]="ORYX_CUDA_PDL=0")
-run() {
-  local s=$1; shift
-  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
-    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
-}
+source results/2026-12-07-mixer-b8/run-decode.sh
 for rep in 1 2; do
   for s in cluster head-c100 cluster-c100; do
     run $s --config 1.4b --contexts 32768 --batches 8
@@ -29,12 +25,7 @@ for s in head-pdl0 cluster-pdl0; do run $s --config 1.4b --contexts 32768 --batc
 python3 results/2026-12-07-h100-split-norms/print_steps.py setting
 if (( $(el) < 200 )); then
   for s in head-c100 cluster; do
-    env ${SETTING[$s]} EXTRA=--no-prefix-cache PROMPTS=8192 POLICIES=speculative CLIENTS=32 TIMEOUT=60 \
-      bench/serve_grid.sh $B/oryx models/default data/c1 $OUT/serve-$s.jsonl 2>> $OUT/err.txt
-    python3 -c "
-import json
-for l in open('$OUT/serve-$s.jsonl'):
-    j = json.loads(l); print('serve $s', j['prompt_tokens'], j['concurrency'], j['policy'], '%.0f tok/s' % j['generated_tokens_per_s'])"
+    serve $s
   done
 fi
 tail -5 $OUT/err.txt

@@ -11,11 +11,7 @@ H="ORYX_CUDA_HEAD_MIXER_SEQS=2"
 declare -A SETTING=([cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576" [head3]="$H" [head2]="$H ORYX_CUDA_HEAD_MIXER_OVERLAP=2"
   [head1]="$H ORYX_CUDA_HEAD_MIXER_OVERLAP=1" [head0]="$H ORYX_CUDA_HEAD_MIXER_OVERLAP=0"
   [head-el0]="$H ORYX_CUDA_EARLY_LOADS=0" [cluster-el0]="ORYX_CUDA_EARLY_LOADS=0")
-run() {
-  local s=$1; shift
-  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
-    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
-}
+source results/2026-12-07-mixer-b8/run-decode.sh
 for rep in 1 2; do
   for s in cluster head3 head2 head1 head0; do
     run $s --config 1.4b --contexts 32768 --batches 8

@@ -12,11 +12,7 @@ B=build-gpu/bin
 H="ORYX_CUDA_HEAD_MIXER_SEQS=2"
 declare -A SETTING=([cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=1048576" [head]="$H" [head-c0]="$H ORYX_CUDA_HEAD_MIXER_CARVEOUT=0"
   [head-c58]="$H ORYX_CUDA_HEAD_MIXER_CARVEOUT=58" [head1-c0]="$H ORYX_CUDA_HEAD_MIXER_CARVEOUT=0 ORYX_CUDA_HEAD_MIXER_OVERLAP=1")
-run() {
-  local s=$1; shift
-  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
-    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
-}
+source results/2026-12-07-mixer-b8/run-decode.sh
 for rep in 1 2; do
   for s in cluster head head-c0 head-c58 head1-c0; do
     run $s --config 1.4b --contexts 32768 --batches 8,32

@@ -7,11 +7,7 @@
 rm -rf build-gpu/bin  # (a warm machine keeps the last call's binaries)
 source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
 declare -A SETTING=([default]="" [cluster]="ORYX_CUDA_HEAD_MIXER_SEQS=0" [head1]="ORYX_CUDA_HEAD_MIXER_SEQS=1")
-run() {
-  local s=$1; shift
-  env ${SETTING[$s]} timeout 60 $B/oryx bench decode --device cuda "$@" --steps 20 --prefill-max-attention 0 --json \
-    | sed "s/^{/{\"setting\":\"$s\",/" >> $OUT/decode.jsonl 2>> $OUT/err.txt
-}
+source results/2026-12-07-mixer-b8/run-decode.sh
 for rep in 1 2; do
   for s in default cluster; do
     run $s --config 1.4b --contexts 32768 --batches 1,8
