@@ -17,9 +17,7 @@ for rep in 1 2; do
   echo "rep $rep at $(el) s"
 done
 python3 results/2026-12-07-h100-split-norms/print_steps.py setting
-ORYX_CUDA_PROFILE=1 timeout 90 $B/oryx bench decode --device cuda --config 1.4b --contexts 32768 --batches 8 \
-  --steps 20 --prefill-max-attention 0 --json > /dev/null 2> $OUT/profile-b8.txt
-grep -A9 "linear, batch 8" $OUT/profile-b8.txt
+profile_b8
 if (( $(el) < 330 )); then
   for s in head cluster; do
     serve $s

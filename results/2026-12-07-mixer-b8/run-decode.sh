@@ -17,3 +17,10 @@ import json
 for l in open('$OUT/serve-$s.jsonl'):
     j = json.loads(l); print('serve $s', j['prompt_tokens'], j['concurrency'], j['policy'], '%.0f tok/s' % j['generated_tokens_per_s'])"
 }
+# profile_b8: the event profile (ORYX_CUDA_PROFILE=1: every op timed, graphs off) of 1.4b's batch-8 steps at 32K
+# to $OUT/profile-b8.txt; the linear step's ops printed.
+profile_b8() {
+  ORYX_CUDA_PROFILE=1 timeout 90 $B/oryx bench decode --device cuda --config 1.4b --contexts 32768 --batches 8 \
+    --steps 20 --prefill-max-attention 0 --json > /dev/null 2> $OUT/profile-b8.txt
+  grep -A9 "linear, batch 8" $OUT/profile-b8.txt
+}
