@@ -78,7 +78,8 @@ int BenchDecode(const Args& rest) {
             "context. Each point carries its fraction of the memory-bandwidth roofline (bytes a decode step must\n"
             "move over the read bandwidth of a buffer that size, measured in the same run) and, run as\n"
             "`oryx-torch bench decode`, its speedup over the LibTorch model's token-by-token decode. Without\n"
-            "--model: random weights of a 19M-parameter config.");
+            "--model: random weights of a 19M-parameter config. With --device cuda, ORYX_CUDA_* environment\n"
+            "variables switch the kernels' paths, to time them against each other (docs/CUDA.md lists them).");
   f.String("model", &o.model_dir, "model directory (default: random weights; cpu: d512 L4 H8x64 F1408 V8192, cuda: --config)");
   c.AddFlags(f);
   f.Int("steps", &o.steps, "timed decode steps per point", 2, 10000);
