@@ -316,7 +316,7 @@ struct CudaSwitches {
   // HEAD_MIXER_SEQS and HEAD_MIXER_DIM: decode steps of at least this many sequences (0: none), of a model whose
   // head_dim is at least this, run the decode mixer a head per block, the head's state streaming into shared
   // memory during the input projection; others, a head per cluster of dh/32 blocks (a lone sequence spread over
-  // more SMs). Measured faster at head_dim 128 from batch 8, slower at 64 (results/2026-12-07-mixer-b8).
+  // more SMs). Measured faster at head_dim 128 from batch 8; at 64 slower at batch 32 (results/2026-12-07-mixer-b8).
   // HEAD_MIXER_CARVEOUT: the percent of shared memory that mixer asks for (-1: the driver's choice, which left
   // the GEMVs after it too little L1); KernelSwitches::head_mixer_carveout.
   int head_mixer_seqs = 2;

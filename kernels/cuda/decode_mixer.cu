@@ -336,7 +336,8 @@ bool DecodeMixerApplies(const ModelDims& dims) {
 
 namespace {
 
-// The mixer for head_dim kDh, a head per block (shared memory for its state, asked for once) or per cluster.
+// The mixer for head_dim kDh, a head per block or per cluster. The first launch of a head per block asks for the
+// shared memory of its state and for KernelSwitches::head_mixer_carveout's split (docs/CUDA.md, "Its L1").
 template <int kDh>
 void LaunchDecodeMixer(const DecodeMixerParams& p, bool head_blocks, cudaStream_t stream) {
   const auto seqs = static_cast<unsigned>(p.seqs), heads = static_cast<unsigned>(p.dims.heads);
