@@ -279,14 +279,12 @@ __global__ void __launch_bounds__(2 * kDh) DecodeMixerHeadKernel(DecodeMixerPara
     for (float& sum : sums) sum = 0.f;
 #pragma unroll 2
     for (int i = 0; i < kDh; i += kGroups) {
-      float k8[kPartGroups], q8[kPartGroups];
-#pragma unroll
-      for (int g = 0; g < kPartGroups; g += 4) {
-        *reinterpret_cast<float4*>(k8 + g) = *reinterpret_cast<const float4*>(ks + i + first_group + g);
-        *reinterpret_cast<float4*>(q8 + g) = *reinterpret_cast<const float4*>(qs + i + first_group + g);
-      }
-#pragma unroll
-      for (int g = 0; g < kPartGroups; ++g) body(i + first_group + g, k8[g], q8[g], g);
+      const float4 k4 = *reinterpret_cast<const float4*>(ks + i + first_group);
+      const float4 q4 = *reinterpret_cast<const float4*>(qs + i + first_group);
+      body(i + first_group, k4.x, q4.x, 0);
+      body(i + first_group + 1, k4.y, q4.y, 1);
+      body(i + first_group + 2, k4.z, q4.z, 2);
+      body(i + first_group + 3, k4.w, q4.w, 3);
     }
 #pragma unroll
     for (int g = 0; g < kPartGroups; ++g) group_sums[first_group + g][j] = sums[g];
