@@ -1,4 +1,4 @@
-# Session 77, call 2, NOT RUN (seven tries found no machine; then too little device time was left to start one). Two binaries: `base` is main at dc06dcd; `new` is dc06dcd plus call-2-tree.diff (the
+# Session 77, call 2, NOT RUN (eight tries found no machine; then too little device time was left to start one). Two binaries: `base` is main at dc06dcd; `new` is dc06dcd plus call-2-tree.diff (the
 # state, conv-window and KV-row pointers of the decode mixers, the verify recurrence and the chunked scan
 # marked global with GlobalPtr: the form call 1 measured as ORYX_X_STORE=2). The GPU tests of `new`; then
 # twice, base first then new first: 1.4b linear at 32K, batches 1 and 8 (bf16 mamba2), batches 16 and 32 at 4K;
