@@ -235,6 +235,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
 template <int kDh>
 __global__ void __launch_bounds__(2 * kDh) DecodeMixerHeadKernel(DecodeMixerParams p) {
   constexpr int kPartGroups = kGroups / 2;
+  static_assert(kPartGroups == 4, "the keys loop reads a part's keys as one float4 of k and one of q");
   extern __shared__ float4 state_smem[];
   float* St = reinterpret_cast<float*>(state_smem);  // [dh keys][dh columns]
   __shared__ __align__(16) float ks[kDh], qs[kDh];
