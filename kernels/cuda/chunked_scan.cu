@@ -416,7 +416,7 @@ __global__ void ChunkStatePassKernel(RecurrentParams p) {
   const int64_t e = int64_t(blockIdx.z) * blockDim.x + threadIdx.x;
   if (e >= dd) return;
   const ScanScratch scratch(p);
-  float* state = p.seqs_ptr[b].state + (int64_t(p.layer) * H + h) * dd + e;
+  float* state = GlobalPtr(p.seqs_ptr[b].state + (int64_t(p.layer) * H + h) * dd + e);
   float S = *state;
   // Eight chunks at a time, their loads in flight together.
   constexpr int kBatch = 8;
@@ -516,7 +516,7 @@ __global__ void GdnChunkPassKernel(RecurrentParams p) {
   const bool col = j < dh;
   const ChunkSmem m = LayoutChunkSmem(reinterpret_cast<char*>(smem_d), dh, kPartK | kPartS | kPartV | kPartW);
   const ScanScratch scratch(p);
-  float* state = s.state + (int64_t(p.layer) * H + h) * dd;
+  float* state = GlobalPtr(s.state + (int64_t(p.layer) * H + h) * dd);
   for (int64_t i = y; i < m.pad; i += kPassGroups) m.S[i * kPassCols + x] = col && i < dh ? state[i * dh + j] : 0.f;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t rec = (first + c) * H + h;

@@ -91,6 +91,16 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return m;
 }
 
+// p, which must point to global memory, marked as such for the compiler. A pointer read from memory (a
+// sequence's state, from its SeqDesc) is generic to it, and a store through a generic pointer may alias shared
+// memory, so ptxas keeps every later shared-memory load behind it: a loop that stores a value per iteration
+// and reads shared memory runs one load at a time. (Not for null pointers.)
+template <typename T>
+__device__ __forceinline__ T* GlobalPtr(T* p) {
+  __builtin_assume(__isGlobal(p));
+  return p;
+}
+
 // A weight piece: streamed once per step, so it is not kept in L1 (measured on the H200: the fused input
 // projection of 1.4b alone took 14.1 against 16.0 µs with L1-allocating loads).
 __device__ __forceinline__ uint4 LoadWeight(const uint4* p) {

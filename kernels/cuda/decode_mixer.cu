@@ -86,8 +86,9 @@ struct MixerSite {
   float* state;
   __device__ __forceinline__ MixerSite(const DecodeMixerParams& p)
       : s(p.seqs_ptr[blockIdx.x]), h(blockIdx.y), H(p.dims.heads), HD(H * kDh), C(2 * HD), P(p.dims.proj_width),
-        W(p.dims.conv_width - 1), r(s.row), proj(p.proj_ptr + r * P), window(s.conv + int64_t(p.layer) * W * C),
-        state(s.state + (int64_t(p.layer) * H + h) * kDh * kDh) {}
+        W(p.dims.conv_width - 1), r(s.row), proj(p.proj_ptr + r * P),
+        window(GlobalPtr(s.conv + int64_t(p.layer) * W * C)),
+        state(GlobalPtr(s.state + (int64_t(p.layer) * H + h) * kDh * kDh)) {}
 };
 
 // Feature j of RoPE(k) and of v into the sequence's KV cache; of an attention row's rotated query into qa.
@@ -102,8 +103,8 @@ __device__ __forceinline__ void AppendAndRotate(const DecodeMixerParams& p, cons
   if (s.kv_cap > 0) {
     const float k = c.rope ? rotate(ks[j], ks[partner]) : ks[j];
     const int64_t column = h * kDh + j;
-    KeyRows(s, p.layer, HD).Row(s.pos)[column] = __float2bfloat16(k);
-    ValueRows(s, p.layer, HD).Row(s.pos)[column] = __float2bfloat16(v);
+    GlobalPtr(KeyRows(s, p.layer, HD).Row(s.pos))[column] = __float2bfloat16(k);
+    GlobalPtr(ValueRows(s, p.layer, HD).Row(s.pos))[column] = __float2bfloat16(v);
   }
   if (c.attention_row) {
     const float* q = p.proj_ptr + r * p.dims.proj_width + p.dims.proj_width - HD + h * kDh;  // q_attn: the last HD

@@ -41,7 +41,7 @@ __global__ void RecurrentKernel(RecurrentParams p) {
   float* norms = red + kGroups * kLanes;  // [2]: 1/|k|, 1/|q|/sqrt(dh) (gdn)
   const SeqDesc s = p.seqs_ptr[b];
   if (TakesChunkedScan(p, s)) return;
-  float* state = s.state + (int64_t(p.layer) * H + h) * dd;
+  float* state = GlobalPtr(s.state + (int64_t(p.layer) * H + h) * dd);
   float* saved = s.maybe_span_states != nullptr
                      ? s.maybe_span_states + (int64_t(p.layer) * H + h) * (s.len + 1) * dd
                      : nullptr;
@@ -49,7 +49,8 @@ __global__ void RecurrentKernel(RecurrentParams p) {
   // `saved` between them could alias `state` for the compiler and serialise them).
   for (int64_t i = threadIdx.y; i < dh; i += kGroups) S[i * kLanes + threadIdx.x] = col ? __ldg(state + i * dh + j) : 0.f;
   if (saved != nullptr && col) {
-    for (int64_t i = threadIdx.y; i < dh; i += kGroups) saved[i * dh + j] = S[i * kLanes + threadIdx.x];
+    float* dst = GlobalPtr(saved);
+    for (int64_t i = threadIdx.y; i < dh; i += kGroups) dst[i * dh + j] = S[i * kLanes + threadIdx.x];
   }
   const float a_exp = expf(p.a_log_ptr[h]), dt_bias = p.dt_bias_ptr[h];
   for (int64_t t = 0; t < s.len; ++t) {
@@ -93,7 +94,7 @@ __global__ void RecurrentKernel(RecurrentParams p) {
     }
     if (threadIdx.y == 0 && col && p.row_mode_ptr[r] == 0) p.out_ptr[r * HD + h * dh + j] = out;
     if (saved != nullptr && col) {
-      float* dst = saved + (t + 1) * dd;
+      float* dst = GlobalPtr(saved + (t + 1) * dd);
       for (int64_t i = threadIdx.y; i < dh; i += kGroups) dst[i * dh + j] = S[i * kLanes + threadIdx.x];
     }
     // ColumnSum ended with a barrier, so qs/ks may be overwritten by the next token.
