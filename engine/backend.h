@@ -288,6 +288,10 @@ struct CudaSwitches {
   bool split_ragged_gemm = true;    // SPLIT_GEMM: cuBLAS products of a ragged output count as two products
   int multirow_bf16 = -1;           // MULTIROW: 2-8 rows by the several-row GEMV: 1 on, 0 off, -1 (auto) small products
   int fused_rows = 1;               // FUSED_ROWS: forwards of up to this many rows (at most 8) take the fused path
+  // MIXER_PREFETCH: MiB (0-64) of the up projection's bf16 weights that a decode step's mixer asks L2 to fetch
+  // before its wait, in steps where no row attends; 0: none (docs/CUDA.md, "The up projection's first weights in
+  // L2").
+  int mixer_prefetch_mib = 12;
   int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
   // GRAPH_AFTER: a forward or round shape is captured as a CUDA graph at its n-th use (earlier uses run its
   // launches directly). A server meets shapes (batch size x draft length) that never come back; capturing each

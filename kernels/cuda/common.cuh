@@ -230,6 +230,25 @@ __device__ __forceinline__ void AfterPrevious() {
 #endif
 }
 
+// Asks L2 to fetch this block's share of [ptr, ptr + bytes) (ptr 16-byte aligned): the range split evenly over
+// the grid's blocks, each share requested by the block's first thread in bulk prefetches of at most 64 KiB
+// (Hopper or later; elsewhere nothing). Nothing waits for them: the lines arrive while the kernel goes on.
+__device__ __forceinline__ void PrefetchShareToL2(const void* ptr, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ptr == nullptr || bytes <= 0 || threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+  constexpr int64_t kMostBytes = 65536;
+  const int64_t blocks = int64_t{gridDim.x} * gridDim.y * gridDim.z;
+  const int64_t block = blockIdx.x + int64_t{gridDim.x} * (blockIdx.y + int64_t{gridDim.y} * blockIdx.z);
+  const int64_t share = ((bytes + blocks - 1) / blocks + 15) / 16 * 16;
+  const int64_t begin = block * share, end = (begin + share < bytes ? begin + share : bytes) / 16 * 16;
+  for (int64_t at = begin; at < end; at += kMostBytes) {
+    const auto size = static_cast<uint32_t>(end - at < kMostBytes ? end - at : kMostBytes);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(ptr) + at), "r"(size)
+                 : "memory");
+  }
+#endif
+}
+
 // Whether kernels launched by LaunchAfterPrevious may load, before AfterPrevious(), what the kernel just
 // before them in the stream does not write: the weights and other constants, the decode mixer's recurrent
 // state and conv window (written only by the same layer's mixer a step earlier), and what the caller marks

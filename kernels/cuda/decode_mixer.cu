@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kLanes * kGroups) DecodeMixerKernel(DecodeMixe
   float S[kKeys];
 #pragma unroll
   for (int k = 0; k < kKeys; ++k) S[k] = state[(y + kGroups * k) * kDh + j];
+  PrefetchShareToL2(p.maybe_prefetch_ptr, p.prefetch_bytes);
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
   const float a_exp = expf(c.a_log);
@@ -258,6 +259,7 @@ __global__ void __launch_bounds__(2 * kDh) DecodeMixerHeadKernel(DecodeMixerPara
   c.Load<kDh>(p, h, r, s.pos, j, part == 0);
   const bool gated = p.maybe_gated_ptr != nullptr;
   const float gate_norm = gated ? p.gate_norm_ptr[j] : 0.f;
+  PrefetchShareToL2(p.maybe_prefetch_ptr, p.prefetch_bytes);
   if (p.early_loads) AfterPrevious();
   const float head_in = proj[4 * HD + h], head_in2 = p.dims.gdn ? proj[4 * HD + H + h] : 0.f;  // dt, or beta and alpha
   const float a_exp = expf(c.a_log);

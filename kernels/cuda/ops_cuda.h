@@ -331,6 +331,10 @@ struct DecodeMixerParams {
   bf16* maybe_gated_ptr = nullptr;
   int64_t gate_column = 0;
   const float* gate_norm_ptr = nullptr;  // [dh]
+  // The first prefetch_bytes of the next product's weights (the up projection's), which the mixer asks L2 to
+  // fetch before its wait (PrefetchShareToL2; docs/CUDA.md, "The up projection's first weights in L2").
+  const void* maybe_prefetch_ptr = nullptr;
+  int64_t prefetch_bytes = 0;
 };
 bool DecodeMixerApplies(const ModelDims& dims);
 void DecodeMixer(const DecodeMixerParams& p, cudaStream_t stream);
