@@ -188,7 +188,8 @@ class CudaBackend final : public Backend {
   bool chunked_scan_ = true;   // CHUNKED_SCAN: long spans in chunks
   bool tiled_attention_ = true;  // TILED_ATTENTION: prefill attention on tensor cores
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
-  int64_t mixer_prefetch_bytes_ = 12 << 20;  // ORYX_CUDA_MIXER_PREFETCH: of the up projection, asked of L2 by the mixer
+  // ORYX_CUDA_MIXER_PREFETCH: bytes of the up projection the mixer asks L2 for (Init sets it from the switches).
+  int64_t mixer_prefetch_bytes_ = int64_t{CudaSwitches{}.mixer_prefetch_mib} << 20;
   int64_t prefill_rows_ = 8192;   // ORYX_CUDA_PREFILL_ROWS or the activation budget: prompt rows of a forward
   int64_t prefill_span_ = 16384;  // ORYX_CUDA_PREFILL_SPAN: one prompt's tokens in a forward at most
   int fused_rows_ = 1;          // ORYX_CUDA_FUSED_ROWS: the most rows of a forward on the fused path
