@@ -1,4 +1,4 @@
-# Call 7, NOT RUN (no device time left in the nineteenth session). Two binaries: `base` is main at a65aa96 (the
+# Call 7 (run in the twentieth session, on an H100). Two binaries: `base` is main at a65aa96 (the
 # mixer prefetches the up projection's first 12 MiB); `new` is a65aa96 plus call-7-wip.diff: the output projection
 # also asks L2 for the up projection's next ORYX_X_OPF_MB MiB (after the mixer's share), before its wait or
 # (ORYX_X_OPF_AFTER=1) after it; and the down projection asks L2 for the next layer's input projection's first
