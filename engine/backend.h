@@ -292,6 +292,10 @@ struct CudaSwitches {
   // before its wait, in steps where no row attends; 0: none (docs/CUDA.md, "The up projection's first weights in
   // L2").
   int mixer_prefetch_mib = 12;
+  // DOWN_PREFETCH: MiB (0-64) of the next layer's input projection (the last layer: the LM head) that the down
+  // projection asks L2 to fetch before its wait, on the tensor-core GEMV at batches of 2-8, in bf16 steps where no
+  // row attends; 0: none (docs/CUDA.md, "The up projection's first weights in L2").
+  int down_prefetch_mib = 8;
   int gemv_rows_per_warp = 0;       // GEMV_ROWS: rows per warp of the single-row products; 0: chosen per product
   // GRAPH_AFTER: a forward or round shape is captured as a CUDA graph at its n-th use (earlier uses run its
   // launches directly). A server meets shapes (batch size x draft length) that never come back; capturing each

@@ -114,6 +114,7 @@ absl::Status CudaBackend::Init(const ModelConfig& c, const CudaSwitches& switche
   tiled_attention_ = switches.tiled_attention;
   gemv_rows_per_warp_ = switches.gemv_rows_per_warp;
   mixer_prefetch_bytes_ = int64_t{switches.mixer_prefetch_mib} << 20;
+  down_prefetch_bytes_ = int64_t{switches.down_prefetch_mib} << 20;
   fused_rows_ = switches.fused_rows;
   {
     // The forward's activation buffers per row (EnsureScratch): x, tmp, proj, kv, qa, o, mlp in fp32; u, y, act

@@ -190,6 +190,8 @@ class CudaBackend final : public Backend {
   int gemv_rows_per_warp_ = 0;  // ORYX_CUDA_GEMV_ROWS (0: the kernel's choice)
   // ORYX_CUDA_MIXER_PREFETCH: bytes of the up projection the mixer asks L2 for (Init sets it from the switches).
   int64_t mixer_prefetch_bytes_ = int64_t{CudaSwitches{}.mixer_prefetch_mib} << 20;
+  // ORYX_CUDA_DOWN_PREFETCH: bytes of the next layer's input projection the down projection asks L2 for.
+  int64_t down_prefetch_bytes_ = int64_t{CudaSwitches{}.down_prefetch_mib} << 20;
   int64_t prefill_rows_ = 8192;   // ORYX_CUDA_PREFILL_ROWS or the activation budget: prompt rows of a forward
   int64_t prefill_span_ = 16384;  // ORYX_CUDA_PREFILL_SPAN: one prompt's tokens in a forward at most
   int fused_rows_ = 1;          // ORYX_CUDA_FUSED_ROWS: the most rows of a forward on the fused path

@@ -55,6 +55,7 @@ CudaSwitches CudaSwitches::FromEnvironment() {
   clamped("ORYX_CUDA_HEAD_MIXER_DIM", 1, 1 << 20, &s.head_mixer_dim);
   clamped("ORYX_CUDA_HEAD_MIXER_CARVEOUT", -1, 100, &s.head_mixer_carveout);
   clamped("ORYX_CUDA_MIXER_PREFETCH", 0, 64, &s.mixer_prefetch_mib);
+  clamped("ORYX_CUDA_DOWN_PREFETCH", 0, 64, &s.down_prefetch_mib);
   clamped("ORYX_CUDA_PREFILL_ROWS", 0, 65536, &s.prefill_rows);
   clamped("ORYX_CUDA_PREFILL_SPAN", 256, 65536, &s.prefill_span);
   const char* profile = std::getenv("ORYX_CUDA_PROFILE");

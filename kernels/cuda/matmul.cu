@@ -359,6 +359,7 @@ __global__ void __launch_bounds__(32 * kMmaGemvMaxWarps) MmaGemvKernel(GemmParam
   };
   const int64_t first = warp, stride = int64_t(warps) * kBatch;
   if (p.early_loads) load_w(0, first);
+  PrefetchShareToL2(p.maybe_prefetch_ptr, p.prefetch_bytes);
   AfterPrevious();
   if (!p.early_loads) load_w(0, first);
   load_x(0, first);

@@ -122,6 +122,10 @@ struct GemmParams {
   };
   NormOut norm_out = {};
   NormIn norm_in = {};
+  // The tensor-core GEMV (MmaGemvApplies) asks L2 for these bytes, shared out over its blocks, before its
+  // programmatic-launch wait: a later kernel's weights, which nothing writes (other paths ignore them).
+  const void* maybe_prefetch_ptr = nullptr;
+  int64_t prefetch_bytes = 0;
 };
 // A float's bits as an unsigned key with the floats' order (-0 is +0, so that equal values have equal keys).
 __host__ __device__ inline uint32_t OrderedBits(float value) {

@@ -669,7 +669,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
                          "ORYX_CUDA_PREFILL_SPAN",   "ORYX_CUDA_BF16_MMA_ROWS",
                          "ORYX_CUDA_FP8_GEMV_ROWS",  "ORYX_CUDA_HEAD_MIXER_SEQS",
                          "ORYX_CUDA_HEAD_MIXER_DIM", "ORYX_CUDA_HEAD_MIXER_CARVEOUT",
-                         "ORYX_CUDA_MIXER_PREFETCH"};
+                         "ORYX_CUDA_MIXER_PREFETCH", "ORYX_CUDA_DOWN_PREFETCH"};
   for (const char* n : names) unsetenv(n);
   const CudaSwitches defaults = CudaSwitches::FromEnvironment();
   EXPECT_TRUE(defaults.fused_gemv && defaults.programmatic_launch && defaults.group_mma && defaults.early_loads &&
@@ -686,6 +686,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(defaults.head_mixer_dim, 128);
   EXPECT_EQ(defaults.head_mixer_carveout, 0);
   EXPECT_EQ(defaults.mixer_prefetch_mib, 12);
+  EXPECT_EQ(defaults.down_prefetch_mib, 8);
   EXPECT_EQ(defaults.prefill_rows, 0);
   EXPECT_EQ(defaults.prefill_span, 16384);
   setenv("ORYX_CUDA_FUSED", "0", 1);
@@ -703,6 +704,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   setenv("ORYX_CUDA_HEAD_MIXER_DIM", "64", 1);
   setenv("ORYX_CUDA_HEAD_MIXER_CARVEOUT", "150", 1);  // over 100: clamped
   setenv("ORYX_CUDA_MIXER_PREFETCH", "100", 1);       // over 64: clamped
+  setenv("ORYX_CUDA_DOWN_PREFETCH", "0", 1);
   setenv("ORYX_CUDA_PREFILL_ROWS", "16384", 1);
   setenv("ORYX_CUDA_PREFILL_SPAN", "100", 1);  // under the least span: clamped
   const CudaSwitches set = CudaSwitches::FromEnvironment();
@@ -723,6 +725,7 @@ TEST(CudaSwitches, FromEnvironmentReadsTheVariables) {
   EXPECT_EQ(set.head_mixer_dim, 64);
   EXPECT_EQ(set.head_mixer_carveout, 100);
   EXPECT_EQ(set.mixer_prefetch_mib, 64);
+  EXPECT_EQ(set.down_prefetch_mib, 0);
   EXPECT_EQ(set.prefill_rows, 16384);
   EXPECT_EQ(set.prefill_span, 256);
 }
