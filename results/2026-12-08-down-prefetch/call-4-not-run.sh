@@ -1,0 +1,28 @@
+# Call 4, NOT RUN: the twentieth session's device time ran out on tries that found no machine. The tree as
+# committed (1a0e897: the prefetch at batches of 2-8 only) against main before this session (`base`, as in call 1).
+# The GPU tests first; then twice, alternating: 1.4b bf16 mamba2 at 32K, batches 1 and 8, and at 4K, batches 16
+# and 32. Then FP8 at batch 1 with `wip` (1a0e897 plus call-4-wip.diff, whose env-set experiments are the mixer's
+# prefetch of the up projection with FP8 weights at batch 1, ORYX_X_FP8_PF_MB, and the down projection's with FP8
+# weights at batches of 2-8, ORYX_X_FP8_DPF_MB), twice, alternating.
+rm -rf build-gpu/bin build-gpu/base build-gpu/wip
+source results/2026-12-07-h100-bf16-mma/gpu-tests.sh
+for b in base wip; do mkdir -p build-gpu/$b && xz -dc .carry/bin2/oryx-$b.xz > build-gpu/$b/oryx && chmod +x build-gpu/$b/oryx; done
+declare -A SETTING=([base]="" [new]="" [wip]="" [wip_pf4]="ORYX_X_FP8_PF_MB=4")
+source results/2026-12-07-mixer-b8/run-decode.sh
+runs() {
+  local s=$1; shift
+  case $s in base) B=build-gpu/base ;; wip*) B=build-gpu/wip ;; *) B=build-gpu/bin ;; esac
+  run $s "$@"; B=build-gpu/bin
+}
+for rep in 1 2; do
+  order="base new"; [[ $rep -eq 2 ]] && order="new base"
+  for s in $order; do
+    runs $s --config 1.4b --contexts 32768 --batches 1,8
+    runs $s --config 1.4b --contexts 4096 --batches 16,32
+  done
+  echo "rep $rep at $(el) s"
+done
+for s in wip wip_pf4 wip_pf4 wip; do runs $s --config 1.4b --weights fp8 --contexts 32768 --batches 1; done
+python3 results/2026-12-07-h100-split-norms/print_steps.py setting | grep linear
+tail -3 $OUT/err.txt
+echo "$T1; $T2 at $(el) s"
