@@ -38,6 +38,9 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   auto mark = [&](const char* name) {
     if (profiler_) profiler_->Mark(name, s);
   };
+  // Where a kernel asking L2 for a later product's weights measured faster: bf16 steps where no row attends
+  // (with FP8 weights, and where the KV reads use the bandwidth, it measured slower).
+  const bool prefetch_weights = NA == 0 && !fp8_weights();
 
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
@@ -66,9 +69,8 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     if (plan.gated_in_mixer) {
       mixer.maybe_gated_ptr = sc.y, mixer.gate_column = in_proj_.g, mixer.gate_norm_ptr = w.gate_norm;
     }
-    if (mixer_prefetch_bytes_ > 0 && NA == 0 && !fp8_weights()) {
-      // The up projection's first weights into L2 while the mixer runs, which leaves most of the bandwidth idle
-      // (bf16 only: with FP8 weights it measured slower).
+    if (prefetch_weights && mixer_prefetch_bytes_ > 0) {
+      // The up projection's first weights into L2 while the mixer runs, which leaves most of the bandwidth idle.
       mixer.maybe_prefetch_ptr = w.mlp_in.data;
       mixer.prefetch_bytes = std::min<int64_t>(mixer_prefetch_bytes_, 2 * F * D * int64_t{sizeof(bf16)});
     }
@@ -167,10 +169,11 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   }
   kc::GemmParams down = products.down;
   residual_add(down, il + 1 < c.n_layers ? layers_[il + 1].attn_norm : nullptr);  // (the last: the final norm's)
-  if (down_prefetch_bytes_ > 0 && NA == 0 && !fp8_weights() && N <= 8 && kc::MmaGemvApplies(down)) {
+  if (prefetch_weights && down_prefetch_bytes_ > 0 && N <= 8) {
     // The next product's first weights into L2 while this one's blocks wait and drain: the next layer's input
-    // projection, or after the last layer the LM head. Batches of 2-8 only (1.4b at 32K: 0.98x at 8, neutral at
-    // 2 and 4; at 16 and 32, 1.4b at 4K and models/default at 15K were 1.01-1.05x slower) and bf16 only.
+    // projection, or after the last layer the LM head. The tensor-core GEMV asks (batches of 2-8 here; the
+    // single-row products ignore it). Not at 16 and 32 rows: 1.4b at 4K and models/default at 15K were
+    // 1.01-1.05x slower there (1.4b at 32K: 0.98x at batch 8, neutral at 2 and 4).
     const bool last = il + 1 == c.n_layers;
     down.maybe_prefetch_ptr = last ? lm_head_.data : layers_[il + 1].in_proj.data;
     down.prefetch_bytes =
