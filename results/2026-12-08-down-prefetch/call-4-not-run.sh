@@ -1,7 +1,7 @@
 # Call 4, NOT RUN: the twentieth session's device time ran out on tries that found no machine. The tree as
-# committed (1a0e897: the prefetch at batches of 2-8 only) against main before this session (`base`, as in call 1).
+# committed (4e0fc25: the prefetch at batches of 2-8 only) against main before this session (`base`, as in call 1).
 # The GPU tests first; then twice, alternating: 1.4b bf16 mamba2 at 32K, batches 1 and 8, and at 4K, batches 16
-# and 32. Then `wip`, 1a0e897 plus call-4-wip.diff, whose experiments are set by environment variables:
+# and 32. Then `wip`, 4e0fc25 plus call-4-wip.diff, whose experiments are set by environment variables:
 # - ORYX_X_FP8_PF_MB: the mixer's prefetch of the up projection with FP8 weights at batch 1 (run here, at 4 MiB);
 # - ORYX_X_UP_PF_MB: the up projection asking L2 for the down projection's first MiB, batches of 2-8, bf16 (run
 #   here at batch 8, 4 and 8 MiB);
