@@ -35,13 +35,16 @@ echo "gdn rates at $(el) s"
 profile() {  # TAG TREE SPLITS
   ORYX_TRAIN_GDN_STATE_SPLITS=$3 STEPS=8 ORYX_PROFILE_TRACE=out/trace-$1.json bench/train_throughput.sh \
     build-gpu/$2/oryx-torch data/inc out/prof-$1 "205m:8:off:--mixer gdn" > /dev/null
-  python3 bench/summarize_trace.py out/trace-$1.json --by kernel --top 40 > $OUT/call-1-profile-$1-kernel.txt
-  python3 bench/summarize_trace.py out/trace-$1.json --by op --top 40 > $OUT/call-1-profile-$1-op.txt
+  python3 bench/summarize_trace.py out/trace-$1.json --by kernel --top 200 > $OUT/call-1-profile-$1-kernel.txt
+  python3 bench/summarize_trace.py out/trace-$1.json --by op --top 200 > $OUT/call-1-profile-$1-op.txt
   head -n 14 $OUT/call-1-profile-$1-kernel.txt
 }
 profile base base 1
 profile wip gdn 1
 profile wip-split gdn 2
+for tag in wip wip-split; do  # where the time moved, against main
+  python3 bench/compare_profiles.py $OUT/call-1-profile-base-kernel.txt $OUT/call-1-profile-$tag-kernel.txt --top 16
+done
 echo "profiles at $(el) s"
 rate base base 1 "205m:24:on"
 rate wip gdn 1 "205m:24:on"
