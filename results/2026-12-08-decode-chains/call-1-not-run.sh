@@ -1,6 +1,7 @@
 # Call 1 (not run yet): decode steps in chains (call-1-wip.diff, on main). Backend::DecodeSteps runs n greedy
-# linear-mode steps as one CUDA graph, each step's token the argmax the step before wrote on the device, with
-# one synchronisation a chain; `bench decode --chain N` times them beside the usual steps of the same point.
+# steps as one CUDA graph, each step's token the argmax the step before wrote on the device, with one
+# synchronisation a chain; `bench decode --chain N` times them, in each mode, beside the usual steps of the
+# same point.
 # 1. cuda_backend_test of the wip (the new DecodeStepChainsAreTheStepsOneAtATime first, then all);
 # 2. twice, alternating chain lengths: 1.4b bf16 mamba2 at 32K, batches 1 and 8, chains of 8 and of 32;
 # 3. models/default at 1K and 15K, batches 1 and 8, chains of 16 (a small model, where the host's share is largest).
@@ -27,9 +28,9 @@ import json, os
 rows = {}
 for line in open(os.environ["OUT"] + "/call-1-decode.jsonl"):
     j = json.loads(line)
-    if j.get("bench") != "decode" or j.get("mode") != "linear" or j.get("next_token") != "device":
+    if j.get("bench") != "decode" or j.get("next_token") != "device":
         continue
-    key = (j["model"], j["context"], j["batch"])
+    key = (j["model"], j["mode"], j["context"], j["batch"])
     rows.setdefault(key, []).append(("chain %d" % j["chain"] if "chain" in j else "step",
                                      j["decode_ms_per_step"], j["roofline_fraction"]))
 for key, runs in sorted(rows.items()):
