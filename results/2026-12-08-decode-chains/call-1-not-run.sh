@@ -2,13 +2,17 @@
 # steps as one CUDA graph, each step's token the argmax the step before wrote on the device, with one
 # synchronisation a chain; `bench decode --chain N` times them, in each mode, beside the usual steps of the
 # same point.
-# 1. cuda_backend_test of the wip (the new DecodeStepChainsAreTheStepsOneAtATime first, then all);
+# 1. the wip's GPU tests: ops_cuda_test (its Embed test reads tokens from argmax keys too), then
+#    cuda_backend_test (the new DecodeStepChainsAreTheStepsOneAtATime first, then all);
 # 2. twice, alternating chain lengths: 1.4b bf16 mamba2 at 32K, batches 1 and 8, chains of 8 and of 32;
 # 3. models/default at 1K and 15K, batches 1 and 8, chains of 16 (a small model, where the host's share is largest).
-# Carried: .carry/bin2/{oryx-chain,cuda_backend_test-chain}.xz, built on the 2-core VM (sm_90a). About 3 minutes.
+# Carried: .carry/bin2/{oryx,cuda_backend_test,ops_cuda_test}-chain.xz, built on the 2-core VM (sm_90a). About
+# 4 minutes.
 source .carry/env.sh
 B=build-gpu/bin
-for b in oryx cuda_backend_test; do xz -dc .carry/bin2/$b-chain.xz > $B/$b-chain && chmod +x $B/$b-chain; done
+for b in oryx cuda_backend_test ops_cuda_test; do xz -dc .carry/bin2/$b-chain.xz > $B/$b-chain && chmod +x $B/$b-chain; done
+timeout 120 $B/ops_cuda_test-chain --gtest_brief=1 > $OUT/call-1-ops-tests.txt 2>&1
+echo "ops_cuda_test rc $?"; tail -n 3 $OUT/call-1-ops-tests.txt
 timeout 60 $B/cuda_backend_test-chain --gtest_filter='*DecodeStepChains*' > $OUT/call-1-tests.txt 2>&1
 echo "chains test rc $?"; grep -E "^\[  (PASSED|FAILED)|Failure" -A3 $OUT/call-1-tests.txt | head -20
 timeout 180 $B/cuda_backend_test-chain --gtest_brief=1 >> $OUT/call-1-tests.txt 2>&1
