@@ -41,6 +41,10 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
   // Where a kernel asking L2 for a later product's weights measured faster: bf16 steps where no row attends
   // (with FP8 weights, and where the KV reads use the bandwidth, it measured slower).
   const bool prefetch_weights = NA == 0 && !fp8_weights();
+  // At most `budget` bytes from the start of a bf16 weight matrix of `rows` rows of D: what a kernel asks L2 for.
+  auto first_bytes = [&](int64_t budget, int64_t rows) {
+    return std::min<int64_t>(budget, rows * D * int64_t{sizeof(bf16)});
+  };
 
   // The fused input projections (after the attention norm), then conv + RoPE + KV append, the window
   // update, the recurrence and attention.
@@ -72,7 +76,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     if (prefetch_weights && mixer_prefetch_bytes_ > 0) {
       // The up projection's first weights into L2 while the mixer runs, which leaves most of the bandwidth idle.
       mixer.maybe_prefetch_ptr = w.mlp_in.data;
-      mixer.prefetch_bytes = std::min<int64_t>(mixer_prefetch_bytes_, 2 * F * D * int64_t{sizeof(bf16)});
+      mixer.prefetch_bytes = first_bytes(mixer_prefetch_bytes_, 2 * F);
     }
     kc::DecodeMixer(mixer, s);
     mark(plan.gated_in_mixer ? "conv+recurrent+gated_norm" : "conv+recurrent");
@@ -176,8 +180,7 @@ void CudaBackend::LayerForward(int64_t il, const Plan& plan) {
     // 1.01-1.05x slower there (1.4b at 32K: 0.98x at batch 8, neutral at 2 and 4).
     const bool last = il + 1 == c.n_layers;
     down.maybe_prefetch_ptr = last ? lm_head_.data : layers_[il + 1].in_proj.data;
-    down.prefetch_bytes =
-        std::min<int64_t>(down_prefetch_bytes_, (last ? c.vocab_size : P) * D * int64_t{sizeof(bf16)});
+    down.prefetch_bytes = first_bytes(down_prefetch_bytes_, last ? c.vocab_size : P);
   }
   kc::Gemm(down, ctx.cublas);
   mark(split ? "mlp_down (residual, norm split)" : "mlp_down");
